@@ -1,0 +1,281 @@
+"""Every message that crosses between the learner and an actor, as typed msgspec structs.
+
+The learner binds two ROUTER sockets; actors connect a DEALER to each (docs/adr/0002-topology.md):
+
+control socket (actor DEALER <-> learner ROUTER)
+    actor -> learner: Hello, Heartbeat, Rollout, Leave
+    learner -> actor: Welcome, Reject, Heartbeat, Grant, Ack, WeightsReady, Shutdown
+weights socket (actor DEALER <-> learner ROUTER, pull-based chunk server)
+    actor -> learner: WeightRequest
+    learner -> actor: WeightChunk (+ one raw data frame), WeightGone
+
+Rules: new fields are appended with defaults; arrays are packed bytes (``protocol.arrays``);
+``__post_init__`` checks what types alone cannot (matching array lengths), and msgspec reports
+its errors with the path of the bad field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+import msgspec
+from msgspec import Meta
+
+from agentgym.protocol.arrays import F32, I32, U8, count
+
+NonNeg = Annotated[int, Meta(ge=0)]
+Positive = Annotated[int, Meta(ge=1)]
+Version = Annotated[int, Meta(ge=-1)]  # -1: no weights yet / not an agent token
+ShortStr = Annotated[str, Meta(max_length=256)]
+Text = Annotated[str, Meta(max_length=64 * 1024)]
+ScalarMap = dict[ShortStr, float | int | bool | str]
+
+
+class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Base of every message; ``KIND`` is the one-byte type id in the frame header."""
+
+    KIND: ClassVar[int]
+
+
+# ---------------------------------------------------------------- handshake and liveness
+
+
+class Hello(Message):
+    """First message of an actor (and again after a reconnect): who it is and what it runs."""
+
+    KIND: ClassVar[int] = 1
+    actor_id: ShortStr
+    hostname: ShortStr
+    pid: NonNeg
+    model_fingerprint: ShortStr
+    engine: ShortStr
+    max_groups: Positive
+    """How many groups (tickets) the actor can play at once."""
+
+
+class RolloutSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How actors play episodes; owned by the learner's config, sent in Welcome."""
+
+    group_size: Positive
+    max_tokens_per_turn: Positive
+    max_episode_tokens: Positive
+    temperature: Annotated[float, Meta(gt=0.0)]
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)]
+    env_kwargs: dict[ShortStr, ScalarMap] = {}
+    """Options per environment name."""
+    system_prompt: Text | None = None
+
+
+class Welcome(Message):
+    """The learner accepts an actor: its index, where to fetch weights, how to play."""
+
+    KIND: ClassVar[int] = 2
+    run_id: ShortStr
+    actor_index: NonNeg
+    weights_port: Annotated[int, Meta(ge=1, le=65535)]
+    model_path: Text
+    model_fingerprint: ShortStr
+    mode: Literal["async", "sync"]
+    heartbeat_interval_s: Annotated[float, Meta(gt=0)]
+    actor_timeout_s: Annotated[float, Meta(gt=0)]
+    rollout: RolloutSpec
+
+
+class Reject(Message):
+    """The learner refuses an actor; ``field`` names the mismatching setting."""
+
+    KIND: ClassVar[int] = 3
+    field: ShortStr
+    reason: Text
+
+
+class Heartbeat(Message):
+    """Liveness, both ways. From an actor it carries its state; from the learner its version."""
+
+    KIND: ClassVar[int] = 4
+    actor_id: ShortStr = ""
+    weight_version: Version = -1
+    running_groups: NonNeg = 0
+    stats: ScalarMap = {}
+
+
+class Leave(Message):
+    """An actor goes away on purpose; its unfinished tickets go back to the pool."""
+
+    KIND: ClassVar[int] = 9
+    actor_id: ShortStr
+    reason: Text
+
+
+class Shutdown(Message):
+    """The learner ends the run; actors finish cleanly and exit."""
+
+    KIND: ClassVar[int] = 10
+    reason: Text
+
+
+# ---------------------------------------------------------------- work and trajectories
+
+
+class Ticket(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One group to play: ``group_size`` episodes of one task."""
+
+    group_id: ShortStr
+    env: ShortStr
+    task_id: NonNeg
+    min_version: Version = -1
+    """Sync mode: play only with weights of at least this version (-1: any)."""
+
+
+class Grant(Message):
+    """Credits: tickets the actor may play. Nothing is played without one (flow control)."""
+
+    KIND: ClassVar[int] = 5
+    tickets: list[Ticket]
+
+
+class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One multi-turn episode as the learner trains on it, token by token.
+
+    Arrays have one item per token: ``token_ids`` (int32), ``logprobs`` (float32 behaviour
+    logprob, 0 on non-agent tokens), ``loss_mask`` (uint8, 1 on agent tokens), ``versions``
+    (int32 weight version that generated the token, -1 on non-agent tokens).
+    ``turn_ends`` (int32) is the exclusive end index of each agent turn, ``turn_rewards``
+    (float32) the environment's reward after each turn.
+    """
+
+    token_ids: bytes
+    logprobs: bytes
+    loss_mask: bytes
+    versions: bytes
+    turn_ends: bytes
+    turn_rewards: bytes
+    reward: float
+    success: bool
+    finish: Literal["done", "turn_limit", "token_limit", "env_failure", "aborted"]
+    turn_limit: Positive
+    failure: Text = ""
+
+    def __post_init__(self) -> None:
+        n = count(self.token_ids, I32)
+        for name, data, dtype in (
+            ("token_ids", self.token_ids, I32),
+            ("logprobs", self.logprobs, F32),
+            ("loss_mask", self.loss_mask, U8),
+            ("versions", self.versions, I32),
+            ("turn_ends", self.turn_ends, I32),
+            ("turn_rewards", self.turn_rewards, F32),
+        ):
+            if len(data) % dtype.itemsize:
+                raise ValueError(f"{name} has {len(data)} bytes, not a multiple of {dtype.itemsize}")
+            if name in ("logprobs", "loss_mask", "versions") and count(data, dtype) != n:
+                raise ValueError(f"{name} has {count(data, dtype)} items but token_ids has {n}")
+        if count(self.turn_ends, I32) != count(self.turn_rewards, F32):
+            raise ValueError("turn_ends and turn_rewards differ in length")
+
+    @property
+    def num_tokens(self) -> int:
+        return count(self.token_ids, I32)
+
+    @property
+    def num_turns(self) -> int:
+        return count(self.turn_ends, I32)
+
+    @property
+    def truncated(self) -> bool:
+        """Cut by a limit (turns or tokens) rather than ended by the environment."""
+        return self.finish in ("turn_limit", "token_limit")
+
+
+class Rollout(Message):
+    """A played ticket: the group's episodes. Kept by the actor until acknowledged."""
+
+    KIND: ClassVar[int] = 6
+    group_id: ShortStr
+    actor_id: ShortStr
+    env: ShortStr
+    task_id: NonNeg
+    episodes: list[Episode]
+    elapsed_s: Annotated[float, Meta(ge=0)] = 0.0
+
+
+AckStatus = Literal["accepted", "stale", "duplicate", "invalid", "failed"]
+
+
+class Ack(Message):
+    """The learner took these rollouts (each with a status); the actor may forget them."""
+
+    KIND: ClassVar[int] = 7
+    group_ids: list[ShortStr]
+    statuses: list[AckStatus]
+
+    def __post_init__(self) -> None:
+        if len(self.group_ids) != len(self.statuses):
+            raise ValueError(
+                f"group_ids has {len(self.group_ids)} items but statuses has {len(self.statuses)}"
+            )
+
+
+# ---------------------------------------------------------------- weights
+
+
+class WeightsReady(Message):
+    """A new weight version (and the turn limit that goes with it) can be fetched."""
+
+    KIND: ClassVar[int] = 8
+    version: NonNeg
+    step: NonNeg
+    turn_limit: Positive
+    num_chunks: Positive
+    total_bytes: NonNeg
+
+
+class WeightRequest(Message):
+    """An actor asks for one chunk of a weight version."""
+
+    KIND: ClassVar[int] = 11
+    version: NonNeg
+    chunk: NonNeg
+
+
+class TensorMeta(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Where one named tensor (or a slice of it) lies in a chunk's data frame."""
+
+    name: ShortStr
+    dtype: Literal["float32", "bfloat16", "float16"]
+    shape: list[NonNeg]
+    offset: NonNeg
+    nbytes: NonNeg
+
+
+class WeightChunk(Message):
+    """Named tensors of one version; the bytes follow in the next frame, checked by crc32."""
+
+    KIND: ClassVar[int] = 12
+    version: NonNeg
+    chunk: NonNeg
+    num_chunks: Positive
+    tensors: list[TensorMeta]
+    crc32: Annotated[int, Meta(ge=0, lt=2**32)]
+    nbytes: NonNeg
+
+    def __post_init__(self) -> None:
+        if self.chunk >= self.num_chunks:
+            raise ValueError(f"chunk {self.chunk} out of range for num_chunks {self.num_chunks}")
+        for t in self.tensors:
+            if t.offset + t.nbytes > self.nbytes:
+                raise ValueError(f"tensor {t.name!r} ends past the chunk's {self.nbytes} bytes")
+
+
+class WeightGone(Message):
+    """The requested version was superseded; fetch ``latest`` instead."""
+
+    KIND: ClassVar[int] = 13
+    version: NonNeg
+    latest: NonNeg
+
+
+MESSAGE_TYPES: tuple[type[Message], ...] = (
+    Hello, Welcome, Reject, Heartbeat, Grant, Rollout, Ack,
+    WeightsReady, Leave, Shutdown, WeightRequest, WeightChunk, WeightGone,
+)  # fmt: skip

@@ -1,0 +1,31 @@
+"""Command-line plumbing shared by the entry points: config flags, overrides, errors.
+
+Each role's ``main()`` stays thin: parse, load the config, set up logging, run. Nothing heavy
+(torch, vLLM) is imported here, so ``--help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agentgym.config import Config, ConfigError, load_config
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None,
+                   help="TOML config file (see configs/); defaults are used for what it leaves out")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override in TOML syntax, repeatable, e.g. -o learner.lr=3e-4 -o run.mode=sync")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="console log level (the JSON log in the run directory gets everything)")
+
+
+def resolve_config(args: argparse.Namespace, flag_overrides: list[str]) -> Config:
+    """Config from --config, then -o overrides, then the role's own flags (which win)."""
+    try:
+        return load_config(args.config, [*args.override, *flag_overrides])
+    except ConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise SystemExit(2) from None

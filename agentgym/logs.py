@@ -1,0 +1,80 @@
+"""Logging and metrics, configured once per process.
+
+    setup_logging(role="actor", json_path=run_dir / "logs" / "actor-3.jsonl")
+    structlog.contextvars.bind_contextvars(actor=3)
+    log.info("trajectory_accepted", version=12)
+
+Console gets readable lines on stderr; the run directory gets the same events as JSON lines.
+``MetricsWriter`` appends one JSON object per line (``metrics.jsonl``) for plotting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+
+class _Tee:
+    """A structlog processor chain end that writes JSON to a file and console text to stderr."""
+
+    def __init__(self, json_file: IO[str] | None, console_level: int) -> None:
+        self._json = json_file
+        self._console = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        self._level = console_level
+
+    def __call__(self, _logger: Any, method: str, event: dict[str, Any]) -> str:
+        if self._json is not None:
+            self._json.write(json.dumps(event, default=str) + "\n")
+            self._json.flush()
+        if logging.getLevelNamesMapping().get(method.upper(), logging.INFO) >= self._level:
+            sys.stderr.write(self._console(_logger, method, dict(event)) + "\n")
+            sys.stderr.flush()
+        raise structlog.DropEvent
+
+
+def setup_logging(role: str, json_path: Path | None = None, level: str = "info") -> None:
+    """Configure structlog for this process; ``role`` is bound into every event."""
+    json_file = None
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_file = open(json_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            _Tee(json_file, logging.getLevelNamesMapping()[level.upper()]),
+        ],
+        cache_logger_on_first_use=True,
+    )
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(role=role)
+    # Libraries that log through stdlib logging (vLLM, transformers) stay on their own handlers.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+
+class MetricsWriter:
+    """Appends metric records as JSON lines; every record gets a wall-clock ``time``."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._f = open(path, "a", buffering=1)  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps({"time": time.time(), **record}, default=float) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics file (for tests, plots and reports)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

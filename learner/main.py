@@ -1,0 +1,61 @@
+"""``agentgym-learner``: the central learner process.
+
+    agentgym-learner --config configs/quickstart.toml --bind tcp://0.0.0.0:5555
+
+It binds the control socket at --bind and the weight server at the next port, waits for actors
+(``agentgym-actor --learner tcp://HOST:5555``), trains for run.max_steps optimizer steps and
+writes logs, metrics.jsonl, the resolved config and checkpoints to the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from agentgym.cli_common import add_config_args, resolve_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="agentgym-learner",
+        description="Train an LLM agent from trajectories streamed by agentgym-actor processes.",
+    )
+    add_config_args(p)
+    p.add_argument("--bind", help="control address tcp://HOST:PORT (weights are served on PORT+1); "
+                   "overrides learner.bind")
+    p.add_argument("--run-dir", type=Path, help="run directory (overrides run.dir/run.name)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps (overrides run.max_steps)")
+    p.add_argument("--mode", choices=["async", "sync"], help="overrides run.mode")
+    p.add_argument("--model", type=Path, help="HF model directory (overrides model.path)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    flags = []
+    if args.bind:
+        flags.append(f'learner.bind="{args.bind}"')
+    if args.max_steps is not None:
+        flags.append(f"run.max_steps={args.max_steps}")
+    if args.mode:
+        flags.append(f'run.mode="{args.mode}"')
+    if args.model:
+        flags.append(f'model.path="{args.model}"')
+    cfg = resolve_config(args, flags)
+    run_dir = args.run_dir or cfg.run.path
+
+    import trio
+
+    from agentgym.learner.service import run_learner
+    from agentgym.logs import setup_logging
+
+    setup_logging("learner", run_dir / "logs" / "learner.jsonl", args.log_level)
+    if cfg.model.create_tiny and not Path(cfg.model.path, "config.json").exists():
+        from agentgym.tiny_model import make_default_tiny_model
+
+        make_default_tiny_model(Path(cfg.model.path), seed=cfg.run.seed)
+    return trio.run(run_learner, cfg, run_dir)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""Who plays what: actor registry, tickets (credits) and the admission rule that bounds staleness.
+
+Plain bookkeeping, no I/O, so the rules are testable in isolation. The learner's control loop
+calls it on every message and the reaper calls ``expire`` once a second.
+
+A ticket is one group to play. Nothing is played without one, so the learner's memory and the
+staleness of what it receives are bounded by what it hands out:
+
+- async: a ticket numbered n (0-based, in issue order) is issued only while
+  ``n // batch_groups <= version + max_staleness``: a group is trained at the latest
+  ``max_staleness`` versions after the version current when it was issued (AReaL's rule). Slow
+  work is not wasted by dropping it; it is simply not started too early.
+- sync: after publishing version v the learner issues exactly ``batch_groups`` tickets that
+  must be played with weights >= v, and trains when all of them are back.
+
+Tickets of an actor that leaves or goes silent are re-issued to the others, so no group is lost.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from agentgym.protocol import Ticket
+
+
+@dataclass
+class ActorState:
+    actor_id: str
+    peer: bytes
+    index: int
+    hostname: str
+    max_groups: int
+    last_seen: float
+    outstanding: dict[str, Ticket] = field(default_factory=dict)
+    weight_version: int = -1
+    groups_done: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        env: str,
+        task_start: int,
+        task_count: int,
+        batch_groups: int,
+        max_staleness: int,
+        mode: str,
+        run_id: str,
+        seed: int,
+        issued: int = 0,
+    ) -> None:
+        self.env = env
+        self.task_start = task_start
+        self.task_count = task_count
+        self.batch_groups = batch_groups
+        self.max_staleness = max_staleness
+        self.mode = mode
+        self.run_id = run_id
+        self.seed = seed
+        self.actors: dict[str, ActorState] = {}
+        self.requeue: deque[Ticket] = deque()
+        self.issued = issued
+        """Tickets created so far (ticket numbers are 0..issued-1); restored on resume."""
+        self.sync_version = -1
+        self._sync_left = 0
+        self._next_index = 0
+
+    # ------------------------------------------------------------------ actors
+    def register(self, actor_id: str, peer: bytes, hostname: str, max_groups: int) -> tuple[ActorState, bool]:
+        """Add an actor, or refresh one that reconnects. Returns (state, is_new)."""
+        now = time.monotonic()
+        known = self.actors.get(actor_id)
+        if known is not None:
+            known.peer, known.last_seen, known.max_groups = peer, now, max_groups
+            return known, False
+        state = ActorState(actor_id, peer, self._next_index, hostname, max_groups, now)
+        self._next_index += 1
+        self.actors[actor_id] = state
+        return state, True
+
+    def seen(self, actor_id: str) -> ActorState | None:
+        state = self.actors.get(actor_id)
+        if state is not None:
+            state.last_seen = time.monotonic()
+        return state
+
+    def remove(self, actor_id: str) -> list[Ticket]:
+        """Forget an actor; its unfinished tickets go back to the front of the queue."""
+        state = self.actors.pop(actor_id, None)
+        if state is None:
+            return []
+        back = list(state.outstanding.values())
+        self.requeue.extendleft(reversed(back))
+        return back
+
+    def expire(self, timeout_s: float) -> list[ActorState]:
+        """Remove actors silent for longer than ``timeout_s``."""
+        now = time.monotonic()
+        dead = [a for a in self.actors.values() if now - a.last_seen > timeout_s]
+        for a in dead:
+            self.remove(a.actor_id)
+        return dead
+
+    # ------------------------------------------------------------------ tickets
+    def _new_ticket(self, min_version: int) -> Ticket:
+        n = self.issued
+        self.issued += 1
+        task = self.task_start + random.Random(f"{self.seed}:{n}").randrange(self.task_count)
+        return Ticket(group_id=f"{self.run_id}:{n}", env=self.env, task_id=task, min_version=min_version)
+
+    def _admissible(self, version: int) -> bool:
+        return self.issued // self.batch_groups <= version + self.max_staleness
+
+    def open_sync_round(self, version: int) -> None:
+        """Sync mode: the next ``batch_groups`` tickets are for weights ``version``."""
+        self.sync_version = version
+        self._sync_left = self.batch_groups
+
+    def fill(self, version: int) -> dict[str, list[Ticket]]:
+        """Hand out tickets to actors with free capacity; returns new tickets per actor."""
+        grants: dict[str, list[Ticket]] = {}
+        for state in sorted(self.actors.values(), key=lambda a: len(a.outstanding)):
+            while len(state.outstanding) < state.max_groups:
+                ticket = self._next_for(version)
+                if ticket is None:
+                    return grants
+                state.outstanding[ticket.group_id] = ticket
+                grants.setdefault(state.actor_id, []).append(ticket)
+        return grants
+
+    def _next_for(self, version: int) -> Ticket | None:
+        if self.requeue:
+            return self.requeue.popleft()
+        if self.mode == "sync":
+            if self.sync_version < 0 or self._sync_left <= 0:
+                return None
+            self._sync_left -= 1
+            return self._new_ticket(self.sync_version)
+        if not self._admissible(version):
+            return None
+        return self._new_ticket(-1)
+
+    def complete(self, actor_id: str, group_id: str) -> Ticket | None:
+        """A rollout for ``group_id`` arrived from ``actor_id``; release its ticket."""
+        state = self.actors.get(actor_id)
+        if state is not None:
+            state.groups_done += 1
+            ticket = state.outstanding.pop(group_id, None)
+            if ticket is not None:
+                return ticket
+        # The ticket may have been re-queued (its first actor was presumed dead) or moved.
+        for i, t in enumerate(self.requeue):
+            if t.group_id == group_id:
+                del self.requeue[i]
+                return t
+        return None  # unknown or already re-issued elsewhere: that copy will come back a duplicate
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(a.outstanding) for a in self.actors.values()) + len(self.requeue)

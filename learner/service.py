@@ -1,0 +1,312 @@
+"""The learner process: its components wired in one place, all tasks in one trio nursery.
+
+    trio.run(run_learner, cfg, run_dir)
+
+Links (one comment each where they are made in ``run_learner``):
+  hub.inbox        -> control_loop   actors' Hello/Heartbeat/Rollout/Leave, decoded in the I/O thread
+  control_loop     -> buffer         accepted rollouts (after dedupe, validation and staleness checks)
+  buffer           -> train_loop     batch_groups groups per optimizer step (torch runs in a thread)
+  train_loop       -> hub            new weight snapshot (pull-served) + WeightsReady to every actor
+  scheduler        -> hub            Grants: tickets to actors with free capacity (flow control)
+  reaper           -> scheduler      actors silent past actor_timeout_s are dropped, tickets re-issued
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+import trio
+
+from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.learner.scheduler import Scheduler
+from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
+from agentgym.logs import MetricsWriter
+from agentgym.protocol import (
+    Ack,
+    AckStatus,
+    Grant,
+    Heartbeat,
+    Hello,
+    Leave,
+    Reject,
+    Rollout,
+    RolloutSpec,
+    Shutdown,
+    WeightsReady,
+    Welcome,
+)
+from agentgym.protocol.arrays import I32, U8, unpack
+from agentgym.protocol.weights import make_chunks
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Counters:
+    groups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed"), 0))
+    episodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "env_failure"), 0))
+    agent_tokens: int = 0
+
+
+class Learner:
+    def __init__(self, cfg: Config, run_dir: Path, trainer: object, hub: Hub) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.trainer = trainer
+        self.hub = hub
+        self.run_id = uuid.uuid4().hex[:8]
+        self.fingerprint = model_fingerprint(cfg.model.path)
+        lc = cfg.learner
+        self.sched = Scheduler(
+            env=cfg.env.name,
+            task_start=cfg.env.task_start,
+            task_count=cfg.env.task_count,
+            batch_groups=lc.batch_groups,
+            max_staleness=lc.max_staleness,
+            mode=cfg.run.mode,
+            run_id=self.run_id,
+            seed=cfg.run.seed,
+        )
+        self.buffer: list[Rollout] = []
+        self.seen: set[str] = set()
+        self.counters = Counters()
+        self.new_data = trio.Event()
+        self.version = 0
+        self.step = 0
+        self.weights_msg: WeightsReady | None = None
+        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        self._last_time = time.monotonic()
+        self._last_tokens = 0
+        self._last_episodes = 0
+
+    # ------------------------------------------------------------------ weights
+    async def publish(self) -> None:
+        """Export the current weights, serve them, and tell every actor."""
+        lc = self.cfg.learner
+        tensors = await trio.to_thread.run_sync(self.trainer.export_weights)
+        chunks = make_chunks(self.version, tensors, lc.weight_chunk_mib * 1024 * 1024)
+        turn_limit = self.cfg.schedule.turn_limit(self.step)
+        snap = WeightSnapshot.build(self.version, self.step, turn_limit, chunks)
+        self.hub.publish_weights(snap)
+        self.weights_msg = WeightsReady(
+            version=self.version, step=self.step, turn_limit=turn_limit,
+            num_chunks=len(chunks), total_bytes=snap.total_bytes,
+        )  # fmt: skip
+        for a in self.sched.actors.values():
+            self.hub.send(a.peer, self.weights_msg)
+
+    def grant(self) -> None:
+        for actor_id, tickets in self.sched.fill(self.version).items():
+            self.hub.send(self.sched.actors[actor_id].peer, Grant(tickets=tickets))
+
+    # ------------------------------------------------------------------ control
+    def welcome(self, peer: bytes, msg: Hello) -> None:
+        if msg.model_fingerprint != self.fingerprint:
+            self.hub.send(peer, Reject(field="model", reason=(
+                f"actor {msg.actor_id} on {msg.hostname} runs a model with fingerprint {msg.model_fingerprint}, "
+                f"the learner trains {self.cfg.model.path} (fingerprint {self.fingerprint}); "
+                "start the actor with the same model directory (or none: it then uses the learner's path)"
+            )))  # fmt: skip
+            log.warning("actor_rejected", actor=msg.actor_id, field="model")
+            return
+        state, new = self.sched.register(msg.actor_id, peer, msg.hostname, msg.max_groups)
+        rc, lc = self.cfg.rollout, self.cfg.learner
+        self.hub.send(peer, Welcome(
+            run_id=self.run_id, actor_index=state.index,
+            weights_port=int(lc.bind.rsplit(":", 1)[1]) + 1,
+            model_path=str(Path(self.cfg.model.path).resolve()), model_fingerprint=self.fingerprint,
+            mode=self.cfg.run.mode, heartbeat_interval_s=lc.heartbeat_interval_s,
+            actor_timeout_s=lc.actor_timeout_s,
+            rollout=RolloutSpec(
+                group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn,
+                max_episode_tokens=rc.max_episode_tokens, temperature=rc.temperature, top_p=rc.top_p,
+                env_kwargs={self.cfg.env.name: dict(self.cfg.env.kwargs)}, system_prompt=rc.system_prompt,
+            ),
+        ))  # fmt: skip
+        if self.weights_msg is not None:
+            self.hub.send(peer, self.weights_msg)
+        # A reconnecting actor re-plays nothing: it re-sends its unacknowledged rollouts, and its
+        # outstanding tickets are granted again so it knows they are still its own.
+        if state.outstanding:
+            self.hub.send(peer, Grant(tickets=list(state.outstanding.values())))
+        log.info("actor_joined" if new else "actor_rejoined", actor=state.index, actor_id=msg.actor_id,
+                 host=msg.hostname, pid=msg.pid, max_groups=msg.max_groups)  # fmt: skip
+        self.grant()
+
+    def judge(self, r: Rollout) -> AckStatus:
+        """Decide a rollout's fate; everything that arrives is counted under one status."""
+        if r.group_id in self.seen:
+            return "duplicate"
+        self.seen.add(r.group_id)
+        if len(r.episodes) != self.cfg.rollout.group_size:
+            log.warning("rollout_invalid", group=r.group_id, episodes=len(r.episodes),
+                        group_size=self.cfg.rollout.group_size)  # fmt: skip
+            return "invalid"
+        usable = [e for e in r.episodes if e.finish not in ("env_failure", "aborted")]
+        self.counters.episodes["env_failure"] += len(r.episodes) - len(usable)
+        if not usable:
+            return "failed"
+        oldest = min(
+            (int(unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0].min(initial=self.version)) for e in usable),
+            default=self.version,
+        )
+        if self.cfg.run.mode == "sync":
+            return "accepted" if oldest >= self.version else "stale"
+        if self.version - oldest > self.cfg.learner.max_staleness and self.cfg.learner.staleness_mode == "drop":
+            return "stale"
+        return "accepted"
+
+    def on_rollout(self, peer: bytes, r: Rollout) -> None:
+        status = self.judge(r)
+        n_eps = len(r.episodes)
+        self.counters.groups[status] += 1
+        if status == "accepted":
+            usable = sum(e.finish not in ("env_failure", "aborted") for e in r.episodes)
+            self.counters.episodes["accepted"] += usable
+            self.buffer.append(r)
+            self.new_data.set()
+        elif status != "failed":
+            self.counters.episodes[status] += n_eps
+        self.hub.send(peer, Ack(group_ids=[r.group_id], statuses=[status]))
+        self.sched.complete(r.actor_id, r.group_id)
+        if status != "accepted":
+            log.info("rollout_not_accepted", group=r.group_id, status=status, actor_id=r.actor_id)
+        self.grant()
+
+    async def control_loop(self) -> None:
+        async for peer, msg in self.hub.inbox:
+            if isinstance(msg, Hello):
+                self.welcome(peer, msg)
+                continue
+            actor_id = getattr(msg, "actor_id", "")
+            state = self.sched.seen(actor_id)
+            if state is None:
+                # Unknown actor (e.g. the learner restarted): ask it to say hello again.
+                log.info("unknown_actor_message", kind=type(msg).__name__, actor_id=actor_id)
+                self.hub.send(peer, Heartbeat(weight_version=-1))
+                continue
+            if isinstance(msg, Rollout):
+                self.on_rollout(peer, msg)
+            elif isinstance(msg, Heartbeat):
+                state.weight_version = msg.weight_version
+            elif isinstance(msg, Leave):
+                back = self.sched.remove(actor_id)
+                log.info("actor_left", actor=state.index, reason=msg.reason, tickets_returned=len(back))
+                self.grant()
+            else:
+                log.warning("unexpected_message", kind=type(msg).__name__, actor=state.index)
+
+    async def reaper(self) -> None:
+        lc = self.cfg.learner
+        while True:
+            await trio.sleep(lc.heartbeat_interval_s)
+            for dead in self.sched.expire(lc.actor_timeout_s):
+                log.warning("actor_lost", actor=dead.index, actor_id=dead.actor_id,
+                            silent_s=lc.actor_timeout_s, tickets_returned=len(dead.outstanding))  # fmt: skip
+            for a in self.sched.actors.values():
+                self.hub.send(a.peer, Heartbeat(weight_version=self.version))
+            self.grant()
+
+    # ------------------------------------------------------------------ training
+    async def train_loop(self) -> None:
+        cfg, lc = self.cfg, self.cfg.learner
+        if cfg.run.mode == "sync":
+            self.sched.open_sync_round(self.version)
+        self.grant()
+        while self.step < cfg.run.max_steps:
+            while len(self.buffer) < lc.batch_groups:
+                await self.new_data.wait()
+                self.new_data = trio.Event()
+            batch, self.buffer = self.buffer[: lc.batch_groups], self.buffer[lc.batch_groups :]
+            stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
+            self.step, self.version = self.trainer.step, self.trainer.version
+            await self.publish()
+            if cfg.run.mode == "sync":
+                self.sched.open_sync_round(self.version)
+            self.grant()
+            self.report(stats)
+            if lc.checkpoint_every and self.step % lc.checkpoint_every == 0:
+                await self.checkpoint()
+        await self.checkpoint()
+
+    def report(self, stats: dict[str, float]) -> None:
+        now = time.monotonic()
+        dt = max(now - self._last_time, 1e-9)
+        self.counters.agent_tokens += int(stats["agent_tokens"])
+        eps = self.counters.episodes["accepted"]
+        rec = {
+            "step": self.step, "version": self.version,
+            "turn_limit": self.cfg.schedule.turn_limit(self.step - 1),
+            "trajectories_per_s": (eps - self._last_episodes) / dt,
+            "tokens_per_s": (self.counters.agent_tokens - self._last_tokens) / dt,
+            "actors": len(self.sched.actors), "buffered_groups": len(self.buffer),
+            "tickets_in_flight": self.sched.in_flight,
+            **{f"groups_{k}": v for k, v in self.counters.groups.items()},
+            **{f"episodes_{k}": v for k, v in self.counters.episodes.items()},
+            **stats,
+        }  # fmt: skip
+        self._last_time, self._last_tokens, self._last_episodes = now, self.counters.agent_tokens, eps
+        self.metrics.write(rec)
+        log.info(
+            "step", step=self.step, version=self.version, reward=round(stats["reward_mean"], 3),
+            success=round(stats["success_rate"], 3), traj_per_s=round(rec["trajectories_per_s"], 1),
+            tok_per_s=round(rec["tokens_per_s"], 1), staleness=round(stats["staleness_mean"], 2),
+            turn_limit=rec["turn_limit"], loss=round(stats["loss"], 4), actors=rec["actors"],
+        )  # fmt: skip
+
+    async def checkpoint(self) -> None:
+        path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        await trio.to_thread.run_sync(self.trainer.save, path, self.cfg.model.path)
+        log.info("checkpoint_saved", step=self.step, path=str(path))
+
+    async def shutdown_actors(self, reason: str) -> None:
+        for a in self.sched.actors.values():
+            self.hub.send(a.peer, Shutdown(reason=reason))
+        await trio.sleep(0.2)  # let the I/O thread flush before the sockets close
+
+
+async def run_learner(cfg: Config, run_dir: Path) -> int:
+    from agentgym.learner.trainer import Trainer
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+    log.info("learner_starting", run_dir=str(run_dir), model=str(cfg.model.path), mode=cfg.run.mode, pid=os.getpid())
+    trainer = await trio.to_thread.run_sync(Trainer.load, cfg)
+    async with open_hub(cfg.learner.bind) as hub:
+        learner = Learner(cfg, run_dir, trainer, hub)
+        log.info("learner_listening", bind=cfg.learner.bind, run_id=learner.run_id)
+        reason = "run finished"
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await learner.publish()  # version 0: the weights actors start from
+                nursery.start_soon(learner.control_loop)  # hub.inbox -> control_loop -> buffer, grants
+                nursery.start_soon(learner.reaper)  # liveness both ways; re-issue lost tickets
+
+                async def watch_signals() -> None:
+                    nonlocal reason
+                    async for sig in signals:
+                        reason = f"learner got {signal.Signals(sig).name}"
+                        log.warning("learner_interrupted", signal=signal.Signals(sig).name)
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(watch_signals)
+                await learner.train_loop()  # buffer -> torch step -> publish weights -> grants
+                nursery.cancel_scope.cancel()
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await learner.shutdown_actors(reason)
+        learner.metrics.close()
+        c = learner.counters
+        log.info("learner_finished", reason=reason, step=learner.step, groups=c.groups, episodes=c.episodes,
+                 bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
+        (run_dir / "summary.json").write_text(__import__("json").dumps({
+            "reason": reason, "step": learner.step, "version": learner.version,
+            "groups": c.groups, "episodes": c.episodes, "bad_messages": hub.bad_messages,
+        }, indent=2))  # fmt: skip
+    return 0 if reason == "run finished" else 130

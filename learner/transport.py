@@ -1,0 +1,212 @@
+"""The learner's ZeroMQ side: one I/O thread owns every socket, bridged to trio by channels.
+
+    async with open_hub(bind="tcp://0.0.0.0:5555") as hub:
+        hub.publish_weights(snapshot)           # served from the I/O thread, no trio round trip
+        async for peer, msg in hub.inbox: ...   # decoded, validated messages from actors
+        hub.send(peer, Welcome(...))            # non-blocking, from the trio thread only
+
+Why a thread (docs/adr/0003-concurrency.md): pyzmq has no trio integration and its edge-triggered
+FD is easy to get subtly wrong. The I/O thread polls the control ROUTER, the weights ROUTER and
+an inproc wake-up socket; inbound messages cross to trio through a bounded memory channel (the
+thread blocks when trio falls behind, so ZeroMQ's high-water marks push back on actors);
+outbound messages cross through a queue plus a wake-up frame. Weight chunks are served entirely
+in the thread from the latest immutable snapshot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import structlog
+import trio
+import zmq
+
+from agentgym.protocol import (
+    Message,
+    ProtocolError,
+    WeightChunk,
+    WeightGone,
+    WeightRequest,
+    decode,
+    encode,
+    max_frame_bytes,
+)
+
+log = structlog.get_logger(__name__)
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class WeightSnapshot:
+    """One weight version, its chunks pre-encoded as ZeroMQ frames."""
+
+    version: int
+    step: int
+    turn_limit: int
+    frames: list[list[bytes]]
+    total_bytes: int
+
+    @classmethod
+    def build(cls, version: int, step: int, turn_limit: int, chunks: list[tuple[WeightChunk, bytes]]) -> WeightSnapshot:
+        frames = [encode(msg, data) for msg, data in chunks]
+        return cls(version, step, turn_limit, frames, sum(len(d) for _, d in chunks))  # type: ignore[arg-type]
+
+
+def weights_address(control: str) -> str:
+    """The weight server listens on the control port + 1."""
+    head, port = control.rsplit(":", 1)
+    return f"{head}:{int(port) + 1}"
+
+
+class Hub:
+    """Owns the learner's sockets in a thread; see the module docstring."""
+
+    def __init__(self, bind: str, inbox_size: int = 1024) -> None:
+        self.bind = bind
+        self._send_in, self.inbox = trio.open_memory_channel[tuple[bytes, Message]](inbox_size)
+        self._outbox: queue.SimpleQueue[tuple[bytes, list[bytes]] | None] = queue.SimpleQueue()
+        self._snapshot: WeightSnapshot | None = None
+        self._ctx = zmq.Context()
+        self._wake_addr = f"inproc://agentgym-hub-{next(_ids)}"
+        self._wake = self._ctx.socket(zmq.PUSH)  # owned by the trio thread
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.bad_messages = 0
+        self.weight_chunks_served = 0
+
+    # ---------------------------------------------------------------- trio side
+    def send(self, peer: bytes, msg: Message) -> None:
+        self._outbox.put((peer, encode(msg)))  # type: ignore[arg-type]
+        self._wake.send(b"", zmq.NOBLOCK)
+
+    def publish_weights(self, snapshot: WeightSnapshot) -> None:
+        self._snapshot = snapshot  # one reference swap: the I/O thread sees old or new, whole
+
+    # ---------------------------------------------------------------- I/O thread
+    def _make_router(self, addr: str) -> zmq.Socket:
+        s = self._ctx.socket(zmq.ROUTER)
+        s.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes())  # refuse oversized frames before reading them
+        s.setsockopt(zmq.LINGER, 2000)
+        s.setsockopt(zmq.SNDHWM, 10_000)
+        s.setsockopt(zmq.RCVHWM, 10_000)
+        s.bind(addr)
+        return s
+
+    def _run(self, token: trio.lowlevel.TrioToken) -> None:
+        try:
+            control = self._make_router(self.bind)
+            weights = self._make_router(weights_address(self.bind))
+            wake = self._ctx.socket(zmq.PULL)
+            wake.bind(self._wake_addr)
+        except zmq.ZMQError as exc:
+            self._error = OSError(f"learner cannot bind {self.bind} (and its weights port +1): {exc}")
+            self._ready.set()
+            return
+        self._wake.connect(self._wake_addr)
+        self._ready.set()
+        poller = zmq.Poller()
+        for s in (control, weights, wake):
+            poller.register(s, zmq.POLLIN)
+        try:
+            running = True
+            while running:
+                events = dict(poller.poll(500))
+                if wake in events:
+                    while True:
+                        try:
+                            wake.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                    running = self._flush_outbox(control)
+                if control in events:
+                    self._drain_control(control, token)
+                if weights in events:
+                    self._serve_weights(weights)
+        except (trio.RunFinishedError, trio.ClosedResourceError, trio.Cancelled):
+            pass
+        finally:
+            self._flush_outbox(control)
+            for s in (control, weights, wake):
+                s.close()
+
+    def _flush_outbox(self, control: zmq.Socket) -> bool:
+        while True:
+            try:
+                item = self._outbox.get_nowait()
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            peer, frames = item
+            try:
+                control.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                log.warning("send_dropped_hwm", peer=peer.hex())
+
+    def _drain_control(self, control: zmq.Socket, token: trio.lowlevel.TrioToken) -> None:
+        for _ in range(256):  # bounded, so weights and the outbox get their turn
+            try:
+                peer, *frames = control.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg, _ = decode(frames)
+            except ProtocolError as exc:
+                self.bad_messages += 1
+                log.error("bad_message", peer=peer.hex(), error=str(exc))
+                continue
+            trio.from_thread.run(self._send_in.send, (peer, msg), trio_token=token)
+
+    def _serve_weights(self, weights: zmq.Socket) -> None:
+        for _ in range(64):
+            try:
+                peer, *frames = weights.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                req, _ = decode(frames)
+                if not isinstance(req, WeightRequest):
+                    raise ProtocolError(f"weights socket expects WeightRequest, got {type(req).__name__}")
+            except ProtocolError as exc:
+                self.bad_messages += 1
+                log.error("bad_weight_request", peer=peer.hex(), error=str(exc))
+                continue
+            snap = self._snapshot
+            if snap is None or req.version != snap.version or req.chunk >= len(snap.frames):
+                latest = snap.version if snap else 0
+                weights.send_multipart([peer, *encode(WeightGone(version=req.version, latest=latest))])
+                continue
+            weights.send_multipart([peer, *snap.frames[req.chunk]], copy=False)
+            self.weight_chunks_served += 1
+
+    def stop(self) -> None:
+        self._outbox.put(None)
+        try:
+            self._wake.send(b"", zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+
+@asynccontextmanager
+async def open_hub(bind: str) -> AsyncIterator[Hub]:
+    """Start the I/O thread, wait until its sockets are bound, stop it on exit."""
+    hub = Hub(bind)
+    thread = threading.Thread(target=hub._run, args=(trio.lowlevel.current_trio_token(),), name="zmq-hub", daemon=True)
+    thread.start()
+    await trio.to_thread.run_sync(hub._ready.wait)
+    if hub._error is not None:
+        raise hub._error
+    try:
+        yield hub
+    finally:
+        hub.stop()
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await hub._send_in.aclose()
+            await trio.to_thread.run_sync(thread.join, 5.0)
+        hub._wake.close(linger=0)
+        hub._ctx.term()

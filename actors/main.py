@@ -1,0 +1,72 @@
+"""``agentgym-actor``: plays episodes with an inference engine and streams them to a learner.
+
+    agentgym-actor --learner tcp://LEARNER_HOST:5555 [--config configs/X.toml] [--model DIR]
+
+The learner sends everything about how to play (environment, group size, sampling, turn limit);
+the actor brings its engine, its environment pool and its capacity (--max-groups). With no
+model directory of its own it uses the learner's path (a shared filesystem). Start and stop
+actors at any time: the learner re-issues the work of one that leaves or dies.
+Exit codes: 0 shut down by the learner or a signal, 2 rejected or misconfigured, 3 no learner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agentgym.cli_common import add_config_args, resolve_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentgym-actor", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    add_config_args(p)
+    p.add_argument("--learner", help="learner control address tcp://HOST:PORT (overrides actor.learner)")
+    p.add_argument("--model", type=Path, help="local HF model directory (overrides model.path)")
+    p.add_argument("--max-groups", type=int, help="groups played at once (overrides actor.max_groups)")
+    p.add_argument("--run-dir", type=Path, help="where this actor writes its logs (default: run.dir/run.name)")
+    p.add_argument("--actor-id", help="stable id for this actor (default: random); reuse it to resume after a restart")
+    p.add_argument("--connect-timeout", type=float, help="seconds to wait for the learner (overrides actor.connect_timeout_s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    flags = []
+    if args.learner:
+        flags.append(f'actor.learner="{args.learner}"')
+    if args.model:
+        flags.append(f'model.path="{args.model}"')
+    if args.max_groups is not None:
+        flags.append(f"actor.max_groups={args.max_groups}")
+    if args.connect_timeout is not None:
+        flags.append(f"actor.connect_timeout_s={args.connect_timeout}")
+    cfg = resolve_config(args, flags)
+    run_dir = args.run_dir or cfg.run.path
+
+    import asyncio
+    import os
+
+    import structlog
+    import uvloop
+
+    from agentgym.actors.runtime import run_actor
+    from agentgym.actors.transport import ActorRejected, LearnerUnreachable
+    from agentgym.logs import setup_logging
+
+    setup_logging("actor", run_dir / "logs" / f"actor-{os.getpid()}.jsonl", args.log_level)
+    log = structlog.get_logger("agentgym.actor")
+    try:
+        return asyncio.run(run_actor(cfg, run_dir, args.actor_id), loop_factory=uvloop.new_event_loop)
+    except LearnerUnreachable as exc:
+        log.error("learner_unreachable", error=str(exc))
+        return 3
+    except (ActorRejected, FileNotFoundError) as exc:
+        log.error("actor_refused", error=str(exc))
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

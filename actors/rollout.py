@@ -1,0 +1,95 @@
+"""Playing episodes: prompt -> generate -> act -> observe, until done or a limit, as tokens.
+
+    episode = await play_episode(engine, tokenizer, pool, ticket, index, spec, turn_limit)
+
+The conversation is one growing list of token ids: the engine's samples are appended exactly as
+sampled (never re-tokenized) and each observation is rendered by the model's chat template.
+An environment that crashes or hangs fails this episode only (finish="env_failure").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import structlog
+
+from agentgym.actors.conversation import Conversation
+from agentgym.actors.engine import InferenceEngine, SamplingSpec
+from agentgym.envpool.pool import EnvFailure, EnvPool
+from agentgym.protocol import Episode, RolloutSpec, Ticket
+from agentgym.protocol.arrays import F32, I32, U8, pack
+
+log = structlog.get_logger(__name__)
+
+
+async def play_episode(
+    engine: InferenceEngine,
+    tokenizer: object,
+    pool: EnvPool,
+    ticket: Ticket,
+    index: int,
+    spec: RolloutSpec,
+    turn_limit: int,
+    seed: int | None = None,
+) -> Episode:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    sampling = SamplingSpec(
+        max_tokens=spec.max_tokens_per_turn,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        stop_token_ids=(eos,) if eos is not None else (),
+        seed=seed,
+    )
+    conv: Conversation | None = None
+    turn_rewards: list[float] = []
+    finish, failure, success = "turn_limit", "", False
+    try:
+        async with pool.episode(ticket.task_id) as ep:
+            obs = await ep.reset()
+            conv = Conversation.start(tokenizer, spec.system_prompt, obs)
+            for turn in range(turn_limit):
+                if len(conv.token_ids) + spec.max_tokens_per_turn > spec.max_episode_tokens:
+                    finish = "token_limit"
+                    break
+                gen = await engine.generate(
+                    f"{ticket.group_id}/{index}/{turn}", list(conv.prompt_ids), sampling
+                )
+                conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.version)
+                action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+                result = await ep.step(action)
+                turn_rewards.append(float(result.reward))
+                if result.done:
+                    finish = "done"
+                    success = bool(result.info.get("success", result.reward > 0))
+                    break
+                if turn + 1 < turn_limit:
+                    conv.add_observation(result.observation)
+    except EnvFailure as exc:
+        finish, failure = "env_failure", str(exc)
+        log.warning("episode_env_failure", group=ticket.group_id, task=ticket.task_id, error=failure)
+    return _to_episode(conv, turn_rewards, finish, failure, success, turn_limit)
+
+
+def _to_episode(
+    conv: Conversation | None, turn_rewards: list[float], finish: str, failure: str, success: bool, turn_limit: int
+) -> Episode:
+    if conv is None:  # failed before the first observation
+        ids = logps = vers = turn_ends = np.zeros(0)
+        mask = np.zeros(0, dtype=np.uint8)
+    else:
+        ids, logps, mask, vers = conv.token_ids, conv.logprobs, conv.loss_mask, conv.versions
+        turn_ends = [end for _, end in conv.turn_spans]
+    n_turns = len(turn_ends)
+    rewards = turn_rewards[:n_turns] + [0.0] * (n_turns - len(turn_rewards))
+    return Episode(
+        token_ids=pack(ids, I32),
+        logprobs=pack(logps, F32),
+        loss_mask=pack(mask, U8),
+        versions=pack(vers, I32),
+        turn_ends=pack(turn_ends, I32),
+        turn_rewards=pack(rewards, F32),
+        reward=float(sum(turn_rewards)),
+        success=success,
+        finish=finish,  # type: ignore[arg-type]
+        turn_limit=turn_limit,
+        failure=failure[:4000],
+    )

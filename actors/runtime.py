@@ -1,0 +1,317 @@
+"""The actor process: its components wired in one place, every task in one asyncio TaskGroup.
+
+    asyncio.run(run_actor(cfg, run_dir), loop_factory=uvloop.new_event_loop)
+
+Links (made in ``Actor.run``):
+  learner --Welcome/Grant/Ack/WeightsReady/Heartbeat/Shutdown--> receive_loop
+  receive_loop --tickets--> ticket queue --> players (max_groups of them) --> engine + env pools
+  players --Rollout--> learner; kept in ``unacked`` until the learner's Ack (re-sent after a re-hello)
+  receive_loop --WeightsReady--> weight_loop --pull chunks--> engine.update_weights (version bump)
+  heartbeat_loop --Heartbeat--> learner; a learner silent past actor_timeout_s gets a new Hello
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import structlog
+import zmq.asyncio
+
+from agentgym.config import Config, model_fingerprint
+from agentgym.actors.transport import ControlLink, fetch_weights, weights_addr
+from agentgym.protocol import (
+    Ack,
+    Grant,
+    Heartbeat,
+    Hello,
+    Leave,
+    Message,
+    Reject,
+    Rollout,
+    Shutdown,
+    Ticket,
+    WeightsReady,
+    Welcome,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class Stop(Exception):
+    """Raised inside the task group to end the actor (learner shutdown or a signal)."""
+
+    def __init__(self, reason: str, code: int = 0) -> None:
+        super().__init__(reason)
+        self.reason, self.code = reason, code
+
+
+class Actor:
+    def __init__(self, cfg: Config, actor_id: str | None = None) -> None:
+        self.cfg = cfg
+        self.actor_id = actor_id or uuid.uuid4().hex[:12]
+        self.ctx = zmq.asyncio.Context()
+        self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id)
+        self.welcome: Welcome | None = None
+        self.engine = None
+        self.tokenizer = None
+        self.pools: dict[str, object] = {}
+        self.tickets: asyncio.Queue[Ticket] = asyncio.Queue()
+        self.known_tickets: set[str] = set()
+        self.unacked: dict[str, Rollout] = {}
+        self.latest_ready: WeightsReady | None = None
+        self.weights_wanted = asyncio.Event()
+        self.version_changed = asyncio.Condition()
+        self.turn_limit = 1
+        self.running_groups = 0
+        self.last_from_learner = time.monotonic()
+        self.stats = {"groups_sent": 0, "episodes_sent": 0, "acked": 0, "resent": 0, "weight_updates": 0}
+        self.ack_statuses: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ setup
+    def hello(self, fingerprint: str) -> Hello:
+        return Hello(
+            actor_id=self.actor_id, hostname=socket.gethostname(), pid=os.getpid(),
+            model_fingerprint=fingerprint, engine=self.cfg.actor.engine, max_groups=self.cfg.actor.max_groups,
+        )  # fmt: skip
+
+    def _model_dir(self) -> Path:
+        """The actor's own model directory if it has one, else the learner's (shared filesystem)."""
+        own = Path(self.cfg.model.path)
+        return own if (own / "config.json").exists() else Path(self.welcome.model_path)
+
+    async def connect(self) -> None:
+        own = Path(self.cfg.model.path)
+        fp = model_fingerprint(own) if (own / "config.json").exists() else ""
+        self.welcome = await self.link.handshake(self.hello(fp), self.cfg.actor.connect_timeout_s)
+        if not fp:  # no local model: take the learner's path and announce that fingerprint
+            fp = model_fingerprint(Path(self.welcome.model_path))
+            if fp != self.welcome.model_fingerprint:
+                raise FileNotFoundError(
+                    f"this host has no model at {own} and the learner's {self.welcome.model_path} is "
+                    "missing or different here; pass --model DIR with the same model"
+                )
+            self.welcome = await self.link.handshake(self.hello(fp), self.cfg.actor.connect_timeout_s)
+        structlog.contextvars.bind_contextvars(actor=self.welcome.actor_index)
+        log.info("actor_registered", actor_id=self.actor_id, run_id=self.welcome.run_id, mode=self.welcome.mode)
+
+    async def start_engine(self) -> None:
+        from transformers import AutoTokenizer
+
+        from agentgym.actors.vllm_engine import VllmEngine
+
+        model_dir = self._model_dir()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.engine = VllmEngine(
+            model_dir, seed=self.cfg.run.seed, dtype=self.cfg.model.dtype,
+            kv_cache_gib=self.cfg.actor.kv_cache_gib,
+            gpu_memory_utilization=self.cfg.actor.gpu_memory_utilization,
+        )  # fmt: skip
+        t0 = time.monotonic()
+        await self.engine.start()
+        log.info("engine_started", model=str(model_dir), seconds=round(time.monotonic() - t0, 1))
+
+    async def pool_for(self, env: str):
+        from agentgym.envpool.pool import EnvPool
+
+        pool = self.pools.get(env)
+        if pool is None:
+            spec = self.welcome.rollout
+            size = self.cfg.actor.env_workers or self.cfg.actor.max_groups * spec.group_size
+            pool = EnvPool(env, dict(spec.env_kwargs.get(env, {})), size, step_timeout_s=self.cfg.actor.step_timeout_s)
+            self.pools[env] = pool
+            await pool.start()
+        return pool
+
+    # ------------------------------------------------------------------ loops
+    def dispatch(self, msg: Message) -> None:
+        self.last_from_learner = time.monotonic()
+        if isinstance(msg, Grant):
+            for t in msg.tickets:
+                if t.group_id not in self.known_tickets:
+                    self.known_tickets.add(t.group_id)
+                    self.tickets.put_nowait(t)
+        elif isinstance(msg, Ack):
+            for gid, status in zip(msg.group_ids, msg.statuses):
+                if self.unacked.pop(gid, None) is not None:
+                    self.stats["acked"] += 1
+                    self.ack_statuses[status] = self.ack_statuses.get(status, 0) + 1
+                self.known_tickets.discard(gid)
+        elif isinstance(msg, WeightsReady):
+            if self.latest_ready is None or msg.version >= self.latest_ready.version:
+                self.latest_ready = msg
+                self.weights_wanted.set()
+        elif isinstance(msg, Heartbeat):
+            if msg.weight_version < 0:  # the learner does not know us (it restarted): re-register
+                self.rehello.set()
+        elif isinstance(msg, Shutdown):
+            raise Stop(f"learner: {msg.reason}")
+        elif isinstance(msg, Reject):
+            raise Stop(f"learner rejected this actor ({msg.field}): {msg.reason}", code=2)
+        elif isinstance(msg, Welcome):
+            self.welcome = msg
+            self.resend.set()
+
+    async def receive_loop(self) -> None:
+        while True:
+            self.dispatch(await self.link.recv())
+
+    async def heartbeat_loop(self) -> None:
+        w = self.welcome
+        while True:
+            await asyncio.sleep(w.heartbeat_interval_s)
+            await self.link.send(Heartbeat(
+                actor_id=self.actor_id, weight_version=self.engine.version, running_groups=self.running_groups,
+                stats={k: float(v) for k, v in self.stats.items()},
+            ))  # fmt: skip
+            if time.monotonic() - self.last_from_learner > w.actor_timeout_s:
+                log.warning("learner_silent", seconds=round(time.monotonic() - self.last_from_learner, 1))
+                self.rehello.set()
+
+    async def rehello_loop(self) -> None:
+        """Re-register after a learner restart or a long silence, then re-send unacked rollouts."""
+        while True:
+            await self.rehello.wait()
+            self.rehello.clear()
+            await self.link.send(self.hello(model_fingerprint(self._model_dir())))
+            self.last_from_learner = time.monotonic()
+
+    async def resend_loop(self) -> None:
+        while True:
+            await self.resend.wait()
+            self.resend.clear()
+            for r in list(self.unacked.values()):
+                await self.link.send(r)
+                self.stats["resent"] += 1
+            if self.unacked:
+                log.info("rollouts_resent", count=len(self.unacked))
+
+    async def weight_loop(self) -> None:
+        addr = weights_addr(self.cfg.actor.learner, self.welcome.weights_port)
+        while True:
+            await self.weights_wanted.wait()
+            self.weights_wanted.clear()
+            ready = self.latest_ready
+            if ready.version > self.engine.version:
+                t0 = time.monotonic()
+                version, raw = await fetch_weights(self.ctx, addr, ready)
+                tensors = _to_torch(raw)
+                t1 = time.monotonic()
+                await self.engine.update_weights(tensors, version)
+                self.stats["weight_updates"] += 1
+                log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3),
+                         load_s=round(time.monotonic() - t1, 3), mib=round(ready.total_bytes / 2**20, 2))  # fmt: skip
+            self.turn_limit = ready.turn_limit
+            async with self.version_changed:
+                self.version_changed.notify_all()
+
+    async def wait_version(self, version: int) -> None:
+        async with self.version_changed:
+            await self.version_changed.wait_for(lambda: self.engine.version >= version and self.latest_ready is not None)
+
+    async def player(self, n: int) -> None:
+        from agentgym.actors.rollout import play_episode
+
+        spec = self.welcome.rollout
+        while True:
+            ticket = await self.tickets.get()
+            await self.wait_version(max(ticket.min_version, 0))
+            pool = await self.pool_for(ticket.env)
+            self.running_groups += 1
+            t0 = time.monotonic()
+            turn_limit = self.turn_limit
+            episodes = await asyncio.gather(*(
+                play_episode(self.engine, self.tokenizer, pool, ticket, i, spec, turn_limit)
+                for i in range(spec.group_size)
+            ))  # fmt: skip
+            self.running_groups -= 1
+            rollout = Rollout(
+                group_id=ticket.group_id, actor_id=self.actor_id, env=ticket.env, task_id=ticket.task_id,
+                episodes=list(episodes), elapsed_s=time.monotonic() - t0,
+            )  # fmt: skip
+            self.unacked[ticket.group_id] = rollout
+            await self.link.send(rollout)
+            self.stats["groups_sent"] += 1
+            self.stats["episodes_sent"] += len(episodes)
+
+    async def run(self) -> Stop:
+        self.rehello = asyncio.Event()
+        self.resend = asyncio.Event()
+        await self.connect()
+        await self.start_engine()
+        loop = asyncio.get_running_loop()
+        stop_signal: asyncio.Future[Stop] = loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda s=sig: stop_signal.done() or stop_signal.set_result(Stop(f"got {signal.Signals(s).name}", 0)))
+
+        async def watch_signal() -> None:
+            raise await stop_signal
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.receive_loop())  # learner -> dispatch
+                tg.create_task(self.heartbeat_loop())  # liveness both ways
+                tg.create_task(self.rehello_loop())  # re-register after learner restarts
+                tg.create_task(self.resend_loop())  # unacked rollouts again after a Welcome
+                tg.create_task(self.weight_loop())  # WeightsReady -> fetch -> engine update
+                for n in range(self.cfg.actor.max_groups):
+                    tg.create_task(self.player(n))  # tickets -> episodes -> Rollout
+                tg.create_task(watch_signal())
+        except* Stop as eg:
+            stop = eg.exceptions[0]
+        if stop.reason.startswith("got SIG"):
+            with _ignore_errors():
+                await asyncio.wait_for(self.link.send(Leave(actor_id=self.actor_id, reason=stop.reason)), 2)
+        return stop
+
+    async def close(self) -> None:
+        for pool in self.pools.values():
+            with _ignore_errors():
+                await asyncio.wait_for(pool.close(), 10)
+        if self.engine is not None:
+            with _ignore_errors():
+                await asyncio.wait_for(self.engine.close(), 30)
+        self.link.close()
+        self.ctx.term()
+
+
+class _ignore_errors:
+    """Cleanup must go on: log and continue."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et, exc, tb) -> bool:
+        if exc is not None:
+            log.warning("cleanup_error", error=repr(exc))
+        return True
+
+
+def _to_torch(raw):
+    import torch
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    return {
+        t.name: torch.frombuffer(bytearray(t.data), dtype=dtypes[t.dtype]).reshape(t.shape) for t in raw
+    }
+
+
+async def run_actor(cfg: Config, run_dir: Path, actor_id: str | None = None) -> int:
+    actor = Actor(cfg, actor_id)
+    try:
+        stop = await actor.run()
+    finally:
+        await actor.close()
+    log.info("actor_stopped", reason=stop.reason, **actor.stats, acks=actor.ack_statuses)
+    (run_dir / "actors").mkdir(parents=True, exist_ok=True)
+    import json
+
+    (run_dir / "actors" / f"{actor.actor_id}.json").write_text(json.dumps(
+        {"actor_id": actor.actor_id, "reason": stop.reason, **actor.stats, "acks": actor.ack_statuses,
+         "unacked": len(actor.unacked)}, indent=2))  # fmt: skip
+    return stop.code

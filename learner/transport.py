@@ -66,8 +66,9 @@ def weights_address(control: str) -> str:
 class Hub:
     """Owns the learner's sockets in a thread; see the module docstring."""
 
-    def __init__(self, bind: str, inbox_size: int = 1024) -> None:
+    def __init__(self, bind: str, inbox_size: int = 1024, max_msg_bytes: int | None = None) -> None:
         self.bind = bind
+        self.max_msg_bytes = max_msg_bytes or max_frame_bytes()
         self._send_in, self.inbox = trio.open_memory_channel[tuple[bytes, Message]](inbox_size)
         self._outbox: queue.SimpleQueue[tuple[bytes, list[bytes]] | None] = queue.SimpleQueue()
         self._snapshot: WeightSnapshot | None = None
@@ -90,7 +91,7 @@ class Hub:
     # ---------------------------------------------------------------- I/O thread
     def _make_router(self, addr: str) -> zmq.Socket:
         s = self._ctx.socket(zmq.ROUTER)
-        s.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes())  # refuse oversized frames before reading them
+        s.setsockopt(zmq.MAXMSGSIZE, self.max_msg_bytes)  # refuse oversized frames before reading them
         s.setsockopt(zmq.LINGER, 2000)
         s.setsockopt(zmq.SNDHWM, 10_000)
         s.setsockopt(zmq.RCVHWM, 10_000)
@@ -193,9 +194,9 @@ class Hub:
 
 
 @asynccontextmanager
-async def open_hub(bind: str) -> AsyncIterator[Hub]:
+async def open_hub(bind: str, max_msg_bytes: int | None = None) -> AsyncIterator[Hub]:
     """Start the I/O thread, wait until its sockets are bound, stop it on exit."""
-    hub = Hub(bind)
+    hub = Hub(bind, max_msg_bytes=max_msg_bytes)
     thread = threading.Thread(target=hub._run, args=(trio.lowlevel.current_trio_token(),), name="zmq-hub", daemon=True)
     thread.start()
     await trio.to_thread.run_sync(hub._ready.wait)

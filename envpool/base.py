@@ -1,0 +1,78 @@
+"""The environment interface: what an env implements to be played by agentgym actors.
+
+An ``Env`` runs inside an env worker subprocess (``agentgym.envpool.worker``) and is plain,
+synchronous Python; the actor sees it through the asyncio ``EnvPool``. A minimal env:
+
+    class Coin(Env):
+        name = "coin"
+
+        def __init__(self, sides: int = 2, **kwargs):
+            super().__init__(**kwargs)   # rejects unknown options with a clear error
+            self.sides = sides
+
+        def reset(self, task_id: int) -> str: ...
+        def step(self, action: str) -> StepResult: ...
+        def expert_action(self) -> str: ...
+
+and ``register_env("coin", "my_pkg.coin:Coin")`` (``agentgym.envpool.registry``).
+
+Contract:
+- ``reset(task_id)`` starts an episode; the first observation and everything after it is a
+  deterministic function of ``task_id`` and the actions taken.
+- ``step(action)`` never raises for a bad action: it answers with feedback text as the
+  observation, reward 0, and the turn counts. An exception inside ``step`` is a bug in the env:
+  the pool fails that one episode (``EnvFailure(reason="env_error")``).
+- ``instructions()`` is the task text an agent sees before the first observation (a system or
+  first user message); an env may return "" and put everything in the first observation.
+- ``expert_action()`` is a scripted expert that may use privileged state; it proves that tasks
+  are solvable and gives demonstrations.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import ClassVar, Union
+
+InfoValue = Union[str, int, float, bool]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step returns. ``info`` is small and msgpack-able; ``success`` marks a solved task."""
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, InfoValue] = field(default_factory=dict)
+
+
+class Env(abc.ABC):
+    """One environment instance; reused across episodes (each starts with ``reset``)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, **kwargs: object) -> None:
+        # Subclasses take their options as keyword arguments and pass the rest here, so a typo in
+        # a config's env.kwargs is an error naming the option instead of being silently ignored.
+        if kwargs:
+            raise TypeError(f"env {type(self).__name__}: unknown option(s) {sorted(kwargs)}")
+
+    @abc.abstractmethod
+    def reset(self, task_id: int) -> str:
+        """Start the episode for ``task_id``; returns the first observation."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply the agent's action text; an invalid action gets feedback, never an exception."""
+
+    @abc.abstractmethod
+    def expert_action(self) -> str:
+        """The scripted expert's next action in the current episode."""
+
+    def instructions(self) -> str:
+        """Task text shown before the first observation ("" when the observation says it all)."""
+        return ""
+
+    def close(self) -> None:
+        """Release resources (files, child processes); called once when the worker exits."""

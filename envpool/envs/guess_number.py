@@ -1,0 +1,109 @@
+"""``guess_number``: find a hidden integer from "higher" / "lower" hints.
+
+Built so that a tiny language model (a few hundred tokens of vocabulary, two layers, random
+initialisation) can learn it by RL on a CPU in minutes: every text the env emits comes from a
+handful of fixed words (``CORPUS`` lists them all, for training a tokenizer), the action is one
+number, and a good policy (binary search) needs only a few turns.
+
+    options:  low: int = 1, high: int = 8          (env.kwargs in the config)
+    target:   random.Random(task_id).randint(low, high)
+    reset ->  "guess a number from 1 to 8"
+    step  ->  "correct" (reward 1, done, success) | "higher" | "lower"
+              | "invalid, say a number from 1 to 8" (no integer, or out of range; still a turn)
+
+The instructions repeat the rules for agents that get a system message; the first observation
+alone is enough to play. The env has no turn limit of its own: the actor applies the learner's.
+The expert plays binary search on the hints so far and always solves within
+ceil(log2(high - low + 1)) + 1 turns.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from agentgym.envpool.base import Env, StepResult
+
+_INT = re.compile(r"[-+]?\d+")
+_MAX_DIGITS = 18  # a longer run of digits is out of range anyway; int() of huge strings is slow
+
+
+def prompt(low: int, high: int) -> str:
+    return f"guess a number from {low} to {high}"
+
+
+def invalid(low: int, high: int) -> str:
+    return f"invalid, say a number from {low} to {high}"
+
+
+def instructions(low: int, high: int) -> str:
+    return f"guess a number from {low} to {high}. say one number. you hear higher, lower or correct."
+
+
+CORRECT, HIGHER, LOWER, GAME_OVER = "correct", "higher", "lower", "game over"
+
+
+def corpus(low: int = 1, high: int = 8) -> list[str]:
+    """Every text the env emits for this range, plus every valid action and the digits."""
+    texts = [prompt(low, high), invalid(low, high), instructions(low, high), CORRECT, HIGHER, LOWER, GAME_OVER]
+    return texts + [str(n) for n in range(low, high + 1)] + [str(d) for d in range(10)]
+
+
+CORPUS: list[str] = corpus()
+"""The texts of the default range (1 to 8); ``corpus(low, high)`` for others."""
+
+
+def _parse(action: str) -> int | None:
+    m = _INT.search(action)
+    if m is None or len(m.group().lstrip("+-")) > _MAX_DIGITS:
+        return None
+    return int(m.group())
+
+
+class GuessNumber(Env):
+    name = "guess_number"
+
+    def __init__(self, low: int = 1, high: int = 8, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        for key, value in (("low", low), ("high", high)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"guess_number: option {key} must be an integer, got {value!r}")
+        if low > high:
+            raise ValueError(f"guess_number: low={low} is greater than high={high}")
+        self.low, self.high = low, high
+        self._target: int | None = None
+        self._lo, self._hi = low, high  # what the hints so far allow (for the expert)
+        self._turns = 0
+        self._done = False
+
+    def reset(self, task_id: int) -> str:
+        self._target = random.Random(task_id).randint(self.low, self.high)
+        self._lo, self._hi = self.low, self.high
+        self._turns = 0
+        self._done = False
+        return prompt(self.low, self.high)
+
+    def instructions(self) -> str:
+        return instructions(self.low, self.high)
+
+    def step(self, action: str) -> StepResult:
+        if self._target is None:
+            return StepResult(invalid(self.low, self.high), 0.0, False, {"turns": self._turns})
+        if self._done:
+            return StepResult(GAME_OVER, 0.0, True, {"turns": self._turns, "success": False})
+        self._turns += 1
+        guess = _parse(action)
+        if guess is None or not self.low <= guess <= self.high:
+            return StepResult(invalid(self.low, self.high), 0.0, False, {"turns": self._turns, "valid": False})
+        if guess == self._target:
+            self._done = True
+            return StepResult(CORRECT, 1.0, True, {"turns": self._turns, "success": True})
+        if guess < self._target:
+            self._lo = max(self._lo, guess + 1)
+            return StepResult(HIGHER, 0.0, False, {"turns": self._turns})
+        self._hi = min(self._hi, guess - 1)
+        return StepResult(LOWER, 0.0, False, {"turns": self._turns})
+
+    def expert_action(self) -> str:
+        # Binary search over what the hints allow; it only uses what the agent has seen.
+        return str((self._lo + self._hi) // 2)

@@ -1,0 +1,80 @@
+"""Environment names -> classes, resolved lazily by import path.
+
+    register_env("coin", "my_pkg.coin:Coin")
+    cls = resolve_env("coin")          # imports my_pkg.coin, checks Coin is an Env
+    known_envs()                       # ["chaos", "coin", "guess_number"]
+
+Registration stores only the ``"module.path:ClassName"`` string: naming an env costs no import,
+so the actor can validate a config without loading an env's dependencies (a JVM, a browser),
+and the pool hands the string to its worker subprocesses, where the import happens.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+from agentgym.envpool.base import Env
+
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_REGISTRY: dict[str, str] = {}
+
+
+class UnknownEnvError(ValueError):
+    """An env name that nothing registered."""
+
+    def __init__(self, name: str, where: str = "") -> None:
+        known = ", ".join(known_envs()) or "(none)"
+        origin = f" (from {where})" if where else ""
+        super().__init__(f"unknown environment {name!r}{origin}; known environments: {known}")
+        self.name = name
+
+
+def register_env(name: str, target: str) -> None:
+    """Register ``name`` as ``target`` (``"module.path:ClassName"``). Re-registering the same pair
+    is a no-op; registering a name again with another target is an error (two envs, one name)."""
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"register_env: env name must be letters, digits, '_' or '-', got {name!r}")
+    if not _TARGET.match(target):
+        raise ValueError(f"register_env({name!r}): target must be 'module.path:ClassName', got {target!r}")
+    old = _REGISTRY.get(name)
+    if old is not None and old != target:
+        raise ValueError(f"register_env: {name!r} is already registered as {old!r}, not {target!r}")
+    _REGISTRY[name] = target
+
+
+def env_target(name: str, where: str = "") -> str:
+    """The import path registered for ``name`` (no import); ``UnknownEnvError`` if none."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownEnvError(name, where) from None
+
+
+def load_target(target: str, name: str = "") -> type[Env]:
+    """Import ``"module.path:ClassName"`` and check that it is an ``Env`` subclass."""
+    module_name, _, attr = target.partition(":")
+    label = f"env {name!r} ({target})" if name else f"env class {target!r}"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"{label}: cannot import module {module_name!r}: {exc}") from exc
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise TypeError(f"{label}: {module_name}.{attr} is {cls!r}, not a subclass of agentgym Env")
+    return cls
+
+
+def resolve_env(name: str) -> type[Env]:
+    """The env class registered as ``name`` (imports its module)."""
+    return load_target(env_target(name), name)
+
+
+def known_envs() -> list[str]:
+    """Registered env names, sorted."""
+    return sorted(_REGISTRY)
+
+
+# Built-ins. Test-only envs are registered too: a pool can be pointed at them from a config.
+register_env("guess_number", "agentgym.envpool.envs.guess_number:GuessNumber")
+register_env("chaos", "agentgym.envpool.envs.chaos:Chaos")

@@ -1,0 +1,249 @@
+"""Advantage estimators and reward placement for multi-turn episodes: pure torch functions.
+
+    token_rewards = episode_rewards_to_tokens(rewards, loss_mask)          # reward on the last agent token
+    adv = broadcast_sequence_advantages(grpo_advantages(rewards, group_index), loss_mask)   # GRPO / RLOO
+    adv = reinforce_pp_advantages(token_rewards, loss_mask)                                  # REINFORCE++
+    adv, returns = gae(token_rewards, values, loss_mask, gamma=1.0, lam=0.95)               # PPO + critic
+
+Layout: [B, T] right-padded sequences; ``loss_mask`` is 1 on agent tokens (pass the 0/1 agent mask
+here, not training weights). In a multi-turn episode the agent's tokens are interleaved with
+environment tokens; only agent tokens are timesteps: discounting, bootstrapping and the "next
+state" skip the environment tokens between turns. A reward must sit on an agent token; on any
+other token the token-level estimators would lose it, so they refuse it (AgentGym-RL puts the
+episode reward on a masked token, where its GAE and REINFORCE++ never see it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from agentgym.learner.losses import masked_whiten
+
+
+def _groups(fn: str, rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Check inputs; return (rewards as float64, group id in 0..G-1 per row, group sizes, G)."""
+    if rewards.dim() != 1 or group_index.shape != rewards.shape:
+        raise ValueError(f"{fn}: rewards and group_index must be [B] tensors of one shape, got "
+                         f"{tuple(rewards.shape)} and {tuple(group_index.shape)}")  # fmt: skip
+    if group_index.dtype.is_floating_point or group_index.dtype == torch.bool:
+        raise ValueError(f"{fn}: group_index must be an integer tensor, got {group_index.dtype}")
+    bad = (~torch.isfinite(rewards)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(f"{fn}: rewards[{i}] = {float(rewards[i])} is not finite")
+    _, inv = torch.unique(group_index, return_inverse=True)
+    G = int(inv.max()) + 1 if inv.numel() else 0
+    # float64: a group's mean is subtracted from its members, and float32 residue divided by a
+    # tiny std would turn equal rewards into visible advantages.
+    x = rewards.detach().double()
+    count = x.new_zeros(G).index_add_(0, inv, torch.ones_like(x))
+    return x, inv, count, G
+
+
+def grpo_advantages(
+    rewards: Tensor, group_index: Tensor, *, std_normalize: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantages of episodes; [B] rewards and group ids (long) in, [B] out.
+
+    "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models"
+    (Shao et al., arXiv 2402.03300), outcome supervision: for episode i of group g (same task)::
+
+        Â_i = (r_i − mean_g(r)) / (std_g(r) + ε)          std with Bessel's correction (n_g − 1)
+
+    ``std_normalize=False`` drops the division (Dr. GRPO, "Understanding R1-Zero-Like Training:
+    A Critical Perspective", Liu et al., arXiv 2503.20783): dividing by the std favours tasks that
+    are almost always solved or failed. Groups may have any sizes and any ids; a group of one, or
+    one whose rewards are all equal, gets exactly 0 (it carries no relative signal).
+    """
+    x, inv, count, G = _groups("grpo_advantages", rewards, group_index)
+    total = x.new_zeros(G).index_add_(0, inv, x)
+    dev = x - (total / count)[inv]
+    if std_normalize:
+        ss = x.new_zeros(G).index_add_(0, inv, dev**2)
+        std = torch.sqrt(ss / (count - 1).clamp(min=1))
+        dev = dev / (std[inv] + eps)
+    hi = x.new_full((G,), -torch.inf).scatter_reduce(0, inv, x, "amax")
+    lo = x.new_full((G,), torch.inf).scatter_reduce(0, inv, x, "amin")
+    return torch.where((hi == lo)[inv], 0.0, dev).to(rewards.dtype)
+
+
+def rloo_advantages(rewards: Tensor, group_index: Tensor) -> Tensor:
+    """REINFORCE leave-one-out advantages; [B] rewards and group ids (long) in, [B] out.
+
+    "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in
+    LLMs" (Ahmadian et al., arXiv 2402.14740): the baseline of episode i is the mean reward
+    of the other n_g − 1 episodes of its group::
+
+        Â_i = r_i − (1 / (n_g − 1)) Σ_{j ≠ i} r_j          (= n_g/(n_g − 1) · (r_i − mean_g(r)))
+
+    A group of one has no baseline and gets 0.
+    """
+    x, inv, count, G = _groups("rloo_advantages", rewards, group_index)
+    total = x.new_zeros(G).index_add_(0, inv, x)
+    n = count[inv]
+    adv = x - (total[inv] - x) / (n - 1).clamp(min=1)
+    return torch.where(n > 1, adv, 0.0).to(rewards.dtype)
+
+
+def _agent_mask(fn: str, token_rewards: Tensor, loss_mask: Tensor) -> Tensor:
+    if token_rewards.dim() != 2 or loss_mask.shape != token_rewards.shape:
+        raise ValueError(f"{fn}: token_rewards and loss_mask must be [B, T] of one shape, got "
+                         f"{tuple(token_rewards.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+    agent = loss_mask != 0
+    lost = ((token_rewards != 0) & ~agent).nonzero()
+    if lost.numel():
+        b, t = (int(v) for v in lost[0])
+        raise ValueError(
+            f"{fn}: token_rewards[{b}, {t}] = {float(token_rewards[b, t])} sits on a non-agent token "
+            f"(loss_mask 0) and would be lost; put rewards on agent tokens "
+            f"(episode_rewards_to_tokens, turn_rewards_to_tokens)"
+        )
+    return agent
+
+
+def _gae_scan(
+    rewards: Tensor, values: Tensor, agent: Tensor, gamma: float, lam: float, bootstrap: Tensor
+) -> Tensor:
+    """Backward recursion over agent tokens only; 0 on every other token.
+
+    The carry holds the value and advantage of the next *agent* token of each row, so environment
+    tokens between turns are skipped instead of being treated as timesteps.
+    """
+    adv = torch.zeros_like(rewards)
+    next_value = bootstrap
+    next_adv = torch.zeros_like(bootstrap)
+    # Only columns where some row has an agent token need a step (prompt columns are skipped).
+    for t in reversed(agent.any(0).nonzero().flatten().tolist()):
+        m = agent[:, t]
+        a = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * next_adv
+        adv[:, t] = torch.where(m, a, 0.0)
+        next_value = torch.where(m, values[:, t], next_value)
+        next_adv = torch.where(m, a, next_adv)
+    return adv
+
+
+def gae(
+    token_rewards: Tensor,
+    values: Tensor,
+    loss_mask: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    bootstrap_value: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation over the agent tokens; returns (advantages, returns), [B, T].
+
+    "High-Dimensional Continuous Control Using Generalized Advantage Estimation" (Schulman et al.,
+    arXiv 1506.02438), with t and t' consecutive agent tokens of one row::
+
+        δ_t = r_t + γ V(s_t') − V(s_t)
+        Â_t = δ_t + γλ Â_t'                   R_t = Â_t + V(s_t)   (the value target)
+
+    After the last agent token V(s_t') is ``bootstrap_value[b]``: pass V of the state after the
+    last turn for an episode cut at the turn limit (truncated) and 0 for one that ended (done);
+    None means every episode is done. ``values[b, t]`` is V of the state in which token t is chosen
+    (aligned like logprobs). γ and λ discount per agent token. Inputs are detached; both outputs
+    are 0 off the agent tokens.
+    """
+    if not (0 <= gamma <= 1 and 0 <= lam <= 1):
+        raise ValueError(f"gae needs 0 <= gamma <= 1 and 0 <= lam <= 1, got gamma={gamma} lam={lam}")
+    agent = _agent_mask("gae", token_rewards, loss_mask)
+    if values.shape != token_rewards.shape:
+        raise ValueError(f"gae: values must have the shape of token_rewards {tuple(token_rewards.shape)}, "
+                         f"got {tuple(values.shape)}")  # fmt: skip
+    dtype = torch.promote_types(token_rewards.dtype, torch.float32)
+    B = token_rewards.shape[0]
+    if bootstrap_value is None:
+        boot = torch.zeros(B, dtype=dtype, device=token_rewards.device)
+    elif bootstrap_value.shape != (B,):
+        raise ValueError(f"gae: bootstrap_value must be [B] = ({B},), got {tuple(bootstrap_value.shape)}")
+    else:
+        boot = bootstrap_value.detach().to(dtype)
+    v = torch.where(agent, values.detach().to(dtype), 0.0)
+    adv = _gae_scan(token_rewards.detach().to(dtype), v, agent, gamma, lam, boot)
+    return adv, torch.where(agent, adv + v, 0.0)
+
+
+def reinforce_pp_advantages(
+    token_rewards: Tensor, loss_mask: Tensor, *, gamma: float = 1.0, eps: float = 1e-8
+) -> Tensor:
+    """REINFORCE++ advantages: discounted return-to-go over agent tokens, whitened over the batch.
+
+    "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models"
+    (Hu, arXiv 2501.03262)::
+
+        G_t = Σ_{k ≥ 0} γ^k r_{t+k}      (k counts agent tokens; environment tokens are skipped)
+        Â_t = (G_t − mean(G)) / sqrt(var(G) + ε)     mean and var over all agent tokens of the batch
+
+    A per-token KL penalty belongs in ``token_rewards`` (r_t − β·KL_t) before the call.
+    [B, T] in and out, 0 off the agent tokens.
+    """
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"reinforce_pp_advantages needs 0 <= gamma <= 1, got {gamma}")
+    agent = _agent_mask("reinforce_pp_advantages", token_rewards, loss_mask)
+    dtype = torch.promote_types(token_rewards.dtype, torch.float32)
+    r = token_rewards.detach().to(dtype)
+    zero = r.new_zeros(r.shape[0])
+    # The return-to-go is GAE with V = 0 and λ = 1: δ_t = r_t, Â_t = r_t + γ Â_t'.
+    returns = _gae_scan(r, torch.zeros_like(r), agent, gamma, 1.0, zero)
+    return masked_whiten(returns, agent.to(dtype), eps=eps)
+
+
+def episode_rewards_to_tokens(rewards: Tensor, loss_mask: Tensor) -> Tensor:
+    """[B] episode rewards to [B, T] token rewards: each on its episode's LAST agent token.
+
+    The last token the agent chose is the last action the reward can be credited to; a row
+    without agent tokens is an error (its reward would be lost).
+    """
+    if rewards.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != rewards.shape[0]:
+        raise ValueError(f"episode_rewards_to_tokens: need rewards [B] and loss_mask [B, T], got "
+                         f"{tuple(rewards.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+    agent = loss_mask != 0
+    empty = (~agent.any(-1)).nonzero().flatten()
+    if empty.numel():
+        raise ValueError(f"episode_rewards_to_tokens: row {int(empty[0])} has no agent token "
+                         f"(loss_mask all 0); its reward {float(rewards[empty[0]])} would be lost")  # fmt: skip
+    T = agent.shape[1]
+    # argmax returns the first maximum, so on the flipped mask it finds the last agent token.
+    last = T - 1 - agent.flip(-1).to(torch.int8).argmax(-1)
+    out = torch.zeros(agent.shape, dtype=rewards.dtype, device=rewards.device)
+    out[torch.arange(agent.shape[0], device=out.device), last] = rewards
+    return out
+
+
+def turn_rewards_to_tokens(
+    turn_rewards: list[list[float]],
+    turn_ends: list[list[int]],
+    T: int,
+    *,
+    loss_mask: Tensor | None = None,
+) -> Tensor:
+    """Per-turn rewards to [B, T] token rewards: reward k of row b at position turn_ends[b][k].
+
+    ``turn_ends[b][k]`` is the index of the last agent token of turn k (strictly increasing,
+    within [0, T)). With ``loss_mask`` each of those positions is checked to be an agent token.
+    """
+    if len(turn_rewards) != len(turn_ends):
+        raise ValueError(f"turn_rewards_to_tokens: {len(turn_rewards)} rows of rewards but "
+                         f"{len(turn_ends)} rows of turn ends")  # fmt: skip
+    out = torch.zeros(len(turn_rewards), T, dtype=torch.float32)
+    for b, (rs, ends) in enumerate(zip(turn_rewards, turn_ends)):
+        if len(rs) != len(ends):
+            raise ValueError(f"turn_rewards_to_tokens: row {b} has {len(rs)} rewards but {len(ends)} turn ends")
+        for k, (r, t) in enumerate(zip(rs, ends)):
+            if not 0 <= t < T or (k and t <= ends[k - 1]):
+                raise ValueError(f"turn_rewards_to_tokens: turn_ends[{b}][{k}] = {t} must be in [0, {T}) "
+                                 f"and after the previous turn's end")  # fmt: skip
+            if loss_mask is not None and loss_mask[b, t] == 0:
+                raise ValueError(f"turn_rewards_to_tokens: turn_ends[{b}][{k}] = {t} is not an agent token")
+            out[b, t] = r
+    return out
+
+
+def broadcast_sequence_advantages(adv: Tensor, loss_mask: Tensor) -> Tensor:
+    """[B] per-episode advantages to [B, T]: Â_b on every agent token of row b, 0 elsewhere."""
+    if adv.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != adv.shape[0]:
+        raise ValueError(f"broadcast_sequence_advantages: need adv [B] and loss_mask [B, T], got "
+                         f"{tuple(adv.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+    return torch.where(loss_mask != 0, adv[:, None], 0.0).to(adv.dtype)

@@ -1,0 +1,195 @@
+"""learner/advantages.py: hand-computed values, group normalisation, multi-turn masking semantics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentgym.learner.advantages import (
+    broadcast_sequence_advantages,
+    episode_rewards_to_tokens,
+    gae,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    turn_rewards_to_tokens,
+)
+
+# Two episodes, right-padded to 6. Row 0: prompt, agent, agent, env, agent, pad.
+# Row 1: prompt, prompt, agent, agent, pad, pad.
+MASK = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 0, 1, 1, 0, 0]], dtype=torch.float32)
+
+
+def close(t: torch.Tensor, expected: list[list[float]]) -> None:
+    torch.testing.assert_close(t, torch.tensor(expected, dtype=t.dtype), rtol=1e-6, atol=1e-6)
+
+
+def test_grpo_advantages_by_hand() -> None:
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.5, 3.0])
+    groups = torch.tensor([5, 5, 5, 2, 2, 9])  # any ids, any sizes
+    # group 5: mean 2/3, deviations (1/3, -2/3, 1/3), Bessel std sqrt((1/9 + 4/9 + 1/9) / 2) = sqrt(1/3)
+    s = math.sqrt(1 / 3)
+    adv = grpo_advantages(rewards, groups, eps=0.0)
+    assert adv.tolist() == pytest.approx([(1 / 3) / s, (-2 / 3) / s, (1 / 3) / s, 0.0, 0.0, 0.0])
+    # the equal group and the singleton are exactly 0
+    assert adv[3:].tolist() == [0.0, 0.0, 0.0]
+    # Dr. GRPO: no division by the std
+    dr = grpo_advantages(rewards, groups, std_normalize=False)
+    assert dr.tolist() == pytest.approx([1 / 3, -2 / 3, 1 / 3, 0.0, 0.0, 0.0])
+    # equal rewards whose float32 mean is inexact still give exactly 0, not residue / eps
+    assert torch.equal(grpo_advantages(torch.full((3,), 0.1), torch.zeros(3, dtype=torch.long)), torch.zeros(3))
+
+
+def test_rloo_advantages_by_hand() -> None:
+    rewards = torch.tensor([1.0, 0.0, 1.0, 2.0, 4.0, 7.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 2])
+    # group 0: 1 - (0+1)/2 = 0.5, 0 - (1+1)/2 = -1, 0.5; group 1: 2 - 4, 4 - 2; singleton: 0
+    assert rloo_advantages(rewards, groups).tolist() == [0.5, -1.0, 0.5, -2.0, 2.0, 0.0]
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.floats(-100, 100)), min_size=1, max_size=30), st.randoms())
+@settings(max_examples=80, deadline=None)
+def test_group_advantages_sum_to_zero_and_follow_their_rows(rows: list[tuple[int, float]], rnd) -> None:  # type: ignore[no-untyped-def]
+    groups = torch.tensor([g for g, _ in rows])
+    rewards = torch.tensor([r for _, r in rows], dtype=torch.float64)
+    perm = list(range(len(rows)))
+    rnd.shuffle(perm)
+    p = torch.tensor(perm)
+    for fn in (grpo_advantages, rloo_advantages, lambda r, g: grpo_advantages(r, g, std_normalize=False)):
+        adv = fn(rewards, groups)
+        for g in groups.unique():
+            assert abs(float(adv[groups == g].sum())) < 1e-9 * max(1.0, float(rewards.abs().max()))
+        # shuffling rows and renaming groups shuffles the advantages (sums may round differently)
+        assert torch.allclose(fn(rewards[p], groups[p] * 7 + 3), adv[p], rtol=1e-12, atol=1e-12)
+
+
+def test_group_advantages_refuse_bad_inputs_by_name() -> None:
+    with pytest.raises(ValueError, match=r"rewards\[1\] = nan"):
+        grpo_advantages(torch.tensor([0.0, float("nan")]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="integer tensor"):
+        rloo_advantages(torch.zeros(2), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"\(2,\) and \(3,\)"):
+        grpo_advantages(torch.zeros(2), torch.zeros(3, dtype=torch.long))
+
+
+def test_episode_rewards_go_on_the_last_agent_token() -> None:
+    tr = episode_rewards_to_tokens(torch.tensor([1.0, 2.0]), MASK)
+    assert tr.tolist() == [[0, 0, 0, 0, 1.0, 0], [0, 0, 0, 2.0, 0, 0]]
+    with pytest.raises(ValueError, match=r"row 1 has no agent token.*reward 2.0"):
+        episode_rewards_to_tokens(torch.tensor([1.0, 2.0]), torch.tensor([[0, 1], [0, 0]]))
+
+
+def test_turn_rewards_go_on_each_turns_last_token() -> None:
+    tr = turn_rewards_to_tokens([[0.5, 1.0], [2.0]], [[2, 4], [3]], 6, loss_mask=MASK)
+    assert tr.tolist() == [[0, 0, 0.5, 0, 1.0, 0], [0, 0, 0, 2.0, 0, 0]]
+    with pytest.raises(ValueError, match=r"turn_ends\[0\]\[1\] = 3 is not an agent token"):
+        turn_rewards_to_tokens([[0.5, 1.0], [2.0]], [[2, 3], [3]], 6, loss_mask=MASK)
+    with pytest.raises(ValueError, match=r"turn_ends\[0\]\[1\] = 2 must be in \[0, 6\) and after"):
+        turn_rewards_to_tokens([[0.5, 1.0]], [[2, 2]], 6)
+    with pytest.raises(ValueError, match="row 0 has 2 rewards but 1 turn ends"):
+        turn_rewards_to_tokens([[0.5, 1.0]], [[2]], 6)
+
+
+def test_broadcast_sequence_advantages() -> None:
+    out = broadcast_sequence_advantages(torch.tensor([0.5, -1.0]), MASK * 0.25)  # weights count as agent
+    assert out.tolist() == [[0, 0.5, 0.5, 0, 0.5, 0], [0, 0, -1.0, -1.0, 0, 0]]
+
+
+def test_gae_by_hand_skips_environment_tokens() -> None:
+    rewards = episode_rewards_to_tokens(torch.tensor([1.0, 2.0]), MASK)
+    values = torch.tensor([[9.0, 0.5, 0.5, 9.0, 0.5, 9.0], [9.0, 9.0, 1.0, 0.0, 9.0, 9.0]])  # 9 = ignored
+    # γ = 0.9, λ = 0.8, done (next value 0 after the last agent token)
+    # row 0, agent tokens t = 1, 2, 4 (t = 3 is an environment token: skipped):
+    #   t4: δ = 1 + 0 - 0.5 = 0.5                  A = 0.5
+    #   t2: δ = 0 + 0.9·0.5 - 0.5 = -0.05          A = -0.05 + 0.72·0.5  = 0.31
+    #   t1: δ = -0.05                              A = -0.05 + 0.72·0.31 = 0.1732
+    # row 1, t = 2, 3: t3: δ = 2 - 0 = 2, A = 2; t2: δ = 0.9·0 - 1 = -1, A = -1 + 0.72·2 = 0.44
+    adv, ret = gae(rewards, values, MASK, gamma=0.9, lam=0.8)
+    close(adv, [[0, 0.1732, 0.31, 0, 0.5, 0], [0, 0, 0.44, 2.0, 0, 0]])
+    close(ret, [[0, 0.6732, 0.81, 0, 1.0, 0], [0, 0, 1.44, 2.0, 0, 0]])
+    # truncated row 0 with V(next) = 1: t4: δ = 1 + 0.9 - 0.5 = 1.4 -> t2: -0.05 + 0.72·1.4 = 0.958
+    adv_t, _ = gae(rewards, values, MASK, gamma=0.9, lam=0.8, bootstrap_value=torch.tensor([1.0, 0.0]))
+    assert adv_t[0, 4].item() == pytest.approx(1.4) and adv_t[0, 2].item() == pytest.approx(0.958)
+    assert torch.equal(adv_t[1], adv[1])
+
+
+def test_gae_with_lambda_1_and_zero_values_is_the_return_to_go() -> None:
+    rewards = torch.tensor([[0.0, 1.0, 0.0, 0.0, 2.0, 0.0]])
+    adv, ret = gae(rewards, torch.zeros(1, 6), MASK[:1], gamma=0.5, lam=1.0)
+    # agent tokens 1, 2, 4: G4 = 2, G2 = 0 + 0.5·2 = 1, G1 = 1 + 0.5·1 = 1.5
+    assert adv.tolist() == [[0, 1.5, 1.0, 0, 2.0, 0]] and torch.equal(adv, ret)
+
+
+def test_token_estimators_refuse_a_reward_on_a_masked_token() -> None:
+    lost = torch.zeros(2, 6)
+    lost[0, 5] = 1.0  # AgentGym-RL's placement: after the last agent token
+    with pytest.raises(ValueError, match=r"token_rewards\[0, 5\] = 1.0 sits on a non-agent token"):
+        gae(lost, torch.zeros(2, 6), MASK, gamma=1.0, lam=1.0)
+    with pytest.raises(ValueError, match=r"token_rewards\[0, 5\]"):
+        reinforce_pp_advantages(lost, MASK)
+
+
+def test_reinforce_pp_by_hand() -> None:
+    rewards = episode_rewards_to_tokens(torch.tensor([1.0, 2.0]), MASK)
+    # γ = 0.5 returns: row 0 (t1, t2, t4) = (0.25, 0.5, 1), row 1 (t2, t3) = (1, 2)
+    # batch mean 0.95, population variance (0.49 + 0.2025 + 0.0025 + 0.0025 + 1.1025) / 5 = 0.36
+    adv = reinforce_pp_advantages(rewards, MASK, gamma=0.5, eps=0.0)
+    z = [(g - 0.95) / 0.6 for g in (0.25, 0.5, 1.0, 1.0, 2.0)]
+    expect = [[0, z[0], z[1], 0, z[2], 0], [0, 0, z[3], z[4], 0, 0]]
+    close(adv, expect)
+
+
+def _episode(rnd, turns: int) -> tuple[list[float], list[float], list[int]]:  # type: ignore[no-untyped-def]
+    """A random multi-turn episode: rewards, values, mask (prompt, then agent turns and env replies)."""
+    mask = [0] * rnd.randint(1, 3)
+    for k in range(turns):
+        mask += [1] * rnd.randint(1, 4)
+        if k < turns - 1:
+            mask += [0] * rnd.randint(1, 3)  # environment tokens between turns
+    rewards = [rnd.choice([0.0, 0.0, 1.0, -0.5]) if m else 0.0 for m in mask]
+    values = [rnd.uniform(-1, 1) if m else rnd.choice([0.0, 1e6]) for m in mask]
+    return rewards, values, mask
+
+
+def _rows(rows: list[list[float]], T: int) -> torch.Tensor:
+    return torch.tensor([x + [0.0] * (T - len(x)) for x in rows], dtype=torch.float64)
+
+
+@given(st.randoms(use_true_random=False), st.integers(1, 3), st.integers(0, 3))
+@settings(max_examples=60, deadline=None)
+def test_environment_and_padding_tokens_do_not_change_token_advantages(rnd, episodes: int, pad: int) -> None:  # type: ignore[no-untyped-def]
+    eps = [_episode(rnd, rnd.randint(1, 4)) for _ in range(episodes)]
+    boot = torch.tensor([rnd.choice([0.0, rnd.uniform(-1, 1)]) for _ in eps], dtype=torch.float64)  # done / truncated
+    T = max(len(e[2]) for e in eps) + pad
+    r, v, m = (_rows([e[i] for e in eps], T) for i in range(3))
+    keep = m != 0
+    # the same episodes with every non-agent token removed: plain single-turn sequences
+    comp = [[[x for x, k in zip(e[i], e[2]) if k] for e in eps] for i in range(3)]
+    Tc = max(len(c) for c in comp[2])
+    rc, vc, mc = (_rows(c, Tc) for c in comp)
+    keep_c = mc != 0
+    adv, ret = gae(r, v, m, gamma=0.95, lam=0.9, bootstrap_value=boot)
+    adv_c, ret_c = gae(rc, vc, mc, gamma=0.95, lam=0.9, bootstrap_value=boot)
+    # boolean indexing walks rows in order, so agent tokens line up with their compacted copies
+    assert torch.allclose(adv[keep], adv_c[keep_c]) and torch.allclose(ret[keep], ret_c[keep_c])
+    assert torch.equal(adv[~keep], torch.zeros_like(adv[~keep]))
+    rpp = reinforce_pp_advantages(r, m, gamma=0.9, eps=1e-12)
+    assert torch.allclose(rpp[keep], reinforce_pp_advantages(rc, mc, gamma=0.9, eps=1e-12)[keep_c])
+    assert torch.equal(rpp[~keep], torch.zeros_like(rpp[~keep]))
+    if int(keep.sum()) > 1 and float(rpp[keep].var(unbiased=False)) > 0:
+        # global whitening: mean 0 and (population) variance 1 over the agent tokens of the batch
+        assert abs(float(rpp[keep].mean())) < 1e-9
+        assert float(rpp[keep].var(unbiased=False)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_gae_batch_rows_are_independent() -> None:
+    rewards = episode_rewards_to_tokens(torch.tensor([1.0, 2.0]), MASK)
+    values = torch.rand(2, 6)
+    adv, _ = gae(rewards, values, MASK, gamma=0.99, lam=0.95)
+    for b in range(2):
+        one, _ = gae(rewards[b : b + 1], values[b : b + 1], MASK[b : b + 1], gamma=0.99, lam=0.95)
+        assert torch.equal(one[0], adv[b])

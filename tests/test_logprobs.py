@@ -1,0 +1,113 @@
+"""learner/logprobs.py: hand values, chunking, temperature, and a tiny real transformers model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentgym.learner import logprobs as lp_mod
+from agentgym.learner.logprobs import sequence_logprobs, token_logprobs
+
+
+def reference(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The direct computation: full log_softmax at t-1, gather token t, 0 at position 0."""
+    lsm = torch.log_softmax(logits.float() / temperature, dim=-1)
+    out = lsm[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros(ids.shape[0], 1), out], dim=1)
+
+
+def test_token_logprobs_by_hand() -> None:
+    # vocabulary of 3; the logits at t predict token t + 1
+    logits = torch.tensor([[[0.0, 0.0, 0.0], [0.0, math.log(2), 0.0], [5.0, 5.0, 5.0]]])
+    ids = torch.tensor([[2, 0, 1]])
+    # t1: uniform -> ln 1/3; t2: p = (1, 2, 1)/4 for token 1 -> ln 1/2
+    out = token_logprobs(logits, ids)
+    assert out[0].tolist() == pytest.approx([0.0, math.log(1 / 3), math.log(1 / 2)])
+    # τ = 2: z/τ = (0, ln 2 / 2, 0) -> p(1) = √2 / (2 + √2)
+    out = token_logprobs(logits, ids, temperature=2.0)
+    assert out[0, 2].item() == pytest.approx(math.log(math.sqrt(2) / (2 + math.sqrt(2))))
+    assert out[0, 1].item() == pytest.approx(math.log(1 / 3))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_elements", [1 << 24, 1, 200])
+def test_token_logprobs_match_log_softmax_in_every_chunking(
+    temperature: float, chunk_elements: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a budget of 1 element forces one position per chunk; 200 gives chunks of 2 positions
+    monkeypatch.setattr(lp_mod, "_CHUNK_ELEMENTS", chunk_elements)
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(3, 9, 50, generator=g)).requires_grad_()
+    ids = torch.randint(0, 50, (3, 9), generator=g)
+    out = token_logprobs(logits, ids, temperature)
+    ref = reference(logits, ids, temperature)
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-6)
+    (grad,) = torch.autograd.grad(out.sum(), logits)
+    (grad_ref,) = torch.autograd.grad(ref.sum(), logits)
+    torch.testing.assert_close(grad, grad_ref, rtol=0, atol=1e-6)
+    assert torch.equal(grad[:, -1], torch.zeros_like(grad[:, -1]))  # the last logits predict nothing
+
+
+def test_bfloat16_logits_are_evaluated_in_float32() -> None:
+    g = torch.Generator().manual_seed(1)
+    logits = (4 * torch.randn(2, 6, 1000, generator=g)).to(torch.bfloat16)
+    ids = torch.randint(0, 1000, (2, 6), generator=g)
+    out = token_logprobs(logits, ids)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference(logits.float(), ids), rtol=0, atol=2e-6)
+
+
+def test_bad_ids_and_temperature_are_named() -> None:
+    logits = torch.zeros(1, 3, 5)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 5\).*max 5"):
+        token_logprobs(logits, torch.tensor([[0, 1, 5]]))
+    with pytest.raises(ValueError, match="temperature must be > 0, got 0"):
+        token_logprobs(logits, torch.zeros(1, 3, dtype=torch.long), temperature=0)
+    with pytest.raises(ValueError, match=r"\(1, 3, 5\) and \(1, 4\)"):
+        token_logprobs(logits, torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2() -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def test_sequence_logprobs_on_a_tiny_qwen2_match_log_softmax_and_ignore_padding(tiny_qwen2: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 50, (2, 10), generator=g)
+    attn = torch.ones(2, 10, dtype=torch.long)
+    ids[1, 6:] = 0  # row 1 is 6 tokens long, right-padded
+    attn[1, 6:] = 0
+    tau = 0.8
+    with torch.no_grad():
+        logp, ent = sequence_logprobs(tiny_qwen2, ids, attn, tau, return_entropy=True)
+        logits = tiny_qwen2(input_ids=ids, attention_mask=attn).logits
+        alone = sequence_logprobs(tiny_qwen2, ids[1:, :6], attn[1:, :6], tau)
+    ref = reference(logits, ids, tau) * attn
+    torch.testing.assert_close(logp, ref, rtol=0, atol=2e-6)
+    # padding gets 0; the padded row's real tokens have the logprobs of the same sequence alone
+    assert torch.equal(logp[1, 6:], torch.zeros(4)) and torch.equal(ent[1, 6:], torch.zeros(4))
+    torch.testing.assert_close(logp[1:, :6], alone, rtol=0, atol=2e-6)
+    ent_ref = torch.distributions.Categorical(logits=logits[:, :-1] / tau).entropy()
+    torch.testing.assert_close(ent[:, 1:] * attn[:, 1:], ent_ref * attn[:, 1:], rtol=0, atol=2e-5)
+    assert torch.equal(ent[:, 0], torch.zeros(2))
+    # temperature matters: the same tokens under τ = 1 have other logprobs
+    with torch.no_grad():
+        assert not torch.allclose(sequence_logprobs(tiny_qwen2, ids, attn), logp)
+
+
+def test_sequence_logprobs_backpropagate_into_the_model(tiny_qwen2: torch.nn.Module) -> None:
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(3))
+    attn = torch.ones_like(ids)
+    tiny_qwen2.zero_grad(set_to_none=True)
+    sequence_logprobs(tiny_qwen2, ids, attn).sum().backward()
+    grad = tiny_qwen2.get_input_embeddings().weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    tiny_qwen2.zero_grad(set_to_none=True)

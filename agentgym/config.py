@@ -101,11 +101,75 @@ class LearnerConfig(Section):
     """torch threads for training (0: torch's default)."""
     checkpoint_every: Annotated[int, Field(ge=0)] = 0
     """Save an HF checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: Annotated[int, Field(ge=1)] = 3
+    """Checkpoints kept in the run directory; older ones are deleted after each save."""
+
+    # --- algorithm (docs/off_policy.md, docs/adr/0006-learner-algorithms.md) ---
+    algorithm: Literal["grpo", "ppo", "reinforce_pp", "rloo"] = "grpo"
+    """Advantage estimator. grpo: group-normalised episode reward; rloo: leave-one-out group
+    baseline; reinforce_pp: return-to-go whitened over the batch (REINFORCE++); ppo: GAE with a
+    linear value head on the policy's last hidden state."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    """How per-token losses become one number: token_mean (every agent token weighs the same),
+    seq_mean_token_mean (DeepSeekMath GRPO), seq_mean_token_sum_norm (Dr. GRPO: token sums over a
+    constant, ``loss_norm_const``)."""
+    loss_norm_const: Annotated[float, Field(gt=0)] | None = None
+    """The constant of seq_mean_token_sum_norm (None: rollout.max_episode_tokens)."""
+    tis_reject_above: Annotated[float, Field(gt=0)] | None = None
+    """Tokens whose behaviour->proximal weight exceeds this get weight 0 instead of the cap
+    (AReaL's rejection; None: off)."""
+    staleness_decay: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """staleness_mode=downweight: a token s > max_staleness versions old weighs decay^(s - K)."""
+    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """Discount per agent token (ppo, reinforce_pp)."""
+    gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
+    """GAE's lambda (ppo)."""
+    whiten_advantages: bool = True
+    """ppo: whiten the GAE advantages over the batch's agent tokens."""
+    value_coef: Annotated[float, Field(ge=0)] = 0.5
+    """ppo: weight of the value loss in the total loss."""
+    value_clip: Annotated[float, Field(gt=0)] | None = 0.2
+    """ppo: clip range of the value loss around the values at the start of the step (None: off)."""
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Weight of KL(pi_theta || pi_ref) to the frozen initial model (0: no reference is loaded)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (Schulman 2020); k3 is unbiased, low variance and >= 0."""
+    kl_mode: Literal["loss", "reward"] = "loss"
+    """loss: kl_coef * KL is added to the loss; reward: -kl_coef * KL (of the proximal policy) is
+    added to each agent token's reward before the advantages."""
+    entropy_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Entropy bonus: loss -= entropy_coef * entropy of the sampling distribution."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """LR after warm-up, over run.max_steps learner steps, down to lr * min_lr_ratio."""
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Learner steps of linear LR warm-up (step s uses lr * (s + 1) / warmup_steps)."""
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Final LR of the linear/cosine schedule as a fraction of lr."""
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Gradient accumulation: a micro-batch holds rows whose padded size (rows x longest row)
+    stays within this many tokens (a longer row goes alone). None: one pass per minibatch."""
+
+    # --- devices and data parallelism (docs/adr/0006-learner-algorithms.md) ---
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Training device; auto: cuda if available, else cpu."""
+    bf16_autocast: bool = False
+    """Run forward passes under bfloat16 autocast (CUDA only; weights and optimizer stay float32)."""
+    dp_size: Annotated[int, Field(ge=1)] = 1
+    """Data-parallel ranks. Rank 0 is the learner process; it starts ranks 1.. as local
+    processes (gloo on CPU, NCCL on GPU, one GPU per rank) and sends each step's batch to them."""
+    dist_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Deadline of every collective between data-parallel ranks."""
 
     @model_validator(mode="after")
     def _ports(self) -> LearnerConfig:
         if not self.bind.startswith("tcp://") or self.bind.rsplit(":", 1)[-1] in ("*", "0"):
             raise ValueError(f"learner.bind must be tcp://HOST:PORT with a fixed port, got {self.bind!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _devices(self) -> LearnerConfig:
+        if self.bf16_autocast and self.device == "cpu":
+            raise ValueError("learner.bf16_autocast needs learner.device = 'cuda' or 'auto' (CPU trains in float32)")
         return self
 
 

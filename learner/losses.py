@@ -83,6 +83,13 @@ def _aggregate(per_token: Tensor, loss_mask: Tensor, agg: str, norm_const: float
     raise ValueError(f"agg must be one of {_AGGS}, got {agg!r}")
 
 
+def aggregate(per_token: Tensor, loss_mask: Tensor, agg: Agg, norm_const: float | None = None) -> Tensor:
+    """A [B, T] per-token term (KL, entropy) reduced like the policy loss: the three ``agg``
+    modes of :func:`decoupled_ppo_loss`, weights and normalisers included."""
+    _same_shape("aggregate", per_token=per_token, loss_mask=loss_mask)
+    return _aggregate(per_token, loss_mask, agg, norm_const)
+
+
 def decoupled_ppo_loss(
     logp: Tensor,
     prox_logp: Tensor,

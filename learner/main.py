@@ -5,6 +5,8 @@
 It binds the control socket at --bind and the weight server at the next port, waits for actors
 (``agentgym-actor --learner tcp://HOST:5555``), trains for run.max_steps optimizer steps and
 writes logs, metrics.jsonl, the resolved config and checkpoints to the run directory.
+
+    agentgym-learner --resume runs/quickstart -o run.max_steps=200     # continue a run
 """
 
 from __future__ import annotations
@@ -27,11 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides run.max_steps)")
     p.add_argument("--mode", choices=["async", "sync"], help="overrides run.mode")
     p.add_argument("--model", type=Path, help="HF model directory (overrides model.path)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its newest checkpoint (weights, optimizer, "
+                   "step, version, dedupe state); its config.toml is used unless --config is given")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.resume is not None:
+        if args.config is None:
+            args.config = args.resume / "config.toml"
+        args.run_dir = args.resume
     flags = []
     if args.bind:
         flags.append(f'learner.bind="{args.bind}"')
@@ -47,14 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     import trio
 
     from agentgym.learner.service import run_learner
-    from agentgym.logs import setup_logging
+    from agentgym.logs import quiet_libraries, setup_logging
 
+    quiet_libraries(args.log_level)
     setup_logging("learner", run_dir / "logs" / "learner.jsonl", args.log_level)
     if cfg.model.create_tiny and not Path(cfg.model.path, "config.json").exists():
         from agentgym.tiny_model import make_default_tiny_model
 
         make_default_tiny_model(Path(cfg.model.path), seed=cfg.run.seed)
-    return trio.run(run_learner, cfg, run_dir)
+    return trio.run(run_learner, cfg, run_dir, args.resume is not None)
 
 
 if __name__ == "__main__":

@@ -135,8 +135,11 @@ class Learner:
         # outstanding tickets are granted again so it knows they are still its own.
         if state.outstanding:
             self.hub.send(peer, Grant(tickets=list(state.outstanding.values())))
-        log.info("actor_joined" if new else "actor_rejoined", actor=state.index, actor_id=msg.actor_id,
-                 host=msg.hostname, pid=msg.pid, max_groups=msg.max_groups)  # fmt: skip
+        # Hellos queued while the learner was still binding arrive together: only the first is news.
+        level = log.info if new or msg.pid != state.pid else log.debug
+        state.pid = msg.pid
+        level("actor_joined" if new else "actor_rejoined", actor=state.index, actor_id=msg.actor_id,
+              host=msg.hostname, pid=msg.pid, max_groups=msg.max_groups)  # fmt: skip
         self.grant()
 
     def judge(self, r: Rollout) -> AckStatus:
@@ -156,6 +159,11 @@ class Learner:
             (int(unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0].min(initial=self.version)) for e in usable),
             default=self.version,
         )
+        newest = max(int(unpack(e.versions, I32).max(initial=-1)) for e in usable)
+        if newest > self.version:
+            # Weights this learner never had (it resumed from an earlier checkpoint than the
+            # actor's weights): staleness would be negative, so the group is not trainable.
+            return "stale"
         if self.cfg.run.mode == "sync":
             return "accepted" if oldest >= self.version else "stale"
         if self.version - oldest > self.cfg.learner.max_staleness and self.cfg.learner.staleness_mode == "drop":
@@ -262,8 +270,18 @@ class Learner:
 
     async def checkpoint(self) -> None:
         path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
-        await trio.to_thread.run_sync(self.trainer.save, path, self.cfg.model.path)
+        await trio.to_thread.run_sync(self.trainer.save, path, self.checkpoint_state())
         log.info("checkpoint_saved", step=self.step, path=str(path))
+
+    def checkpoint_state(self) -> dict[str, object]:
+        """What the service needs after a resume (step, version and the turn-limit stage come
+        from the trainer's step): the dedupe set and the ticket counter."""
+        return {"seen": sorted(self.seen), "issued": self.sched.issued}
+
+    def restore(self, extra: dict[str, object]) -> None:
+        self.step, self.version = self.trainer.step, self.trainer.version
+        self.seen = set(extra.get("seen", []))  # type: ignore[arg-type]
+        self.sched.issued = int(extra.get("issued", 0))  # type: ignore[arg-type]
 
     async def shutdown_actors(self, reason: str) -> None:
         for a in self.sched.actors.values():
@@ -271,15 +289,25 @@ class Learner:
         await trio.sleep(0.2)  # let the I/O thread flush before the sockets close
 
 
-async def run_learner(cfg: Config, run_dir: Path) -> int:
+async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
+    from agentgym.learner.checkpoint import latest_checkpoint
     from agentgym.learner.trainer import Trainer
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(to_toml(cfg))
     log.info("learner_starting", run_dir=str(run_dir), model=str(cfg.model.path), mode=cfg.run.mode, pid=os.getpid())
     trainer = await trio.to_thread.run_sync(Trainer.load, cfg)
+    extra: dict[str, object] | None = None
+    if resume:
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+        extra = await trio.to_thread.run_sync(trainer.load_checkpoint, ckpt)
+        log.info("learner_resumed", checkpoint=str(ckpt), step=trainer.step, version=trainer.version)
     async with open_hub(cfg.learner.bind) as hub:
         learner = Learner(cfg, run_dir, trainer, hub)
+        if extra is not None:
+            learner.restore(extra)
         log.info("learner_listening", bind=cfg.learner.bind, run_id=learner.run_id)
         reason = "run finished"
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -309,4 +337,5 @@ async def run_learner(cfg: Config, run_dir: Path) -> int:
             "reason": reason, "step": learner.step, "version": learner.version,
             "groups": c.groups, "episodes": c.episodes, "bad_messages": hub.bad_messages,
         }, indent=2))  # fmt: skip
+    await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     return 0 if reason == "run finished" else 130

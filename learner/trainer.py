@@ -1,176 +1,286 @@
-"""The learner's torch side: the policy, one optimizer step per batch of groups, weight export.
+"""The learner's torch side: the policy (and value head), one learner step per batch of groups.
 
-    trainer = Trainer.load(cfg)                 # any HF causal-LM directory
+    trainer = Trainer.load(cfg)                 # any HF causal-LM directory; starts dp ranks
     metrics = trainer.train_step(groups)        # blocking; the trio loop runs it in a thread
     tensors = trainer.export_weights()          # RawTensors for the weight broadcast
+    trainer.save(path, extra_state)             # HF dir + optimizer, step, version, RNG, extra
+    extra_state = trainer.load_checkpoint(path) # resume
 
-One step (GRPO with decoupled-PPO off-policy correction, docs/off_policy.md):
-  1. advantages: each group's episode rewards, normalised within the group;
-  2. proximal logprobs: the current weights before the step (no grad);
-  3. per minibatch: recompute logprobs, loss = -w * min(r A, clip(r) A) with r = pi/pi_prox and
-     w = min(pi_prox/mu, C) from the behaviour logprobs mu of every token; then clip and step.
-The reward of an episode sits on its last agent token; environment tokens have loss mask 0.
+One learner step (docs/off_policy.md, docs/adr/0006-learner-algorithms.md):
+  1. collate the groups (rank 0) and send the batch to every data-parallel rank;
+  2. without gradient, on this rank's rows: the proximal logprobs π_prox (the weights at the start
+     of the step; needed with several minibatches or KL in the reward), the values and bootstrap
+     values (ppo) and the reference logprobs (kl_coef > 0); summed over ranks so every rank has
+     the whole batch's;
+  3. advantages of the chosen algorithm on the whole batch; per-token weights from the loss mask
+     and the staleness rule;
+  4. per minibatch: for each micro-batch of this rank's rows, the decoupled PPO loss
+     −w·min(r·A, clip(r)·A) (r = π_θ/π_prox, w = min(π_prox/μ, C)), + KL, − entropy, + value loss,
+     each scaled by its share of the minibatch's normaliser so that micro-batches and ranks add up
+     to the loss of the whole minibatch; backward; gradients summed over ranks, clipped, one step.
+With one minibatch π_prox is π_θ detached, so r = 1 and the step is REINFORCE with truncated
+importance weights (exactly, not approximately).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import structlog
 import torch
 
 from agentgym.config import Config
-from agentgym.learner.advantages import broadcast_sequence_advantages, grpo_advantages
+from agentgym.learner.algorithms import bootstrap_values, compute_advantages, explained_variance, lr_factor
+from agentgym.learner.batch import Batch, collate, micro_batches, shard_rows, trainable_episodes
+from agentgym.learner.checkpoint import load_checkpoint_files, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
+from agentgym.learner.distributed import DataParallel, start_ranks
 from agentgym.learner.logprobs import sequence_logprobs
-from agentgym.learner.losses import decoupled_ppo_loss, staleness_weights
-from agentgym.protocol import Episode, Rollout
-from agentgym.protocol.arrays import F32, I32, U8, unpack
+from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, staleness_weights, value_loss
+from agentgym.learner.policy import ValueHead, forward_tokens, load_causal_lm
+from agentgym.protocol import Rollout
 from agentgym.protocol.weights import RawTensor
+
+__all__ = ["Batch", "Trainer", "collate", "trainable_episodes"]
 
 log = structlog.get_logger(__name__)
 
-
-@dataclass
-class Batch:
-    input_ids: torch.Tensor  # [B, T] long
-    attention_mask: torch.Tensor  # [B, T]
-    loss_mask: torch.Tensor  # [B, T] float
-    behav_logp: torch.Tensor  # [B, T] float
-    versions: torch.Tensor  # [B, T] long (-1 on non-agent tokens)
-    rewards: torch.Tensor  # [B]
-    group_index: torch.Tensor  # [B] long
-    success: torch.Tensor  # [B] float
-    turns: torch.Tensor  # [B] float
-    truncated: torch.Tensor  # [B] float
-
-
-def trainable_episodes(rollout: Rollout) -> list[Episode]:
-    """Episodes of a rollout that can be trained on (environment failures are left out)."""
-    return [e for e in rollout.episodes if e.finish not in ("env_failure", "aborted")]
-
-
-def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
-    episodes: list[Episode] = []
-    groups: list[int] = []
-    for gi, r in enumerate(rollouts):
-        eps = trainable_episodes(r)
-        episodes += eps
-        groups += [gi] * len(eps)
-    T = max(e.num_tokens for e in episodes)
-    B = len(episodes)
-    ids = np.full((B, T), pad_id, dtype=np.int64)
-    attn = np.zeros((B, T), dtype=np.int64)
-    mask = np.zeros((B, T), dtype=np.float32)
-    behav = np.zeros((B, T), dtype=np.float32)
-    vers = np.full((B, T), -1, dtype=np.int64)
-    for i, e in enumerate(episodes):
-        n = e.num_tokens
-        ids[i, :n] = unpack(e.token_ids, I32)
-        attn[i, :n] = 1
-        mask[i, :n] = unpack(e.loss_mask, U8)
-        behav[i, :n] = unpack(e.logprobs, F32)
-        vers[i, :n] = unpack(e.versions, I32)
-    return Batch(
-        input_ids=torch.from_numpy(ids),
-        attention_mask=torch.from_numpy(attn),
-        loss_mask=torch.from_numpy(mask),
-        behav_logp=torch.from_numpy(behav),
-        versions=torch.from_numpy(vers),
-        rewards=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
-        group_index=torch.tensor(groups, dtype=torch.long),
-        success=torch.tensor([float(e.success) for e in episodes]),
-        turns=torch.tensor([float(e.num_turns) for e in episodes]),
-        truncated=torch.tensor([float(e.truncated) for e in episodes]),
-    )
+# Token-weighted means summed over micro-batches and ranks (value x tokens, then / tokens).
+_TOKEN_METRICS = ("is_weight_mean", "is_truncated_frac", "is_rejected_frac", "clip_frac", "approx_kl")
 
 
 class Trainer:
-    def __init__(self, cfg: Config, model: torch.nn.Module, pad_id: int) -> None:
+    def __init__(
+        self, cfg: Config, model: torch.nn.Module, pad_id: int, *, dp: DataParallel | None = None,
+        tokenizer_dir: Path | None = None,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
-        self.model = model
-        self.pad_id = pad_id
         lc = cfg.learner
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
+        self.dp = dp or DataParallel()
+        self.device = self.dp.device
+        if lc.bf16_autocast and self.device.type != "cuda":
+            raise ValueError(f"learner.bf16_autocast needs a CUDA device, the learner trains on {self.device}")
+        self.model = model.to(self.device)
+        self.model.train()
+        self.pad_id = pad_id
+        self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(cfg.model.path)
+        self.value_head: ValueHead | None = None
+        if lc.algorithm == "ppo":
+            hidden = model.config.hidden_size  # type: ignore[union-attr]
+            self.value_head = ValueHead(hidden).to(self.device)
+        # The reference is the policy as it is now (the initial model); a resume loads checkpoint
+        # weights into the policy only, so the reference stays the initial model.
+        self.ref_model: torch.nn.Module | None = None
+        if lc.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            self.params += list(self.value_head.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=lc.lr, weight_decay=lc.weight_decay)
         self.version = 0
         self.step = 0
+        self.dp.broadcast_params(self.params)
 
     @classmethod
-    def load(cls, cfg: Config) -> Trainer:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def build(cls, cfg: Config, dp: DataParallel) -> Trainer:
+        """This rank's trainer, from ``model.path`` (every rank builds the same one)."""
+        from transformers import AutoTokenizer
 
         if cfg.learner.threads:
             torch.set_num_threads(cfg.learner.threads)
-        torch.manual_seed(cfg.run.seed)
-        dtype = getattr(torch, cfg.model.dtype)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
-        model.train()
+        torch.manual_seed(cfg.run.seed + dp.rank)
+        model = load_causal_lm(cfg.model.path, getattr(torch, cfg.model.dtype))
         tok = AutoTokenizer.from_pretrained(cfg.model.path)
         pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        return cls(cfg, model, pad)
+        return cls(cfg, model, pad, dp=dp)
 
+    @classmethod
+    def load(cls, cfg: Config) -> Trainer:
+        """The learner process's trainer: rank 0, with ranks 1.. started if learner.dp_size > 1."""
+        return cls.build(cfg, start_ranks(cfg))
+
+    def close(self) -> None:
+        """Stop the other data-parallel ranks (no-op with one)."""
+        self.dp.close()
+
+    def rank_divergence(self) -> float:
+        """Rank 0: the largest difference between any rank's weights and rank 0's (0.0: in sync)."""
+        self.dp.send_command("divergence")
+        return self.dp.max_divergence(self.params)
+
+    # ------------------------------------------------------------------ training
     def train_step(self, rollouts: list[Rollout]) -> dict[str, float]:
-        """One optimizer step (or ``minibatches`` of them) on a batch of groups."""
-        t0 = time.perf_counter()
-        lc = self.cfg.learner
-        b = collate(rollouts, self.pad_id)
-        adv_seq = grpo_advantages(b.rewards, b.group_index, std_normalize=lc.std_normalize)
-        advantages = broadcast_sequence_advantages(adv_seq, b.loss_mask)
-        weights = b.loss_mask
-        if lc.staleness_mode == "downweight":
-            weights = weights * staleness_weights(
-                b.versions, self.version, lc.max_staleness, mode="downweight"
-            )
+        """One learner step on a batch of groups (rank 0; the batch goes to every rank)."""
+        return self.train_batch(self.dp.send_step(collate(rollouts, self.pad_id)))
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.cfg.learner.bf16_autocast:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _no_grad_pass(self, b: Batch, micros: list[torch.Tensor], need_prox: bool) -> dict[str, torch.Tensor]:
+        """π_prox, V, V(s_end) and π_ref on this rank's rows, then summed over ranks (zeros elsewhere)."""
         temp = self.cfg.rollout.temperature
-        n_mb = min(lc.minibatches, len(b.rewards))
-        prox = None
-        if n_mb > 1:  # the proximal policy: these weights, before any update of this batch
-            with torch.no_grad():
-                prox = sequence_logprobs(self.model, b.input_ids, b.attention_mask, temp)
-        stats: dict[str, list[float]] = {}
-        grad_norms = []
-        for idx in torch.arange(len(b.rewards)).chunk(n_mb):
-            logp = sequence_logprobs(self.model, b.input_ids[idx], b.attention_mask[idx], temp)
-            prox_mb = logp.detach() if prox is None else prox[idx]
-            loss, m = decoupled_ppo_loss(
-                logp,
-                prox_mb,
-                b.behav_logp[idx],
-                advantages[idx],
-                weights[idx],
-                clip_low=lc.clip_low,
-                clip_high=lc.clip_high,
-                behav_weight_cap=lc.tis_cap,
-            )
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.max_grad_norm)
-            self.optimizer.step()
-            grad_norms.append(float(gn))
-            stats.setdefault("loss", []).append(float(loss))
-            for k, v in m.items():
-                stats.setdefault(k, []).append(float(v))
-        self.step += 1
-        self.version += 1
-        agent = b.loss_mask > 0
-        staleness = (self.version - 1 - b.versions[agent]).float()
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
-        out.update(
-            grad_norm=float(np.mean(grad_norms)),
-            reward_mean=float(b.rewards.mean()),
-            success_rate=float(b.success.mean()),
-            episodes=float(len(b.rewards)),
-            agent_tokens=float(agent.sum()),
-            turns_mean=float(b.turns.mean()),
-            truncated_frac=float(b.truncated.mean()),
-            staleness_mean=float(staleness.mean()) if staleness.numel() else 0.0,
-            staleness_max=float(staleness.max()) if staleness.numel() else 0.0,
-            train_time_s=time.perf_counter() - t0,
-        )
+        B, T = b.input_ids.shape
+        out: dict[str, torch.Tensor] = {}
+        if need_prox or self.value_head is not None:
+            out["prox"] = torch.zeros(B, T, device=self.device)
+        if self.value_head is not None:
+            out["values"] = torch.zeros(B, T, device=self.device)
+            out["last_value"] = torch.zeros(B, device=self.device)
+        if self.ref_model is not None:
+            out["ref"] = torch.zeros(B, T, device=self.device)
+        if not out:
+            return out
+        with torch.no_grad(), self._autocast():
+            for rows in micros:
+                L = int(b.lengths[rows].max())
+                ids, attn = b.input_ids[rows, :L], b.attention_mask[rows, :L]
+                if "prox" in out:
+                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
+                    out["prox"][rows, :L] = f.logp.float()
+                    if f.values is not None and f.last_value is not None:
+                        out["values"][rows, :L] = f.values.float()
+                        out["last_value"][rows] = f.last_value.float()
+                if self.ref_model is not None:
+                    out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp).float()
+        for v in out.values():
+            self.dp.all_reduce_(v)
         return out
 
+    def train_batch(self, b: Batch) -> dict[str, float]:
+        """The learner step on a collated batch that every rank holds (see the module docstring)."""
+        t0 = time.perf_counter()
+        cfg, lc = self.cfg, self.cfg.learner
+        temp = cfg.rollout.temperature
+        b = b.to(self.device)
+        B = b.size
+        lr = lc.lr * lr_factor(self.step, warmup_steps=lc.warmup_steps, total_steps=cfg.run.max_steps,
+                               schedule=lc.lr_schedule, min_ratio=lc.min_lr_ratio)  # fmt: skip
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        lengths = b.lengths.cpu()
+        n_mb = min(lc.minibatches, B)
+        minibatches = list(torch.arange(B).chunk(n_mb))
+        micros = [micro_batches(shard_rows(mb, lengths, self.dp.rank, self.dp.world), lengths, lc.micro_batch_tokens)
+                  for mb in minibatches]  # fmt: skip
+        kl_reward = lc.kl_coef > 0 and lc.kl_mode == "reward"
+        kl_loss = lc.kl_coef > 0 and lc.kl_mode == "loss"
+        pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=n_mb > 1 or kl_reward)
+
+        # Advantages on the whole batch: identical on every rank.
+        agent = b.loss_mask != 0
+        bootstrap = None
+        if self.value_head is not None:
+            bootstrap = bootstrap_values(pre["last_value"], b.truncated)
+        kl_prox = kl_penalty(pre["prox"], pre["ref"], lc.kl_estimator) if kl_reward else None
+        adv, returns = compute_advantages(
+            lc.algorithm, b, kl=kl_prox, kl_coef=lc.kl_coef, std_normalize=lc.std_normalize,
+            gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
+            whiten=lc.whiten_advantages,
+        )  # fmt: skip
+        weights = b.loss_mask * staleness_weights(b.versions, self.version, lc.max_staleness, mode=lc.staleness_mode,
+                                                  decay=lc.staleness_decay).to(b.loss_mask.dtype)  # fmt: skip
+        keep = weights != 0
+        norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
+
+        sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in
+                (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded")}  # fmt: skip
+        w_max = torch.zeros((), device=self.device)
+        grad_norms: list[float] = []
+        for mb, mb_micros in zip(minibatches, micros, strict=True):
+            tok_total = keep[mb].sum()
+            seq_total = keep[mb].any(-1).sum()
+            if int(tok_total) == 0:
+                continue  # nothing trainable in this minibatch (e.g. all of it too stale)
+            self.optimizer.zero_grad(set_to_none=True)
+            for rows in mb_micros:
+                L = int(lengths[rows].max())
+                ids, attn, w = b.input_ids[rows, :L], b.attention_mask[rows, :L], weights[rows, :L]
+                loc_tok = keep[rows, :L].sum()
+                tok_scale = loc_tok / tok_total
+                scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
+                with self._autocast():
+                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
+                prox = f.logp.detach() if n_mb == 1 else pre["prox"][rows, :L]
+                pg, m = decoupled_ppo_loss(
+                    f.logp, prox, b.behav_logp[rows, :L], adv[rows, :L], w, clip_low=lc.clip_low,
+                    clip_high=lc.clip_high, behav_weight_cap=lc.tis_cap, behav_reject_above=lc.tis_reject_above,
+                    agg=lc.loss_agg, norm_const=norm_const,
+                )  # fmt: skip
+                loss = pg
+                if lc.entropy_coef > 0:
+                    loss = loss - lc.entropy_coef * aggregate(f.entropy, w, lc.loss_agg, norm_const)
+                if self.ref_model is not None:
+                    kl_tok = kl_penalty(f.logp, pre["ref"][rows, :L], lc.kl_estimator)
+                    if kl_loss:
+                        loss = loss + lc.kl_coef * aggregate(kl_tok, w, lc.loss_agg, norm_const)
+                    sums["kl_ref"] += (kl_tok.detach() * keep[rows, :L]).sum()
+                loss = loss * scale
+                if self.value_head is not None and f.values is not None and returns is not None:
+                    vl = value_loss(f.values, pre["values"][rows, :L], returns[rows, :L], w, lc.value_clip)
+                    loss = loss + lc.value_coef * vl * tok_scale
+                    sums["value_loss"] += vl.detach() * loc_tok
+                loss.backward()
+                n = m["num_tokens"]
+                for k in _TOKEN_METRICS:
+                    sums[k] += m[k] * n
+                w_max = torch.maximum(w_max, m["is_weight_max"])
+                sums["tokens"] += n
+                sums["loss"] += loss.detach()
+                sums["pg_loss"] += pg.detach() * scale
+                sums["entropy"] += (f.entropy.detach() * keep[rows, :L]).sum()
+                sums["padded"] += rows.numel() * L
+            self.dp.all_reduce_grads(self.params)
+            gn = torch.nn.utils.clip_grad_norm_(self.params, lc.max_grad_norm)
+            self.optimizer.step()
+            grad_norms.append(float(gn))
+        self.optimizer.zero_grad(set_to_none=True)
+        keys = list(sums)
+        vec = self.dp.all_reduce_(torch.stack([sums[k] for k in keys]))
+        tot = dict(zip(keys, vec.tolist(), strict=True))
+        w_max = float(self.dp.all_reduce_(w_max, op="max"))
+
+        staleness = (self.version - b.versions[agent]).float()
+        self.step += 1
+        self.version += 1
+        n_tok = max(tot["tokens"], 1.0)
+        steps = max(len(grad_norms), 1)
+        out = {k: tot[k] / n_tok for k in _TOKEN_METRICS}
+        out.update(
+            loss=tot["loss"] / steps, pg_loss=tot["pg_loss"] / steps, entropy=tot["entropy"] / n_tok,
+            is_weight_max=w_max, grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
+            optimizer_steps=float(len(grad_norms)), lr=lr,
+            reward_mean=float(b.rewards.mean()), success_rate=float(b.success.mean()),
+            episodes=float(B), agent_tokens=float(agent.sum()), trained_tokens=tot["tokens"],
+            tokens=float(b.lengths.sum()), padded_tokens=tot["padded"],
+            turns_mean=float(b.turns.mean()), truncated_frac=float(b.truncated.mean()),
+            advantage_abs_mean=float(adv[agent].abs().mean()) if agent.any() else 0.0,
+            staleness_mean=float(staleness.mean()) if staleness.numel() else 0.0,
+            staleness_max=float(staleness.max()) if staleness.numel() else 0.0,
+            staleness_weight_mean=float(weights[agent].mean()) if agent.any() else 0.0,
+            train_time_s=time.perf_counter() - t0,
+        )  # fmt: skip
+        # Histogram of token staleness: share of agent tokens s versions old, s = 0..K, and > K.
+        K = lc.max_staleness
+        for s in range(K + 1):
+            out[f"staleness_frac_{s}"] = float((staleness == s).float().mean()) if staleness.numel() else 0.0
+        out[f"staleness_frac_gt{K}"] = float((staleness > K).float().mean()) if staleness.numel() else 0.0
+        if self.ref_model is not None:
+            out["kl_ref"] = tot["kl_ref"] / n_tok
+        if self.value_head is not None and returns is not None:
+            out["value_loss"] = tot["value_loss"] / n_tok
+            out["value_mean"] = float(pre["values"][agent].mean()) if agent.any() else 0.0
+            out["explained_variance"] = explained_variance(pre["values"], returns, agent.float())
+        return out
+
+    # ------------------------------------------------------------------ weights and checkpoints
     def export_weights(self, dtype: str = "float32") -> list[RawTensor]:
         """The current weights as raw named tensors (HF names, as vLLM's loaders expect)."""
         out = []
@@ -181,12 +291,40 @@ class Trainer:
             out.append(RawTensor(name, dtype, tuple(t.shape), raw.numpy().tobytes()))
         return out
 
-    def save(self, path: Path, tokenizer_dir: Path) -> None:
-        """An HF checkpoint directory that vLLM and transformers load directly."""
-        import shutil
+    def save(self, path: Path, extra_state: dict[str, Any] | None = None) -> None:
+        """A checkpoint directory (learner/checkpoint.py): an HF model vLLM and transformers load,
+        plus optimizer, value head, step, version, RNG states and ``extra_state`` (JSON-able, the
+        service's own state). Keeps the newest ``learner.keep_checkpoints`` next to it. Rank 0 only:
+        every rank holds the same state."""
+        if self.dp.rank != 0:
+            return
+        state = {
+            "step": self.step, "version": self.version, "algorithm": self.cfg.learner.algorithm,
+            "optimizer": self.optimizer.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "rng": rng_state(),
+        }  # fmt: skip
+        path = Path(path)
+        save_checkpoint(path, self.model, self.tokenizer_dir, state, extra_state or {})
+        gone = prune_checkpoints(path.parent, self.cfg.learner.keep_checkpoints)
+        log.info("checkpoint_written", path=str(path), step=self.step, pruned=[p.name for p in gone])
 
-        path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
-        for f in Path(tokenizer_dir).iterdir():
-            if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
-                shutil.copy(f, path / f.name)
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save` (on every rank); returns its extra state."""
+        path = Path(path)
+        if self.dp.rank == 0:
+            self.dp.send_command("load", str(path))
+        state, extra = load_checkpoint_files(path, self.model)
+        if (state["value_head"] is None) != (self.value_head is None):
+            raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
+                             f"it cannot resume learner.algorithm = {self.cfg.learner.algorithm!r} "
+                             f"(the value head and optimizer state differ)")  # fmt: skip
+        if self.value_head is not None:
+            self.value_head.load_state_dict(state["value_head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.version = int(state["step"]), int(state["version"])
+        if self.dp.rank == 0:
+            set_rng_state(state["rng"])
+        else:
+            torch.manual_seed(self.cfg.run.seed + self.dp.rank + 1_000_003 * self.step)
+        return extra

@@ -1,0 +1,128 @@
+"""What differs between the learner's algorithms: advantages, KL in the reward, and the LR schedule.
+
+    adv, returns = compute_advantages("grpo", batch, std_normalize=True)
+    adv, returns = compute_advantages("ppo", batch, values=v, bootstrap=b, gamma=1.0, lam=0.95)
+    lr = base_lr * lr_factor(step, warmup_steps=10, total_steps=100, schedule="cosine")
+
+Every algorithm then shares one loss, decoupled PPO with truncated importance weights
+(learner/losses.py); PPO adds a value loss. The estimators are the pure functions of
+learner/advantages.py; this module only chooses and feeds them. docs/off_policy.md has the
+formulas, docs/adr/0006-learner-algorithms.md the choices.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from agentgym.learner.advantages import (
+    broadcast_sequence_advantages,
+    gae,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from agentgym.learner.batch import Batch
+from agentgym.learner.losses import masked_mean, masked_whiten
+
+Algorithm = Literal["grpo", "ppo", "reinforce_pp", "rloo"]
+ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "rloo")
+
+
+def compute_advantages(
+    algorithm: Algorithm,
+    batch: Batch,
+    *,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    std_normalize: bool = True,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    values: Tensor | None = None,
+    bootstrap: Tensor | None = None,
+    whiten: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Advantages [B, T] (0 off the agent tokens) and, for PPO, the value targets [B, T].
+
+    ``kl`` ([B, T], per-token KL(π_prox‖π_ref) estimate) with ``kl_coef`` > 0 is the "KL in the
+    reward" mode: each agent token's reward gets −kl_coef·KL_t (token-level estimators), or each
+    episode's reward −kl_coef·Σ_t KL_t (grpo, rloo, which see one reward per episode).
+
+    - grpo: Â_b = (R_b − mean_g R) / (std_g R + ε) (std only with ``std_normalize``), on every
+      agent token of row b (arXiv 2402.03300; without std: Dr. GRPO, arXiv 2503.20783).
+    - rloo: Â_b = R_b − mean of the other episodes of the group (arXiv 2402.14740).
+    - reinforce_pp: return-to-go of the token rewards, whitened over the batch (arXiv 2501.03262).
+    - ppo: GAE over agent tokens with ``values`` [B, T] and ``bootstrap`` [B] (V after the last
+      token for truncated rows, 0 for finished ones), whitened over the batch if ``whiten``;
+      returns R_t = Â_t + V_t before whitening (arXiv 1506.02438, 1707.06347).
+    """
+    agent = batch.loss_mask != 0
+    token_rewards, seq_rewards = batch.token_rewards, batch.rewards
+    if kl is not None and kl_coef > 0:
+        kl = torch.where(agent, kl, 0.0)
+        token_rewards = token_rewards - kl_coef * kl
+        seq_rewards = seq_rewards - kl_coef * kl.sum(-1)
+    if algorithm == "grpo":
+        seq = grpo_advantages(seq_rewards, batch.group_index, std_normalize=std_normalize)
+        return broadcast_sequence_advantages(seq, batch.loss_mask), None
+    if algorithm == "rloo":
+        return broadcast_sequence_advantages(rloo_advantages(seq_rewards, batch.group_index), batch.loss_mask), None
+    if algorithm == "reinforce_pp":
+        return reinforce_pp_advantages(token_rewards, batch.loss_mask, gamma=gamma), None
+    if algorithm == "ppo":
+        if values is None or bootstrap is None:
+            raise ValueError("compute_advantages: algorithm 'ppo' needs values [B, T] and bootstrap [B]")
+        adv, returns = gae(token_rewards, values, batch.loss_mask, gamma=gamma, lam=lam, bootstrap_value=bootstrap)
+        if whiten:
+            adv = masked_whiten(adv, agent.to(adv.dtype))
+        return adv, returns
+    raise ValueError(f"learner.algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+def bootstrap_values(last_values: Tensor, truncated: Tensor) -> Tensor:
+    """[B] value after each row's last token: V(s_end) for rows cut by a limit, 0 for finished ones."""
+    return torch.where(truncated != 0, last_values, 0.0)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """1 − Var(R − V) / Var(R) over the mask: 1 is a perfect critic, 0 predicts the mean, < 0 worse.
+
+    NaN when the returns are constant over the mask (nothing to explain).
+    """
+    var_r = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    err = returns - values
+    var_e = masked_mean((err - masked_mean(err, mask)) ** 2, mask)
+    if float(var_r) <= 1e-12:
+        return float("nan")
+    return float(1.0 - var_e / var_r)
+
+
+def lr_factor(
+    step: int,
+    *,
+    warmup_steps: int,
+    total_steps: int,
+    schedule: Literal["constant", "linear", "cosine"],
+    min_ratio: float = 0.0,
+) -> float:
+    """Multiplier of the base LR at learner step ``step`` (0-based).
+
+    Warm-up: (step + 1) / warmup_steps while step < warmup_steps. Then, with progress
+    p = (step − warmup_steps) / max(1, total_steps − warmup_steps) clamped to [0, 1]:
+    constant 1; linear 1 − (1 − min_ratio)·p; cosine min_ratio + (1 − min_ratio)·½(1 + cos πp).
+    """
+    if step < 0:
+        raise ValueError(f"lr_factor: step must be >= 0, got {step}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    p = min(1.0, max(0.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)))
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_ratio) * p
+    if schedule == "cosine":
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * p))
+    raise ValueError(f"learner.lr_schedule must be constant, linear or cosine, got {schedule!r}")

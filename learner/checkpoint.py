@@ -1,0 +1,142 @@
+"""Checkpoint directories: an HF model that transformers and vLLM load, plus the learner's state.
+
+    save_checkpoint(path, model, tokenizer_dir, trainer_state, extra_state)
+    state, extra = load_checkpoint_files(path, model)      # weights loaded into ``model``
+    latest_checkpoint(run_dir / "checkpoints"); prune_checkpoints(run_dir / "checkpoints", keep=3)
+
+Layout of ``checkpoints/step_000120/``::
+
+    config.json, generation_config.json, model.safetensors, tokenizer files   # HF / vLLM loadable
+    trainer/state.pt          optimizer, value head, step, version, RNG states (tensors + plain data)
+    trainer/extra_state.json  the service's state (turn-limit position, dedupe state, ...), JSON
+    trainer/meta.json         what wrote it, for a human
+
+The learner's state sits in a sub-folder so that vLLM, which loads every ``*.safetensors`` of the
+top folder, never sees it. ``state.pt`` holds only tensors and plain Python data and is read with
+``torch.load(weights_only=True)``: no pickled code. A checkpoint is written to ``<name>.tmp`` and
+renamed when complete, so a crash mid-save never leaves a directory that looks whole.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = Path("trainer") / "state.pt"
+EXTRA_FILE = Path("trainer") / "extra_state.json"
+_TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "added_tokens")
+
+
+def rng_state() -> dict[str, Any]:
+    """torch (CPU and CUDA), numpy and Python RNG states as tensors and plain data."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, py_state, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},  # fmt: skip
+        "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
+    }
+
+
+def set_rng_state(s: dict[str, Any]) -> None:
+    torch.set_rng_state(s["torch"])
+    if s["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+    n = s["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = s["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+
+
+def save_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    tokenizer_dir: Path | None,
+    trainer_state: dict[str, Any],
+    extra_state: dict[str, Any],
+) -> Path:
+    """Write a complete checkpoint directory at ``path`` (replacing one that exists)."""
+    path = Path(path)
+    try:
+        extra_json = json.dumps(extra_state, indent=1, sort_keys=True)
+    except TypeError as exc:
+        raise ValueError(f"save_checkpoint: extra_state must be JSON-serialisable (lists, not sets): {exc}") from None
+    tmp = path.with_name(path.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer_dir is not None:
+        for f in Path(tokenizer_dir).iterdir():
+            if f.is_file() and f.name.startswith(_TOKENIZER_PREFIXES):
+                shutil.copy(f, tmp / f.name)
+    (tmp / "trainer").mkdir()
+    torch.save(trainer_state, tmp / STATE_FILE)
+    (tmp / EXTRA_FILE).write_text(extra_json)
+    meta = {"step": trainer_state.get("step"), "version": trainer_state.get("version"), "time": time.time()}
+    (tmp / "trainer" / "meta.json").write_text(json.dumps(meta))
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
+
+
+def _load_model_weights(path: Path, model: torch.nn.Module) -> None:
+    from safetensors.torch import load_file
+
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(path / f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # save_pretrained writes a tied weight once; the other name shares its storage.
+    own = model.state_dict()
+    ptrs = {own[k].data_ptr() for k in state if k in own}
+    missing = [k for k in missing if own[k].data_ptr() not in ptrs]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path}: weights do not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")  # fmt: skip
+
+
+def load_checkpoint_files(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load ``path``'s weights into ``model``; return (trainer state, extra state)."""
+    path = Path(path)
+    if not (path / STATE_FILE).exists():
+        raise FileNotFoundError(f"{path} is not a learner checkpoint (no {STATE_FILE}); "
+                                f"pass a checkpoints/step_NNNNNN directory written by the learner")  # fmt: skip
+    _load_model_weights(path, model)
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    extra = json.loads((path / EXTRA_FILE).read_text()) if (path / EXTRA_FILE).exists() else {}
+    return state, extra
+
+
+def _checkpoints(ckpt_dir: Path) -> list[Path]:
+    if not Path(ckpt_dir).is_dir():
+        return []
+    done = [p for p in Path(ckpt_dir).iterdir() if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE_FILE).exists()]
+    return sorted(done, key=lambda p: p.name)
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint under ``ckpt_dir`` (names sort by step), or None."""
+    found = _checkpoints(ckpt_dir)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints; returns what was deleted."""
+    found = _checkpoints(ckpt_dir)
+    gone = found[: max(0, len(found) - keep)]
+    for p in gone:
+        shutil.rmtree(p)
+    return gone

@@ -1,0 +1,212 @@
+"""Data-parallel ranks of the learner over torch.distributed (gloo on CPU, NCCL on GPU).
+
+    dp = start_ranks(cfg)          # in the learner process: rank 0; starts ranks 1..dp_size-1
+    dp.send_step(batch)            # rank 0, every step: the whole collated batch to every rank
+    dp.all_reduce_grads(params)    # every rank, once per optimizer step
+
+Launch (docs/adr/0006-learner-algorithms.md): the learner process is rank 0. It alone talks to
+the actors (learner/service.py), collates each batch and broadcasts it; ``start_ranks`` starts the
+other ranks as local processes (torch.multiprocessing, spawn) that build the same Trainer and wait
+in :func:`_rank_main` for commands. Every rank computes the same advantages on the whole batch,
+trains on its share of the rows, and the gradients are summed (one flat all-reduce per optimizer
+step), so all ranks take the same optimizer step and hold the same weights; rank 0 exports and
+saves them. Each collective waits at most ``learner.dist_timeout_s``; a rank whose parent dies is
+a daemon process and goes with it.
+
+Commands are one small broadcast object (``step`` / ``load`` / ``divergence`` / ``stop``); tensors travel with
+``dist.broadcast``. The objects are pickled by torch.distributed, which is safe here because the
+only peers are this process's own children on a loopback store.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from agentgym.config import Config
+from agentgym.learner.batch import Batch
+
+log = structlog.get_logger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pick_device(cfg: Config, rank: int) -> torch.device:
+    """learner.device: auto -> cuda if available; with CUDA, rank r trains on GPU r."""
+    want = cfg.learner.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("learner.device = 'cuda' but torch sees no CUDA device")
+        if rank >= torch.cuda.device_count():
+            raise RuntimeError(f"learner.dp_size = {cfg.learner.dp_size} needs one GPU per rank, "
+                               f"torch sees {torch.cuda.device_count()}")  # fmt: skip
+        return torch.device("cuda", rank)
+    return torch.device("cpu")
+
+
+@dataclass
+class DataParallel:
+    """This rank's view of the data-parallel group (world 1: no process group, no-ops)."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+    procs: list[Any] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    # --------------------------------------------------------------- rank 0 -> others
+    def _bcast_obj(self, obj: Any = None) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
+
+    def send_command(self, cmd: str, arg: Any = None) -> None:
+        if self.active:
+            self._bcast_obj((cmd, arg))
+
+    def recv_command(self) -> tuple[str, Any]:
+        return self._bcast_obj()
+
+    def send_step(self, batch: Batch) -> Batch:
+        """Rank 0: send ``batch`` to every rank; returns it on this rank's device."""
+        tensors = {k: v.to(self.device) for k, v in batch.tensors().items()}
+        if not self.active:
+            return Batch.from_tensors(tensors)
+        self._bcast_obj(("step", {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}))
+        for v in tensors.values():
+            dist.broadcast(v, src=0)
+        return Batch.from_tensors(tensors)
+
+    def recv_step(self, meta: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> Batch:
+        tensors = {k: torch.empty(shape, dtype=dtype, device=self.device) for k, (shape, dtype) in meta.items()}
+        for v in tensors.values():
+            dist.broadcast(v, src=0)
+        return Batch.from_tensors(tensors)
+
+    # --------------------------------------------------------------- collectives
+    def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if self.active:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum the gradients of every rank (each rank's loss is already normalised globally)."""
+        if not self.active:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[offset : offset + n].view_as(g).clone()
+            offset += n
+
+    def broadcast_params(self, params: list[torch.Tensor]) -> None:
+        """Make every rank hold rank 0's values (after building or loading)."""
+        if self.active:
+            for p in params:
+                dist.broadcast(p.data, src=0)
+
+    def max_divergence(self, params: list[torch.Tensor]) -> float:
+        """Largest |p − p on rank 0| over every parameter and rank: 0.0 when all ranks agree."""
+        if not self.active:
+            return 0.0
+        flat = torch.cat([p.detach().reshape(-1).float() for p in params])
+        ref = flat.clone()
+        dist.broadcast(ref, src=0)
+        d = (flat - ref).abs().max().reshape(1)
+        dist.all_reduce(d, op=dist.ReduceOp.MAX)
+        return float(d)
+
+    def close(self) -> None:
+        if not self.active:
+            return
+        if self.rank == 0:
+            try:
+                self.send_command("stop")
+            except Exception as exc:  # a rank already gone: still reap the processes below
+                log.warning("dp_stop_failed", error=str(exc))
+            for p in self.procs or []:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.terminate()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.world = 1
+
+
+def _init_group(cfg: Config, rank: int, world: int, port: int, device: torch.device) -> None:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=cfg.learner.dist_timeout_s),
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
+
+
+def start_ranks(cfg: Config) -> DataParallel:
+    """Rank 0 of ``learner.dp_size`` ranks; the others start here as local processes."""
+    world = cfg.learner.dp_size
+    device = pick_device(cfg, 0)
+    if world == 1:
+        return DataParallel(0, 1, device)
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(1, world):
+        p = ctx.Process(target=_rank_main, args=(cfg, rank, world, port), daemon=True, name=f"learner-rank{rank}")
+        p.start()
+        procs.append(p)
+    _init_group(cfg, 0, world, port, device)
+    log.info("dp_started", world=world, backend=dist.get_backend(), device=str(device), pids=[p.pid for p in procs])
+    return DataParallel(0, world, device, procs)
+
+
+def _rank_main(cfg: Config, rank: int, world: int, port: int) -> None:
+    """Ranks 1..: build the same Trainer, then run rank 0's commands until ``stop``."""
+    from agentgym.learner.trainer import Trainer
+
+    if cfg.learner.threads:
+        torch.set_num_threads(cfg.learner.threads)
+    device = pick_device(cfg, rank)
+    _init_group(cfg, rank, world, port, device)
+    dp = DataParallel(rank, world, device)
+    trainer = Trainer.build(cfg, dp)
+    try:
+        while True:
+            cmd, arg = dp.recv_command()
+            if cmd == "step":
+                trainer.train_batch(dp.recv_step(arg))
+            elif cmd == "load":
+                trainer.load_checkpoint(arg)
+            elif cmd == "divergence":
+                dp.max_divergence(trainer.params)
+            elif cmd == "stop":
+                break
+            else:
+                raise RuntimeError(f"learner rank {rank}: unknown command {cmd!r}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

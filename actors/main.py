@@ -52,12 +52,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentgym.actors.runtime import run_actor
     from agentgym.actors.transport import ActorRejected, LearnerUnreachable
-    from agentgym.logs import setup_logging
+    from agentgym.logs import quiet_libraries, setup_logging
 
+    quiet_libraries(args.log_level)
     setup_logging("actor", run_dir / "logs" / f"actor-{os.getpid()}.jsonl", args.log_level)
     log = structlog.get_logger("agentgym.actor")
     try:
-        return asyncio.run(run_actor(cfg, run_dir, args.actor_id), loop_factory=uvloop.new_event_loop)
+        return uvloop.run(run_actor(cfg, run_dir, args.actor_id))
     except LearnerUnreachable as exc:
         log.error("learner_unreachable", error=str(exc))
         return 3

@@ -45,7 +45,9 @@ async def play_episode(
     try:
         async with pool.episode(ticket.task_id) as ep:
             obs = await ep.reset()
-            conv = Conversation.start(tokenizer, spec.system_prompt, obs)
+            # The config's system prompt wins; "" means none; None means the env's instructions.
+            system = spec.system_prompt if spec.system_prompt is not None else (ep.instructions or None)
+            conv = Conversation.start(tokenizer, system or None, obs)
             for turn in range(turn_limit):
                 if len(conv.token_ids) + spec.max_tokens_per_turn > spec.max_episode_tokens:
                     finish = "token_limit"

@@ -1,6 +1,6 @@
 """The actor process: its components wired in one place, every task in one asyncio TaskGroup.
 
-    asyncio.run(run_actor(cfg, run_dir), loop_factory=uvloop.new_event_loop)
+    uvloop.run(run_actor(cfg, run_dir))
 
 Links (made in ``Actor.run``):
   learner --Welcome/Grant/Ack/WeightsReady/Heartbeat/Shutdown--> receive_loop
@@ -61,6 +61,7 @@ class Actor:
         self.engine = None
         self.tokenizer = None
         self.pools: dict[str, object] = {}
+        self.pools_lock = asyncio.Lock()
         self.tickets: asyncio.Queue[Ticket] = asyncio.Queue()
         self.known_tickets: set[str] = set()
         self.unacked: dict[str, Rollout] = {}
@@ -72,6 +73,7 @@ class Actor:
         self.last_from_learner = time.monotonic()
         self.stats = {"groups_sent": 0, "episodes_sent": 0, "acked": 0, "resent": 0, "weight_updates": 0}
         self.ack_statuses: dict[str, int] = {}
+        self.engine_ready = asyncio.Event()
 
     # ------------------------------------------------------------------ setup
     def hello(self, fingerprint: str) -> Hello:
@@ -119,13 +121,17 @@ class Actor:
     async def pool_for(self, env: str):
         from agentgym.envpool.pool import EnvPool
 
-        pool = self.pools.get(env)
-        if pool is None:
-            spec = self.welcome.rollout
-            size = self.cfg.actor.env_workers or self.cfg.actor.max_groups * spec.group_size
-            pool = EnvPool(env, dict(spec.env_kwargs.get(env, {})), size, step_timeout_s=self.cfg.actor.step_timeout_s)
-            self.pools[env] = pool
-            await pool.start()
+        # Players ask concurrently; the first one starts the pool and the others wait for it.
+        async with self.pools_lock:
+            pool = self.pools.get(env)
+            if pool is None:
+                spec = self.welcome.rollout
+                size = self.cfg.actor.env_workers or self.cfg.actor.max_groups * spec.group_size
+                pool = EnvPool(env, dict(spec.env_kwargs.get(env, {})), size, step_timeout_s=self.cfg.actor.step_timeout_s)
+                self.pools[env] = pool
+                t0 = time.monotonic()
+                await pool.start()
+                log.info("env_pool_started", env=env, workers=size, seconds=round(time.monotonic() - t0, 1))
         return pool
 
     # ------------------------------------------------------------------ loops
@@ -166,7 +172,8 @@ class Actor:
         while True:
             await asyncio.sleep(w.heartbeat_interval_s)
             await self.link.send(Heartbeat(
-                actor_id=self.actor_id, weight_version=self.engine.version, running_groups=self.running_groups,
+                actor_id=self.actor_id, running_groups=self.running_groups,
+                weight_version=self.engine.version if self.engine_ready.is_set() else -1,
                 stats={k: float(v) for k, v in self.stats.items()},
             ))  # fmt: skip
             if time.monotonic() - self.last_from_learner > w.actor_timeout_s:
@@ -243,7 +250,6 @@ class Actor:
         self.rehello = asyncio.Event()
         self.resend = asyncio.Event()
         await self.connect()
-        await self.start_engine()
         loop = asyncio.get_running_loop()
         stop_signal: asyncio.Future[Stop] = loop.create_future()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -254,14 +260,18 @@ class Actor:
 
         try:
             async with asyncio.TaskGroup() as tg:
+                # Liveness first: an engine takes tens of seconds to start, and the learner must
+                # keep hearing from us meanwhile or it returns our tickets to the pool.
                 tg.create_task(self.receive_loop())  # learner -> dispatch
                 tg.create_task(self.heartbeat_loop())  # liveness both ways
                 tg.create_task(self.rehello_loop())  # re-register after learner restarts
                 tg.create_task(self.resend_loop())  # unacked rollouts again after a Welcome
+                tg.create_task(watch_signal())
+                await self.start_engine()  # players and weight updates need it
+                self.engine_ready.set()
                 tg.create_task(self.weight_loop())  # WeightsReady -> fetch -> engine update
                 for n in range(self.cfg.actor.max_groups):
                     tg.create_task(self.player(n))  # tickets -> episodes -> Rollout
-                tg.create_task(watch_signal())
         except* Stop as eg:
             stop = eg.exceptions[0]
         if stop.reason.startswith("got SIG"):

@@ -38,6 +38,24 @@ class _Tee:
         raise structlog.DropEvent
 
 
+def quiet_libraries(level: str = "info") -> None:
+    """Keep vLLM's and transformers' own chatter (per-update INFO lines, progress bars, upstream
+    deprecation warnings) off the console unless asked for with ``--log-level debug``. Call it
+    before importing vLLM: vLLM reads its level from the environment at import."""
+    import os
+    import warnings
+
+    if level.lower() != "debug":
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=".*Triton.*")
+        # vLLM's import-time warnings go through the root logger before its own config applies
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
 def setup_logging(role: str, json_path: Path | None = None, level: str = "info") -> None:
     """Configure structlog for this process; ``role`` is bound into every event."""
     json_file = None

@@ -37,6 +37,7 @@ class ActorState:
     outstanding: dict[str, Ticket] = field(default_factory=dict)
     weight_version: int = -1
     groups_done: int = 0
+    pid: int = 0
 
 
 class Scheduler:

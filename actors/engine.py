@@ -92,7 +92,11 @@ class InferenceEngine(Protocol):
         """Sample one continuation of ``prompt_ids``; ``request_id`` must be unique in flight."""
 
     async def update_weights(self, tensors: Mapping[str, torch.Tensor] | Path, version: int) -> None:
-        """Load named tensors (HF names) or a directory of ``*.safetensors``; then ``version``."""
+        """Load named tensors (HF names) or a directory of ``*.safetensors``; then ``version``.
+
+        ``version`` must not be older than the loaded one; the same version is allowed (an actor
+        whose own model directory is not the learner's replaces those weights with the
+        learner's version 0 before it plays)."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a request in flight; its ``generate`` returns with ``finish_reason="abort"``."""

@@ -43,7 +43,8 @@ async def play_episode(
     turn_rewards: list[float] = []
     finish, failure, success = "turn_limit", "", False
     try:
-        async with pool.episode(ticket.task_id) as ep:
+        task_id = ticket.task_id if ticket.split == "train" else _eval_task(pool, ticket)
+        async with pool.episode(task_id) as ep:
             obs = await ep.reset()
             # The config's system prompt wins; "" means none; None means the env's instructions.
             system = spec.system_prompt if spec.system_prompt is not None else (ep.instructions or None)
@@ -69,6 +70,14 @@ async def play_episode(
         finish, failure = "env_failure", str(exc)
         log.warning("episode_env_failure", group=ticket.group_id, task=ticket.task_id, error=failure)
     return _to_episode(conv, turn_rewards, finish, failure, success, turn_limit)
+
+
+def _eval_task(pool: EnvPool, ticket: Ticket) -> int:
+    """An evaluation ticket names a split and an index; the env's ``tasks(split)`` has the id."""
+    try:
+        return pool.task_id(ticket.split, ticket.task_id)
+    except Exception as exc:  # noqa: BLE001 - an env's task list failing fails this episode only
+        raise EnvFailure("tasks_error", ticket.env, ticket.task_id, f"{ticket.split} split: {exc!r}") from exc
 
 
 def _to_episode(

@@ -74,6 +74,10 @@ class Actor:
         self.stats = {"groups_sent": 0, "episodes_sent": 0, "acked": 0, "resent": 0, "weight_updates": 0}
         self.ack_statuses: dict[str, int] = {}
         self.engine_ready = asyncio.Event()
+        self.weights_synced = False
+        """True once the engine holds the learner's weights of ``engine.version``: at once when it
+        loaded the learner's own model directory, else after the first fetch (a directory with the
+        same architecture and tokenizer may hold other weights)."""
 
     # ------------------------------------------------------------------ setup
     def hello(self, fingerprint: str) -> Hello:
@@ -114,6 +118,7 @@ class Actor:
             kv_cache_gib=self.cfg.actor.kv_cache_gib,
             gpu_memory_utilization=self.cfg.actor.gpu_memory_utilization,
         )  # fmt: skip
+        self.weights_synced = model_dir.resolve() == Path(self.welcome.model_path).resolve()
         t0 = time.monotonic()
         await self.engine.start()
         log.info("engine_started", model=str(model_dir), seconds=round(time.monotonic() - t0, 1))
@@ -204,12 +209,13 @@ class Actor:
             await self.weights_wanted.wait()
             self.weights_wanted.clear()
             ready = self.latest_ready
-            if ready.version > self.engine.version:
+            if ready.version > self.engine.version or not self.weights_synced:
                 t0 = time.monotonic()
                 version, raw = await fetch_weights(self.ctx, addr, ready)
                 tensors = _to_torch(raw)
                 t1 = time.monotonic()
                 await self.engine.update_weights(tensors, version)
+                self.weights_synced = True
                 self.stats["weight_updates"] += 1
                 log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3),
                          load_s=round(time.monotonic() - t1, 3), mib=round(ready.total_bytes / 2**20, 2))  # fmt: skip
@@ -219,7 +225,9 @@ class Actor:
 
     async def wait_version(self, version: int) -> None:
         async with self.version_changed:
-            await self.version_changed.wait_for(lambda: self.engine.version >= version and self.latest_ready is not None)
+            await self.version_changed.wait_for(
+                lambda: self.weights_synced and self.engine.version >= version and self.latest_ready is not None
+            )
 
     async def player(self, n: int) -> None:
         from agentgym.actors.rollout import play_episode

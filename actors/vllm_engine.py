@@ -237,8 +237,8 @@ class VllmEngine:
         generation waits only for the load itself.
         """
         llm = self._require()
-        if version <= self.version:
-            raise ValueError(f"VllmEngine.update_weights: version {version} is not newer than the loaded {self.version}")
+        if version < self.version:
+            raise ValueError(f"VllmEngine.update_weights: version {version} is older than the loaded {self.version}")
         t0 = time.monotonic()
         tmp: Path | None = None
         if isinstance(tensors, (str, Path)):

@@ -49,7 +49,9 @@ class ModelConfig(Section):
     """Training and inference dtype (float32 on CPU)."""
 
 
-class EnvConfig(Section):
+class EnvSpec(Section):
+    """One environment of a run: its name, options, training task ids and share of the groups."""
+
     name: str = "guess_number"
     """Registered environment name (see ``agentgym envs``)."""
     kwargs: dict[str, float | int | bool | str] = {}
@@ -58,6 +60,41 @@ class EnvConfig(Section):
     """First task id of the training split."""
     task_count: Annotated[int, Field(ge=1)] = 1_000_000
     """Number of task ids in the training split (task ids are drawn from it at random)."""
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    """Share of the groups played on this environment (relative to the others in ``env.mix``)."""
+
+
+class EnvConfig(EnvSpec):
+    """The environment of a run, or with ``mix`` several, each with a weight:
+
+        [[env.mix]]
+        name = "guess_number"
+        weight = 3
+        [[env.mix]]
+        name = "maze"
+        kwargs = { size = 5 }
+    """
+
+    mix: list[EnvSpec] = []
+    """Several environments in one run: each group draws one with probability proportional to
+    its ``weight``. Metrics are reported per environment. Leave ``name``/``kwargs`` unset then."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> EnvConfig:
+        if self.mix:
+            single = self.model_fields_set & {"name", "kwargs", "task_start", "task_count", "weight"}
+            if single:
+                raise ValueError(f"env: set either env.mix or {sorted('env.' + k for k in single)}, not both")
+            names = [e.name for e in self.mix]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"env.mix: environment {dup} listed more than once")
+        return self
+
+    @property
+    def specs(self) -> list[EnvSpec]:
+        """The environments of the run (one unless ``mix`` is set)."""
+        return list(self.mix) if self.mix else [EnvSpec(**self.model_dump(exclude={"mix"}))]
 
 
 class RolloutConfig(Section):
@@ -208,6 +245,29 @@ class ScheduleConfig(Section):
         return [t for s, t in self.turn_limits if s <= step][-1]
 
 
+class EvalConfig(Section):
+    """Evaluation on held-out tasks: the first ``tasks`` tasks of each env's ``split``, the same
+    tasks every time, each played as one group with the rollout's sampling settings and never
+    trained on. Results go to ``eval.jsonl`` in the run directory and to the console."""
+
+    every: Annotated[int, Field(ge=0)] = 0
+    """Evaluate after every N optimizer steps (0: never during the run)."""
+    at_start: bool = False
+    """Evaluate the initial weights (version 0) while training starts."""
+    at_end: bool = False
+    """Evaluate the final weights before the run ends (the learner waits for it)."""
+    tasks: Annotated[int, Field(ge=1)] = 16
+    """Tasks per environment in each evaluation."""
+    split: Literal["test", "dev"] = "test"
+    """Which held-out split of each env to evaluate on."""
+    end_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """How long the final evaluation may take before the run ends without it."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.every or self.at_start or self.at_end)
+
+
 class LaunchConfig(Section):
     actors: Annotated[int, Field(ge=0)] = 2
     """Local actor processes started by ``agentgym train`` (0: learner only)."""
@@ -221,6 +281,7 @@ class Config(Section):
     learner: LearnerConfig = LearnerConfig()
     actor: ActorConfig = ActorConfig()
     schedule: ScheduleConfig = ScheduleConfig()
+    eval: EvalConfig = EvalConfig()
     launch: LaunchConfig = LaunchConfig()
 
 

@@ -9,6 +9,7 @@ Ctrl-C, and reaps them: the run ends when the learner ends.
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -22,8 +23,20 @@ from agentgym.config import Config
 log = structlog.get_logger(__name__)
 
 
-def _spawn(module: str, args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *args])
+def _spawn(module: str, args: list[str], console: Path | None = None) -> subprocess.Popen:
+    """Start ``python -m module``; with ``console``, its stdout and stderr go to that file."""
+    if console is None:
+        return subprocess.Popen([sys.executable, "-m", module, *args])
+    console.parent.mkdir(parents=True, exist_ok=True)
+    with console.open("ab") as out:  # the child keeps its own handle
+        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir: Path, actors: int,
@@ -37,10 +50,24 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
     common = [*(["--config", str(config_path)] if config_path else []), *[a for o in overrides for a in ("-o", o)]]
     learner = _spawn("agentgym.learner.main", [*common, "--run-dir", str(run_dir)])
     procs = [learner]
+    # An actor's console (its warnings, and what vLLM prints) goes to a file in the run directory,
+    # so the learner's progress lines stay readable; an actor that fails has its tail shown here.
+    consoles = [run_dir / "logs" / f"actor-local-{i}.console.log" for i in range(actors)]
+    # Local actors connect to the address the learner binds (a wildcard host means this host).
+    learner_addr = re.sub(r"//(\*|0\.0\.0\.0)(?=:)", "//127.0.0.1", cfg.learner.bind)
     for i in range(actors):
-        procs.append(_spawn("agentgym.actors.main", [*common, "--run-dir", str(run_dir),
-                                                     "--log-level", actor_log_level, "--actor-id", f"local-{i}"]))
-    log.info("launched", learner_pid=learner.pid, actor_pids=[p.pid for p in procs[1:]], run_dir=str(run_dir))
+        procs.append(_spawn("agentgym.actors.main", [*common, "--learner", learner_addr, "--run-dir", str(run_dir), "--log-level",
+                                                     actor_log_level, "--actor-id", f"local-{i}"], consoles[i]))
+    log.info("launched", learner_pid=learner.pid, actor_pids=[p.pid for p in procs[1:]], run_dir=str(run_dir),
+             actor_consoles=str(run_dir / "logs"))  # fmt: skip
+    reported: set[int] = set()
+
+    def report_failed_actors() -> None:
+        for i, p in enumerate(procs[1:]):
+            if p.returncode not in (None, 0, 130) and i not in reported:
+                reported.add(i)
+                log.error("actor_failed", actor_id=f"local-{i}", code=p.returncode, console=str(consoles[i]),
+                          tail=_tail(consoles[i]))  # fmt: skip
 
     def forward(sig: int, _frame: object) -> None:
         for p in procs:
@@ -50,6 +77,9 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while learner.poll() is None:
+            for p in procs[1:]:
+                p.poll()
+            report_failed_actors()
             if all(p.poll() is not None for p in procs[1:]) and actors:
                 # every actor died (e.g. a broken install): do not leave the learner waiting forever
                 codes = [p.returncode for p in procs[1:]]
@@ -67,6 +97,7 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
                 log.warning("actor_kill", pid=p.pid)
                 p.kill()
                 p.wait()
+        report_failed_actors()
         return code
     finally:
         for s, h in old.items():

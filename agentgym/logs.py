@@ -50,6 +50,7 @@ def quiet_libraries(level: str = "info") -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")  # vLLM's engine processes
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", message=".*Triton.*")
         # vLLM's import-time warnings go through the root logger before its own config applies

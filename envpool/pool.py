@@ -22,14 +22,14 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import structlog
 
 from agentgym.envpool.base import StepResult
 from agentgym.envpool.handle import WorkerError, WorkerHandle
-from agentgym.envpool.registry import env_target
+from agentgym.envpool.registry import env_target, load_target
 from agentgym.protocol.envworker import Action, Expert, Observation, Reply, Request, Reset, Step
 
 log = structlog.get_logger(__name__)
@@ -170,6 +170,18 @@ class EnvPool:
         self._state = "new"
         self._episodes = self._steps = self._restarts = self._recycled = 0
         self._failures: collections.Counter[str] = collections.Counter()
+        self._tasks: dict[str, Sequence[int]] = {}
+
+    def task_id(self, split: str, index: int) -> int:
+        """The ``index``-th task id (wrapping around) of the env's ``split`` under this pool's
+        options: how evaluation tickets, which name a split and an index, become episodes."""
+        if split not in self._tasks:
+            ids = load_target(self.target, self.env_name).tasks(split, **self.env_kwargs)
+            if not len(ids):
+                raise ValueError(f"env {self.env_name!r} has no tasks in split {split!r}")
+            self._tasks[split] = ids
+        ids = self._tasks[split]
+        return int(ids[index % len(ids)])
 
     async def __aenter__(self) -> EnvPool:
         await self.start()

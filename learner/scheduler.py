@@ -18,11 +18,14 @@ Tickets of an actor that leaves or goes silent are re-issued to the others, so n
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from agentgym.config import EnvSpec
 from agentgym.protocol import Ticket
 
 
@@ -44,9 +47,7 @@ class Scheduler:
     def __init__(
         self,
         *,
-        env: str,
-        task_start: int,
-        task_count: int,
+        envs: Sequence[EnvSpec],
         batch_groups: int,
         max_staleness: int,
         mode: str,
@@ -54,9 +55,10 @@ class Scheduler:
         seed: int,
         issued: int = 0,
     ) -> None:
-        self.env = env
-        self.task_start = task_start
-        self.task_count = task_count
+        if not envs:
+            raise ValueError("Scheduler: no environment to play")
+        self.envs = list(envs)
+        self._weights = list(itertools.accumulate(e.weight for e in self.envs))
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
         self.mode = mode
@@ -64,6 +66,8 @@ class Scheduler:
         self.seed = seed
         self.actors: dict[str, ActorState] = {}
         self.requeue: deque[Ticket] = deque()
+        self.eval_queue: deque[Ticket] = deque()
+        """Evaluation tickets: handed out before new training work, outside the staleness rule."""
         self.issued = issued
         """Tickets created so far (ticket numbers are 0..issued-1); restored on resume."""
         self.sync_version = -1
@@ -110,8 +114,22 @@ class Scheduler:
     def _new_ticket(self, min_version: int) -> Ticket:
         n = self.issued
         self.issued += 1
-        task = self.task_start + random.Random(f"{self.seed}:{n}").randrange(self.task_count)
-        return Ticket(group_id=f"{self.run_id}:{n}", env=self.env, task_id=task, min_version=min_version)
+        # Environment and task are a function of (seed, ticket number): a resumed run draws the same.
+        rng = random.Random(f"{self.seed}:{n}")
+        env = self.envs[0] if len(self.envs) == 1 else rng.choices(self.envs, cum_weights=self._weights)[0]
+        task = env.task_start + rng.randrange(env.task_count)
+        return Ticket(group_id=f"{self.run_id}:{n}", env=env.name, task_id=task, min_version=min_version)
+
+    def eval_round(self, version: int, split: str, tasks: int) -> list[Ticket]:
+        """Queue one evaluation: the first ``tasks`` tasks of ``split`` of every env, played with
+        weights of at least ``version``. Ticket task ids are indexes into the split."""
+        made = [
+            Ticket(group_id=f"{self.run_id}:eval{version}:{e.name}:{i}", env=e.name, task_id=i,
+                   min_version=version, split=split)  # type: ignore[arg-type]
+            for e in self.envs for i in range(tasks)
+        ]  # fmt: skip
+        self.eval_queue.extend(made)
+        return made
 
     def _admissible(self, version: int) -> bool:
         return self.issued // self.batch_groups <= version + self.max_staleness
@@ -136,6 +154,8 @@ class Scheduler:
     def _next_for(self, version: int) -> Ticket | None:
         if self.requeue:
             return self.requeue.popleft()
+        if self.eval_queue:
+            return self.eval_queue.popleft()
         if self.mode == "sync":
             if self.sync_version < 0 or self._sync_left <= 0:
                 return None
@@ -154,12 +174,13 @@ class Scheduler:
             if ticket is not None:
                 return ticket
         # The ticket may have been re-queued (its first actor was presumed dead) or moved.
-        for i, t in enumerate(self.requeue):
-            if t.group_id == group_id:
-                del self.requeue[i]
-                return t
+        for queue in (self.requeue, self.eval_queue):
+            for i, t in enumerate(queue):
+                if t.group_id == group_id:
+                    del queue[i]
+                    return t
         return None  # unknown or already re-issued elsewhere: that copy will come back a duplicate
 
     @property
     def in_flight(self) -> int:
-        return sum(len(a.outstanding) for a in self.actors.values()) + len(self.requeue)
+        return sum(len(a.outstanding) for a in self.actors.values()) + len(self.requeue) + len(self.eval_queue)

@@ -17,6 +17,7 @@ import os
 import signal
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,12 +47,43 @@ from agentgym.protocol.weights import make_chunks
 
 log = structlog.get_logger(__name__)
 
+RATE_WINDOW_S = 10.0
+
+
+def env_stats(batch: list[Rollout]) -> dict[str, float]:
+    """Per-environment numbers of a training batch, as flat ``env/<name>/<metric>`` keys: episodes,
+    mean reward, success rate, mean agent turns, and the share of episodes cut by the turn limit."""
+    by_env: dict[str, list] = {}
+    for r in batch:
+        by_env.setdefault(r.env, []).extend(e for e in r.episodes if e.finish not in ("env_failure", "aborted"))
+    out: dict[str, float] = {}
+    for name, eps in sorted(by_env.items()):
+        n = max(len(eps), 1)
+        out[f"env/{name}/episodes"] = float(len(eps))
+        out[f"env/{name}/reward_mean"] = sum(e.reward for e in eps) / n
+        out[f"env/{name}/success_rate"] = sum(e.success for e in eps) / n
+        out[f"env/{name}/turns_mean"] = sum(unpack(e.turn_ends, I32).size for e in eps) / n
+        out[f"env/{name}/truncated_rate"] = sum(e.finish == "turn_limit" for e in eps) / n
+    return out
+
 
 @dataclass
 class Counters:
-    groups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed"), 0))
-    episodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "env_failure"), 0))
+    groups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval"), 0))
+    episodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval", "env_failure"), 0))
     agent_tokens: int = 0
+
+
+@dataclass
+class EvalRound:
+    """One evaluation: its groups in flight and those back."""
+
+    step: int
+    version: int
+    pending: set[str]
+    rollouts: list[Rollout] = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)
+    started: float = field(default_factory=time.monotonic)
 
 
 class Learner:
@@ -64,9 +96,7 @@ class Learner:
         self.fingerprint = model_fingerprint(cfg.model.path)
         lc = cfg.learner
         self.sched = Scheduler(
-            env=cfg.env.name,
-            task_start=cfg.env.task_start,
-            task_count=cfg.env.task_count,
+            envs=cfg.env.specs,
             batch_groups=lc.batch_groups,
             max_staleness=lc.max_staleness,
             mode=cfg.run.mode,
@@ -81,9 +111,13 @@ class Learner:
         self.step = 0
         self.weights_msg: WeightsReady | None = None
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
-        self._last_time = time.monotonic()
-        self._last_tokens = 0
-        self._last_episodes = 0
+        self.eval_metrics = MetricsWriter(run_dir / "eval.jsonl")
+        self.evals: dict[str, EvalRound] = {}
+        """Evaluation groups in flight -> their round."""
+        self.eval_by_version: dict[int, EvalRound] = {}
+        self.eval_results: list[dict[str, object]] = []
+        self._rate_window: deque[tuple[float, int, int]] = deque([(time.monotonic(), 0, 0)])
+        """(time, accepted episodes, agent tokens) of recent steps: rates over the last ~10 s."""
 
     # ------------------------------------------------------------------ weights
     async def publish(self) -> None:
@@ -126,7 +160,7 @@ class Learner:
             rollout=RolloutSpec(
                 group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn,
                 max_episode_tokens=rc.max_episode_tokens, temperature=rc.temperature, top_p=rc.top_p,
-                env_kwargs={self.cfg.env.name: dict(self.cfg.env.kwargs)}, system_prompt=rc.system_prompt,
+                env_kwargs={e.name: dict(e.kwargs) for e in self.cfg.env.specs}, system_prompt=rc.system_prompt,
             ),
         ))  # fmt: skip
         if self.weights_msg is not None:
@@ -147,6 +181,8 @@ class Learner:
         if r.group_id in self.seen:
             return "duplicate"
         self.seen.add(r.group_id)
+        if r.group_id in self.evals:
+            return "eval"
         if len(r.episodes) != self.cfg.rollout.group_size:
             log.warning("rollout_invalid", group=r.group_id, episodes=len(r.episodes),
                         group_size=self.cfg.rollout.group_size)  # fmt: skip
@@ -179,11 +215,14 @@ class Learner:
             self.counters.episodes["accepted"] += usable
             self.buffer.append(r)
             self.new_data.set()
+        elif status == "eval":
+            self.counters.episodes["eval"] += n_eps
+            self.on_eval(r)
         elif status != "failed":
             self.counters.episodes[status] += n_eps
         self.hub.send(peer, Ack(group_ids=[r.group_id], statuses=[status]))
         self.sched.complete(r.actor_id, r.group_id)
-        if status != "accepted":
+        if status not in ("accepted", "eval"):
             log.info("rollout_not_accepted", group=r.group_id, status=status, actor_id=r.actor_id)
         self.grant()
 
@@ -221,18 +260,65 @@ class Learner:
                 self.hub.send(a.peer, Heartbeat(weight_version=self.version))
             self.grant()
 
+    # ------------------------------------------------------------------ evaluation
+    def start_eval(self) -> EvalRound:
+        """Queue an evaluation of the current weights (one per version)."""
+        known = self.eval_by_version.get(self.version)
+        if known is not None:
+            return known
+        ec = self.cfg.eval
+        tickets = self.sched.eval_round(self.version, ec.split, ec.tasks)
+        rnd = EvalRound(self.step, self.version, {t.group_id for t in tickets})
+        self.eval_by_version[self.version] = rnd
+        for t in tickets:
+            self.evals[t.group_id] = rnd
+        log.info("eval_started", step=self.step, version=self.version, split=ec.split, groups=len(tickets))
+        self.grant()
+        return rnd
+
+    def on_eval(self, r: Rollout) -> None:
+        rnd = self.evals.pop(r.group_id)
+        rnd.pending.discard(r.group_id)
+        rnd.rollouts.append(r)
+        if rnd.pending:
+            return
+        eps = [e for x in rnd.rollouts for e in x.episodes if e.finish not in ("env_failure", "aborted")]
+        n = max(len(eps), 1)
+        versions = [unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0] for e in eps]
+        used = [int(v.min()) for v in versions if v.size] + [int(v.max()) for v in versions if v.size]
+        rec: dict[str, object] = {
+            "step": rnd.step, "version": rnd.version, "split": self.cfg.eval.split,
+            "episodes": len(eps), "success_rate": sum(e.success for e in eps) / n,
+            "reward_mean": sum(e.reward for e in eps) / n,
+            "env_failures": sum(len(x.episodes) for x in rnd.rollouts) - len(eps),
+            "versions_used": [min(used, default=-1), max(used, default=-1)],
+            "seconds": time.monotonic() - rnd.started,
+            **env_stats(rnd.rollouts),
+        }  # fmt: skip
+        self.eval_metrics.write(rec)
+        self.eval_results.append(rec)
+        log.info("eval", step=rnd.step, version=rnd.version, split=rec["split"], episodes=len(eps),
+                 success=round(float(rec["success_rate"]), 3), reward=round(float(rec["reward_mean"]), 3),
+                 seconds=round(float(rec["seconds"]), 1))  # fmt: skip
+        rnd.done.set()
+
     # ------------------------------------------------------------------ training
     async def train_loop(self) -> None:
         cfg, lc = self.cfg, self.cfg.learner
+        ec = cfg.eval
         if cfg.run.mode == "sync":
             self.sched.open_sync_round(self.version)
+        if ec.at_start:
+            self.start_eval()
         self.grant()
         while self.step < cfg.run.max_steps:
             while len(self.buffer) < lc.batch_groups:
                 await self.new_data.wait()
                 self.new_data = trio.Event()
             batch, self.buffer = self.buffer[: lc.batch_groups], self.buffer[lc.batch_groups :]
+            per_env = env_stats(batch)
             stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
+            stats = {**stats, **per_env}
             self.step, self.version = self.trainer.step, self.trainer.version
             await self.publish()
             if cfg.run.mode == "sync":
@@ -241,31 +327,48 @@ class Learner:
             self.report(stats)
             if lc.checkpoint_every and self.step % lc.checkpoint_every == 0:
                 await self.checkpoint()
+            if ec.every and self.step % ec.every == 0:
+                self.start_eval()
         await self.checkpoint()
+        if ec.at_end:
+            rnd = self.start_eval()
+            with trio.move_on_after(ec.end_timeout_s):
+                await rnd.done.wait()
+            if not rnd.done.is_set():
+                log.warning("eval_incomplete", version=rnd.version, groups_missing=len(rnd.pending),
+                            timeout_s=ec.end_timeout_s)  # fmt: skip
 
     def report(self, stats: dict[str, float]) -> None:
         now = time.monotonic()
-        dt = max(now - self._last_time, 1e-9)
         self.counters.agent_tokens += int(stats["agent_tokens"])
-        eps = self.counters.episodes["accepted"]
+        eps, toks = self.counters.episodes["accepted"], self.counters.agent_tokens
+        # Rates over a window of recent steps, not the last step alone: several steps can be
+        # trained back to back from a full buffer, with no new episodes in between.
+        while len(self._rate_window) > 1 and now - self._rate_window[1][0] >= RATE_WINDOW_S:
+            self._rate_window.popleft()
+        t0, eps0, toks0 = self._rate_window[0]
+        dt = max(now - t0, 1e-9)
+        self._rate_window.append((now, eps, toks))
         rec = {
             "step": self.step, "version": self.version,
             "turn_limit": self.cfg.schedule.turn_limit(self.step - 1),
-            "trajectories_per_s": (eps - self._last_episodes) / dt,
-            "tokens_per_s": (self.counters.agent_tokens - self._last_tokens) / dt,
+            "trajectories_per_s": (eps - eps0) / dt,
+            "tokens_per_s": (toks - toks0) / dt,
             "actors": len(self.sched.actors), "buffered_groups": len(self.buffer),
             "tickets_in_flight": self.sched.in_flight,
             **{f"groups_{k}": v for k, v in self.counters.groups.items()},
             **{f"episodes_{k}": v for k, v in self.counters.episodes.items()},
             **stats,
         }  # fmt: skip
-        self._last_time, self._last_tokens, self._last_episodes = now, self.counters.agent_tokens, eps
         self.metrics.write(rec)
         log.info(
             "step", step=self.step, version=self.version, reward=round(stats["reward_mean"], 3),
             success=round(stats["success_rate"], 3), traj_per_s=round(rec["trajectories_per_s"], 1),
             tok_per_s=round(rec["tokens_per_s"], 1), staleness=round(stats["staleness_mean"], 2),
             turn_limit=rec["turn_limit"], loss=round(stats["loss"], 4), actors=rec["actors"],
+            **({"success_by_env": {e.name: round(stats[f"env/{e.name}/success_rate"], 3)
+                                   for e in self.cfg.env.specs if f"env/{e.name}/success_rate" in stats}}
+               if len(self.cfg.env.specs) > 1 else {}),
         )  # fmt: skip
 
     async def checkpoint(self) -> None:
@@ -330,12 +433,14 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             await learner.shutdown_actors(reason)
         learner.metrics.close()
+        learner.eval_metrics.close()
         c = learner.counters
         log.info("learner_finished", reason=reason, step=learner.step, groups=c.groups, episodes=c.episodes,
                  bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
         (run_dir / "summary.json").write_text(__import__("json").dumps({
             "reason": reason, "step": learner.step, "version": learner.version,
             "groups": c.groups, "episodes": c.episodes, "bad_messages": hub.bad_messages,
+            "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     return 0 if reason == "run finished" else 130

@@ -125,6 +125,9 @@ class Ticket(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     task_id: NonNeg
     min_version: Version = -1
     """Sync mode: play only with weights of at least this version (-1: any)."""
+    split: Literal["train", "dev", "test"] = "train"
+    """Task split. "train": ``task_id`` is the task id itself. "dev"/"test" (evaluation, never
+    trained on): ``task_id`` is an index into the env's ``tasks(split)``, resolved by the actor."""
 
 
 class Grant(Message):
@@ -199,7 +202,7 @@ class Rollout(Message):
     elapsed_s: Annotated[float, Meta(ge=0)] = 0.0
 
 
-AckStatus = Literal["accepted", "stale", "duplicate", "invalid", "failed"]
+AckStatus = Literal["accepted", "stale", "duplicate", "invalid", "failed", "eval"]
 
 
 class Ack(Message):

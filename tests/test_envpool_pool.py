@@ -335,3 +335,15 @@ def test_worker_refuses_a_malformed_request_and_exits() -> None:
 
     replies, _, _ = _worker(pack_frame(Open(version=ENVWORKER_VERSION + 1, env="x", target=GUESS)))
     assert replies[0].kind == "protocol" and "speaks version" in replies[0].message
+
+
+def test_evaluation_task_ids_come_from_the_envs_split() -> None:
+    from agentgym.envpool.envs.guess_number import GuessNumber
+
+    pool = EnvPool("guess_number", {"low": 1, "high": 8}, size=1)  # no worker needed for the lookup
+    test_ids = GuessNumber.tasks("test", low=1, high=8)
+    assert [pool.task_id("test", i) for i in range(3)] == [test_ids[0], test_ids[1], test_ids[2]]
+    assert pool.task_id("test", len(test_ids)) == test_ids[0]  # wraps around
+    assert not set(map(int, GuessNumber.tasks("train")[:1000])) & {pool.task_id("test", i) for i in range(100)}
+    with pytest.raises(ValueError, match="unknown split 'valid'"):
+        pool.task_id("valid", 0)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pytest
+
+from agentgym.config import EnvSpec
 from agentgym.learner.scheduler import Scheduler
 
 
-def make(mode: str = "async", batch: int = 4, staleness: int = 1) -> Scheduler:
-    return Scheduler(env="guess_number", task_start=100, task_count=50, batch_groups=batch,
-                     max_staleness=staleness, mode=mode, run_id="r", seed=0)  # fmt: skip
+def make(mode: str = "async", batch: int = 4, staleness: int = 1, envs: list[EnvSpec] | None = None) -> Scheduler:
+    envs = envs or [EnvSpec(name="guess_number", task_start=100, task_count=50)]
+    return Scheduler(envs=envs, batch_groups=batch, max_staleness=staleness, mode=mode, run_id="r", seed=0)
 
 
 def test_async_admission_bounds_tickets_by_version_and_staleness() -> None:
@@ -79,3 +84,42 @@ def test_task_ids_are_deterministic_in_seed_and_ticket_number() -> None:
     for s in (a, b):
         s.register("x", b"x", "h", max_groups=8)
     assert [t.task_id for t in a.fill(0)["x"]] == [t.task_id for t in b.fill(0)["x"]]
+
+
+def test_tickets_draw_environments_by_weight_and_tasks_from_each_range() -> None:
+    envs = [EnvSpec(name="a", task_start=0, task_count=10, weight=3), EnvSpec(name="b", task_start=1000, task_count=5)]
+    s = make(batch=4000, staleness=0, envs=envs)
+    s.register("x", b"x", "h", max_groups=4000)
+    tickets = s.fill(version=0)["x"]
+    counts = Counter(t.env for t in tickets)
+    assert counts["a"] + counts["b"] == 4000
+    assert 0.72 < counts["a"] / 4000 < 0.78  # weight 3 : 1
+    assert {t.task_id for t in tickets if t.env == "a"} == set(range(10))
+    assert {t.task_id for t in tickets if t.env == "b"} == set(range(1000, 1005))
+    # the draw is a function of (seed, ticket number): a resumed scheduler repeats it
+    again = make(batch=4000, staleness=0, envs=envs)
+    again.register("x", b"x", "h", max_groups=4000)
+    assert [(t.env, t.task_id) for t in again.fill(version=0)["x"]] == [(t.env, t.task_id) for t in tickets]
+
+
+def test_scheduler_needs_an_environment() -> None:
+    with pytest.raises(ValueError, match="no environment"):
+        make(envs=[]) if False else Scheduler(envs=[], batch_groups=1, max_staleness=0, mode="async", run_id="r", seed=0)
+
+
+def test_eval_tickets_go_first_outside_the_staleness_rule_and_name_split_indexes() -> None:
+    envs = [EnvSpec(name="a"), EnvSpec(name="b")]
+    s = make(batch=2, staleness=0, envs=envs)
+    s.register("x", b"x", "h", max_groups=3)
+    assert len(s.fill(version=0)["x"]) == 2  # training tickets up to the admission bound
+    made = s.eval_round(version=0, split="test", tasks=3)
+    assert [(t.env, t.task_id, t.split, t.min_version) for t in made] == [
+        ("a", 0, "test", 0), ("a", 1, "test", 0), ("a", 2, "test", 0),
+        ("b", 0, "test", 0), ("b", 1, "test", 0), ("b", 2, "test", 0),
+    ]  # fmt: skip
+    got = s.fill(version=0)["x"]
+    assert [t.group_id for t in got] == [made[0].group_id]  # capacity 3: one slot was free
+    assert s.in_flight == 3 + 5
+    s.complete("x", made[0].group_id)
+    assert s.fill(version=0)["x"] == [made[1]]
+    assert s.issued == 2  # evaluation does not use up training tickets

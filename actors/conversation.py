@@ -2,7 +2,7 @@
 
     conv = Conversation.start(tokenizer, system="You play a game.", first_observation=obs)
     gen = await engine.generate(rid, conv.prompt_ids, spec)        # prompt ends with the generation prompt
-    conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.version)   # appended exactly as sampled
+    conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)  # appended exactly as sampled
     conv.add_observation(next_obs)                                  # the env's reply, as a template delta
     conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.turn_spans
 
@@ -80,19 +80,27 @@ class Conversation:
             raise RuntimeError("Conversation.prompt_ids: the agent just spoke; add an observation first")
         return list(self._ids)
 
-    def add_agent_turn(self, token_ids: Sequence[int], logprobs: Sequence[float], version: int) -> None:
-        """Append the sampled tokens as they are (loss mask 1), then close the turn."""
+    def add_agent_turn(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], version: int | Sequence[int]
+    ) -> None:
+        """Append the sampled tokens as they are (loss mask 1), then close the turn.
+
+        ``version``: the weight version of every token, or one per token (``Generation.versions``:
+        a turn generated across a weight update carries two)."""
         if not self._awaiting_agent:
             raise RuntimeError("Conversation.add_agent_turn: two agent turns in a row (no observation between)")
         if len(token_ids) != len(logprobs):
             raise ValueError(f"Conversation.add_agent_turn: {len(token_ids)} token ids but {len(logprobs)} logprobs")
-        if version < 0:
-            raise ValueError(f"Conversation.add_agent_turn: version must be >= 0, got {version}")
+        versions = [int(version)] * len(token_ids) if isinstance(version, int) else [int(v) for v in version]
+        if len(versions) != len(token_ids):
+            raise ValueError(f"Conversation.add_agent_turn: {len(token_ids)} token ids but {len(versions)} versions")
+        if any(v < 0 for v in versions):
+            raise ValueError(f"Conversation.add_agent_turn: versions must be >= 0, got {min(versions)}")
         start = len(self._ids)
         self._ids.extend(int(t) for t in token_ids)
         self._mask.extend([1] * len(token_ids))
         self._logprobs.extend(float(x) for x in logprobs)
-        self._versions.extend([version] * len(token_ids))
+        self._versions.extend(versions)
         self.turn_spans.append((start, len(self._ids)))
         self._extend(self._encode(self._closing(token_ids)))
         self._awaiting_agent = False

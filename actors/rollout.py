@@ -56,7 +56,7 @@ async def play_episode(
                 gen = await engine.generate(
                     f"{ticket.group_id}/{index}/{turn}", list(conv.prompt_ids), sampling
                 )
-                conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.version)
+                conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                 action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                 result = await ep.step(action)
                 turn_rewards.append(float(result.reward))

@@ -109,15 +109,11 @@ class Actor:
     async def start_engine(self) -> None:
         from transformers import AutoTokenizer
 
-        from agentgym.actors.vllm_engine import VllmEngine
+        from agentgym.actors.engines import make_engine
 
         model_dir = self._model_dir()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.engine = VllmEngine(
-            model_dir, seed=self.cfg.run.seed, dtype=self.cfg.model.dtype,
-            kv_cache_gib=self.cfg.actor.kv_cache_gib,
-            gpu_memory_utilization=self.cfg.actor.gpu_memory_utilization,
-        )  # fmt: skip
+        self.engine = make_engine(self.cfg, model_dir)  # actor.engine: vllm | remote | hf
         self.weights_synced = model_dir.resolve() == Path(self.welcome.model_path).resolve()
         t0 = time.monotonic()
         await self.engine.start()

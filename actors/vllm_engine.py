@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from agentgym.actors.engine import EngineLoad, GateAbandoned, Generation, SamplingSpec, VersionGate
+from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +46,7 @@ _LOAD_METHOD = "agentgym_load_safetensors"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-class VllmEngine:
+class VllmEngine(GatedEngine):
     """``InferenceEngine`` over ``vllm.v1.engine.async_llm.AsyncLLM``."""
 
     def __init__(
@@ -60,7 +60,9 @@ class VllmEngine:
         enable_prefix_caching: bool = True,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = False,
+        update_mode: UpdateMode = "resume",
     ) -> None:
+        super().__init__(update_mode)
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"VllmEngine: {self.model_dir} has no config.json (not an HF model directory)")
@@ -74,12 +76,8 @@ class VllmEngine:
         self.gpu_memory_utilization = gpu_memory_utilization
         # Skips torch.compile and graph capture: starts ~25 s sooner on CPU, runs a bit slower.
         self.enforce_eager = enforce_eager
-        self.version = 0
         self.on_cpu: bool | None = None  # known after start()
         self._llm: Any = None
-        self._gate = VersionGate()
-        self._in_engine: set[str] = set()  # requests handed to vLLM, not yet finished
-        self._at_gate: dict[str, bool] = {}  # requests waiting for an update -> aborted?
         self._stats = _LoadSink()
 
     # ------------------------------------------------------------------ lifecycle
@@ -138,11 +136,14 @@ class VllmEngine:
         if llm is None:
             return
         t0 = time.monotonic()
-        for rid in list(self._at_gate):
-            self._at_gate[rid] = True
+        running = []
+        for req in self._requests.values():  # their generate() calls return "abort", not hang
+            req.aborted = True
+            if req.running:
+                running.append(req.segment_id)
         self._gate.wake()
-        if self._in_engine:  # their generate() calls return "abort" instead of waiting forever
-            await llm.abort(list(self._in_engine))
+        if running:
+            await llm.abort(running)
         # shutdown() cancels vLLM's tasks on this loop, then stops and joins the engine core
         # process (terminate, then kill after its timeout).
         llm.shutdown(timeout=10)
@@ -153,25 +154,23 @@ class VllmEngine:
             raise RuntimeError("VllmEngine: not started (call `await engine.start()` first) or already closed")
         return self._llm
 
-    # ------------------------------------------------------------------ requests
-    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
-        llm = self._require()
-        if not prompt_ids:
-            raise ValueError(f"VllmEngine.generate({request_id!r}): empty prompt")
+    # ------------------------------------------------------------------ backend half (GatedEngine)
+    def _check_prompt(self, request_id: str, prompt_ids: list[int]) -> None:
+        super()._check_prompt(request_id, prompt_ids)
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(
                 f"VllmEngine.generate({request_id!r}): prompt of {len(prompt_ids)} tokens does not fit "
                 f"max_model_len={self.max_model_len}"
             )
-        if request_id in self._in_engine or request_id in self._at_gate:
-            raise ValueError(f"VllmEngine.generate: request id {request_id!r} is already in flight")
+
+    async def _generate(self, segment_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
+        llm = self._require()
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         # The renderer turns a token prompt into the engine's input (vLLM 0.32 deprecates
         # handing raw prompts to generate()); it checks the length against max_model_len.
         (prompt,) = llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=list(prompt_ids))])
-
         params = SamplingParams(
             n=1,
             max_tokens=spec.max_tokens,
@@ -184,86 +183,59 @@ class VllmEngine:
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        self._at_gate[request_id] = False
-        try:
-            async with self._gate.read(give_up=lambda: self._at_gate.get(request_id, True)):
-                if self._at_gate.pop(request_id):
-                    return Generation([], [], self.version, "abort")
-                version = self.version  # fixed for this request: updates wait for readers
-                self._in_engine.add(request_id)
-                try:
-                    final = None
-                    async for out in llm.generate(prompt, params, request_id):
-                        final = out
-                finally:
-                    self._in_engine.discard(request_id)
-        except GateAbandoned:  # aborted while a weight update held the gate
-            return Generation([], [], self.version, "abort")
-        finally:
-            self._at_gate.pop(request_id, None)
+        final = None
+        async for out in llm.generate(prompt, params, segment_id):
+            final = out
         if final is None or not final.outputs:
-            raise RuntimeError(f"VllmEngine.generate({request_id!r}): vLLM returned no output")
+            raise RuntimeError(f"VllmEngine.generate({segment_id!r}): vLLM returned no output")
         c = final.outputs[0]
         reason = _FINISH.get(str(c.finish_reason))
         if reason is None:
-            raise RuntimeError(f"VllmEngine.generate({request_id!r}): unexpected finish reason {c.finish_reason!r}")
+            raise RuntimeError(f"VllmEngine.generate({segment_id!r}): unexpected finish reason {c.finish_reason!r}")
         ids = list(c.token_ids)
-        return Generation(ids, _sampled_logprobs(request_id, ids, c.logprobs), version, reason)  # type: ignore[arg-type]
+        return Generation(ids, _sampled_logprobs(segment_id, ids, c.logprobs), self.version, reason)  # type: ignore[arg-type]
 
-    async def abort(self, request_id: str) -> None:
-        if request_id in self._at_gate:  # not in vLLM yet: it returns "abort" without running
-            self._at_gate[request_id] = True
-            self._gate.wake()
-            return
-        if request_id in self._in_engine:
-            await self._require().abort(request_id)
+    async def _abort(self, segment_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(segment_id)
 
     def load(self) -> EngineLoad:
-        in_engine = len(self._in_engine)
-        running = min(self._stats.running, in_engine)
+        running, waiting = self._in_flight()
+        scheduled = min(self._stats.running, running)
         return EngineLoad(
-            running=running,
-            waiting=in_engine - running + len(self._at_gate),
-            kv_cache_usage=self._stats.kv_cache_usage if in_engine else 0.0,
+            running=scheduled,
+            waiting=running - scheduled + waiting,
+            kv_cache_usage=self._stats.kv_cache_usage if running else 0.0,
         )
 
     # ------------------------------------------------------------------ weights
-    async def update_weights(self, tensors: Mapping[str, torch.Tensor] | Path, version: int) -> None:
-        """Load new weights in place once the requests in flight are done; then ``version``.
-
-        ``tensors``: HF-named tensors (as ``model.state_dict()`` names them; any subset), or a
-        directory of ``*.safetensors`` files (or one such file). Tensors are written to a
-        temporary safetensors file first (on ``/dev/shm`` when present) outside the gate, so
-        generation waits only for the load itself.
-        """
-        llm = self._require()
-        if version < self.version:
-            raise ValueError(f"VllmEngine.update_weights: version {version} is older than the loaded {self.version}")
-        t0 = time.monotonic()
-        tmp: Path | None = None
+    async def _prepare_weights(self, tensors: Mapping[str, torch.Tensor] | Path) -> tuple[list[Path], Path | None]:
+        """Tensors go to a temporary safetensors file (``/dev/shm`` when present) before the
+        gate is taken, so generation waits only for the load itself."""
+        self._require()
         if isinstance(tensors, (str, Path)):
-            paths = _safetensors_files(Path(tensors))
-        else:
-            tmp = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=_shm_dir()))
-            paths = [tmp / "weights.safetensors"]
-            await asyncio.to_thread(_save_safetensors, tensors, paths[0])
+            return safetensors_files(Path(tensors), "VllmEngine.update_weights"), None
+        tmp = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=_shm_dir()))
+        path = tmp / "weights.safetensors"
         try:
-            t1 = time.monotonic()
-            async with self._gate.write():
-                t2 = time.monotonic()
-                counts = await llm.collective_rpc(_LOAD_METHOD, kwargs={"paths": [str(p) for p in paths]})
-                # Prefix-cached KV was computed with the old weights: never serve it again.
-                if not await llm.reset_prefix_cache():
-                    raise RuntimeError("VllmEngine.update_weights: vLLM refused to reset the prefix cache")
-                self.version = version
-                t3 = time.monotonic()
+            await asyncio.to_thread(_save_safetensors, tensors, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return [path], tmp
+
+    async def _load_weights(self, prepared: object) -> int:
+        llm = self._require()
+        paths, tmp = prepared  # type: ignore[misc]
+        try:
+            counts = await llm.collective_rpc(_LOAD_METHOD, kwargs={"paths": [str(p) for p in paths]})
+            # Prefix-cached KV was computed with the old weights: never serve it again.
+            if not await llm.reset_prefix_cache():
+                raise RuntimeError("VllmEngine.update_weights: vLLM refused to reset the prefix cache")
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        log.info(
-            "engine_weights_loaded", version=version, tensors=counts[0] if counts else 0,
-            write_s=round(t1 - t0, 4), drain_s=round(t2 - t1, 4), load_s=round(t3 - t2, 4),
-        )  # fmt: skip
+        return int(counts[0]) if counts else 0
 
 
 def _sampled_logprobs(request_id: str, token_ids: list[int], logprobs: Any) -> list[float]:
@@ -307,15 +279,6 @@ def _save_safetensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
     if not out:
         raise ValueError("VllmEngine.update_weights: no tensors given")
     save_file(out, str(path))
-
-
-def _safetensors_files(path: Path) -> list[Path]:
-    if path.is_file() and path.suffix == ".safetensors":
-        return [path]
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
-    if not files:
-        raise FileNotFoundError(f"VllmEngine.update_weights: no *.safetensors file at {path}")
-    return files
 
 
 class _LoadSink:

@@ -210,10 +210,38 @@ class LearnerConfig(Section):
         return self
 
 
+class RemoteEngineConfig(Section):
+    """An OpenAI-compatible inference server the actor uses as its engine (docs/engines.md)."""
+
+    url: str = ""
+    """Base URL of the server, e.g. ``http://gpu-3:8000`` (needed when ``actor.engine = "remote"``)."""
+    server: Literal["vllm", "sglang"] = "vllm"
+    """Which server it is: decides the weight-update endpoints (vLLM needs VLLM_SERVER_DEV_MODE=1)."""
+    model: str = ""
+    """Served model name ("": the first one ``/v1/models`` lists)."""
+    weights_dir: str = ""
+    """Where new weights are written for the server to read (a path it sees too; "": /dev/shm)."""
+    api_key_env: str = ""
+    """Name of an environment variable holding the server's API key ("": none)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError(f"actor.remote.url must start with http:// or https://, got {v!r}")
+        return v
+
+
 class ActorConfig(Section):
     learner: str = "tcp://127.0.0.1:5555"
     """Learner control address to connect to."""
-    engine: Literal["vllm"] = "vllm"
+    engine: Literal["vllm", "remote", "hf"] = "vllm"
+    """Inference engine: vLLM in the actor, a remote OpenAI-compatible server, or plain transformers."""
+    weight_update: Literal["resume", "drain"] = "resume"
+    """resume: an update aborts requests in flight and continues them with the new weights (each
+    token tagged with its version); drain: the update waits for requests in flight to finish."""
+    remote: RemoteEngineConfig = RemoteEngineConfig()
+    """Options of ``engine = "remote"``."""
     max_groups: Annotated[int, Field(ge=1)] = 4
     """Groups played at once (concurrent episodes = max_groups x group_size)."""
     env_workers: Annotated[int, Field(ge=0)] = 0
@@ -224,6 +252,12 @@ class ActorConfig(Section):
     """Give up with an error if no learner answers within this time."""
     step_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An environment step slower than this fails its episode (the env worker is restarted)."""
+
+    @model_validator(mode="after")
+    def _remote(self) -> ActorConfig:
+        if self.engine == "remote" and not self.remote.url:
+            raise ValueError('actor.engine = "remote" needs actor.remote.url (the server\'s base URL)')
+        return self
 
 
 class ScheduleConfig(Section):

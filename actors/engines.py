@@ -1,0 +1,41 @@
+"""The engine an actor uses, chosen by ``actor.engine`` in the config.
+
+    engine = make_engine(cfg, model_dir)     # VllmEngine | RemoteEngine | HfEngine, not started
+
+Each engine module imports its heavy library (vLLM, transformers, httpx) only when used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agentgym.actors.engine import GatedEngine
+from agentgym.config import Config
+
+
+def make_engine(cfg: Config, model_dir: Path) -> GatedEngine:
+    a = cfg.actor
+    if a.engine == "vllm":
+        from agentgym.actors.vllm_engine import VllmEngine
+
+        return VllmEngine(
+            model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
+            gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update,
+        )  # fmt: skip
+    if a.engine == "hf":
+        from agentgym.actors.hf_engine import HfEngine
+
+        return HfEngine(model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, update_mode=a.weight_update)
+    if a.engine == "remote":
+        from agentgym.actors.remote_engine import RemoteEngine
+
+        r = a.remote
+        key = os.environ.get(r.api_key_env) if r.api_key_env else None
+        if r.api_key_env and not key:
+            raise KeyError(f"actor.remote.api_key_env names {r.api_key_env!r}, which is not set in the environment")
+        return RemoteEngine(
+            r.url, server=r.server, model=r.model or None, weights_dir=Path(r.weights_dir) if r.weights_dir else None, api_key=key,
+            update_mode=a.weight_update,
+        )  # fmt: skip
+    raise ValueError(f"actor.engine: unknown engine {a.engine!r} (vllm, remote, hf)")

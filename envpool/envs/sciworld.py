@@ -217,7 +217,6 @@ class SciWorld(Env):
             raise ValueError(f"sciworld: option jvm_heap_mb must be an integer >= 64, got {jvm_heap_mb!r}")
         self.names = _selected(task_names)
         self.simplifications = simplifications
-        self._ids = _numbering(tuple(self.names))
         self._env = _start_jvm(jvm_heap_mb, jvm_options)
         self._server = self._env.server
         possible = ["easy", *self._server.getPossibleSimplifications().split(", ")]
@@ -242,15 +241,7 @@ class SciWorld(Env):
 
     def describe(self, task_id: int) -> tuple[str, int]:
         """(task name, variation) of ``task_id`` under this env's options."""
-        for split, (start, stop) in self._ids.items():
-            if start <= task_id < stop:
-                k = task_id - start
-                for name, lo, hi in _ranges(self.names)[split]:
-                    if k < hi - lo:
-                        return name, lo + k
-                    k -= hi - lo
-        total = max(stop for _, stop in self._ids.values())
-        raise ValueError(f"sciworld: task id {task_id} out of range: the selected tasks have ids 0..{total - 1}")
+        return describe(task_id, tuple(self.names))
 
     def reset(self, task_id: int) -> str:
         name, variation = self.describe(task_id)
@@ -319,3 +310,33 @@ def _numbering(names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
         spans[split] = (start, start + n)
         start += n
     return spans
+
+
+def describe(task_id: int, names: Sequence[str] | str = "") -> tuple[str, int]:
+    """(task name, variation) of ``task_id`` among the tasks ``names`` (a list, or the option's string)."""
+    names = tuple(_selected(names) if isinstance(names, str) else names)
+    spans = _numbering(names)
+    for split, (start, stop) in spans.items():
+        if start <= task_id < stop:
+            k = task_id - start
+            for name, lo, hi in _ranges(names)[split]:
+                if k < hi - lo:
+                    return name, lo + k
+                k -= hi - lo
+    total = max(stop for _, stop in spans.values())
+    raise ValueError(f"sciworld: task id {task_id} out of range: the selected tasks have ids 0..{total - 1}")
+
+
+def task_id_of(name: str, variation: int, task_names: str = "") -> int:
+    """The task id of (task ``name``, ``variation``) under the option ``task_names``."""
+    names = tuple(_selected(task_names))
+    if name not in names or not 0 <= variation < split_table()[name][2]:
+        raise ValueError(f"sciworld: no task {name!r} variation {variation} among the selected tasks")
+    spans = _numbering(names)
+    for split, parts in _ranges(names).items():
+        k = spans[split][0]
+        for task, lo, hi in parts:
+            if task == name and lo <= variation < hi:
+                return k + variation - lo
+            k += hi - lo
+    raise AssertionError((name, variation))

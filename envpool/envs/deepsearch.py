@@ -34,6 +34,7 @@ from agentgym.envpool.base import SPLITS, Env, StepResult
 from agentgym.envpool.envs import factbook
 
 _ACTION = re.compile(r"\b(search|answer)\[(.*?)\]|<(search|answer)>(.*?)</\3>", re.IGNORECASE | re.DOTALL)
+TITLE_WEIGHT = 3
 INVALID = "Invalid action. Reply with search[QUERY] to search the Factbook or answer[TEXT] to answer."
 
 
@@ -53,12 +54,15 @@ class Index:
 
         self.passages = factbook.passages()
         self._stem = _stemmer()
-        path = Path(cache_dir) / f"factbook-bm25-{len(self.passages)}" if cache_dir else None
+        name = f"factbook-bm25-{len(self.passages)}-t{TITLE_WEIGHT}-{'stem' if self._stem else 'plain'}"
+        path = Path(cache_dir) / name if cache_dir else None
         if path is not None and (path / "params.index.json").exists():
             self._bm25 = bm25s.BM25.load(str(path), mmap=False, show_progress=False)
             return
-        tokens = bm25s.tokenize([f"{p.title}. {p.text}" for p in self.passages], stopwords="en",
-                                stemmer=self._stem, show_progress=False)  # fmt: skip
+        # The title counts three times: "capital of Chad" finds "Chad: Capital" (long, with its
+        # etymology) in the top 3 for 96% of the single-hop questions, against 80% with it once.
+        texts = [f"{p.title}. " * TITLE_WEIGHT + p.text for p in self.passages]
+        tokens = bm25s.tokenize(texts, stopwords="en", stemmer=self._stem, show_progress=False)
         self._bm25 = bm25s.BM25()
         self._bm25.index(tokens, show_progress=False)
         if path is not None:

@@ -178,7 +178,11 @@ HOPS_FROM = {"capital": ("code", "prefix", "highest", "independence"), "code": (
 @functools.lru_cache(maxsize=1)
 def questions() -> tuple[Question, ...]:
     """All questions, ordered train, dev, test (see ``split_of``), then by country and kind."""
-    facts = {code: {k: f[0](data) for k, f in FACTS.items()} for code, _, data in countries()}
+    text = {p.id: normalize(p.text) for p in passages()}
+    facts = {
+        code: {k: _verbatim(f[0](data), text.get(f"{code}/{f[1]}", "")) for k, f in FACTS.items()}
+        for code, _, data in countries()
+    }
     names = {code: name for code, name, _ in countries()}
     unique = {b: {v for v, n in Counter(f[b] for f in facts.values() if f[b]).items() if n == 1} for b in BRIDGES}
     out = []
@@ -197,6 +201,11 @@ def questions() -> tuple[Question, ...]:
                     out.append(Question(text, fact[kind], hops, f"{bridge}->{kind}"))
     order = {"train": 0, "dev": 1, "test": 2}
     return tuple(sorted(out, key=lambda q: order[split_of(q.text)]))  # stable: country order kept
+
+
+def _verbatim(answer: str, passage: str) -> str:
+    # An answer the passage does not contain as a phrase (a note cut out of its middle) is left out.
+    return answer if answer and f" {normalize(answer)} " in f" {passage} " else ""
 
 
 def split_of(text: str) -> str:

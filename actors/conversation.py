@@ -105,8 +105,16 @@ class Conversation:
         self._extend(self._encode(self._closing(token_ids)))
         self._awaiting_agent = False
 
-    def add_observation(self, text: str) -> None:
-        """Append the environment's message and the generation prompt, rendered by the template."""
+    @property
+    def closing_tokens(self) -> int:
+        """Most tokens ``add_agent_turn`` appends after the sampled ones (the end-of-turn text)."""
+        return len(self._encode(self.end_of_turn))
+
+    def add_observation(self, text: str, max_len: int | None = None) -> bool:
+        """Append the environment's message and the generation prompt, rendered by the template.
+
+        With ``max_len``: if the conversation would grow past it, append nothing and return
+        False (the episode's token budget is spent); else True."""
         if self._awaiting_agent:
             raise RuntimeError("Conversation.add_observation: the agent has not answered the last observation")
         base = [*self._head, {"role": "user", "content": _USER}, {"role": "assistant", "content": _AGENT}]
@@ -118,8 +126,12 @@ class Conversation:
                 "user message follows an assistant message, so a turn cannot be appended as a delta; "
                 f"rendered {before[-80:]!r} then {after[: len(before)][-80:]!r}"
             )
-        self._extend(self._encode(after[len(before) :]))
+        ids = self._encode(after[len(before) :])
+        if max_len is not None and len(self._ids) + len(ids) > max_len:
+            return False
+        self._extend(ids)
         self._awaiting_agent = True
+        return True
 
     # ------------------------------------------------------------------ arrays out
     @property

@@ -9,6 +9,8 @@ An environment that crashes or hangs fails this episode only (finish="env_failur
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import structlog
 
@@ -49,13 +51,18 @@ async def play_episode(
             # The config's system prompt wins; "" means none; None means the env's instructions.
             system = spec.system_prompt if spec.system_prompt is not None else (ep.instructions or None)
             conv = Conversation.start(tokenizer, system or None, obs)
+            # Token budgets: a turn samples at most max_tokens_per_turn, and no more than leaves
+            # room for its end-of-turn tokens within max_episode_tokens; an observation that
+            # does not fit ends the episode. The episode never exceeds its budget.
             for turn in range(turn_limit):
-                if len(conv.token_ids) + spec.max_tokens_per_turn > spec.max_episode_tokens:
+                room = spec.max_episode_tokens - len(conv) - conv.closing_tokens
+                if room < 1:
                     finish = "token_limit"
                     break
                 gen = await engine.generate(
-                    f"{ticket.group_id}/{index}/{turn}", list(conv.prompt_ids), sampling
-                )
+                    f"{ticket.group_id}/{index}/{turn}", conv.prompt_ids,
+                    replace(sampling, max_tokens=min(spec.max_tokens_per_turn, room)),
+                )  # fmt: skip
                 conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                 action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                 result = await ep.step(action)
@@ -65,7 +72,10 @@ async def play_episode(
                     success = bool(result.info.get("success", result.reward > 0))
                     break
                 if turn + 1 < turn_limit:
-                    conv.add_observation(result.observation)
+                    # Room for the observation and at least one sampled token plus its closing.
+                    if not conv.add_observation(result.observation, spec.max_episode_tokens - 1 - conv.closing_tokens):
+                        finish = "token_limit"
+                        break
     except EnvFailure as exc:
         finish, failure = "env_failure", str(exc)
         log.warning("episode_env_failure", group=ticket.group_id, task=ticket.task_id, error=failure)

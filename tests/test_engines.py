@@ -96,9 +96,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def vllm_server(weights, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real vLLM OpenAI-compatible server on the tiny model, as a user would start one."""
+@pytest.fixture(scope="module", autouse=True)
+def vllm_server(request: pytest.FixtureRequest, weights, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM OpenAI-compatible server on the tiny model, as a user would start one.
+
+    Started with the module (when a ``remote`` test is selected), so that its start-up, which
+    is mostly spent waiting, overlaps the other engines' tests."""
+    if not HAVE_VLLM or not any(
+        item.module is request.module and "[remote" in item.nodeid for item in request.session.items
+    ):
+        yield ""
+        return
     dirs, _ = weights
     port = _free_port()
     log_path = tmp_path_factory.mktemp("server") / "vllm.log"
@@ -135,10 +143,10 @@ def h(request: pytest.FixtureRequest, weights) -> Iterator[Harness]:
     else:
         from agentgym.actors.remote_engine import RemoteEngine
 
-        engine = RemoteEngine(request.getfixturevalue("vllm_server"), start_timeout_s=400, metrics_interval_s=0.2)
+        engine = RemoteEngine(request.getfixturevalue("vllm_server"), start_timeout_s=900, metrics_interval_s=0.2)
     harness = Harness(kind, engine, dirs, models)
     t0 = time.monotonic()
-    harness.run(engine.start(), timeout=420)
+    harness.run(engine.start(), timeout=960)
     print(f"\n{kind} engine started in {time.monotonic() - t0:.1f} s")
     yield harness
     harness.run(engine.close())

@@ -1,0 +1,162 @@
+"""``maze``: walk from the start to the goal of a grid maze (after the lmrlgym maze of AgentGym).
+
+A perfect maze (one path between any two cells: randomised depth-first carving) of ``size`` x
+``size`` cells is generated from the task id, with a random start and a goal at least half the
+maze's longest path away. Each observation gives the agent's position, the goal's, and which of
+the four directions are open; with ``show_map`` it also draws the whole maze:
+
+    #########
+    #A  #   #        A = you, G = goal, # = wall
+    ### # # #
+    #   # #G#
+    #########
+
+    options:  size: int = 5 (2..30)   cells per side
+              show_map: bool = False   the drawn maze in every observation
+    actions:  move up | move down | move left | move right   ("up" etc. alone is accepted too)
+    reward:   1 on reaching the goal (done, success); a move into a wall keeps the agent in place
+              and says so; an unknown command gets the action list. Both count as a turn. The
+              env has no turn limit of its own: the actor applies the learner's.
+    expert:   breadth-first search from the agent to the goal.
+
+Rows are numbered from the top, columns from the left, both from 1.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+
+from agentgym.envpool.base import Env, StepResult
+
+MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+"""Direction -> (row, column) change."""
+
+Cell = tuple[int, int]
+
+
+def carve(size: int, rng: random.Random) -> dict[Cell, set[str]]:
+    """A perfect maze: for each cell the directions that are open (iterative DFS carving)."""
+    opened: dict[Cell, set[str]] = {(r, c): set() for r in range(size) for c in range(size)}
+    back = {"up": "down", "down": "up", "left": "right", "right": "left"}
+    start = (rng.randrange(size), rng.randrange(size))
+    stack, seen = [start], {start}
+    while stack:
+        r, c = stack[-1]
+        options = [(d, (r + dr, c + dc)) for d, (dr, dc) in MOVES.items() if (r + dr, c + dc) in opened]
+        options = [(d, cell) for d, cell in options if cell not in seen]
+        if not options:
+            stack.pop()
+            continue
+        d, cell = rng.choice(options)
+        opened[(r, c)].add(d)
+        opened[cell].add(back[d])
+        seen.add(cell)
+        stack.append(cell)
+    return opened
+
+
+def distances(opened: dict[Cell, set[str]], source: Cell) -> dict[Cell, int]:
+    """Steps from ``source`` to every cell (breadth-first)."""
+    dist = {source: 0}
+    queue = collections.deque([source])
+    while queue:
+        r, c = queue.popleft()
+        for d in opened[(r, c)]:
+            dr, dc = MOVES[d]
+            nxt = (r + dr, c + dc)
+            if nxt not in dist:
+                dist[nxt] = dist[(r, c)] + 1
+                queue.append(nxt)
+    return dist
+
+
+def draw(opened: dict[Cell, set[str]], size: int, me: Cell, goal: Cell) -> str:
+    rows = [["#"] * (2 * size + 1) for _ in range(2 * size + 1)]
+    for (r, c), dirs in opened.items():
+        rows[2 * r + 1][2 * c + 1] = " "
+        for d in dirs:
+            dr, dc = MOVES[d]
+            rows[2 * r + 1 + dr][2 * c + 1 + dc] = " "
+    rows[2 * goal[0] + 1][2 * goal[1] + 1] = "G"
+    rows[2 * me[0] + 1][2 * me[1] + 1] = "A"
+    return "\n".join("".join(row) for row in rows)
+
+
+class Maze(Env):
+    name = "maze"
+
+    def __init__(self, size: int = 5, show_map: bool = False, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= 30:
+            raise ValueError(f"maze: option size must be an integer from 2 to 30, got {size!r}")
+        if not isinstance(show_map, bool):
+            raise TypeError(f"maze: option show_map must be true or false, got {show_map!r}")
+        self.size, self.show_map = size, show_map
+        self._opened: dict[Cell, set[str]] = {}
+        self._me: Cell = (0, 0)
+        self._goal: Cell = (0, 0)
+        self._to_goal: dict[Cell, int] = {}
+        self._turns = 0
+        self._done = True
+
+    def reset(self, task_id: int) -> str:
+        rng = random.Random(f"maze/{self.size}/{task_id}")
+        self._opened = carve(self.size, rng)
+        self._me = (rng.randrange(self.size), rng.randrange(self.size))
+        dist = distances(self._opened, self._me)
+        far = max(dist.values())
+        self._goal = rng.choice(sorted(cell for cell, d in dist.items() if d >= max(1, far // 2)))
+        self._to_goal = distances(self._opened, self._goal)  # the expert's map, computed once
+        self._turns = 0
+        self._done = False
+        return self._describe()
+
+    def instructions(self) -> str:
+        return (
+            f"You are in a maze of {self.size} by {self.size} cells; rows count from the top, columns "
+            "from the left, both from 1. Reach the goal. Each turn answer with one action: "
+            "move up, move down, move left or move right."
+        )
+
+    def _where(self, cell: Cell) -> str:
+        return f"row {cell[0] + 1}, column {cell[1] + 1}"
+
+    def _describe(self) -> str:
+        dirs = [d for d in MOVES if d in self._opened[self._me]]
+        walls = [d for d in MOVES if d not in self._opened[self._me]]
+        text = f"You are at {self._where(self._me)}. The goal is at {self._where(self._goal)}."
+        text += f"\nOpen: {', '.join(dirs)}." + (f" Walls: {', '.join(walls)}." if walls else "")
+        if self.show_map:
+            text += "\n" + draw(self._opened, self.size, self._me, self._goal)
+        return text
+
+    def step(self, action: str) -> StepResult:
+        if not self._opened or self._done:
+            return StepResult("The episode is over.", 0.0, True, {"turns": self._turns, "success": False})
+        self._turns += 1
+        words = action.lower().strip().rstrip(".").split()
+        if words[:1] == ["move"] or words[:1] == ["go"]:
+            words = words[1:]
+        if len(words) != 1 or words[0] not in MOVES:
+            text = f"Invalid action {action[:60]!r}. Choose one of: move up, move down, move left, move right."
+            return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False})
+        d = words[0]
+        if d not in self._opened[self._me]:
+            return StepResult(f"You hit a wall.\n{self._describe()}", 0.0, False, {"turns": self._turns})
+        dr, dc = MOVES[d]
+        self._me = (self._me[0] + dr, self._me[1] + dc)
+        if self._me == self._goal:
+            self._done = True
+            text = f"You reached the goal at {self._where(self._goal)}!"
+            return StepResult(text, 1.0, True, {"turns": self._turns, "success": True})
+        return StepResult(f"You moved {d}.\n{self._describe()}", 0.0, False, {"turns": self._turns})
+
+    def expert_action(self) -> str:
+        # Breadth-first distances to the goal were computed at reset: step to a neighbour nearer.
+        r, c = self._me
+        for d in sorted(self._opened.get(self._me, ())):
+            dr, dc = MOVES[d]
+            if self._to_goal[(r + dr, c + dc)] < self._to_goal[self._me]:
+                return f"move {d}"
+        return "move up"  # only when the episode is over: the agent is on the goal

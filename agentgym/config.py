@@ -114,20 +114,27 @@ class LearnerConfig(Section):
     bind: str = "tcp://127.0.0.1:5555"
     """Control socket address; the weight server binds the next port."""
     lr: Annotated[float, Field(gt=0)] = 1e-3
+    """Peak AdamW learning rate (after warm-up; see lr_schedule)."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """AdamW's decoupled weight decay."""
     max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
+    """Gradient clipping: the global L2 norm of each optimizer step's gradient is cut to this."""
     batch_groups: Annotated[int, Field(ge=1)] = 8
     """Groups (tickets) per optimizer step."""
     minibatches: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per batch (PPO-style minibatching; the proximal policy is the batch start)."""
     clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """PPO clip: the ratio pi_theta/pi_prox is clipped below at 1 - clip_low."""
     clip_high: Annotated[float, Field(gt=0)] = 0.28
+    """PPO clip above at 1 + clip_high (> clip_low: DAPO's clip-higher)."""
     tis_cap: Annotated[float, Field(ge=1)] | None = 2.0
     """Cap C of the behaviour->proximal importance weight (None: uncapped)."""
     max_staleness: Annotated[int, Field(ge=0)] = 4
     """Largest allowed (learner version - token version). Tickets are issued so that it is rarely
     exceeded; rollouts beyond it are handled by ``staleness_mode``."""
     staleness_mode: Literal["drop", "downweight"] = "drop"
+    """What happens to tokens more than max_staleness versions old: drop (weight 0; whole rollouts
+    are refused) or downweight (weight staleness_decay^(s - max_staleness))."""
     std_normalize: bool = True
     """GRPO: divide group-centred rewards by the group's std (False: Dr. GRPO)."""
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 1.0
@@ -141,7 +148,7 @@ class LearnerConfig(Section):
     keep_checkpoints: Annotated[int, Field(ge=1)] = 3
     """Checkpoints kept in the run directory; older ones are deleted after each save."""
 
-    # --- algorithm (docs/off_policy.md, docs/adr/0006-learner-algorithms.md) ---
+    # --- algorithm (docs/off_policy.md, docs/adr/0007-learner-algorithms.md) ---
     algorithm: Literal["grpo", "ppo", "reinforce_pp", "rloo"] = "grpo"
     """Advantage estimator. grpo: group-normalised episode reward; rloo: leave-one-out group
     baseline; reinforce_pp: return-to-go whitened over the batch (REINFORCE++); ppo: GAE with a
@@ -186,7 +193,7 @@ class LearnerConfig(Section):
     """Gradient accumulation: a micro-batch holds rows whose padded size (rows x longest row)
     stays within this many tokens (a longer row goes alone). None: one pass per minibatch."""
 
-    # --- devices and data parallelism (docs/adr/0006-learner-algorithms.md) ---
+    # --- devices and data parallelism (docs/adr/0007-learner-algorithms.md) ---
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device; auto: cuda if available, else cpu."""
     bf16_autocast: bool = False

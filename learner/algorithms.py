@@ -7,7 +7,7 @@
 Every algorithm then shares one loss, decoupled PPO with truncated importance weights
 (learner/losses.py); PPO adds a value loss. The estimators are the pure functions of
 learner/advantages.py; this module only chooses and feeds them. docs/off_policy.md has the
-formulas, docs/adr/0006-learner-algorithms.md the choices.
+formulas, docs/adr/0007-learner-algorithms.md the choices.
 """
 
 from __future__ import annotations

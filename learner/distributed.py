@@ -4,7 +4,7 @@
     dp.send_step(batch)            # rank 0, every step: the whole collated batch to every rank
     dp.all_reduce_grads(params)    # every rank, once per optimizer step
 
-Launch (docs/adr/0006-learner-algorithms.md): the learner process is rank 0. It alone talks to
+Launch (docs/adr/0007-learner-algorithms.md): the learner process is rank 0. It alone talks to
 the actors (learner/service.py), collates each batch and broadcasts it; ``start_ranks`` starts the
 other ranks as local processes (torch.multiprocessing, spawn) that build the same Trainer and wait
 in :func:`_rank_main` for commands. Every rank computes the same advantages on the whole batch,

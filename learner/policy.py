@@ -5,7 +5,7 @@
     out.logp, out.entropy, out.values, out.last_value      # [B, T], [B, T], [B, T], [B]
 
 The value head is one linear layer on the policy's last hidden state (post final norm), so
-V shares the transformer with π (docs/adr/0006-learner-algorithms.md says why). Values are
+V shares the transformer with π (docs/adr/0007-learner-algorithms.md says why). Values are
 aligned like logprobs: ``values[b, t]`` is V of the state in which token t is chosen, read from
 the hidden state at t − 1 (position 0 and padding: 0); ``last_value[b]`` is V after the row's
 last real token, the bootstrap of a truncated episode.

@@ -6,7 +6,7 @@
     trainer.save(path, extra_state)             # HF dir + optimizer, step, version, RNG, extra
     extra_state = trainer.load_checkpoint(path) # resume
 
-One learner step (docs/off_policy.md, docs/adr/0006-learner-algorithms.md):
+One learner step (docs/off_policy.md, docs/adr/0007-learner-algorithms.md):
   1. collate the groups (rank 0) and send the batch to every data-parallel rank;
   2. without gradient, on this rank's rows: the proximal logprobs π_prox (the weights at the start
      of the step; needed with several minibatches or KL in the reward), the values and bootstrap

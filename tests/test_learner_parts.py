@@ -15,6 +15,7 @@ from learner_fixtures import BAD, GOOD, episode
 from agentgym.learner.algorithms import bootstrap_values, compute_advantages, explained_variance, lr_factor
 from agentgym.learner.batch import collate, credit_rewards, micro_batches, shard_rows
 from agentgym.learner.checkpoint import rng_state, set_rng_state
+from agentgym.learner.losses import aggregate
 from agentgym.learner.policy import ValueHead, forward_tokens
 from agentgym.protocol import Rollout
 
@@ -179,3 +180,57 @@ def test_rng_state_round_trip() -> None:
     set_rng_state(s)
     b = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+@given(st.integers(0, 10_000), st.integers(1, 7), st.integers(1, 9), st.lists(st.integers(1, 4), min_size=1, max_size=7),
+       st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]))  # fmt: skip
+@settings(max_examples=80, deadline=None)
+def test_micro_batch_shares_of_the_normaliser_add_up_to_the_whole_loss(seed, B, T, cuts, agg) -> None:  # type: ignore[no-untyped-def]
+    """The trainer's accumulation rule: each micro-batch's aggregated loss times its share of the
+    minibatch's normaliser (tokens, or episodes with tokens) sums to the loss of the whole."""
+    g = torch.Generator().manual_seed(seed)
+    per_token = torch.randn(B, T, generator=g, dtype=torch.float64)
+    weights = (torch.rand(B, T, generator=g) < 0.6).double() * torch.rand(B, T, generator=g, dtype=torch.float64)
+    keep = weights != 0
+    whole = aggregate(per_token, weights, agg, norm_const=5.0)
+    total = torch.zeros((), dtype=torch.float64)
+    start = 0
+    for c in cuts + [B]:
+        rows = torch.arange(start, min(B, start + c))
+        start += rows.numel()
+        if rows.numel() == 0:
+            break
+        share = (keep[rows].sum().double() / keep.sum().clamp(min=1) if agg == "token_mean"
+                 else keep[rows].any(-1).sum().double() / keep.any(-1).sum().clamp(min=1))  # fmt: skip
+        total += aggregate(per_token[rows], weights[rows], agg, norm_const=5.0) * share
+    assert float(total) == pytest.approx(float(whole), rel=1e-9, abs=1e-12)
+
+
+@given(st.integers(0, 10_000), st.sampled_from(["grpo", "rloo", "reinforce_pp", "ppo"]), st.integers(1, 3), st.integers(1, 4))
+@settings(max_examples=60, deadline=None)
+def test_every_algorithms_advantages_live_on_agent_tokens_only(seed: int, algorithm: str, groups: int, size: int) -> None:
+    """Whatever the episodes look like (turns, environment tokens, padding), advantages are finite
+    and exactly 0 on every prompt, environment and padding token; group advantages sum to 0."""
+    rnd = random.Random(seed)
+    rollouts = []
+    for gi in range(groups):
+        eps = []
+        for _ in range(size):
+            turns = [[rnd.choice([GOOD, BAD]) for _ in range(rnd.randint(1, 3))] for _ in range(rnd.randint(1, 3))]
+            rewards = [rnd.choice([0.0, 0.5, 1.0]) for _ in turns]
+            eps.append(episode([1] * rnd.randint(1, 4), turns, rewards, finish=rnd.choice(["done", "turn_limit"])))
+        rollouts.append(Rollout(group_id=f"g{gi}", actor_id="a", env="e", task_id=gi, episodes=eps))
+    b = collate(rollouts, pad_id=0)
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(b.input_ids.shape, generator=g)
+    boot = bootstrap_values(torch.randn(b.size, generator=g), b.truncated)
+    adv, ret = compute_advantages(algorithm, b, values=values, bootstrap=boot)  # type: ignore[arg-type]
+    agent = b.loss_mask != 0
+    assert torch.isfinite(adv).all() and not adv[~agent].any()
+    assert (ret is not None) == (algorithm == "ppo")
+    if ret is not None:
+        assert not ret[~agent].any()
+    if algorithm in ("grpo", "rloo"):
+        per_row = adv.sum(-1) / agent.sum(-1)
+        for gi in range(groups):
+            assert float(per_row[b.group_index == gi].sum()) == pytest.approx(0.0, abs=1e-5)

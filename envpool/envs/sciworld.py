@@ -27,6 +27,8 @@ worker hosts one env) before the launch, so the heap is bounded per environment.
               a failed task -100: that counts as score 0). Success: completed with score 100.
     expert:   the package's gold action sequence for the variation; it is followed step by step
               while the agent takes the same actions (a different action keeps the suggestion).
+              Generating it costs about a second, so reset does not: the first expert_action of an
+              episode loads the variation again with its gold path and replays the actions so far.
 
 The split table (``SPLITS``) is the package's, read from the JVM for scienceworld 1.2.3 and
 checked against it by the tests; with another scienceworld version it is read from the JVM once
@@ -228,8 +230,9 @@ class SciWorld(Env):
         self._description = ""
         self._score = 0.0
         self._done = False
-        self._gold: list[str] = []
+        self._gold: list[str] | None = None
         self._gold_at = 0
+        self._history: list[str] = []
 
     @classmethod
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:
@@ -245,13 +248,12 @@ class SciWorld(Env):
 
     def reset(self, task_id: int) -> str:
         name, variation = self.describe(task_id)
-        self._server.load(name, variation, self.simplifications, True)
-        self._server.reset()
+        # No gold path here: generating it costs ~1 s per load; the expert asks for it (see expert_action).
+        self._server.load(name, variation, self.simplifications, False)
         self._task = (name, variation)
         self._description = str(self._server.getTaskDescription())
         self._score, self._done = 0.0, False
-        self._gold = [str(a) for a in self._server.getGoldActionSequence()]
-        self._gold_at = 0
+        self._gold, self._gold_at, self._history = None, 0, []
         return str(self._server.step("look around"))
 
     def instructions(self) -> str:
@@ -270,9 +272,12 @@ class SciWorld(Env):
         if self._done:
             return StepResult("The task is over.", 0.0, True, {"score": self._score, "success": self._score >= 1.0})
         command = parse_action(action)
-        if self._gold_at < len(self._gold) and command == self._gold[self._gold_at]:
+        if self._gold is not None and self._gold_at < len(self._gold) and command == self._gold[self._gold_at]:
             self._gold_at += 1
-        obs = str(self._server.step(command)) if command else "No known action matches that input."
+        if not command:
+            return StepResult("No known action matches that input.", 0.0, False, {"score": round(self._score * 100)})
+        self._history.append(command)
+        obs = str(self._server.step(command))
         raw = float(self._server.getScore())
         completed = bool(self._server.getCompleted())
         score = min(1.0, max(0.0, raw))
@@ -286,6 +291,20 @@ class SciWorld(Env):
         return StepResult(obs, reward, self._done, info)
 
     def expert_action(self) -> str:
+        if self._task is None:
+            return "look around"
+        if self._gold is None:
+            # Load the variation again, this time with its gold path, and replay the episode so far
+            # (ScienceWorld is deterministic for a variation): the simulator is where it was.
+            name, variation = self._task
+            self._server.load(name, variation, self.simplifications, True)
+            self._server.step("look around")
+            for command in self._history:
+                self._server.step(command)
+            self._gold = [str(a) for a in self._server.getGoldActionSequence()]
+            for command in self._history:
+                if self._gold_at < len(self._gold) and command == self._gold[self._gold_at]:
+                    self._gold_at += 1
         if self._gold_at < len(self._gold):
             return self._gold[self._gold_at]
         return "look around"

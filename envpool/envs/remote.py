@@ -36,10 +36,11 @@ new server-side env.
 
 from __future__ import annotations
 
+import http.client
 import json
+import select
 import socket
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,35 +69,80 @@ DIALECTS = {
 }
 
 
-def request(url: str, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
-    """One JSON request; ``RemoteEnvError`` on any failure, naming ``url`` and ``path``."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"{url}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data is not None else {})  # fmt: skip
-    where = f"remote env server {url}: {method} {path.split('?')[0]}"
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read()[:2000].decode(errors="replace")
+class Connection:
+    """A kept-alive HTTP connection to one server (the env's requests go one at a time)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"remote: option url must be 'http://host:port' of an env server, got {url!r}")
+        self.url, self._parts = url, parts
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _open(self, timeout: float) -> http.client.HTTPConnection:
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            # A server that closed an idle connection makes the socket readable (EOF): reconnect
+            # before sending, so a request is never sent into a dead connection (and never twice).
+            if select.select([conn.sock], [], [], 0)[0]:
+                self.close()
+                conn = None
+        if conn is None:
+            cls = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+            conn = self._conn = cls(self._parts.hostname, self._parts.port, timeout=timeout)
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+        """One JSON request; ``RemoteEnvError`` on any failure, naming the server and the route."""
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        where = f"remote env server {self.url}: {method} {path.split('?')[0]}"
+        prefix = self._parts.path.rstrip("/")
         try:
-            detail = json.loads(detail).get("error", detail)
-        except (ValueError, AttributeError):
-            pass
-        raise RemoteEnvError(f"{where}: HTTP {exc.code}: {detail}") from None
-    except urllib.error.URLError as exc:
-        raise RemoteEnvError(f"{where}: cannot reach the server: {exc.reason}") from None
-    except (TimeoutError, socket.timeout):
-        raise RemoteEnvError(f"{where}: no answer within {timeout:g} s") from None
-    except (ConnectionError, OSError) as exc:
-        raise RemoteEnvError(f"{where}: connection failed: {exc}") from None
+            conn = self._open(timeout)
+            conn.request(method, prefix + path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+            if resp.will_close:
+                self.close()
+        except ConnectionRefusedError as exc:
+            self.close()
+            raise RemoteEnvError(f"{where}: cannot reach the server: {exc}") from None
+        except (TimeoutError, socket.timeout):
+            self.close()
+            raise RemoteEnvError(f"{where}: no answer within {timeout:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            raise RemoteEnvError(f"{where}: connection failed: {type(exc).__name__}: {exc}") from None
+        try:
+            reply = json.loads(raw) if raw else None
+        except ValueError:
+            reply = None
+            if resp.status < 400:
+                raise RemoteEnvError(f"{where}: the answer is not JSON: {raw[:200]!r}") from None
+        if resp.status >= 400:
+            detail = reply.get("error", reply) if isinstance(reply, dict) else raw[:2000].decode(errors="replace")
+            raise RemoteEnvError(f"{where}: HTTP {resp.status}: {detail}")
+        if isinstance(reply, dict) and reply.get("error"):
+            raise RemoteEnvError(f"{where}: {reply['error']}")
+        return reply
+
+
+def request(url: str, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    """One JSON request on a connection of its own (see ``Connection.request``)."""
+    conn = Connection(url)
     try:
-        reply = json.loads(raw) if raw else None
-    except ValueError:
-        raise RemoteEnvError(f"{where}: the answer is not JSON: {raw[:200]!r}") from None
-    if isinstance(reply, dict) and reply.get("error"):
-        raise RemoteEnvError(f"{where}: {reply['error']}")
-    return reply
+        return conn.request(method, path, body, timeout)
+    finally:
+        conn.close()
 
 
 def parse_splits(text: str) -> dict[str, range]:
@@ -150,6 +196,7 @@ class Remote(Env):
             raise ValueError(f"remote: option timeout_s must be > 0, got {timeout_s!r}")
         parse_splits(splits)  # a typo is an error now, not at the first evaluation
         self.url, self.dialect, self.timeout_s = url.rstrip("/"), DIALECTS[dialect], float(timeout_s)
+        self._http = Connection(self.url)
         self.reward_scale, self.score_key, self.success_at = float(reward_scale), score_key, float(success_at)
         self.world_type = world_type
         self._instructions = instructions
@@ -180,14 +227,14 @@ class Remote(Env):
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         try:
-            return request(self.url, "POST", path, {self.dialect.id_key: self._id, **body}, self.timeout_s)
+            return self._http.request("POST", path, {self.dialect.id_key: self._id, **body}, self.timeout_s)
         except RemoteEnvError:
             self._id = None  # the server-side env is in an unknown state: the next reset makes a new one
             raise
 
     def reset(self, task_id: int) -> str:
         if self._id is None:
-            reply = request(self.url, "POST", "/create", dict(self.dialect.create_body), self.timeout_s)
+            reply = self._http.request("POST", "/create", dict(self.dialect.create_body), self.timeout_s)
             env_id = reply.get(self.dialect.id_key, reply.get("id")) if isinstance(reply, dict) else reply
             if not isinstance(env_id, int) or isinstance(env_id, bool):
                 raise RemoteEnvError(f"remote env server {self.url}: POST /create answered {reply!r:.200}, no env id")
@@ -237,7 +284,7 @@ class Remote(Env):
     def expert_action(self) -> str:
         if self._id is None:
             raise RemoteEnvError(f"remote env server {self.url}: expert before reset")
-        reply = request(self.url, "GET", f"/expert?{self.dialect.id_key}={self._id}", None, self.timeout_s)
+        reply = self._http.request("GET", f"/expert?{self.dialect.id_key}={self._id}", None, self.timeout_s)
         if not isinstance(reply, dict) or not isinstance(reply.get("action"), str):
             raise RemoteEnvError(f"remote env server {self.url}: GET /expert answered {reply!r:.200}")
         return reply["action"]
@@ -245,7 +292,8 @@ class Remote(Env):
     def close(self) -> None:
         if self._id is not None:
             try:
-                request(self.url, "POST", "/close", {self.dialect.id_key: self._id}, min(self.timeout_s, 5))
+                self._http.request("POST", "/close", {self.dialect.id_key: self._id}, min(self.timeout_s, 5))
             except RemoteEnvError:
                 pass  # the server may be gone already; nothing to release then
             self._id = None
+        self._http.close()

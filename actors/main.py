@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentgym.actors.runtime import run_actor
     from agentgym.actors.transport import ActorRejected, LearnerUnreachable
+    from agentgym.guardian import start_guardian
     from agentgym.logs import quiet_libraries, setup_logging
+
+    start_guardian()  # vLLM's engine processes must not outlive a killed actor
 
     quiet_libraries(args.log_level)
     setup_logging("actor", run_dir / "logs" / f"actor-{os.getpid()}.jsonl", args.log_level)

@@ -13,6 +13,7 @@ Links (made in ``Actor.run``):
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import signal
 import socket
@@ -107,13 +108,12 @@ class Actor:
         log.info("actor_registered", actor_id=self.actor_id, run_id=self.welcome.run_id, mode=self.welcome.mode)
 
     async def start_engine(self) -> None:
-        from transformers import AutoTokenizer
-
-        from agentgym.actors.engines import make_engine
-
         model_dir = self._model_dir()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.engine = make_engine(self.cfg, model_dir)  # actor.engine: vllm | remote | hf
+        # Importing torch/transformers and loading a tokenizer take seconds: off the loop, so
+        # heartbeats go on meanwhile.
+        self.tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
+        engines = await asyncio.to_thread(importlib.import_module, "agentgym.actors.engines")
+        self.engine = engines.make_engine(self.cfg, model_dir)  # actor.engine: vllm | remote | hf
         self.weights_synced = model_dir.resolve() == Path(self.welcome.model_path).resolve()
         t0 = time.monotonic()
         await self.engine.start()
@@ -304,6 +304,12 @@ class _ignore_errors:
         if exc is not None:
             log.warning("cleanup_error", error=repr(exc))
         return True
+
+
+def _load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def _to_torch(raw):

@@ -55,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import trio
 
+    from agentgym.guardian import start_guardian
     from agentgym.learner.service import run_learner
     from agentgym.logs import quiet_libraries, setup_logging
 
+    start_guardian()  # data-parallel rank processes must not outlive a killed learner
     quiet_libraries(args.log_level)
     setup_logging("learner", run_dir / "logs" / "learner.jsonl", args.log_level)
     if cfg.model.create_tiny and not Path(cfg.model.path, "config.json").exists():

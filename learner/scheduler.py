@@ -102,6 +102,12 @@ class Scheduler:
         self.requeue.extendleft(reversed(back))
         return back
 
+    def touch_all(self) -> None:
+        """Count every actor as heard from now (after the learner itself was held up)."""
+        now = time.monotonic()
+        for a in self.actors.values():
+            a.last_seen = now
+
     def expire(self, timeout_s: float) -> list[ActorState]:
         """Remove actors silent for longer than ``timeout_s``."""
         now = time.monotonic()

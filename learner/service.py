@@ -251,8 +251,16 @@ class Learner:
 
     async def reaper(self) -> None:
         lc = self.cfg.learner
+        last = trio.current_time()
         while True:
             await trio.sleep(lc.heartbeat_interval_s)
+            now = trio.current_time()
+            if now - last > max(3 * lc.heartbeat_interval_s, lc.actor_timeout_s / 2):
+                # This loop itself was held up (an overloaded host, a long pause): the actors'
+                # messages may still be in the inbox, so their silence is not theirs. Start over.
+                log.warning("learner_stalled", seconds=round(now - last, 1))
+                self.sched.touch_all()
+            last = now
             for dead in self.sched.expire(lc.actor_timeout_s):
                 log.warning("actor_lost", actor=dead.index, actor_id=dead.actor_id,
                             silent_s=lc.actor_timeout_s, tickets_returned=len(dead.outstanding))  # fmt: skip

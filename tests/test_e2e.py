@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,73 @@ def test_ctrl_c_stops_learner_actors_engines_and_env_workers(tiny_model: Path, t
     assert summary["reason"] == "learner got SIGINT"
     for f in (run_dir / "actors").glob("*.json"):
         assert json.loads(f.read_text())["reason"] in ("got SIGINT", "learner: learner got SIGINT"), f.read_text()
+
+
+@pytest.mark.slow
+def test_an_actor_killed_mid_run_is_replaced_and_a_late_actor_joins(tiny_model: Path, tmp_path: Path) -> None:
+    """kill -9 of an actor: the learner declares it lost, re-issues its tickets, and the run goes
+    on; its engine and env workers do not outlive it; an actor that joins mid-run loads the
+    learner's current weights and its groups are trained on."""
+    import psutil
+
+    port, run_dir = free_port_pair(), tmp_path / "run"
+    common = ["--config", str(QUICKSTART), "--run-dir", str(run_dir), "-o", f'model.path="{tiny_model}"',
+              "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def start(module: str, *args: str, name: str) -> subprocess.Popen[bytes]:
+        with (logs / f"{name}.log").open("wb") as out:
+            return subprocess.Popen([sys.executable, "-m", module, *common, *args], cwd=tmp_path, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+    def steps_done() -> int:
+        m = run_dir / "metrics.jsonl"
+        return m.read_text().count("\n") if m.exists() else 0
+
+    def wait_for(cond: Callable[[], bool], what: str, timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert learner.poll() is None, (logs / "learner.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.5)
+
+    addr = ["--learner", f"tcp://127.0.0.1:{port}"]
+    learner = start("agentgym.learner.main", "--bind", f"tcp://127.0.0.1:{port}", "--max-steps", "100000",
+                    "-o", "learner.actor_timeout_s=20", name="learner")  # fmt: skip
+    a = start("agentgym.actors.main", *addr, "--actor-id", "a", name="a")
+    b = start("agentgym.actors.main", *addr, "--actor-id", "b", name="b")
+    procs = [learner, a, b]
+    try:
+        wait_for(lambda: steps_done() >= 3, "3 steps")
+        a_family = psutil.Process(a.pid).children(recursive=True)
+        assert any("VLLM" in p.name() for p in a_family), [p.name() for p in a_family]
+        a.kill()  # no Leave, no cleanup: a crash
+        c = start("agentgym.actors.main", *addr, "--actor-id", "c", name="c")
+        procs.append(c)
+        _, alive = psutil.wait_procs(a_family, timeout=60)
+        assert not alive, f"actor a's children outlived it: {[(p.pid, p.name()) for p in alive]}"
+        wait_for(lambda: "actor_lost" in (logs / "learner.log").read_text(), "the learner to notice")
+        # c has its engine and the learner's weights: 10 more steps, then stop the run
+        wait_for(lambda: "weights_updated" in (logs / "c.log").read_text(), "the late actor's first weights")
+        n = steps_done()
+        wait_for(lambda: steps_done() >= n + 10, "10 steps with the late actor")
+        learner.send_signal(signal.SIGINT)
+        learner.wait(timeout=120)
+        for p in (b, c):
+            p.wait(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    llog = (logs / "learner.log").read_text()
+    assert learner.returncode == 130, llog[-3000:]
+    assert "actor_id=a" in llog.split("actor_lost", 1)[1].splitlines()[0], llog[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reason"] == "learner got SIGINT"
+    stats = {x: json.loads((run_dir / "actors" / f"{x}.json").read_text()) for x in ("b", "c")}
+    assert stats["c"]["acks"].get("accepted", 0) > 0, stats["c"]  # the late actor's groups were trained on
+    for x, st in stats.items():
+        assert st["reason"] == "learner: learner got SIGINT", (x, st)
+        assert st["groups_sent"] == st["acked"] + st["unacked"], (x, st)

@@ -123,3 +123,15 @@ def test_eval_tickets_go_first_outside_the_staleness_rule_and_name_split_indexes
     s.complete("x", made[0].group_id)
     assert s.fill(version=0)["x"] == [made[1]]
     assert s.issued == 2  # evaluation does not use up training tickets
+
+
+def test_touch_all_forgives_silence_caused_by_the_learner_itself() -> None:
+    import time
+
+    s = make()
+    s.register("a", b"a", "h", max_groups=1)
+    s.actors["a"].last_seen -= 100
+    s.touch_all()
+    assert s.expire(timeout_s=30) == [] and "a" in s.actors
+    s.actors["a"].last_seen = time.monotonic() - 100
+    assert [d.actor_id for d in s.expire(timeout_s=30)] == ["a"]

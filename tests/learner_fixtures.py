@@ -22,8 +22,9 @@ CLOSING = [2, 10]
 
 
 def make_cfg(model_dir: Path, *overrides: str) -> Config:
+    # CPU: these tests check float32 results bit for bit and gloo ranks, whatever GPUs the host has.
     base = [f'model.path="{model_dir}"', "learner.lr=1e-2", "learner.threads=1", "rollout.temperature=1.0",
-            "rollout.max_episode_tokens=64", "run.max_steps=10"]  # fmt: skip
+            "rollout.max_episode_tokens=64", "run.max_steps=10", 'learner.device="cpu"']  # fmt: skip
     return load_config(None, [*base, *overrides])
 
 

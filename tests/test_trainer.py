@@ -180,7 +180,7 @@ def test_bf16_autocast_needs_cuda(model_dir: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="learner.bf16_autocast needs a CUDA device"):
-        Trainer.load(make_cfg(model_dir, "learner.bf16_autocast=true"))
+        Trainer.load(make_cfg(model_dir, "learner.bf16_autocast=true", 'learner.device="auto"'))
     from agentgym.config import ConfigError
 
     with pytest.raises(ConfigError, match="learner.bf16_autocast"):

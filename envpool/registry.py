@@ -78,3 +78,11 @@ def known_envs() -> list[str]:
 # Built-ins. Test-only envs are registered too: a pool can be pointed at them from a config.
 register_env("guess_number", "agentgym.envpool.envs.guess_number:GuessNumber")
 register_env("chaos", "agentgym.envpool.envs.chaos:Chaos")
+register_env("sciworld", "agentgym.envpool.envs.sciworld:SciWorld")
+register_env("deepsearch", "agentgym.envpool.envs.deepsearch:DeepSearch")
+register_env("remote", "agentgym.envpool.envs.remote:Remote")
+register_env("webshop", "agentgym.envpool.envs.webshop.env:WebShop")
+register_env("babyai", "agentgym.envpool.envs.babyai:BabyAI")
+register_env("textcraft", "agentgym.envpool.envs.textcraft:TextCraft")
+register_env("maze", "agentgym.envpool.envs.maze:Maze")
+register_env("wordle", "agentgym.envpool.envs.wordle:Wordle")

@@ -388,19 +388,20 @@ def to_toml(cfg: Config) -> str:
     """The resolved config as TOML (written to the run directory)."""
 
     def value(v: Any) -> str:
-        return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+        if isinstance(v, bool):
+            return str(v).lower()
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items() if x is not None) + " }"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)  # strings (JSON escapes are TOML escapes), numbers
 
     out: list[str] = []
     for section, fields in cfg.model_dump(mode="json").items():
+        if section == "env" and fields["mix"]:
+            fields = {"mix": fields["mix"]}  # the single-env keys would contradict the mix
         out.append(f"[{section}]")
-        for k, v in fields.items():
-            if v is None:
-                continue
-            if isinstance(v, dict):
-                inner = ", ".join(f"{json.dumps(ik)} = {value(iv)}" for ik, iv in v.items())
-                out.append(f"{k} = {{ {inner} }}")
-            else:
-                out.append(f"{k} = {value(v)}")
+        out.extend(f"{k} = {value(v)}" for k, v in fields.items() if v is not None)
         out.append("")
     return "\n".join(out)
 

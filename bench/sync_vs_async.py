@@ -18,27 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from agentgym.netutil import free_port_pair
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port_pair() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
 
 
 def run(mode: str, config: Path, steps: int, actors: int, out: Path) -> dict[str, float]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.learner.checkpoint import latest_checkpoint
 from agentgym.learner.trainer import Trainer
 from agentgym.logs import read_metrics
+from agentgym.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Hello, Rollout, WeightsReady, Welcome
 from agentgym.protocol.wire import decode, encode, max_frame_bytes
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
@@ -37,17 +37,6 @@ COMPARED = ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "
             "is_weight_mean", "is_weight_max", "explained_variance", "staleness_mean")  # fmt: skip
 
 
-def _free_port_pair() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
 
 
 def group(k: int, version: int, group_id: str) -> Rollout:
@@ -150,7 +139,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_dir: Path, tmp_path: Path) -> None:
-    port = _free_port_pair()
+    port = free_port_pair()
     bind = f"tcp://127.0.0.1:{port}"
     cfg = make_cfg(
         model_dir, 'run.mode="sync"', "run.max_steps=4", f'learner.bind="{bind}"', f"learner.batch_groups={BATCH}",

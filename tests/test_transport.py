@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import socket
 import threading
 
 import numpy as np
@@ -19,22 +18,11 @@ import zmq.asyncio
 
 from agentgym.actors.transport import ActorRejected, ControlLink, LearnerUnreachable, fetch_weights
 from agentgym.learner.transport import WeightSnapshot, open_hub
+from agentgym.netutil import free_port_pair
 from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, Welcome, RolloutSpec, encode
 from agentgym.protocol.weights import RawTensor, make_chunks
 
 
-def free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair")
 
 
 class HubThread:

@@ -117,7 +117,7 @@ def test_remote_env_contract_and_determinism(guess_server: EnvServer) -> None:
 
 def test_remote_env_through_the_pool_plays_concurrently(guess_server: EnvServer) -> None:
     async def main() -> None:
-        async with EnvPool("remote", {"url": guess_server.url}, 3) as pool:
+        async with EnvPool("remote", {"url": guess_server.url}, 2) as pool:
             assert pool.task_id("test", 0) == (1 << 30) + 10_000  # from the server's GET /tasks
 
             async def solve(task_id: int) -> tuple[float, int]:
@@ -220,3 +220,32 @@ def test_remote_options_and_dialect_replies() -> None:
         _text({"reward": 1}, "server")
     assert DIALECTS["webshop"].id_key == "env_idx" and DIALECTS["agentgym"].reset_key == "data_idx"
     assert task_ranges([1, 2, 3, 7, 8]) == [[1, 4], [7, 9]] and task_ranges(range(4, 9)) == [[4, 9]]
+
+
+def test_server_command_serves_until_ctrl_c() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.envpool.server", "guess_number", "--kwargs", '{"high": 4}', "--size", "1",
+         "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        line = ""
+        assert proc.stdout is not None
+        while not line.startswith("serving guess_number on "):
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "the server exited before serving"
+        env = Remote(url=line.split()[-1])
+        assert env.reset(2) == "guess a number from 1 to 4"
+        assert play(env, 2)[-1][1:] == ("correct", 1.0, True)
+        env.close()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "env_pool_closed" in out

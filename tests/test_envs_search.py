@@ -71,6 +71,8 @@ def test_contract_search_answer_and_invalid_actions(env: DeepSearch) -> None:
     assert r.observation.startswith("Empty query.") and not r.done
     r = env.step("search[zzzzqqq]")
     assert r.observation == "No passage matches 'zzzzqqq'." and r.info["results"] == 0
+    assert env.step("search[the of !!]").info["results"] == 0  # stop words only
+    assert env.step("search[Chad]").observation.startswith("[1] Chad: ")  # a one-word query
     r = env.step("Thought: find it.\nAction: search[Chad capital]")
     assert r.observation.startswith("[1] Chad: Capital\nname: N'Djamena") and r.reward == 0.0 and not r.done
     assert r.observation.count("\n[") == 2  # top_k=3 passages

@@ -79,7 +79,7 @@ class Index:
         import bm25s
 
         tokens = bm25s.tokenize([query], stopwords="en", stemmer=self._stem, show_progress=False)
-        if not tokens.vocab or not any(tokens.ids[0]):
+        if not tokens.ids or not tokens.ids[0]:
             return []
         # Query tokens unknown to the corpus are dropped by bm25s; none known -> no results.
         docs, scores = self._bm25.retrieve(tokens, k=min(k, len(self.passages)), show_progress=False, n_threads=1)

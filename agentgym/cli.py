@@ -54,10 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.actors is not None:
         flags.append(f"launch.actors={args.actors}")
     cfg = resolve_config(args, flags)
+    from agentgym.guardian import start_guardian
     from agentgym.launch import launch
     from agentgym.logs import setup_logging
 
     run_dir = args.run_dir or cfg.run.path
+    start_guardian()  # a killed launcher takes its learner and actors along
     setup_logging("launcher", run_dir / "logs" / "launcher.jsonl", args.log_level)
     return launch(cfg, args.config, [*args.override, *flags], run_dir, cfg.launch.actors, args.actor_log_level)
 

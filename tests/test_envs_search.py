@@ -9,7 +9,6 @@ import os
 import random
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 

@@ -30,8 +30,8 @@ Dialects (from AgentGym's env servers and clients):
 
 A server that is down, slow past ``timeout_s``, or answering an error (an HTTP error status or
 AgentGym's ``{"error": ...}``) raises ``RemoteEnvError`` naming the server, the route and the
-cause: the pool fails that episode (reason ``env_error``) and the next reset starts afresh with a
-new server-side env.
+cause: the pool fails that episode (reason ``env_error``); the server-side env is closed if the
+server still answers, and the next reset starts afresh with a new one.
 """
 
 from __future__ import annotations
@@ -229,7 +229,9 @@ class Remote(Env):
         try:
             return self._http.request("POST", path, {self.dialect.id_key: self._id, **body}, self.timeout_s)
         except RemoteEnvError:
-            self._id = None  # the server-side env is in an unknown state: the next reset makes a new one
+            # The server-side env is in an unknown state: release it if the server still listens
+            # (it may hold a worker there), and let the next reset make a new one.
+            self.close()
             raise
 
     def reset(self, task_id: int) -> str:

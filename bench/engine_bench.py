@@ -2,6 +2,7 @@
 
     python bench/engine_bench.py                    # both tiny models, N = 1, 8, 32, 64; ~5 min on 2 cores
     python bench/engine_bench.py --models small --concurrency 1 8 --engines hf
+    (the hf engine runs only N <= --hf-max, default 8: it does not batch)
 
 For each model and each N: N episodes, each one agent turn of up to ``--tokens`` sampled
 tokens (T = 1, per-episode seeds) from its own chat prompt, run
@@ -82,9 +83,13 @@ async def run_engine(kind: str, model_dir: Path, all_prompts: dict[int, list[lis
 
         engine = HfEngine(model_dir, seed=0, max_model_len=1024)
     await engine.start()
+    out = {}
     try:
-        await engine.generate("warm-up", all_prompts[1][0], SamplingSpec(max_tokens=8))
-        return {n: await through_engine(engine, ps, tokens, f"{kind}-{n}") for n, ps in all_prompts.items()}
+        await engine.generate("warm-up", next(iter(all_prompts.values()))[0], SamplingSpec(max_tokens=8))
+        for n, ps in all_prompts.items():
+            out[n] = await through_engine(engine, ps, tokens, f"{kind}-{n}")
+            print(json.dumps({"engine": kind, "episodes": n, "tokens": out[n][0], "seconds": out[n][1]}), file=sys.stderr, flush=True)
+        return out
     finally:
         await engine.close()
 
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 64])
     ap.add_argument("--engines", nargs="+", choices=["vllm", "hf"], default=["vllm", "hf"])
     ap.add_argument("--tokens", type=int, default=64, help="max sampled tokens per episode")
+    ap.add_argument("--hf-max", type=int, default=8, help="largest N run through the (unbatched) hf engine")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
 
@@ -110,12 +116,16 @@ def main(argv: list[str] | None = None) -> int:
             n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
             tok = AutoTokenizer.from_pretrained(model_dir)
             all_prompts = {n: prompts(tok, n) for n in args.concurrency}
-            results = {e: uvloop.run(run_engine(e, model_dir, all_prompts, args.tokens)) for e in args.engines}
+            results = {}
+            for e in args.engines:
+                # The reference engine has no batching: beyond a few episodes it only shows that.
+                sizes = {n: ps for n, ps in all_prompts.items() if e != "hf" or n <= args.hf_max}
+                results[e] = uvloop.run(run_engine(e, model_dir, sizes, args.tokens))
             for n, ps in all_prompts.items():
                 base_tokens, base_s = naive(model_dir, ps, args.tokens)
                 row = {"model": name, "params": n_params, "episodes": n, "naive_tok_s": base_tokens / base_s}
                 for e in args.engines:
-                    tokens, secs = results[e][n]
+                    tokens, secs = results[e].get(n, (float("nan"), 1.0))
                     row[f"{e}_tok_s"] = tokens / secs
                     row[f"{e}_x"] = row[f"{e}_tok_s"] / row["naive_tok_s"]
                 rows.append(row)
@@ -125,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n| model (params) | episodes | naive generate tok/s | {heads} |")
     print("|---|---:|---:|" + "---:|---:|" * len(args.engines))
     for r in rows:
-        cells = " | ".join(f"{r[f'{e}_tok_s']:.0f} | {r[f'{e}_x']:.1f}×" for e in args.engines)
+        cells = " | ".join(
+            f"{r[f'{e}_tok_s']:.0f} | {r[f'{e}_x']:.1f}×" if r[f"{e}_tok_s"] == r[f"{e}_tok_s"] else "– | –"
+            for e in args.engines
+        )
         print(f"| {r['model']} ({r['params'] / 1e6:.2f}M) | {r['episodes']} | {r['naive_tok_s']:.0f} | {cells} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

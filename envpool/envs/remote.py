@@ -216,7 +216,10 @@ class Remote(Env):
                 raise ValueError(f"env remote: option splits has no {split!r} part: {options.get('splits')!r}")
             return spans[split]
         url = str(options.get("url", "")).rstrip("/")
-        reply = request(url, "GET", f"/tasks?split={split}", None, float(options.get("timeout_s", 60)))  # type: ignore[arg-type]
+        # Called by the actor's pool once per split (then cached), outside the env workers: keep
+        # the wait short; the ``splits`` option avoids the call.
+        timeout = min(float(options.get("timeout_s", 60)), 10.0)  # type: ignore[arg-type]
+        reply = request(url, "GET", f"/tasks?split={split}", None, timeout)
         try:
             ranges = [range(int(a), int(b)) for a, b in reply["ranges"]]
         except (TypeError, KeyError, ValueError):

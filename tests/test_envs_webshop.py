@@ -278,7 +278,7 @@ def test_contract_and_invalid_actions(env: WebShop) -> None:
 
 
 def test_same_task_same_episode_and_expert_solves_a_sample(env: WebShop) -> None:
-    tasks = [WebShop.tasks("test")[0], WebShop.tasks("test")[77], WebShop.tasks("train")[500], 5]
+    tasks = [WebShop.tasks("test")[0], WebShop.tasks("test")[77], WebShop.tasks("train")[500]]
     played = {t: play_expert(env, t) for t in tasks}
     for t, (first, moves) in played.items():
         observation, reward, done, info = moves[-1][1]
@@ -329,8 +329,11 @@ def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: W
     in_process = play_expert(env, task)
 
     async def main() -> None:
-        async with EnvPool("webshop", OPTIONS, 1, step_timeout_s=10, reset_timeout_s=90, start_timeout_s=90) as pool:
-            # The expert through the pool plays exactly what it plays in-process.
+        # A fresh context per episode in the pool, one page for all in-process: the same episodes.
+        options = {**OPTIONS, "new_context_per_episode": True}
+        async with EnvPool("webshop", options, 1, step_timeout_s=10, reset_timeout_s=90, start_timeout_s=90) as pool:
+            # The expert through the pool plays exactly what it plays in-process (another process,
+            # another browser, a fresh context).
             first, moves, reward = await expert_episode(pool, task)
             assert reward == 1.0 and (first, moves) == (in_process[0], [(a, r[0]) for a, r in in_process[1]])
 

@@ -6,14 +6,22 @@
               viewport_width: int = 1024, viewport_height: int = 640
               chromium: str = "/usr/bin/chromium"   (a path, or a name looked up on PATH)
               action_timeout_s: float = 10    Playwright's deadline for one browser operation
+              new_context_per_episode: bool = False   a fresh browser context (and renderer) per episode
     task:     goal = catalogue.goal(task_id), e.g. "buy a red cotton t-shirt in size M under $30"
     reset ->  "Task: ...\n\n" + the home page as text with element ids
     step  ->  the page after the action; done when an order is placed, reward = match fraction
               of the bought item (catalogue.py), success when it is 1.0
 
 Each env instance (one per worker) owns a ``ShopServer`` on a free loopback port and one
-headless Chromium, reused across episodes; each episode gets a fresh browser context (no
-cookies, cache or history from the one before) and a fresh shop session (empty cart).
+headless Chromium with one page, reused across episodes; each episode gets a fresh shop session
+(its own URL prefix, an empty cart), and "go back" never leaves it. Nothing an agent can see
+depends on earlier episodes: the shop keeps its state in the session, not in cookies or storage.
+A fresh browser context per episode (``new_context_per_episode``) isolates even the browser's
+cache and history, at about twice the CPU per step (a new renderer process every episode;
+docs/environments.md has the figures).
+
+Playwright's sync API runs an event loop of its own in the calling thread: the env belongs in an
+env worker process (as the pool runs it), not in a thread that runs asyncio.
 
 Playwright rather than raw CDP: its actions wait for the navigations they start and for
 elements to be actionable, it says clearly when the browser went away, and contexts isolate
@@ -107,6 +115,7 @@ class WebShop(Env):
         viewport_height: int = 640,
         chromium: str = "/usr/bin/chromium",
         action_timeout_s: float = 10.0,
+        new_context_per_episode: bool = False,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)
@@ -117,6 +126,9 @@ class WebShop(Env):
                 raise ValueError(f"webshop: option {key} must be an integer in {lo}..{hi}, got {value!r}")
         if not isinstance(action_timeout_s, (int, float)) or not action_timeout_s > 0:
             raise ValueError(f"webshop: option action_timeout_s must be a number > 0, got {action_timeout_s!r}")
+        if not isinstance(new_context_per_episode, bool):
+            raise TypeError(f"webshop: option new_context_per_episode must be true or false, got {new_context_per_episode!r}")
+        self.new_context_per_episode = new_context_per_episode
         self.chromium = find_chromium(chromium)
         self.viewport = {"width": viewport_width, "height": viewport_height}
         self.timeout_ms = float(action_timeout_s) * 1000
@@ -146,7 +158,8 @@ class WebShop(Env):
         if split not in SPLITS:
             raise ValueError(f"env WebShop: unknown split {split!r}; splits are {list(SPLITS)}")
         n, seed = options.pop("num_products", 300), options.pop("seed", 0)
-        unknown = set(options) - {"page_size", "viewport_width", "viewport_height", "chromium", "action_timeout_s"}
+        unknown = set(options) - {"page_size", "viewport_width", "viewport_height", "chromium", "action_timeout_s",
+                                  "new_context_per_episode"}
         if unknown:
             raise TypeError(f"env WebShop: unknown option(s) {sorted(unknown)}")
         return catalogue(n, seed).task_ids(split)  # type: ignore[arg-type]
@@ -228,10 +241,12 @@ class WebShop(Env):
 
     # ------------------------------------------------------------ episode
 
-    def _end_episode(self) -> None:
+    def _end_episode(self, *, keep_page: bool = False) -> None:
         if self._token:
             self._server.drop_session(self._token)
             self._token = ""
+        if keep_page and not self.new_context_per_episode:
+            return
         context, self._context, self._page = self._context, None, None
         if context is not None and not self._broken:
             from playwright.sync_api import Error
@@ -245,15 +260,18 @@ class WebShop(Env):
         from playwright.sync_api import Error
 
         goal = self.catalogue.goal(task_id)  # ValueError naming the id when it is out of range
-        self._end_episode()
+        self._end_episode(keep_page=True)
         self._goal, self._turns, self._done, self._view = goal, 0, False, None
         if self._broken or self._browser is None or not self._browser.is_connected():
             self._stop_browser()
             self._launch()
         try:
-            self._context = self._browser.new_context(viewport=self.viewport)
-            self._context.set_default_timeout(self.timeout_ms)
-            self._page = self._context.new_page()
+            if self._page is None:
+                self._context = self._browser.new_context(viewport=self.viewport)
+                self._context.set_default_timeout(self.timeout_ms)
+                self._page = self._context.new_page()
+            else:
+                self._context.clear_cookies()  # the shop sets none; an agent's page might
             url = self._server.open_session(goal)
             self._token = urlsplit(url).path.strip("/")
             self._shop_url = url

@@ -60,8 +60,10 @@ def load_words(path: str = WORD_LIST, length: int = 5) -> dict[str, tuple[str, .
     """The words of ``length`` letters in ``path`` by split, each sorted."""
     file = Path(path)
     if not file.is_file():
-        hint = " (install the Debian package wamerican: apt-get install wamerican)" if path == WORD_LIST else ""
-        raise FileNotFoundError(f"wordle: word list {path} not found{hint}")
+        raise FileNotFoundError(
+            f"wordle: word list {path} not found; the default list {WORD_LIST} comes with the Debian "
+            "package wamerican (apt-get install wamerican)"
+        )
     pattern = re.compile(rf"^[a-z]{{{length}}}$")
     words = sorted({w for w in file.read_text(encoding="utf-8", errors="replace").split() if pattern.match(w)})
     by_split: dict[str, list[str]] = {s: [] for s in SPLITS}

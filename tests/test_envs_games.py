@@ -1,0 +1,355 @@
+"""The game envs (babyai, textcraft, maze, wordle): the Env contract, determinism by task id,
+experts that solve sampled tasks, invalid actions as turns, disjoint splits, and one expert
+episode per env through the real EnvPool (worker subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agentgym.envpool.base import Env, StepResult
+from agentgym.envpool.envs.babyai import ACTIONS, BabyAI
+from agentgym.envpool.envs.maze import Maze, distances
+from agentgym.envpool.envs.textcraft import RAW, TextCraft, make_world
+from agentgym.envpool.envs.wordle import WORD_LIST, Wordle, feedback, load_words, split_of
+from agentgym.envpool.pool import EnvPool, EnvStartError
+from agentgym.envpool.registry import resolve_env
+
+# Single-room BabyAI levels keep the sampled expert episodes short; one multi-room level and one
+# with doors and keys show the bot in step with the text wrapper there too.
+BABYAI_LEVELS = ["GoToLocal", "PickupLoc", "PutNextLocal", "GoToObjMaze", "Unlock"]
+
+_ENVS: dict[str, Env] = {}
+
+
+def build(name: str) -> Env:
+    return {"babyai": lambda: BabyAI(levels=BABYAI_LEVELS), "textcraft": lambda: TextCraft(depth=3),
+            "maze": lambda: Maze(size=6), "wordle": Wordle}[name]()  # fmt: skip
+
+
+def _cached(name: str) -> Env:
+    """One instance per env for the module (building BabyAI imports minigrid, Wordle reads its list)."""
+    if name not in _ENVS:
+        _ENVS[name] = build(name)
+    return _ENVS[name]
+
+
+NAMES = ["babyai", "textcraft", "maze", "wordle"]
+INVALID = ["", "dance wildly", "x" * 5000, "🙂"]
+
+
+def first_train_tasks(name: str, n: int) -> list[int]:
+    return [int(t) for t in resolve_env(name).tasks("train")[:n]]
+
+
+def play(env: Env, task_id: int, actions: Callable[[int], str] | None = None, max_turns: int = 400) -> list[str]:
+    """A transcript: first observation, then action and observation per turn (expert by default)."""
+    texts = [env.reset(task_id), env.instructions()]
+    for turn in range(max_turns):
+        action = actions(turn) if actions else env.expert_action()
+        r = env.step(action)
+        texts += [action, r.observation, f"{r.reward:.6f}", str(r.done)]
+        if r.done:
+            break
+    return texts
+
+
+def solve(env: Env, task_id: int, max_turns: int = 400) -> list[StepResult]:
+    env.reset(task_id)
+    results = []
+    for _ in range(max_turns):
+        results.append(env.step(env.expert_action()))
+        if results[-1].done:
+            return results
+    raise AssertionError(f"{env.name} task {task_id}: expert not done in {max_turns} turns")
+
+
+# ---------------------------------------------------------------- contract, common to all four
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_registered_by_name(name: str) -> None:
+    assert resolve_env(name).name == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reset_step_contract(name: str) -> None:
+    env = _cached(name)
+    task = first_train_tasks(name, 3)[2]
+    first = env.reset(task)
+    assert isinstance(first, str) and first
+    assert isinstance(env.instructions(), str) and len(env.instructions()) > 40
+    # Observations stay short enough for small models (a few hundred tokens at most).
+    assert len(first) < 1500, first
+    results = solve(env, task)
+    for k, r in enumerate(results, start=1):
+        assert isinstance(r, StepResult) and isinstance(r.observation, str) and r.observation
+        assert r.info["turns"] == k and len(r.observation) < 1500
+        assert r.done == (k == len(results))
+    last = results[-1]
+    assert last.info["success"] is True and last.reward > 0
+    # After the end: done again, no second reward, no exception.
+    after = env.step(env.expert_action())
+    assert after.done and after.reward == 0.0 and after.info["success"] is False
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_task_id_same_episode(name: str) -> None:
+    a, b = _cached(name), build(name)
+    tasks = first_train_tasks(name, 4)
+    for task in tasks:
+        # The expert's episode, and a scripted one with invalid actions mixed in.
+        assert play(a, task) == play(b, task)
+        scripted = lambda turn: INVALID[1] if turn % 3 == 0 else moves[turn % len(moves)]  # noqa: E731
+        moves = {"babyai": list(ACTIONS), "textcraft": ["inventory", "get 2 oak log"],
+                 "maze": ["move up", "move left", "move down", "move right"],
+                 "wordle": ["crane", "slate", "guess: pious"]}[name]  # fmt: skip
+        assert play(a, task, scripted, 12) == play(b, task, scripted, 12)
+    # Reusing an instance across other episodes changes nothing; task ids give different episodes.
+    assert play(b, tasks[0]) == play(a, tasks[0])
+    assert len({tuple(play(a, t)) for t in tasks}) == len(tasks)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("action", INVALID)
+def test_invalid_action_is_feedback_and_a_turn(name: str, action: str) -> None:
+    env = _cached(name)
+    env.reset(first_train_tasks(name, 1)[0])
+    for turn in (1, 2):
+        r = env.step(action)
+        assert (r.reward, r.done) == (0.0, False)
+        assert r.info["turns"] == turn and r.info["valid"] is False
+        assert r.observation and len(r.observation) < 400
+    # The episode goes on: the expert still solves it from here.
+    results = [env.step(env.expert_action())]
+    while not results[-1].done:
+        results.append(env.step(env.expert_action()))
+    assert results[-1].info["success"] is True and results[-1].info["turns"] == 2 + len(results)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_splits_are_disjoint(name: str) -> None:
+    cls = resolve_env(name)
+    splits = {s: cls.tasks(s) for s in ("train", "dev", "test")}
+    assert all(len(ids) > 0 for ids in splits.values())
+    for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+        x, y = splits[a], splits[b]
+        assert isinstance(x, range) and isinstance(y, range)  # ascending: disjoint by their bounds
+        assert x[-1] < y[0] or y[-1] < x[0], (a, b)
+    with pytest.raises(ValueError, match="unknown split 'val'"):
+        cls.tasks("val")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_options_are_named(name: str) -> None:
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['sise'\]"):
+        resolve_env(name)(sise=3)
+
+
+# ---------------------------------------------------------------- babyai
+
+
+def test_babyai_expert_solves_a_sample_of_levels_with_babyai_reward() -> None:
+    env = _cached("babyai")
+    assert isinstance(env, BabyAI)
+    for task in range(2 * len(BABYAI_LEVELS)):
+        results = solve(env, task)
+        assert env._env.spec.id == f"BabyAI-{BABYAI_LEVELS[task % len(BABYAI_LEVELS)]}-v0"
+        assert results[-1].info["success"] is True
+        assert results[-1].reward == pytest.approx(1 - 0.9 * len(results) / env._env.max_steps)
+        assert "Mission complete" in results[-1].observation
+
+
+def test_babyai_text_view_and_agent_that_strays() -> None:
+    env = BabyAI(levels="GoToLocal, Unlock")
+    assert env.levels == ["BabyAI-GoToLocal-v0", "BabyAI-Unlock-v0"]
+    first = env.reset(4)
+    assert first.startswith("Your mission: go to the ") and "You are carrying nothing." in first
+    assert "Your mission: go to the" in env.instructions()
+    assert env.step("Turn Left.").observation.startswith("You turned left.")
+    r = env.step("forward")
+    assert "valid" not in r.info and r.observation.startswith(("You moved forward.", "You cannot move"))
+    # An agent that does its own thing for a while: the expert takes over from wherever it is.
+    for action in ["turn right", "pick up", "go forward", "toggle", "drop", "go forward", "turn left"]:
+        r = env.step(action)
+        if r.done:
+            break
+    while not r.done:
+        r = env.step(env.expert_action())
+    assert r.info["success"] is True
+    text = env.reset(5)  # Unlock: a key to fetch, a locked door to open
+    assert text.startswith("Your mission: open the ")
+    results = solve(env, 5)
+    assert results[-1].info["success"] is True
+    said = " ".join(r.observation for r in results)
+    assert "You picked up the " in said and "key" in said and "is now open" in said
+
+
+def test_babyai_options_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"unknown level 'GoToNowhere'; known levels: .*GoToLocal"):
+        BabyAI(levels=["GoToLocal", "GoToNowhere"])
+    with pytest.raises(TypeError, match="option levels must be level names"):
+        BabyAI(levels=[])
+
+
+# ---------------------------------------------------------------- textcraft
+
+
+def _tree_depth(world, item: str) -> int:  # noqa: ANN001
+    recipe = world.recipes.get(item)
+    return 0 if recipe is None else 1 + max(_tree_depth(world, ing) for ing, _ in recipe.ingredients)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_textcraft_depth_and_expert(depth: int) -> None:
+    env = TextCraft(depth=depth, distractors=3)
+    for task in range(12):
+        world = make_world(task, depth, 3)
+        assert _tree_depth(world, world.goal) == depth
+        assert len(world.book) >= depth + 3
+        results = solve(env, task, max_turns=200)
+        assert results[-1].info["success"] is True and results[-1].reward == 1.0
+        crafts = sum(1 for r in results if r.observation.startswith("Crafted"))
+        assert crafts >= depth
+
+
+def test_textcraft_feedback() -> None:
+    env = TextCraft(depth=2, distractors=2)
+    first = env.reset(7)
+    world = make_world(7, 2, 2)
+    assert first.startswith("Crafting commands:\n") and first.endswith(f"Goal: craft {world.goal}.")
+    goal = world.recipes[world.goal]
+    assert env.step(f"get 1 {world.goal}").observation == f"Could not get {world.goal}: it is not a raw material; craft it."
+    assert env.step("get 3 unobtainium").observation == "Could not find unobtainium."
+    assert env.step("get 0 sand").observation.startswith("Could not get 0 sand")
+    missing = env.step(goal.command()).observation
+    assert missing.startswith(f"Could not craft {world.goal}: you need ")
+    assert env.step(f"craft 1 {world.goal} using 1 sand").observation.startswith(
+        (f"Could not craft {world.goal}", "Could not craft 1")
+    )
+    assert env.step(f"GET 2 {RAW[0]}.").observation == f"Got 2 {RAW[0]}."
+    assert env.step("inventory").observation == f"Inventory: 2 {RAW[0]}."
+    with pytest.raises(ValueError, match="depth must be an integer from 1 to 5, got 9"):
+        TextCraft(depth=9)
+
+
+# ---------------------------------------------------------------- maze
+
+
+def test_maze_expert_walks_the_shortest_path_and_walls_stop() -> None:
+    env = Maze(size=7)
+    for task in range(20):
+        env.reset(task)
+        shortest = distances(env._opened, env._me)[env._goal]
+        assert len(solve(env, task)) == shortest
+    first = env.reset(3)
+    m = re.search(r"Walls: ([a-z, ]+)\.", first)
+    if m:  # bump into a wall: same place, a turn, feedback
+        wall = m.group(1).split(", ")[0]
+        r = env.step(f"move {wall}")
+        assert r.observation.startswith("You hit a wall.") and r.info["turns"] == 1
+        assert r.observation.split("\n")[1] == first.split("\n")[0]
+    drawn = Maze(size=3, show_map=True).reset(1)
+    assert drawn.count("A") == 1 and drawn.count("G") == 1 and drawn.splitlines()[-1] == "#######"
+
+
+# ---------------------------------------------------------------- wordle
+
+
+def test_wordle_feedback_marks() -> None:
+    assert feedback("crane", "crane") == ("correct",) * 5
+    assert feedback("speed", "abide") == ("absent", "absent", "present", "absent", "present")
+    # A repeated letter is present only as often as the word has copies left over.
+    assert feedback("eerie", "there") == ("present", "absent", "present", "absent", "correct")
+    assert feedback("allee", "lapel") == ("present", "present", "present", "correct", "absent")
+    assert feedback("lolly", "hello") == ("absent", "present", "correct", "correct", "absent")
+
+
+def test_wordle_words_splits_and_expert() -> None:
+    words = load_words()
+    for split, listed in words.items():
+        assert all(split_of(w) == split and re.fullmatch(r"[a-z]{5}", w) for w in listed)
+    assert not set(words["train"]) & set(words["test"]) and not set(words["dev"]) & set(words["test"])
+    env = _cached("wordle")
+    assert isinstance(env, Wordle)
+    test_ids = list(Wordle.tasks("test"))  # a few hundred ids
+    assert {env.word(t) for t in test_ids} == set(words["test"])
+    assert env.word(len(words["train"]) + 3) == env.word(3)  # train ids wrap
+    with pytest.raises(ValueError, match=r"task id .* past the test split"):
+        env.word(test_ids[-1] + 1)
+    for task in test_ids[:10] + first_train_tasks("wordle", 10):
+        results = solve(env, task)
+        assert results[-1].info["success"] is True and len(results) <= 6
+        assert results[-1].observation.endswith("correct! You found the word.")
+
+
+def test_wordle_runs_out_of_guesses_and_reveals_the_word() -> None:
+    env = Wordle(max_guesses=2)
+    env.reset(10)
+    word = env.word(10)
+    wrong = next(w for w in ("crane", "slate", "pious") if w != word)
+    r = env.step(wrong)
+    assert r.observation.startswith(f"{wrong}: {wrong[0]} ") and r.observation.endswith("1 guess left.")
+    assert env.step("notaword").info["guesses"] == 1  # a word not in the list uses no guess
+    r = env.step(wrong)
+    assert r.done and r.reward == 0.0 and r.observation.endswith(f"the word was {word}.")
+
+
+def test_wordle_missing_word_list_names_the_package(tmp_path: Path) -> None:
+    missing = str(tmp_path / "american-english")
+    with pytest.raises(FileNotFoundError, match=rf"word list {missing} not found; .*Debian package wamerican"):
+        Wordle(word_list=missing)
+    with pytest.raises(FileNotFoundError, match="wamerican"):
+        Wordle.tasks("test", word_list=missing)
+    few = tmp_path / "few.txt"
+    few.write_text("apple\nmango\nKiwis\n")
+    with pytest.raises(ValueError, match=r"too few 5-letter words for all splits"):
+        Wordle(word_list=str(few))
+
+
+# ---------------------------------------------------------------- through the real pool
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_expert_plays_through_the_env_pool(name: str) -> None:
+    kwargs = {"babyai": {"levels": ",".join(BABYAI_LEVELS)}, "textcraft": {"depth": 3}, "maze": {"size": 6},
+              "wordle": {}}[name]  # fmt: skip
+    tasks = [int(resolve_env(name).tasks("test")[k]) for k in (0, 1)]
+
+    async def main() -> list[list[str]]:
+        async with EnvPool(name, kwargs, 2, step_timeout_s=30, reset_timeout_s=60) as pool:
+
+            async def episode(task: int) -> list[str]:
+                async with pool.episode(task) as ep:
+                    texts = [await ep.reset()]
+                    texts.append(ep.instructions)
+                    for _ in range(400):
+                        action = await ep.expert_action()
+                        r = await ep.step(action)
+                        texts += [action, r.observation, f"{r.reward:.6f}", str(r.done)]
+                        if r.done:
+                            assert r.info["success"] is True
+                            return texts
+                raise AssertionError(f"{name} task {task} not solved through the pool")
+
+            out = await asyncio.gather(*(episode(t) for t in tasks))
+            stats = pool.stats()
+            assert stats["failures"] == {} and stats["episodes"] == 2 and stats["restarts"] == 0
+            return list(out)
+
+    through_pool = asyncio.run(main())
+    in_process = resolve_env(name)(**kwargs)
+    assert through_pool == [play(in_process, t) for t in tasks]
+
+
+def test_pool_reports_bad_game_options() -> None:
+    async def main() -> None:
+        pool = EnvPool("wordle", {"length": 12}, 1)
+        with pytest.raises(EnvStartError, match="option length must be an integer from 4 to 7, got 12"):
+            await pool.start()
+
+    asyncio.run(main())

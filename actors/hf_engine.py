@@ -6,7 +6,7 @@
     await engine.update_weights(tensors, version=1)
     await engine.close()
 
-Why it exists (docs/adr/0007-engines.md): it is what every engine's logprobs and samplers are
+Why it exists (docs/adr/0008-engines.md): it is what every engine's logprobs and samplers are
 checked against in the shared engine tests, it runs wherever ``transformers`` does (no vLLM
 wheel for the platform, a debugger, a notebook), it starts in about a second, and its weight
 update is a ``copy_`` into the live parameters. It is not fast: requests run one token at a

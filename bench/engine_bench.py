@@ -49,7 +49,8 @@ def naive(model_dir: Path, ps: list[list[int]], tokens: int) -> tuple[int, float
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
+    eos = model.generation_config.eos_token_id  # an id or a list of ids (chat models stop on several)
+    eos = eos[0] if isinstance(eos, list) else eos
     with torch.inference_mode():
         model.generate(torch.tensor([ps[0]]), do_sample=True, max_new_tokens=4, pad_token_id=eos)  # warm-up
         t0, total = time.perf_counter(), 0

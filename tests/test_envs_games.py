@@ -231,6 +231,10 @@ def test_textcraft_feedback() -> None:
     assert env.step(f"craft 1 {world.goal} using 1 sand").observation.startswith(
         (f"Could not craft {world.goal}", "Could not craft 1")
     )
+    # An unreadable ingredient list is a malformed command (valid: False); a craft that fails is not.
+    bad = env.step(f"craft 1 {world.goal} using lots")
+    assert bad.observation.startswith("Could not understand the ingredient 'lots'") and bad.info["valid"] is False
+    assert "valid" not in env.step(goal.command()).info
     assert env.step(f"GET 2 {RAW[0]}.").observation == f"Got 2 {RAW[0]}."
     assert env.step("inventory").observation == f"Inventory: 2 {RAW[0]}."
     with pytest.raises(ValueError, match="depth must be an integer from 1 to 5, got 9"):
@@ -353,3 +357,16 @@ def test_pool_reports_bad_game_options() -> None:
             await pool.start()
 
     asyncio.run(main())
+
+
+def test_wordle_refuses_a_word_list_whose_dev_ids_would_reach_the_test_ids(tmp_path) -> None:
+    import itertools
+    import string
+
+    from agentgym.envpool.envs.wordle import Wordle
+
+    words = ("".join(t) for t in itertools.product(string.ascii_lowercase, repeat=4))
+    path = tmp_path / "words"
+    path.write_text("\n".join(itertools.islice(words, 260_000)))  # ~5% dev: ~13,000 > 10,000
+    with pytest.raises(ValueError, match=r"dev words of 4 letters; dev task ids have room for 10000"):
+        Wordle(length=4, word_list=str(path))

@@ -15,8 +15,8 @@ with the list of actions and counts as a turn.
                                   files); None = PAPER_LEVELS (the 19 levels of the BabyAI paper)
     task id:  level = levels[task_id % len(levels)], seed = task_id  (minigrid's reset(seed=...))
     reward:   BabyAI's: 1 - 0.9 * turns / max_steps on success (turns include invalid actions),
-              else 0; done on success, on a failed mission (e.g. the wrong object put down) and
-              after the level's max_steps turns (truncated, "out of time")
+              else 0; done on success and after the level's max_steps turns (truncated, "out
+              of time"); only minigrid's strict ``...Debug`` levels can also end on a failed mission
     expert:   minigrid's BabyAIBot, kept in step with the actions actually taken
 
 The multi-room levels (GoTo, BossLevel, ...) need hundreds of primitive actions; for short

@@ -189,7 +189,8 @@ class TextCraft(Env):
             m = _PART.match(part.strip())
             k = _count(m.group(1)) if m else None
             if m is None or k is None or m.group(2) in parts:
-                return self._reply(f"Could not understand the ingredient {part.strip()!r}: say N ITEM, N ITEM.")
+                return self._reply(f"Could not understand the ingredient {part.strip()!r}: say N ITEM, N ITEM.",
+                                   valid=False)  # fmt: skip
             parts[m.group(2)] = k
         if n is None or n % recipe.count:
             return self._reply(f"Could not craft {count} {item}: it is crafted in batches of {recipe.count}.")

@@ -72,6 +72,12 @@ def load_words(path: str = WORD_LIST, length: int = 5) -> dict[str, tuple[str, .
     if not all(by_split.values()):
         sizes = {s: len(v) for s, v in by_split.items()}
         raise ValueError(f"wordle: word list {path} has too few {length}-letter words for all splits: {sizes}")
+    room = _SPLIT_START["test"] - _SPLIT_START["dev"]
+    if len(by_split["dev"]) > room:
+        raise ValueError(
+            f"wordle: word list {path} has {len(by_split['dev'])} dev words of {length} letters; dev task ids "
+            f"have room for {room} before the test ids start: use a shorter list"
+        )
     return {s: tuple(v) for s, v in by_split.items()}
 
 

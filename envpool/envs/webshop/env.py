@@ -342,8 +342,9 @@ class WebShop(Env):
     # ------------------------------------------------------------ expert
 
     def expert_action(self) -> str:
-        """Search with the instruction's words, open the goal product (scrolling and paging as
-        needed; its exact name as a second search), pick colour and size, add it, check out."""
+        """Search with the instruction's words, open the goal product (scrolling the results; if it
+        is not on the first page, its exact name as a second search), pick colour and size, add
+        it, check out."""
         goal, view = self._goal, self._view
         if goal is None or view is None or self._done:
             return "scroll down"

@@ -76,6 +76,11 @@ async def play_episode(
                     if not conv.add_observation(result.observation, spec.max_episode_tokens - 1 - conv.closing_tokens):
                         finish = "token_limit"
                         break
+                elif not conv.add_observation(result.observation, spec.max_episode_tokens):
+                    # At the turn limit the episode ends in the state the agent would act in next
+                    # (the last observation and the generation prompt, masked): PPO reads its
+                    # bootstrap value V(s_end) there. No room for it: the token budget ended it.
+                    finish = "token_limit"
     except EnvFailure as exc:
         finish, failure = "env_failure", str(exc)
         log.warning("episode_env_failure", group=ticket.group_id, task=ticket.task_id, error=failure)

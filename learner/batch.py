@@ -33,7 +33,10 @@ class Batch:
     group_index: torch.Tensor  # [B] long
     success: torch.Tensor  # [B] float
     turns: torch.Tensor  # [B] float
-    truncated: torch.Tensor  # [B] float: cut by a turn or token limit (bootstrapped by PPO)
+    truncated: torch.Tensor
+    """[B] float: cut by the turn limit, bootstrapped by PPO with V(s_end). The actor ends such an
+    episode with the last observation and the generation prompt, the state the agent would act
+    in next. A token-limit cut is terminal (0): the episode's budget is spent, no reward can follow."""
     lengths: torch.Tensor  # [B] long, real tokens per row
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -120,7 +123,7 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
         group_index=torch.tensor(groups, dtype=torch.long),
         success=torch.tensor([float(e.success) for e in episodes]),
         turns=torch.tensor([float(e.num_turns) for e in episodes]),
-        truncated=torch.tensor([float(e.truncated) for e in episodes]),
+        truncated=torch.tensor([float(e.finish == "turn_limit") for e in episodes]),
         lengths=torch.tensor([e.num_tokens for e in episodes], dtype=torch.long),
     )
 

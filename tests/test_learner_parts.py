@@ -68,6 +68,9 @@ def test_collate_pads_right_and_keeps_behaviour_versions_and_credit() -> None:
     assert b.token_rewards[0].tolist() == [0, 0, 0, 0, 0, 0, 0, 1.0, 0, 0]
     assert b.input_ids[1, 5:].tolist() == [0] * 5 and b.loss_mask[1, 5:].sum() == 0
     assert b.truncated.tolist() == [1.0, 0.0] and b.turns.tolist() == [2.0, 1.0]
+    # A token-budget cut is terminal (nothing can follow within the budget): no bootstrap.
+    e2 = episode([1, 2], [[BAD]], [0.0], finish="token_limit")
+    assert collate([Rollout(group_id="h", actor_id="a", env="e", task_id=0, episodes=[e2])], pad_id=0).truncated.tolist() == [0.0]
 
 
 @given(st.lists(st.integers(1, 40), min_size=0, max_size=30), st.integers(1, 100))

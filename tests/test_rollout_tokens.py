@@ -110,6 +110,20 @@ def test_token_budgets_truncate_with_a_reason(setup) -> None:
                 assert mask[end] == 0
         assert ep.finish in ("done", "turn_limit")
         assert ep.truncated == (ep.finish == "turn_limit")
+    # At the turn limit the episode ends in the state the agent would act in next: after the last
+    # turn's closing, the last observation and the generation prompt (masked), where PPO reads
+    # its bootstrap value.
+    msgs = [{"role": "user", "content": "x"}]
+    with_prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    gen_prompt = tok.encode(with_prompt[len(tok.apply_chat_template(msgs, tokenize=False)):], add_special_tokens=False)
+    cut = [(i, ep) for i, ep in enumerate(episodes) if ep.finish == "turn_limit"]
+    assert cut, "a random tiny model guesses the number within 3 turns: no turn-limit episode to check"
+    for i, ep in cut:
+        ids, _, mask, _, turn_ends = arrays(ep)
+        tail = ids[turn_ends[-1] :]
+        assert not mask[turn_ends[-1] :].any() and tail[-len(gen_prompt) :].tolist() == gen_prompt
+        text = tok.decode(tail, skip_special_tokens=True)
+        assert any(w in text.lower() for w in ("higher", "lower", "invalid", "not a")), text
 
     budget = 120
     per_episode = RolloutSpec(group_size=2, max_tokens_per_turn=16, max_episode_tokens=budget, temperature=1.0, top_p=1.0)

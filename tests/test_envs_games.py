@@ -5,7 +5,9 @@ episode per env through the real EnvPool (worker subprocesses)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from agentgym.envpool.envs.babyai import ACTIONS, BabyAI
 from agentgym.envpool.envs.maze import Maze, distances
 from agentgym.envpool.envs.textcraft import RAW, TextCraft, make_world
 from agentgym.envpool.envs.wordle import WORD_LIST, Wordle, feedback, load_words, split_of
-from agentgym.envpool.pool import EnvPool, EnvStartError
+from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 from agentgym.envpool.registry import resolve_env
 
 # Single-room BabyAI levels keep the sampled expert episodes short; one multi-room level and one
@@ -348,6 +350,40 @@ def test_expert_plays_through_the_env_pool(name: str) -> None:
     through_pool = asyncio.run(main())
     in_process = resolve_env(name)(**kwargs)
     assert through_pool == [play(in_process, t) for t in tasks]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pool_survives_a_killed_and_a_hung_worker(name: str) -> None:
+    kwargs = {"babyai": {"levels": ",".join(BABYAI_LEVELS)}, "textcraft": {"depth": 2}, "maze": {"size": 4},
+              "wordle": {}}[name]  # fmt: skip
+    task = first_train_tasks(name, 1)[0]
+
+    async def main() -> None:
+        async with EnvPool(name, kwargs, 1, step_timeout_s=3, reset_timeout_s=60) as pool:
+            async with pool.episode(task) as ep:  # the worker dies mid-episode
+                await ep.reset()
+                os.kill(ep.worker_pid, signal.SIGKILL)
+                with pytest.raises(EnvFailure) as err:
+                    await ep.step(await ep.expert_action())
+                assert err.value.reason == "crash"
+            async with pool.episode(task) as ep:  # the worker stops answering
+                await ep.reset()
+                action = await ep.expert_action()
+                os.kill(ep.worker_pid, signal.SIGSTOP)
+                with pytest.raises(EnvFailure) as err:
+                    await ep.step(action)
+                assert err.value.reason == "timeout"
+            async with pool.episode(task) as ep:  # a fresh worker plays the episode to the end
+                await ep.reset()
+                for _ in range(400):
+                    r = await ep.step(await ep.expert_action())
+                    if r.done:
+                        break
+                assert r.info["success"] is True
+            stats = pool.stats()
+            assert stats["failures"] == {"crash": 1, "timeout": 1} and stats["restarts"] == 2
+
+    asyncio.run(main())
 
 
 def test_pool_reports_bad_game_options() -> None:

@@ -12,6 +12,7 @@ import glob
 import os
 import re
 import signal
+import tempfile
 import urllib.error
 import urllib.request
 from typing import Any
@@ -307,6 +308,7 @@ async def expert_episode(pool: EnvPool, task_id: int) -> tuple[str, list[tuple[s
 
 def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: WebShop) -> None:
     profiles_before = set(glob.glob("/tmp/playwright_chromiumdev_profile-*"))
+    own_before = set(glob.glob(f"{tempfile.gettempdir()}/agentgym-webshop-*"))  # the in-process env's
 
     async def failing_episode(pool: EnvPool, task_id: int, break_it: Any) -> tuple[EnvFailure, int, list[int]]:
         async with pool.episode(task_id) as ep:
@@ -360,5 +362,7 @@ def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: W
             live = chromium_pids_below(pid)
         assert wait_gone([pid, *live]) == []  # close() ends the worker, its driver and Chromium
         assert set(glob.glob("/tmp/playwright_chromiumdev_profile-*")) <= profiles_before
+        # Chromium's profiles lived in the envs' own temp dirs, the killed workers' included: all gone.
+        assert set(glob.glob(f"{tempfile.gettempdir()}/agentgym-webshop-*")) <= own_before
 
     run_async(main)

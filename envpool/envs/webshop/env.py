@@ -43,7 +43,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -73,6 +75,10 @@ CHROMIUM_FLAGS = (
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 )  # fmt: skip
 LAUNCH_TIMEOUT_S = 60.0
+TMP_PREFIX = "agentgym-webshop-"
+"""Each env's own temp directory, ``TMP_PREFIX<pid>-XXXX``: the driver's TMPDIR, so Chromium's
+profile lives there. A killed worker cannot delete its own; the next env to start or close
+removes those of processes that are gone."""
 """Deadline for Chromium to start (a few seconds on an idle machine, more on a loaded one)."""
 
 
@@ -132,6 +138,8 @@ class WebShop(Env):
         self.chromium = find_chromium(chromium)
         self.viewport = {"width": viewport_width, "height": viewport_height}
         self.timeout_ms = float(action_timeout_s) * 1000
+        _sweep_dead_tmpdirs()
+        self._tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         self._server = ShopServer(self.catalogue, page_size)
         self._pw: Any = None
         self._driver_pids: set[int] = set()
@@ -178,7 +186,17 @@ class WebShop(Env):
         t0 = time.monotonic()
         before = _child_pids()
         try:
-            self._pw = sync_playwright().start()
+            # The driver makes Chromium's temporary user-data dir under its TMPDIR: ours, so that
+            # whatever a killed driver leaves behind is found and removed.
+            saved = os.environ.get("TMPDIR")
+            os.environ["TMPDIR"] = self._tmp
+            try:
+                self._pw = sync_playwright().start()
+            finally:
+                if saved is None:
+                    os.environ.pop("TMPDIR", None)
+                else:
+                    os.environ["TMPDIR"] = saved
             self._driver_pids = _child_pids() - before  # Playwright's Node driver
             # Playwright launches with a fresh temporary user-data dir and deletes it afterwards.
             self._browser = self._pw.chromium.launch(
@@ -404,7 +422,26 @@ class WebShop(Env):
         finally:
             self._stop_browser()
             self._server.close()
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            _sweep_dead_tmpdirs()
 
+
+
+def _sweep_dead_tmpdirs() -> None:
+    """Remove the temp directories (Chromium profiles) of webshop envs whose process is gone."""
+    import psutil
+
+    for d in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
+        try:
+            pid = int(d.name[len(TMP_PREFIX) :].split("-", 1)[0])
+        except ValueError:
+            continue
+        try:
+            alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            alive = False
+        if not alive:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _child_pids() -> set[int]:

@@ -168,6 +168,12 @@ class LearnerConfig(Section):
     """Discount per agent token (ppo, reinforce_pp)."""
     gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
     """GAE's lambda (ppo)."""
+    truncation: Literal["bootstrap", "terminal"] = "bootstrap"
+    """ppo, for an episode cut by the turn limit: bootstrap (its return after the cut is V of the
+    state it was cut in: the task goes on, as under ScalingInter-RL's growing limit) or terminal
+    (nothing follows the cut, as for an agent judged by success within the limit). With gamma = 1
+    and tasks an agent eventually solves, bootstrap drives V towards 1 everywhere and success
+    within the limit stops paying: use gamma < 1 or terminal (docs/off_policy.md)."""
     whiten_advantages: bool = True
     """ppo: whiten the GAE advantages over the batch's agent tokens."""
     value_coef: Annotated[float, Field(ge=0)] = 0.5

@@ -178,7 +178,8 @@ class Trainer:
         agent = b.loss_mask != 0
         bootstrap = None
         if self.value_head is not None:
-            bootstrap = bootstrap_values(pre["last_value"], b.truncated)
+            cut = b.truncated if lc.truncation == "bootstrap" else torch.zeros_like(b.truncated)
+            bootstrap = bootstrap_values(pre["last_value"], cut)
         kl_prox = kl_penalty(pre["prox"], pre["ref"], lc.kl_estimator) if kl_reward else None
         adv, returns = compute_advantages(
             lc.algorithm, b, kl=kl_prox, kl_coef=lc.kl_coef, std_normalize=lc.std_normalize,

@@ -185,3 +185,25 @@ def test_bf16_autocast_needs_cuda(model_dir: Path) -> None:
 
     with pytest.raises(ConfigError, match="learner.bf16_autocast"):
         make_cfg(model_dir, "learner.bf16_autocast=true", "learner.device=cpu")
+
+
+@pytest.mark.parametrize("truncation", ["bootstrap", "terminal"])
+def test_ppo_turn_limit_cut_is_bootstrapped_or_terminal_by_config(model_dir: Path, truncation: str) -> None:
+    # The same episodes, once cut by the turn limit and once ended: with truncation = terminal
+    # PPO takes the same step on both; with bootstrap the cut ones add V(s_end) to their return.
+    def rollouts(finish: str) -> list[Rollout]:
+        out = []
+        for gi, prompt in enumerate(PROMPTS):
+            eps = [episode(prompt, [[GOOD if i % 2 == 0 else BAD]], [float(i % 2 == 0)], finish=finish) for i in range(4)]
+            out.append(Rollout(group_id=f"g{gi}", actor_id="a", env="bandit", task_id=gi, episodes=eps))
+        return out
+
+    cfg = make_cfg(model_dir, "learner.algorithm=ppo", f'learner.truncation="{truncation}"')
+    cut, ended = Trainer.load(cfg), Trainer.load(cfg)
+    for _ in range(2):  # the value head starts at V = 0: the second step sees V(s_end) != 0
+        m_cut, m_ended = cut.train_step(rollouts("turn_limit")), ended.train_step(rollouts("done"))
+    assert m_cut["truncated_frac"] == 1.0 and m_ended["truncated_frac"] == 0.0
+    if truncation == "terminal":
+        assert params_equal(cut.model, ended.model) and m_cut["value_loss"] == m_ended["value_loss"]
+    else:
+        assert not params_equal(cut.model, ended.model) and m_cut["value_loss"] != m_ended["value_loss"]

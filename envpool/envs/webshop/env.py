@@ -29,7 +29,8 @@ episodes; with raw CDP all of that would be ours to write and keep right across 
 releases. The price is one Node driver process per worker (see bench/webshop_bench.py for its
 memory). Playwright's own browser downloads are never used: ``executable_path`` points at
 Debian's chromium, and Playwright gives every launch a fresh temporary user-data dir, which it
-deletes when the browser closes.
+deletes when the browser closes. That dir is made under the env's own TMPDIR
+(``TMP_PREFIX<pid>-…``), so the profile of a worker killed outright is found and removed too.
 
 A browser that dies or hangs mid-episode makes ``step``/``reset`` raise ``BrowserFailure``: the
 pool fails that one episode (``env_error``, the message naming the browser) and the next

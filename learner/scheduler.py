@@ -6,8 +6,8 @@ calls it on every message and the reaper calls ``expire`` once a second.
 A ticket is one group to play. Nothing is played without one, so the learner's memory and the
 staleness of what it receives are bounded by what it hands out:
 
-- async: a ticket numbered n (0-based, in issue order) is issued only while
-  ``n // batch_groups <= version + max_staleness``: a group is trained at the latest
+- async: a ticket numbered n (0-based, in issue order; minus the tickets forfeited so far,
+  see ``forfeit``) is issued only while ``n // batch_groups <= version + max_staleness``: a group is trained at the latest
   ``max_staleness`` versions after the version current when it was issued (AReaL's rule). Slow
   work is not wasted by dropping it; it is simply not started too early.
 - sync: after publishing version v the learner issues exactly ``batch_groups`` tickets that
@@ -70,6 +70,11 @@ class Scheduler:
         """Evaluation tickets: handed out before new training work, outside the staleness rule."""
         self.issued = issued
         """Tickets created so far (ticket numbers are 0..issued-1); restored on resume."""
+        self.forfeited = 0
+        """Issued tickets whose group will never be trained (rejected stale, invalid or failed;
+        expired in the buffer; lost in a learner restart). The admission rule counts only the
+        others: otherwise every lost group would shrink the pipeline for good, and after
+        batch_groups x max_staleness of them no batch could ever fill again."""
         self.sync_version = -1
         self._sync_left = 0
         self._next_index = 0
@@ -138,7 +143,14 @@ class Scheduler:
         return made
 
     def _admissible(self, version: int) -> bool:
-        return self.issued // self.batch_groups <= version + self.max_staleness
+        return (self.issued - self.forfeited) // self.batch_groups <= version + self.max_staleness
+
+    def forfeit(self, group_id: str) -> None:
+        """The group of one of this run's training tickets will not be trained: free its place
+        under the admission rule (other ids — evaluation, an earlier run's — are ignored)."""
+        prefix = f"{self.run_id}:"
+        if group_id.startswith(prefix) and group_id[len(prefix) :].isdigit():
+            self.forfeited += 1
 
     def open_sync_round(self, version: int) -> None:
         """Sync mode: the next ``batch_groups`` tickets are for weights ``version``."""

@@ -232,6 +232,8 @@ class Learner:
             self.on_eval(r)
         elif status != "failed":
             self.counters.episodes[status] += n_eps
+        if status in ("stale", "invalid", "failed"):
+            self.sched.forfeit(r.group_id)  # never trained: its place under the admission rule is free
         self.hub.send(peer, Ack(group_ids=[r.group_id], statuses=[status]))
         self.sched.complete(r.actor_id, r.group_id)
         if status not in ("accepted", "eval"):
@@ -374,6 +376,7 @@ class Learner:
             if self.version - oldest_version(r, self.version) > lc.max_staleness:
                 self.counters.expired["groups"] += 1
                 self.counters.expired["episodes"] += len(usable_episodes(r))
+                self.sched.forfeit(r.group_id)
                 log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version,
                          oldest=oldest_version(r, self.version))  # fmt: skip
             else:
@@ -428,6 +431,10 @@ class Learner:
         self.step, self.version = self.trainer.step, self.trainer.version
         self.seen = set(extra.get("seen", []))  # type: ignore[arg-type]
         self.sched.issued = int(extra.get("issued", 0))  # type: ignore[arg-type]
+        # Tickets issued but not trained before the checkpoint: buffered groups died with the
+        # old learner and actors may be gone too. Count them all as forfeited so the admission
+        # rule starts with a full pipeline (a late rollout of one of them is still judged).
+        self.sched.forfeited = max(0, self.sched.issued - self.cfg.learner.batch_groups * self.step)
 
     async def shutdown_actors(self, reason: str) -> None:
         for a in self.sched.actors.values():

@@ -49,3 +49,26 @@ def test_nothing_expires_when_stale_tokens_are_down_weighted(tiny_model: Path, t
     ln.buffer = [group("g", [0, 0])]
     ln.expire_stale()
     assert len(ln.buffer) == 1 and ln.counters.expired["groups"] == 0
+
+
+def test_rejected_and_expired_groups_are_forfeited_and_a_resume_starts_with_a_full_pipeline(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    ln = learner(tiny_model, tmp_path)
+    ln.sched.issued = 3
+    run = ln.sched.run_id
+    ln.version = 4
+    ln.hub = type("Hub", (), {"send": lambda self, peer, msg: None})()  # acks go nowhere here
+    ln.on_rollout(b"p", group(f"{run}:0", [1, 4]))  # stale on arrival
+    ln.buffer.clear()
+    ln.on_rollout(b"p", group(f"{run}:1", [2, 3]))  # accepted ...
+    ln.version = 5
+    ln.expire_stale()  # ... then too old in the buffer
+    ln.on_rollout(b"p", group(f"{run}:1", [2, 3]))  # a duplicate forfeits nothing more
+    assert ln.sched.forfeited == 2 and ln.counters.groups["duplicate"] == 1
+
+    resumed = learner(tiny_model, tmp_path / "resumed", "learner.batch_groups=4")
+    resumed.trainer = type("T", (), {"step": 3, "version": 3})()
+    resumed.restore({"seen": [], "issued": 40})
+    # 3 steps trained 12 groups; the other 28 tickets died with the old learner or may never come.
+    assert (resumed.sched.issued, resumed.sched.forfeited) == (40, 28)

@@ -135,3 +135,20 @@ def test_touch_all_forgives_silence_caused_by_the_learner_itself() -> None:
     assert s.expire(timeout_s=30) == [] and "a" in s.actors
     s.actors["a"].last_seen = time.monotonic() - 100
     assert [d.actor_id for d in s.expire(timeout_s=30)] == ["a"]
+
+
+def test_forfeited_tickets_free_their_place_so_lost_groups_never_stall_the_pipeline() -> None:
+    s = make(batch=4, staleness=1)
+    s.register("a", b"a", "h", max_groups=100)
+    tickets = s.fill(version=0)["a"]
+    assert len(tickets) == 8 and s.fill(version=0) == {}
+    # Five of the eight come back rejected (stale, failed, ...): without forfeits only three could
+    # ever be trained and version 0 would never get a batch of four.
+    for t in tickets[:5]:
+        s.complete("a", t.group_id)
+        s.forfeit(t.group_id)
+    assert len(s.fill(version=0)["a"]) == 5
+    # Evaluation tickets and another run's groups are not this counter's.
+    s.forfeit("r:eval0:guess_number:3")
+    s.forfeit("other:12")
+    assert s.forfeited == 5 and s.fill(version=0) == {}

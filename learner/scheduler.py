@@ -151,6 +151,8 @@ class Scheduler:
         prefix = f"{self.run_id}:"
         if group_id.startswith(prefix) and group_id[len(prefix) :].isdigit():
             self.forfeited += 1
+            if self.mode == "sync" and self.sync_version >= 0:
+                self._sync_left += 1  # the round still needs batch_groups trainable groups: one more
 
     def open_sync_round(self, version: int) -> None:
         """Sync mode: the next ``batch_groups`` tickets are for weights ``version``."""

@@ -152,3 +152,15 @@ def test_forfeited_tickets_free_their_place_so_lost_groups_never_stall_the_pipel
     s.forfeit("r:eval0:guess_number:3")
     s.forfeit("other:12")
     assert s.forfeited == 5 and s.fill(version=0) == {}
+
+
+def test_sync_round_replaces_a_forfeited_group() -> None:
+    s = make(mode="sync", batch=3)
+    s.register("a", b"a", "h", max_groups=10)
+    s.open_sync_round(0)
+    tickets = s.fill(0)["a"]
+    assert len(tickets) == 3 and s.fill(0) == {}
+    s.complete("a", tickets[0].group_id)
+    s.forfeit(tickets[0].group_id)  # e.g. every episode of it failed: the round would never fill
+    again = s.fill(0)["a"]
+    assert len(again) == 1 and again[0].min_version == 0 and s.fill(0) == {}

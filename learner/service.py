@@ -381,7 +381,9 @@ class Learner:
                          oldest=oldest_version(r, self.version))  # fmt: skip
             else:
                 keep.append(r)
-        self.buffer = keep
+        if len(keep) < len(self.buffer):
+            self.buffer = keep
+            self.grant()  # their places under the admission rule are free: hand them out now
 
     def report(self, stats: dict[str, float]) -> None:
         now = time.monotonic()

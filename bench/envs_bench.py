@@ -16,12 +16,13 @@ costs almost nothing, so a game's own memory is its worker's minus that one.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from poolplay import play_for
 
 ENVS: dict[str, tuple[dict[str, Any], list[str]]] = {
     # name: (kwargs, action cycle)
@@ -87,33 +88,15 @@ async def pooled(name: str, concurrency: int, seconds: float) -> dict[str, Any]:
     pool = EnvPool(name, kwargs, concurrency, start_timeout_s=300)
     await pool.start()
     start_s = time.perf_counter() - t0
-    ids = tasks(name)
-    steps, step_s, pids = 0, 0.0, set()
-    t0 = time.perf_counter()
-
-    async def player(k: int) -> None:
-        nonlocal steps, step_s
-        for task in ids[k::concurrency]:
-            if time.perf_counter() - t0 > seconds:
-                return
-            async with pool.episode(task) as ep:
-                await ep.reset()
-                pids.add(ep.worker_pid)
-                for i in range(EPISODE_STEPS):
-                    t = time.perf_counter()
-                    r = await ep.step(actions[(task + i) % len(actions)])
-                    step_s += time.perf_counter() - t
-                    steps += 1
-                    if r.done:
-                        break
+    async def cycle(ep: Any, task: int, i: int) -> str:
+        return actions[(task + i) % len(actions)]
 
     try:
-        await asyncio.gather(*(player(k) for k in range(concurrency)))
-        elapsed = time.perf_counter() - t0
-        mem = [m for m in map(memory_kib, sorted(pids)) if m is not None]
+        run = await play_for(pool, tasks(name), concurrency, seconds, EPISODE_STEPS, cycle)
+        mem = [m for m in map(memory_kib, sorted(run.pids)) if m is not None]
     finally:
         await pool.close()
-    return {"steps": steps, "elapsed": elapsed, "step_s": step_s, "start_s": start_s, "mem": mem}
+    return {"steps": run.steps, "elapsed": run.elapsed, "step_s": sum(run.step_s), "start_s": start_s, "mem": mem}
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ import statistics
 import time
 from typing import Any
 
+from poolplay import play_for
+
 SCIWORLD_TASKS = ("find-animal", "use-thermometer", "boil")
 
 
@@ -89,35 +91,13 @@ async def pooled(env_name: str, kwargs: dict[str, Any], concurrency: int, second
     await pool.start()
     start_s = time.perf_counter() - t0
     tasks = task_ids("sciworld" if env_name == "sciworld" else "deepsearch", 10_000)
-    steps, step_s, resets, pids = 0, [], [], set()
-    t0 = time.perf_counter()
-
-    async def player(k: int) -> None:
-        nonlocal steps
-        for task in tasks[k::concurrency]:
-            if time.perf_counter() - t0 > seconds:
-                return
-            async with pool.episode(task) as ep:
-                t = time.perf_counter()
-                await ep.reset()
-                resets.append(time.perf_counter() - t)
-                pids.add(ep.worker_pid)
-                for _ in range(100):
-                    action = await ep.expert_action()
-                    t = time.perf_counter()
-                    r = await ep.step(action)
-                    step_s.append(time.perf_counter() - t)
-                    steps += 1
-                    if r.done:
-                        break
-
     try:
-        await asyncio.gather(*(player(k) for k in range(concurrency)))
-        elapsed = time.perf_counter() - t0
-        rss = [rss_mib(pid) for pid in pids]
+        run = await play_for(pool, tasks, concurrency, seconds, 100)
+        rss = [rss_mib(pid) for pid in run.pids]
     finally:
         await pool.close()
-    return {"steps": steps, "elapsed": elapsed, "step_s": step_s, "resets": resets, "start_s": start_s, "rss": rss}
+    return {"steps": run.steps, "elapsed": run.elapsed, "step_s": run.step_s, "resets": run.resets,
+            "start_s": start_s, "rss": rss}  # fmt: skip
 
 
 def main() -> None:

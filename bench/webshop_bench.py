@@ -23,6 +23,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from poolplay import play_for
+
 
 def memory(pid: int) -> tuple[float, float, dict[str, float]]:
     """(PSS MiB, RSS MiB, PSS MiB by process kind) of ``pid`` and its descendants."""
@@ -116,41 +118,16 @@ async def pooled(concurrency: int, seconds: float, options: dict[str, Any]) -> d
     pool = EnvPool("webshop", options, concurrency, reset_timeout_s=120, start_timeout_s=120)
     await pool.start()
     start_s = time.perf_counter() - t0
-    tasks = train_tasks()
-    steps, step_s, resets, pids, solved = 0, [], [], set(), 0
     workers = [w.pid for w in pool._live]
     cpu0 = sum(cpu_seconds(pid) for pid in workers)
-    t0 = time.perf_counter()
-
-    async def player(k: int) -> None:
-        nonlocal steps, solved
-        for task in tasks[k::concurrency]:
-            if time.perf_counter() - t0 > seconds:
-                return
-            async with pool.episode(task) as ep:
-                t = time.perf_counter()
-                await ep.reset()
-                resets.append(time.perf_counter() - t)
-                pids.add(ep.worker_pid)
-                for _ in range(30):
-                    action = await ep.expert_action()
-                    t = time.perf_counter()
-                    r = await ep.step(action)
-                    step_s.append(time.perf_counter() - t)
-                    steps += 1
-                    if r.done:
-                        solved += r.reward == 1.0
-                        break
-
     try:
-        await asyncio.gather(*(player(k) for k in range(concurrency)))
-        elapsed = time.perf_counter() - t0
+        run = await play_for(pool, train_tasks(), concurrency, seconds, 30)
         cpu = sum(cpu_seconds(pid) for pid in workers) - cpu0  # the env side only (no restarts here)
-        mem = [memory(pid) for pid in sorted(pids)]  # while every worker is alive
+        mem = [memory(pid) for pid in sorted(run.pids)]  # while every worker is alive
     finally:
         await pool.close()
-    return {"steps": steps, "elapsed": elapsed, "step_s": step_s, "resets": resets, "start_s": start_s,
-            "mem": mem, "episodes": len(resets), "solved": solved, "cpu": cpu}  # fmt: skip
+    return {"steps": run.steps, "elapsed": run.elapsed, "step_s": run.step_s, "resets": run.resets,
+            "start_s": start_s, "mem": mem, "episodes": len(run.resets), "solved": run.solved, "cpu": cpu}  # fmt: skip
 
 
 def main() -> None:

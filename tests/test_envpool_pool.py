@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from envpool_fixtures import expert_episode
 import structlog
 import uvloop
 
@@ -42,20 +43,6 @@ def run(main: Callable[[], Awaitable[Any]], *, use_uvloop: bool = False) -> Any:
     return asyncio.run(main())
 
 
-async def solve(pool: EnvPool, task_id: int) -> tuple[str, list[tuple[str, str]], float]:
-    """Play the expert; returns (first observation, [(action, observation)], final reward)."""
-    async with pool.episode(task_id) as ep:
-        first = await ep.reset()
-        moves = []
-        for _ in range(10):
-            action = await ep.expert_action()
-            r = await ep.step(action)
-            moves.append((action, r.observation))
-            if r.done:
-                return first, moves, r.reward
-    raise AssertionError(f"task {task_id} not solved: {moves}")
-
-
 # ---------------------------------------------------------------- contract and determinism
 
 
@@ -76,7 +63,7 @@ def test_episode_contract_through_the_pool() -> None:
             async with pool.episode(4) as ep:
                 with pytest.raises(RuntimeError, match="Step before reset"):
                     await ep.step("4")
-            first, moves, reward = await solve(pool, 5)
+            first, moves, reward = await expert_episode(pool, 5, 10)
             assert reward == 1.0 and moves[-1][1] == "correct"
             assert len(moves) <= math.ceil(math.log2(8)) + 1
             stats = pool.stats()
@@ -105,7 +92,7 @@ def test_misuse_of_an_episode_is_refused_without_losing_the_worker() -> None:
                     await asyncio.gather(ep.step("1"), ep.step("2"))
             with pytest.raises(RuntimeError, match="after its `async with` ended"):
                 await ep.step("3")
-            _, _, reward = await solve(pool, 3)  # the pool still plays
+            _, _, reward = await expert_episode(pool, 3, 10)  # the pool still plays
             assert reward == 1.0
 
     run(main)
@@ -114,7 +101,7 @@ def test_misuse_of_an_episode_is_refused_without_losing_the_worker() -> None:
 def test_same_task_ids_play_the_same_across_pools() -> None:
     async def transcripts(size: int) -> list[Any]:
         async with EnvPool("guess_number", {"high": 16}, size) as pool:
-            return [await solve(pool, t) for t in range(12)]
+            return [await expert_episode(pool, t, 10) for t in range(12)]
 
     async def main() -> None:
         a, b = await transcripts(1), await transcripts(3)
@@ -127,7 +114,7 @@ def test_same_task_ids_play_the_same_across_pools() -> None:
 def test_expert_solves_a_sample_of_tasks_concurrently() -> None:
     async def main() -> None:
         async with EnvPool("guess_number", {"low": 1, "high": 20}, 4) as pool:
-            results = await asyncio.gather(*(solve(pool, t) for t in range(16)))
+            results = await asyncio.gather(*(expert_episode(pool, t, 10) for t in range(16)))
             bound = math.ceil(math.log2(20)) + 1
             assert all(reward == 1.0 and len(moves) <= bound for _, moves, reward in results)
             assert pool.stats()["episodes"] == 16 and pool.stats()["restarts"] == 0
@@ -205,7 +192,7 @@ def test_worker_killed_while_idle_is_replaced() -> None:
             while os.path.exists(f"/proc/{pid}"):  # until asyncio's child watcher has reaped it
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.05)
-            _, moves, reward = await solve(pool, 2)
+            _, moves, reward = await expert_episode(pool, 2, 10)
             assert reward == 1.0
             assert pool.stats()["restarts"] == 1 and pool.stats()["failures"] == {}
 

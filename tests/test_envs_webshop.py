@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 
 import psutil
 import pytest
+from envpool_fixtures import expert_episode
 
 from agentgym.envpool.envs.webshop.catalogue import VARIANTS, Catalogue, catalogue, words
 from agentgym.envpool.envs.webshop.env import WebShop, find_chromium
@@ -293,19 +294,6 @@ def test_same_task_same_episode_and_expert_solves_a_sample(env: WebShop) -> None
 # ---------------------------------------------------------------- through the real EnvPool
 
 
-async def expert_episode(pool: EnvPool, task_id: int) -> tuple[str, list[tuple[str, str]], float]:
-    async with pool.episode(task_id) as ep:
-        first = await ep.reset()
-        moves = []
-        for _ in range(20):
-            action = await ep.expert_action()
-            r = await ep.step(action)
-            moves.append((action, r.observation))
-            if r.done:
-                return first, moves, r.reward
-    raise AssertionError(f"task {task_id} not solved: {moves}")
-
-
 def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: WebShop) -> None:
     profiles_before = set(glob.glob("/tmp/playwright_chromiumdev_profile-*"))
     own_before = set(glob.glob(f"{tempfile.gettempdir()}/agentgym-webshop-*"))  # the in-process env's
@@ -336,7 +324,7 @@ def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: W
         async with EnvPool("webshop", options, 1, step_timeout_s=10, reset_timeout_s=90, start_timeout_s=90) as pool:
             # The expert through the pool plays exactly what it plays in-process (another process,
             # another browser, a fresh context).
-            first, moves, reward = await expert_episode(pool, task)
+            first, moves, reward = await expert_episode(pool, task, 20)
             assert reward == 1.0 and (first, moves) == (in_process[0], [(a, r[0]) for a, r in in_process[1]])
 
             # A worker killed mid-episode: one failed episode; its driver and Chromium go with it.
@@ -352,7 +340,7 @@ def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: W
             # A browser killed under a live worker: the env names it, the worker stays and relaunches.
             err, pid, below = await failing_episode(pool, 13, lambda _, below: os.kill(browser_of(below), signal.SIGKILL))
             assert err.reason == "env_error" and "webshop: browser failed during" in str(err)
-            _, _, reward = await expert_episode(pool, 14)
+            _, _, reward = await expert_episode(pool, 14, 20)
             async with pool.episode(15) as ep:
                 await ep.reset()
                 assert ep.worker_pid == pid

@@ -373,12 +373,12 @@ class Learner:
             return
         keep = []
         for r in self.buffer:
-            if self.version - oldest_version(r, self.version) > lc.max_staleness:
+            oldest = oldest_version(r, self.version)
+            if self.version - oldest > lc.max_staleness:
                 self.counters.expired["groups"] += 1
                 self.counters.expired["episodes"] += len(usable_episodes(r))
                 self.sched.forfeit(r.group_id)
-                log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version,
-                         oldest=oldest_version(r, self.version))  # fmt: skip
+                log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version, oldest=oldest)
             else:
                 keep.append(r)
         if len(keep) < len(self.buffer):

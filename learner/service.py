@@ -25,13 +25,13 @@ import structlog
 import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.logs import MetricsWriter
 from agentgym.protocol import (
     Ack,
     AckStatus,
-    Episode,
     Grant,
     Heartbeat,
     Hello,
@@ -56,7 +56,7 @@ def env_stats(batch: list[Rollout]) -> dict[str, float]:
     mean reward, success rate, mean agent turns, and the share of episodes cut by the turn limit."""
     by_env: dict[str, list] = {}
     for r in batch:
-        by_env.setdefault(r.env, []).extend(e for e in r.episodes if e.finish not in ("env_failure", "aborted"))
+        by_env.setdefault(r.env, []).extend(trainable_episodes(r))
     out: dict[str, float] = {}
     for name, eps in sorted(by_env.items()):
         n = max(len(eps), 1)
@@ -78,14 +78,10 @@ class Counters:
     (a subset of ``groups["accepted"]``: the ack had already said accepted)."""
 
 
-def usable_episodes(r: Rollout) -> list[Episode]:
-    return [e for e in r.episodes if e.finish not in ("env_failure", "aborted")]
-
-
 def oldest_version(r: Rollout, default: int) -> int:
     """The oldest weight version behind any agent token of the group's usable episodes."""
     return min(
-        (int(unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0].min(initial=default)) for e in usable_episodes(r)),
+        (int(unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0].min(initial=default)) for e in trainable_episodes(r)),
         default=default,
     )
 
@@ -203,7 +199,7 @@ class Learner:
             log.warning("rollout_invalid", group=r.group_id, episodes=len(r.episodes),
                         group_size=self.cfg.rollout.group_size)  # fmt: skip
             return "invalid"
-        usable = usable_episodes(r)
+        usable = trainable_episodes(r)
         self.counters.episodes["env_failure"] += len(r.episodes) - len(usable)
         if not usable:
             return "failed"
@@ -224,7 +220,7 @@ class Learner:
         n_eps = len(r.episodes)
         self.counters.groups[status] += 1
         if status == "accepted":
-            self.counters.episodes["accepted"] += len(usable_episodes(r))
+            self.counters.episodes["accepted"] += len(trainable_episodes(r))
             self.buffer.append(r)
             self.new_data.set()
         elif status == "eval":
@@ -304,7 +300,7 @@ class Learner:
         rnd.rollouts.append(r)
         if rnd.pending:
             return
-        eps = [e for x in rnd.rollouts for e in x.episodes if e.finish not in ("env_failure", "aborted")]
+        eps = [e for x in rnd.rollouts for e in trainable_episodes(x)]
         n = max(len(eps), 1)
         versions = [unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0] for e in eps]
         used = [int(v.min()) for v in versions if v.size] + [int(v.max()) for v in versions if v.size]
@@ -376,7 +372,7 @@ class Learner:
             oldest = oldest_version(r, self.version)
             if self.version - oldest > lc.max_staleness:
                 self.counters.expired["groups"] += 1
-                self.counters.expired["episodes"] += len(usable_episodes(r))
+                self.counters.expired["episodes"] += len(trainable_episodes(r))
                 self.sched.forfeit(r.group_id)
                 log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version, oldest=oldest)
             else:

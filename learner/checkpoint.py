@@ -1,13 +1,15 @@
 """Checkpoint directories: an HF model that transformers and vLLM load, plus the learner's state.
 
-    save_checkpoint(path, model, tokenizer_dir, trainer_state, extra_state)
+    save_checkpoint(path, model, tokenizer_dir, trainer_state, extra_state[, model_state])
     state, extra = load_checkpoint_files(path, model)      # weights loaded into ``model``
+    weights = read_model_weights(path)                     # or just read (a sharded model loads them itself)
     latest_checkpoint(run_dir / "checkpoints"); prune_checkpoints(run_dir / "checkpoints", keep=3)
 
 Layout of ``checkpoints/step_000120/``::
 
     config.json, generation_config.json, model.safetensors, tokenizer files   # HF / vLLM loadable
-    trainer/state.pt          optimizer, value head, step, version, RNG states (tensors + plain data)
+    trainer/state.pt          optimizer (keyed by parameter name), value head, step, version,
+                              RNG states (tensors + plain data)
     trainer/extra_state.json  the service's state (turn-limit position, dedupe state, ...), JSON
     trainer/meta.json         what wrote it, for a human
 
@@ -63,8 +65,12 @@ def save_checkpoint(
     tokenizer_dir: Path | None,
     trainer_state: dict[str, Any],
     extra_state: dict[str, Any],
+    model_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write a complete checkpoint directory at ``path`` (replacing one that exists)."""
+    """Write a complete checkpoint directory at ``path`` (replacing one that exists).
+
+    ``model_state``: the full weights when ``model`` does not hold them itself (a sharded model;
+    see Trainer.save); None saves ``model``'s own."""
     path = Path(path)
     try:
         extra_json = json.dumps(extra_state, indent=1, sort_keys=True)
@@ -74,7 +80,7 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": model_state} if model_state is not None else {}))
     if tokenizer_dir is not None:
         for f in Path(tokenizer_dir).iterdir():
             if f.is_file() and f.name.startswith(_TOKENIZER_PREFIXES):
@@ -90,31 +96,53 @@ def save_checkpoint(
     return path
 
 
-def _load_model_weights(path: Path, model: torch.nn.Module) -> None:
+def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of ``path``'s safetensors files (one file, or the shards of an index), on CPU."""
     from safetensors.torch import load_file
 
+    path = Path(path)
     index = path / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(path / f)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # save_pretrained writes a tied weight once; the other name shares its storage.
-    own = model.state_dict()
-    ptrs = {own[k].data_ptr() for k in state if k in own}
-    missing = [k for k in missing if own[k].data_ptr() not in ptrs]
+    return state
+
+
+def tied_groups(model: torch.nn.Module) -> list[set[str]]:
+    """Names that share one parameter (tied embeddings), a set per shared parameter."""
+    by_param: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_param.setdefault(id(p), set()).add(name)
+    return [names for names in by_param.values() if len(names) > 1]
+
+
+def check_loaded(
+    path: Path, state: dict[str, torch.Tensor], missing: list[str], unexpected: list[str], tied: list[set[str]]
+) -> None:
+    """Raise unless ``state`` covered the model: save_pretrained writes a tied weight once, so a
+    missing name is fine when another name of its tie group was loaded."""
+    missing = [k for k in missing if not any(k in g and g & state.keys() for g in tied)]
     if missing or unexpected:
         raise ValueError(f"checkpoint {path}: weights do not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")  # fmt: skip
 
 
-def load_checkpoint_files(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load ``path``'s weights into ``model``; return (trainer state, extra state)."""
+def _load_model_weights(path: Path, model: torch.nn.Module) -> None:
+    state = read_model_weights(path)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    check_loaded(path, state, list(missing), list(unexpected), tied_groups(model))
+
+
+def load_checkpoint_files(path: Path, model: torch.nn.Module | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load ``path``'s weights into ``model`` (None: leave them to the caller, see
+    :func:`read_model_weights`); return (trainer state, extra state)."""
     path = Path(path)
     if not (path / STATE_FILE).exists():
         raise FileNotFoundError(f"{path} is not a learner checkpoint (no {STATE_FILE}); "
                                 f"pass a checkpoints/step_NNNNNN directory written by the learner")  # fmt: skip
-    _load_model_weights(path, model)
+    if model is not None:
+        _load_model_weights(path, model)
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     extra = json.loads((path / EXTRA_FILE).read_text()) if (path / EXTRA_FILE).exists() else {}
     return state, extra

@@ -2,18 +2,24 @@
 
     dp = start_ranks(cfg)          # in the learner process: rank 0; starts ranks 1..dp_size-1
     dp.send_step(batch)            # rank 0, every step: the whole collated batch to every rank
-    dp.all_reduce_grads(params)    # every rank, once per optimizer step
+    dp.all_reduce_grads(params)    # every rank, once per optimizer step (learner.dp_mode = replicate)
+    fsdp_shard(model, dp)          # every rank, once (learner.dp_mode = fsdp)
 
 Launch (docs/adr/0007-learner-algorithms.md): the learner process is rank 0. It alone talks to
 the actors (learner/service.py), collates each batch and broadcasts it; ``start_ranks`` starts the
 other ranks as local processes (torch.multiprocessing, spawn) that build the same Trainer and wait
 in :func:`_rank_main` for commands. Every rank computes the same advantages on the whole batch,
-trains on its share of the rows, and the gradients are summed (one flat all-reduce per optimizer
-step), so all ranks take the same optimizer step and hold the same weights; rank 0 exports and
-saves them. Each collective waits at most ``learner.dist_timeout_s``; a rank whose parent dies is
+trains on its share of the rows, and the gradients are summed, so all ranks take the same
+optimizer step. With ``learner.dp_mode = "replicate"`` every rank holds all the weights and one
+flat all-reduce per optimizer step sums the gradients; rank 0 exports and saves the weights. With
+``"fsdp"`` (:func:`fsdp_shard`, torch FSDP2) each rank holds one shard of every weight, gradient and
+optimizer state; every forward and backward is then a collective (all-gather, reduce-scatter), so
+all ranks run the same number of them, and exporting or saving gathers the full weights to rank 0
+with every rank taking part. Each collective waits at most ``learner.dist_timeout_s``; a rank whose parent dies is
 a daemon process and goes with it.
 
-Commands are one small broadcast object (``step`` / ``load`` / ``divergence`` / ``stop``); tensors travel with
+Commands are one small broadcast object (``step`` / ``load`` / ``export`` / ``save`` / ``divergence`` /
+``stop``); tensors travel with
 ``dist.broadcast``. The objects are pickled by torch.distributed, which is safe here because the
 only peers are this process's own children on a loopback store.
 """
@@ -22,7 +28,8 @@ from __future__ import annotations
 
 import datetime
 import socket
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -65,6 +72,7 @@ class DataParallel:
     world: int = 1
     device: torch.device = torch.device("cpu")
     procs: list[Any] | None = None
+    _mesh: Any = field(default=None, repr=False)
 
     @property
     def active(self) -> bool:
@@ -118,6 +126,14 @@ class DataParallel:
             p.grad = flat[offset : offset + n].view_as(g).clone()
             offset += n
 
+    def mesh(self) -> Any:
+        """The 1-D device mesh of all ranks (FSDP shards over it)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.device.type, (self.world,))
+        return self._mesh
+
     def broadcast_params(self, params: list[torch.Tensor]) -> None:
         """Make every rank hold rank 0's values (after building or loading)."""
         if self.active:
@@ -150,6 +166,38 @@ class DataParallel:
         if dist.is_initialized():
             dist.destroy_process_group()
         self.world = 1
+
+
+def layer_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks (decoder layers), each one FSDP unit: the classes HF names in
+    ``_no_split_modules``, else the entries of its ModuleLists. Empty for a model with neither."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    found = [m for m in model.modules() if type(m).__name__ in names]
+    if found:
+        return found
+    return [m for lst in model.modules() if isinstance(lst, torch.nn.ModuleList) for m in lst]
+
+
+def fsdp_shard(module: torch.nn.Module, dp: DataParallel) -> None:
+    """Shard ``module`` in place over every rank (FSDP2 ``fully_shard``): one unit per layer of
+    :func:`layer_modules`, the rest (embeddings, final norm, LM head) in the root unit.
+
+    Gradients are summed over ranks, not averaged: each rank's loss is already its share of the
+    global loss (learner/trainer.py), as with :meth:`DataParallel.all_reduce_grads`.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    # FSDP warns that a module returning a view loses its backward hook if the view is modified
+    # in place; the trainer only reads the logits, hidden states and values it gets back.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning)
+    mesh = dp.mesh()
+    for layer in layer_modules(module):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
 
 
 def _init_group(cfg: Config, rank: int, world: int, port: int, device: torch.device) -> None:
@@ -201,6 +249,10 @@ def _rank_main(cfg: Config, rank: int, world: int, port: int) -> None:
                 trainer.train_batch(dp.recv_step(arg))
             elif cmd == "load":
                 trainer.load_checkpoint(arg)
+            elif cmd == "export":
+                trainer.export_weights()
+            elif cmd == "save":
+                trainer.save(None)
             elif cmd == "divergence":
                 dp.max_divergence(trainer.params)
             elif cmd == "stop":

@@ -20,12 +20,19 @@ One learner step (docs/off_policy.md, docs/adr/0007-learner-algorithms.md):
      to the loss of the whole minibatch; backward; gradients summed over ranks, clipped, one step.
 With one minibatch π_prox is π_θ detached, so r = 1 and the step is REINFORCE with truncated
 importance weights (exactly, not approximately).
+
+Data parallelism (learner/distributed.py): with ``learner.dp_mode = "replicate"`` every rank holds
+the whole model and the gradients are all-reduced after each minibatch; with ``"fsdp"`` the policy,
+value head and reference model are sharded (FSDP2), every forward is a collective, and a rank with
+fewer micro-batches than another runs idle ones (a 2-token forward and backward scaled by 0) so
+that all ranks meet at the same collectives. Exporting and saving gather the full weights to rank 0.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,12 +40,29 @@ from typing import Any
 import numpy as np
 import structlog
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
 from agentgym.config import Config
 from agentgym.learner.algorithms import bootstrap_values, compute_advantages, explained_variance, lr_factor
 from agentgym.learner.batch import Batch, collate, micro_batches, shard_rows, trainable_episodes
-from agentgym.learner.checkpoint import load_checkpoint_files, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
-from agentgym.learner.distributed import DataParallel, start_ranks
+from agentgym.learner.checkpoint import (
+    check_loaded,
+    load_checkpoint_files,
+    prune_checkpoints,
+    read_model_weights,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    tied_groups,
+)
+from agentgym.learner.distributed import DataParallel, fsdp_shard, start_ranks
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, staleness_weights, value_loss
 from agentgym.learner.policy import ValueHead, forward_tokens, load_causal_lm
@@ -62,8 +86,7 @@ class Trainer:
         lc = cfg.learner
         self.dp = dp or DataParallel()
         self.device = self.dp.device
-        if lc.bf16_autocast and self.device.type != "cuda":
-            raise ValueError(f"learner.bf16_autocast needs a CUDA device, the learner trains on {self.device}")
+        self.fsdp = lc.dp_mode == "fsdp" and self.dp.active
         self.model = model.to(self.device)
         self.model.train()
         self.pad_id = pad_id
@@ -79,13 +102,24 @@ class Trainer:
             self.ref_model = copy.deepcopy(self.model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.value_head is not None:
-            self.params += list(self.value_head.parameters())
+        self.tied = tied_groups(self.model)
+        trained = [self.model, *([self.value_head] if self.value_head is not None else [])]
+        self.dp.broadcast_params([p for m in trained for p in m.parameters()])
+        if self.fsdp:  # after the broadcast: every rank shards the same full weights
+            for m in (*trained, self.ref_model):
+                if m is not None:
+                    fsdp_shard(m, self.dp)
+        # Parameters are read after sharding (FSDP replaces them with sharded ones).
+        self.params = [p for m in trained for p in m.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lc.lr, weight_decay=lc.weight_decay)
+        self.trained_modules = torch.nn.ModuleDict({"policy": self.model, **({"value_head": self.value_head}
+                                                    if self.value_head is not None else {})})  # fmt: skip
+        """What the optimizer trains, by name: its checkpointed state is keyed by these names."""
+        self._collective = threading.Lock()
+        """Held by rank 0 around a command and its collectives: the service exports weights and
+        trains from different threads, and the other ranks must see the commands in order."""
         self.version = 0
         self.step = 0
-        self.dp.broadcast_params(self.params)
 
     @classmethod
     def build(cls, cfg: Config, dp: DataParallel) -> Trainer:
@@ -110,21 +144,52 @@ class Trainer:
         self.dp.close()
 
     def rank_divergence(self) -> float:
-        """Rank 0: the largest difference between any rank's weights and rank 0's (0.0: in sync)."""
-        self.dp.send_command("divergence")
-        return self.dp.max_divergence(self.params)
+        """Rank 0: the largest difference between any rank's weights and rank 0's (0.0: in sync).
+        With fsdp each rank holds different shards and no copy that could drift: 0.0."""
+        if self.fsdp:
+            return 0.0
+        with self._collective:
+            self.dp.send_command("divergence")
+            return self.dp.max_divergence(self.params)
 
     # ------------------------------------------------------------------ training
     def train_step(self, rollouts: list[Rollout]) -> dict[str, float]:
         """One learner step on a batch of groups (rank 0; the batch goes to every rank)."""
-        return self.train_batch(self.dp.send_step(collate(rollouts, self.pad_id)))
+        batch = collate(rollouts, self.pad_id)
+        with self._collective:
+            return self.train_batch(self.dp.send_step(batch))
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.cfg.learner.bf16_autocast:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _no_grad_pass(self, b: Batch, micros: list[torch.Tensor], need_prox: bool) -> dict[str, torch.Tensor]:
+    def _micro_plan(self, mb: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor | None]:
+        """This rank's micro-batches of minibatch ``mb``; with fsdp padded with None (an idle
+        micro-batch) to the most any rank has, since every forward is a collective."""
+        budget, world = self.cfg.learner.micro_batch_tokens, self.dp.world
+        mine: list[torch.Tensor | None] = list(micro_batches(shard_rows(mb, lengths, self.dp.rank, world), lengths, budget))
+        if self.fsdp:
+            most = max(len(micro_batches(shard_rows(mb, lengths, r, world), lengths, budget)) for r in range(world))
+            mine += [None] * (most - len(mine))
+        return mine
+
+    def _idle_forward(self, *, ref: bool = False) -> torch.Tensor:
+        """The forward passes of a micro-batch on a 2-token row of padding, as a 0-valued loss
+        whose backward gives zero gradients (fsdp: this rank's part in the others' collectives)."""
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+        attn = torch.ones_like(ids)
+        temp = self.cfg.rollout.temperature
+        with self._autocast():
+            f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
+            z = f.logp.sum() + f.entropy.sum()
+            if f.values is not None and f.last_value is not None:
+                z = z + f.values.sum() + f.last_value.sum()
+            if ref and self.ref_model is not None:
+                z = z + sequence_logprobs(self.ref_model, ids, attn, temp).sum()
+        return z * 0.0
+
+    def _no_grad_pass(self, b: Batch, micros: list[torch.Tensor | None], need_prox: bool) -> dict[str, torch.Tensor]:
         """π_prox, V, V(s_end) and π_ref on this rank's rows, then summed over ranks (zeros elsewhere)."""
         temp = self.cfg.rollout.temperature
         B, T = b.input_ids.shape
@@ -140,6 +205,9 @@ class Trainer:
             return out
         with torch.no_grad(), self._autocast():
             for rows in micros:
+                if rows is None:
+                    self._idle_forward(ref=True)
+                    continue
                 L = int(b.lengths[rows].max())
                 ids, attn = b.input_ids[rows, :L], b.attention_mask[rows, :L]
                 if "prox" in out:
@@ -168,8 +236,7 @@ class Trainer:
         lengths = b.lengths.cpu()
         n_mb = min(lc.minibatches, B)
         minibatches = list(torch.arange(B).chunk(n_mb))
-        micros = [micro_batches(shard_rows(mb, lengths, self.dp.rank, self.dp.world), lengths, lc.micro_batch_tokens)
-                  for mb in minibatches]  # fmt: skip
+        micros = [self._micro_plan(mb, lengths) for mb in minibatches]
         kl_reward = lc.kl_coef > 0 and lc.kl_mode == "reward"
         kl_loss = lc.kl_coef > 0 and lc.kl_mode == "loss"
         pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=n_mb > 1 or kl_reward)
@@ -202,6 +269,9 @@ class Trainer:
                 continue  # nothing trainable in this minibatch (e.g. all of it too stale)
             self.optimizer.zero_grad(set_to_none=True)
             for rows in mb_micros:
+                if rows is None:
+                    self._idle_forward().backward()
+                    continue
                 L = int(lengths[rows].max())
                 ids, attn, w = b.input_ids[rows, :L], b.attention_mask[rows, :L], weights[rows, :L]
                 loc_tok = keep[rows, :L].sum()
@@ -239,10 +309,11 @@ class Trainer:
                 sums["entropy"] += (f.entropy.detach() * keep[rows, :L]).sum()
                 sums["padded"] += rows.numel() * L
                 sums["micro"] += 1
-            self.dp.all_reduce_grads(self.params)
+            if not self.fsdp:  # fsdp has summed them (reduce-scatter) in each backward
+                self.dp.all_reduce_grads(self.params)
             gn = torch.nn.utils.clip_grad_norm_(self.params, lc.max_grad_norm)
             self.optimizer.step()
-            grad_norms.append(float(gn))
+            grad_norms.append(float(gn.full_tensor() if isinstance(gn, DTensor) else gn))
         self.optimizer.zero_grad(set_to_none=True)
         keys = list(sums)
         vec = self.dp.all_reduce_(torch.stack([sums[k] for k in keys]))
@@ -283,47 +354,78 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ weights and checkpoints
+    def _full(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """``module``'s whole weights: its own state dict, or with fsdp gathered to rank 0 on the
+        CPU (a collective: every rank calls it; ranks 1.. get an empty dict)."""
+        if not self.fsdp:
+            return module.state_dict()
+        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
     def export_weights(self, dtype: str = "float32") -> list[RawTensor]:
-        """The current weights as raw named tensors (HF names, as vLLM's loaders expect)."""
+        """The current weights as raw named tensors (HF names, as vLLM's loaders expect); with
+        fsdp, ranks 1.. take part in the gather (the ``export`` command) and return []."""
+        with self._collective:
+            if self.fsdp and self.dp.rank == 0:
+                self.dp.send_command("export")
+            state = self._full(self.model)
         out = []
         tdtype = getattr(torch, dtype)
-        for name, t in self.model.state_dict().items():
+        for name, t in state.items():
             t = t.detach().to(tdtype).contiguous().cpu()
             raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
             out.append(RawTensor(name, dtype, tuple(t.shape), raw.numpy().tobytes()))
         return out
 
-    def save(self, path: Path, extra_state: dict[str, Any] | None = None) -> None:
+    def save(self, path: Path | None, extra_state: dict[str, Any] | None = None) -> None:
         """A checkpoint directory (learner/checkpoint.py): an HF model vLLM and transformers load,
         plus optimizer, value head, step, version, RNG states and ``extra_state`` (JSON-able, the
-        service's own state). Keeps the newest ``learner.keep_checkpoints`` next to it. Rank 0 only:
-        every rank holds the same state."""
+        service's own state). Keeps the newest ``learner.keep_checkpoints`` next to it. Rank 0
+        writes; with replicate every rank holds the same state, with fsdp ranks 1.. take part in
+        gathering it (the ``save`` command, ``path`` None there).
+
+        The optimizer state is keyed by parameter name (``policy.<HF name>``, ``value_head.*``),
+        whole (not sharded), so a checkpoint resumes under either dp_mode and any dp_size."""
+        with self._collective:
+            if self.dp.rank != 0 and not self.fsdp:
+                return
+            if self.fsdp and self.dp.rank == 0:
+                self.dp.send_command("save")
+            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            model_state = self._full(self.model) if self.fsdp else None
+            value_state = self._full(self.value_head) if self.value_head is not None else None
+            optim_state = get_optimizer_state_dict(self.trained_modules, self.optimizer, options=opts)
         if self.dp.rank != 0:
             return
+        assert path is not None, "rank 0 saves to a path"
         state = {
             "step": self.step, "version": self.version, "algorithm": self.cfg.learner.algorithm,
-            "optimizer": self.optimizer.state_dict(),
-            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
-            "rng": rng_state(),
+            "optimizer": optim_state, "value_head": value_state, "rng": rng_state(),
         }  # fmt: skip
         path = Path(path)
-        save_checkpoint(path, self.model, self.tokenizer_dir, state, extra_state or {})
+        save_checkpoint(path, self.model, self.tokenizer_dir, state, extra_state or {}, model_state)
         gone = prune_checkpoints(path.parent, self.cfg.learner.keep_checkpoints)
         log.info("checkpoint_written", path=str(path), step=self.step, pruned=[p.name for p in gone])
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save` (on every rank); returns its extra state."""
         path = Path(path)
-        if self.dp.rank == 0:
-            self.dp.send_command("load", str(path))
-        state, extra = load_checkpoint_files(path, self.model)
-        if (state["value_head"] is None) != (self.value_head is None):
-            raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
-                             f"it cannot resume learner.algorithm = {self.cfg.learner.algorithm!r} "
-                             f"(the value head and optimizer state differ)")  # fmt: skip
-        if self.value_head is not None:
-            self.value_head.load_state_dict(state["value_head"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        with self._collective:
+            if self.dp.rank == 0:
+                self.dp.send_command("load", str(path))
+            state, extra = load_checkpoint_files(path, None if self.fsdp else self.model)
+            if (state["value_head"] is None) != (self.value_head is None):
+                raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
+                                 f"it cannot resume learner.algorithm = {self.cfg.learner.algorithm!r} "
+                                 f"(the value head and optimizer state differ)")  # fmt: skip
+            full = StateDictOptions(full_state_dict=True, strict=False)
+            if self.fsdp:  # every rank reads the whole weights and keeps its shard
+                weights = read_model_weights(path)
+                missing, unexpected = set_model_state_dict(self.model, weights, options=full)
+                check_loaded(path, weights, list(missing), list(unexpected), self.tied)
+            if self.value_head is not None:
+                set_model_state_dict(self.value_head, state["value_head"], options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(self.trained_modules, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))  # fmt: skip
         self.step, self.version = int(state["step"]), int(state["version"])
         if self.dp.rank == 0:
             set_rng_state(state["rng"])

@@ -58,3 +58,64 @@ def test_two_gloo_ranks_update_the_weights_like_one_rank(model_dir: Path, agg: s
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=k)
     assert one.value_head is not None and two.value_head is not None
     torch.testing.assert_close(one.value_head.linear.weight, two.value_head.linear.weight, rtol=1e-4, atol=1e-5)
+
+
+def _exported(tr: Trainer) -> dict[str, torch.Tensor]:
+    return {t.name: torch.frombuffer(bytearray(t.data), dtype=torch.float32).reshape(t.shape) for t in tr.export_weights()}
+
+
+def _assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_hold_shards_train_like_one_rank_and_share_its_checkpoints(model_dir: Path, tmp_path: Path) -> None:
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoModelForCausalLM
+
+    fsdp = ("learner.dp_size=2", 'learner.dp_mode="fsdp"')
+    one = Trainer.load(make_cfg(model_dir, *COMMON))
+    m_one = _steps(one, 2)
+    one.save(tmp_path / "one" / "step_000002", {})
+
+    two = Trainer.load(make_cfg(model_dir, *COMMON, *fsdp))
+    try:
+        assert two.fsdp and dist.get_world_size() == 2
+        # rank 0 holds the first half (rounded up) of every weight, and of its AdamW moments
+        emb = two.model.get_input_embeddings().weight
+        assert isinstance(emb, DTensor) and emb.to_local().shape[0] == (emb.shape[0] + 1) // 2 < emb.shape[0]
+        m_two = _steps(two, 2)
+        assert all(isinstance(v, DTensor) for st in two.optimizer.state.values() for k, v in st.items() if k != "step")
+        after_two = _exported(two)
+        two.save(tmp_path / "two" / "step_000002", {"seen": ["g0"]})
+        # a checkpoint of one replicated rank resumes the sharded pair
+        assert two.load_checkpoint(tmp_path / "one" / "step_000002") == {}
+        assert two.step == two.version == 2
+        m_two3 = _steps(two, 1)[0]
+        after_two3 = _exported(two)
+    finally:
+        two.close()
+    assert not dist.is_initialized()
+    assert two.dp.procs is not None and all(p.exitcode == 0 for p in two.dp.procs)
+
+    for a, b in zip(m_one, m_two, strict=True):
+        assert (a["trained_tokens"], a["optimizer_steps"], a["micro_batches"]) == (b["trained_tokens"], b["optimizer_steps"], b["micro_batches"])
+        for k in METRICS:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+    _assert_weights_close(_exported(one), after_two)
+    # the sharded pair's checkpoint: a model transformers loads, and a one-rank trainer resumes
+    # from it (weights, value head, AdamW moments) and takes the step the pair takes
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "step_000002")
+    _assert_weights_close(dict(hf.state_dict()), after_two)
+    resumed = Trainer.load(make_cfg(model_dir, *COMMON))
+    assert resumed.load_checkpoint(tmp_path / "two" / "step_000002") == {"seen": ["g0"]}
+    assert resumed.value_head is not None and one.value_head is not None
+    torch.testing.assert_close(resumed.value_head.linear.weight, one.value_head.linear.weight, rtol=1e-4, atol=1e-5)
+    m_one3, m_res3 = _steps(one, 1)[0], _steps(resumed, 1)[0]
+    for k in METRICS:
+        assert m_one3[k] == pytest.approx(m_res3[k], rel=1e-4, abs=1e-6), k
+        assert m_one3[k] == pytest.approx(m_two3[k], rel=1e-4, abs=1e-6), k
+    _assert_weights_close(_exported(one), _exported(resumed))
+    _assert_weights_close(_exported(one), after_two3)

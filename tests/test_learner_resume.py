@@ -23,7 +23,7 @@ import zmq
 from learner_fixtures import BAD, GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.config import Config, model_fingerprint, to_toml
-from agentgym.learner.checkpoint import latest_checkpoint
+from agentgym.learner.checkpoint import STATE_FILE, latest_checkpoint, read_model_weights
 from agentgym.learner.trainer import Trainer
 from agentgym.logs import read_metrics
 from agentgym.netutil import free_port_pair
@@ -137,8 +137,28 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("resume") / "m", corpus=FALLBACK_CORPUS, seed=0)
 
 
+def _equal_trees(a: object, b: object, where: str = "") -> None:
+    """Nested dicts/lists of tensors and plain values, equal bit for bit."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _equal_trees(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _equal_trees(x, y, f"{where}/{i}")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
 @pytest.mark.slow
-def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("dp", ["one_rank", "fsdp_two_ranks"])
+def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_dir: Path, tmp_path: Path, dp: str) -> None:
+    # fsdp_two_ranks: the learner process and its second rank hold one shard each of the weights
+    # and AdamW state; exporting, checkpointing and resuming gather and re-shard them.
+    ranks = ("learner.dp_size=2", 'learner.dp_mode="fsdp"', "learner.dist_timeout_s=300") if dp == "fsdp_two_ranks" else ()
     port = free_port_pair()
     bind = f"tcp://127.0.0.1:{port}"
     cfg = make_cfg(
@@ -146,7 +166,7 @@ def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_
         f"rollout.group_size={GROUP_SIZE}", "learner.checkpoint_every=2", "learner.actor_timeout_s=600",
         "learner.algorithm=ppo", "learner.kl_coef=0.05", "learner.entropy_coef=0.01", "learner.minibatches=2",
         "learner.warmup_steps=1", "learner.lr_schedule=cosine", "learner.tis_cap=2.0", "learner.lr=3e-3",
-        "schedule.turn_limits=[[0, 4], [3, 6]]",
+        "schedule.turn_limits=[[0, 4], [3, 6]]", *ranks,
     )  # fmt: skip
     config = tmp_path / "config.toml"
     config.write_text(to_toml(cfg))
@@ -188,9 +208,13 @@ def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_
     # the schedule position comes from the restored step: limit 4 before step 3, then 6
     assert weights_b == [(2, 2, 4), (3, 3, 6), (4, 4, 6)]
 
-    # The uninterrupted learner: the same 4 batches in one Trainer.
+    # The uninterrupted learner: the same 4 batches in one Trainer (with its own second rank).
     straight = Trainer.load(cfg)
-    m_straight = [straight.train_step(sent[i : i + BATCH]) for i in range(0, len(sent), BATCH)]
+    try:
+        m_straight = [straight.train_step(sent[i : i + BATCH]) for i in range(0, len(sent), BATCH)]
+        straight.save(tmp_path / "straight" / "step_000004", {})
+    finally:
+        straight.close()
     recs = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     for rec, m in zip(recs, m_straight, strict=True):
@@ -198,10 +222,9 @@ def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_
             assert rec[k] == m[k] or (np.isnan(rec[k]) and np.isnan(m[k])), (rec["step"], k, rec[k], m[k])
     final = latest_checkpoint(run_dir / "checkpoints")
     assert final is not None and final.name == "step_000004"
-    resumed = Trainer.load(cfg)
-    resumed.load_checkpoint(final)
-    assert (resumed.step, resumed.version) == (4, 4)
-    for (k, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
-        assert torch.equal(p, q), k
-    assert resumed.value_head is not None and straight.value_head is not None
-    assert torch.equal(resumed.value_head.linear.weight, straight.value_head.linear.weight)
+    # its checkpoint equals the resumed learner's: weights, value head, AdamW state, step, version
+    _equal_trees(read_model_weights(final), read_model_weights(tmp_path / "straight" / "step_000004"), "weights")
+    s_res, s_straight = (torch.load(d / STATE_FILE, weights_only=True) for d in (final, tmp_path / "straight" / "step_000004"))
+    assert (s_res["step"], s_res["version"]) == (s_straight["step"], s_straight["version"]) == (4, 4)
+    _equal_trees(s_res["value_head"], s_straight["value_head"], "value_head")
+    _equal_trees(s_res["optimizer"], s_straight["optimizer"], "optimizer")

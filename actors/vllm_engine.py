@@ -24,6 +24,7 @@ docs/adr/0005-inference-engine.md records the choices and measurements.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
@@ -32,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import structlog
 
 from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files
@@ -90,15 +92,23 @@ class VllmEngine(GatedEngine):
 
         # Building the AsyncLLM blocks until the engine core process is up (~15 s); vLLM starts
         # its loop-bound tasks lazily, so it is built in a thread and the loop keeps serving.
+        ours = psutil.Process()
+        before = {c.pid for c in ours.children()}
         building = asyncio.ensure_future(
             asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory])
         )
         try:
             self._llm = await asyncio.shield(building)
         except asyncio.CancelledError:
-            # The thread cannot be interrupted: shut the engine down once it is up, so a
-            # cancelled start leaves no engine core process behind.
+            # A stop (SIGTERM, Ctrl-C) while the engine starts. The thread cannot be interrupted,
+            # but it waits on the engine core process: ending the child processes started since
+            # the build began (and theirs) makes it fail at once instead of finishing a start
+            # nobody wants (tens of seconds on a CPU). Should it finish anyway, the engine is
+            # shut down.
             building.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().shutdown())
+            new = [c for c in ours.children() if c.pid not in before]
+            stopped = _end_processes([d for c in new for d in _with_descendants(c)])
+            log.info("engine_start_abandoned", engine="vllm", stopped_pids=stopped)
             raise
         await self._llm.is_paused()  # a first call on this loop starts vLLM's output tasks
         log.info(
@@ -308,3 +318,23 @@ class _LoadSink:
                 pass
 
         return _Recorder(vllm_config, engine_index)
+
+
+def _with_descendants(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return [p]
+
+
+def _end_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> list[int]:
+    """SIGTERM ``procs``, SIGKILL those still alive after ``grace_s``, wait for them; their pids."""
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return [p.pid for p in procs]

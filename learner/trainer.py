@@ -174,17 +174,20 @@ class Trainer:
             mine += [None] * (most - len(mine))
         return mine
 
-    def _idle_forward(self, *, ref: bool = False) -> torch.Tensor:
-        """The forward passes of a micro-batch on a 2-token row of padding, as a 0-valued loss
-        whose backward gives zero gradients (fsdp: this rank's part in the others' collectives)."""
+    def _idle_forward(self, *, policy: bool, ref: bool) -> torch.Tensor:
+        """The forward passes a micro-batch makes (the policy with its value head, the
+        reference), on a 2-token row of padding, as a 0-valued loss whose backward gives zero
+        gradients: with fsdp, this rank's part in the other ranks' collectives."""
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
         attn = torch.ones_like(ids)
         temp = self.cfg.rollout.temperature
+        z = torch.zeros((), device=self.device)
         with self._autocast():
-            f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
-            z = f.logp.sum() + f.entropy.sum()
-            if f.values is not None and f.last_value is not None:
-                z = z + f.values.sum() + f.last_value.sum()
+            if policy:
+                f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
+                z = z + f.logp.sum() + f.entropy.sum()
+                if f.values is not None and f.last_value is not None:
+                    z = z + f.values.sum() + f.last_value.sum()
             if ref and self.ref_model is not None:
                 z = z + sequence_logprobs(self.ref_model, ids, attn, temp).sum()
         return z * 0.0
@@ -205,8 +208,8 @@ class Trainer:
             return out
         with torch.no_grad(), self._autocast():
             for rows in micros:
-                if rows is None:
-                    self._idle_forward(ref=True)
+                if rows is None:  # the same forwards as a real micro-batch below
+                    self._idle_forward(policy="prox" in out, ref=self.ref_model is not None)
                     continue
                 L = int(b.lengths[rows].max())
                 ids, attn = b.input_ids[rows, :L], b.attention_mask[rows, :L]
@@ -270,7 +273,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             for rows in mb_micros:
                 if rows is None:
-                    self._idle_forward().backward()
+                    self._idle_forward(policy=True, ref=False).backward()
                     continue
                 L = int(lengths[rows].max())
                 ids, attn, w = b.input_ids[rows, :L], b.attention_mask[rows, :L], weights[rows, :L]

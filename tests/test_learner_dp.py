@@ -119,3 +119,26 @@ def test_fsdp_ranks_hold_shards_train_like_one_rank_and_share_its_checkpoints(mo
         assert m_one3[k] == pytest.approx(m_two3[k], rel=1e-4, abs=1e-6), k
     _assert_weights_close(_exported(one), _exported(resumed))
     _assert_weights_close(_exported(one), after_two3)
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_with_a_reference_model_and_no_value_head_train_like_one_rank(model_dir: Path) -> None:
+    # GRPO with the KL to the reference as a loss term: the no-grad pass runs the sharded
+    # reference only (no proximal pass with one minibatch), and the rank with fewer micro-batches
+    # (one group of 3 rows: 2 on one rank, 1 on the other) must run exactly those forwards idle.
+    cfg = ("learner.algorithm=grpo", "learner.kl_coef=0.1", 'learner.kl_mode="loss"', 'learner.kl_estimator="k3"',
+           "learner.micro_batch_tokens=16", "learner.lr=3e-3", "learner.dist_timeout_s=120")  # fmt: skip
+    one = Trainer.load(make_cfg(model_dir, *cfg))
+    m_one = [one.train_step(bandit_rollouts(version=one.version, group_size=3)[:1]) for _ in range(2)]
+    two = Trainer.load(make_cfg(model_dir, *cfg, "learner.dp_size=2", 'learner.dp_mode="fsdp"'))
+    try:
+        m_two = [two.train_step(bandit_rollouts(version=two.version, group_size=3)[:1]) for _ in range(2)]
+        after_two = _exported(two)
+    finally:
+        two.close()
+    for a, b in zip(m_one, m_two, strict=True):
+        assert a["micro_batches"] == b["micro_batches"] == 3.0
+        for k in ("loss", "pg_loss", "kl_ref", "entropy", "grad_norm", "is_weight_mean"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+    _assert_weights_close(_exported(one), after_two)
+    assert m_two[1]["kl_ref"] > 0  # the policy has moved off the reference: the KL term is live

@@ -3,6 +3,7 @@
     agentgym train [--config F] [--actors N] [-o KEY=VALUE ...]   learner + N local actors
     agentgym envs                                                 registered environments
     agentgym config [--config F] [-o ...]                         print the resolved config
+    agentgym view RUN_DIR [-o FILE]                               a page of the run's episodes and curves
 """
 
 from __future__ import annotations
@@ -33,7 +34,27 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("config", help="print the resolved config as TOML")
     add_config_args(c)
     sub.add_parser("envs", help="list registered environments")
+    v = sub.add_parser(
+        "view", help="write a page of what the agent did (episodes, success over steps)",
+        description="Write one self-contained HTML page from a run directory (finished or running): success and "
+        "reward over the steps and the episodes the learner logged (learner.log_episodes per step), each as "
+        "the conversation it trained on. Open it in any browser; it loads nothing from outside.",
+    )  # fmt: skip
+    v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
+    v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
+    v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
     args = p.parse_args(argv)
+
+    if args.cmd == "view":
+        from agentgym.viewer import write_page
+
+        try:
+            out = write_page(args.run_dir, args.out, args.limit)
+        except (FileNotFoundError, ValueError) as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        print(out)
+        return 0
 
     if args.cmd == "envs":
         from agentgym.envpool.registry import known_envs

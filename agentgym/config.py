@@ -143,6 +143,9 @@ class LearnerConfig(Section):
     weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 64
     threads: Annotated[int, Field(ge=0)] = 0
     """torch threads for training (0: torch's default)."""
+    log_episodes: Annotated[int, Field(ge=0)] = 2
+    """Episodes per optimizer step and per evaluation round decoded into RUN_DIR/episodes.jsonl
+    (best and worst of a group, alternately); ``agentgym view RUN_DIR`` shows them. 0: none."""
     checkpoint_every: Annotated[int, Field(ge=0)] = 0
     """Save an HF checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: Annotated[int, Field(ge=1)] = 3

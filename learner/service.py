@@ -26,6 +26,7 @@ import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.learner.batch import trainable_episodes
+from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.logs import MetricsWriter
@@ -124,6 +125,7 @@ class Learner:
         self.weights_msg: WeightsReady | None = None
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.eval_metrics = MetricsWriter(run_dir / "eval.jsonl")
+        self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
         self.evals: dict[str, EvalRound] = {}
         """Evaluation groups in flight -> their round."""
         self.eval_by_version: dict[int, EvalRound] = {}
@@ -314,6 +316,7 @@ class Learner:
             **env_stats(rnd.rollouts),
         }  # fmt: skip
         self.eval_metrics.write(rec)
+        self.episode_log.write("eval", rnd.step, rnd.version, rnd.rollouts)
         self.eval_results.append(rec)
         log.info("eval", step=rnd.step, version=rnd.version, split=rec["split"], episodes=len(eps),
                  success=round(float(rec["success_rate"]), 3), reward=round(float(rec["reward_mean"]), 3),
@@ -344,6 +347,7 @@ class Learner:
                 self.sched.open_sync_round(self.version)
             self.grant()
             self.report(stats)
+            await trio.to_thread.run_sync(self.episode_log.write, "train", self.step, self.version, batch)
             if lc.checkpoint_every and self.step % lc.checkpoint_every == 0:
                 await self.checkpoint()
             if ec.every and self.step % ec.every == 0:
@@ -482,6 +486,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             await learner.shutdown_actors(reason)
         learner.metrics.close()
         learner.eval_metrics.close()
+        learner.episode_log.close()
         c = learner.counters
         log.info("learner_finished", reason=reason, step=learner.step, groups=c.groups, episodes=c.episodes,
                  expired=c.expired, bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip

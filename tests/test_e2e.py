@@ -76,6 +76,20 @@ def test_learner_and_two_actors_train_and_account_for_every_group(tiny_model: Pa
     before, after = evals[0]["success_rate"], evals[-1]["success_rate"]
     assert after >= before + 0.08, f"held-out success did not rise: {before:.3f} -> {after:.3f}"
 
+    # What the agent did: 2 decoded episodes per step and per evaluation, and a page of them.
+    logged = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    train = [e for e in logged if e["kind"] == "train"]
+    assert [e["step"] for e in train] == [s for s in range(1, steps + 1) for _ in range(2)]
+    assert sorted(e["step"] for e in logged if e["kind"] == "eval") == [0, 0, 50, 50, steps, steps]
+    assert any(e["success"] for e in train) and not all(e["success"] for e in train)
+    for e in train:
+        roles = [seg["role"] for seg in e["segments"]]
+        assert roles[0] == "prompt" and roles.count("agent") == e["turns"] > 0, roles
+        assert sum(seg["tokens"] for seg in e["segments"]) == e["tokens"]
+        assert all(seg["text"] for seg in e["segments"])
+    page = run_cli(["agentgym.cli", "view", str(run_dir)], timeout=120, cwd=tmp_path)
+    assert page.returncode == 0 and Path(page.stdout.strip()) == run_dir / "view.html", page.stderr
+
     # Accounting: what each actor sent, the learner counted under the status it acked.
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "run finished" and summary["step"] == steps

@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -355,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     server = EnvServer(args.env, kwargs, args.size, host=args.host, port=args.port, step_timeout_s=args.step_timeout)
     server.start()
     print(f"serving {args.env} on {server.url}", flush=True)
+    # Ctrl-C and SIGTERM stop the server, even when started with SIGINT ignored (a background
+    # job of a non-interactive shell inherits SIG_IGN and Python then installs no handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     stop = threading.Event()
     try:
         stop.wait()

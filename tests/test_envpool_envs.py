@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import msgspec
 import pytest
@@ -86,6 +87,37 @@ def test_guess_number_is_deterministic_in_task_id() -> None:
     # And the targets actually vary with the task id.
     targets = {random.Random(t).randint(1, 8) for t in range(40)}
     assert len(targets) == 8
+
+
+def test_guess_number_latency_is_a_seeded_log_normal_wait_that_changes_nothing_else() -> None:
+    slow = GuessNumber(step_latency_s=0.02, latency_sigma=1.0)
+    waits = [slow.latency(task, turn) for task in range(400) for turn in (1, 2, 3)]
+    assert waits == [GuessNumber(step_latency_s=0.02, latency_sigma=1.0).latency(t, n) for t in range(400) for n in (1, 2, 3)]
+    waits.sort()
+    median = waits[len(waits) // 2]
+    assert 0.017 < median < 0.023  # log-normal: the median is step_latency_s
+    assert waits[-1] > 5 * median and waits[0] < median / 5  # a long tail both ways
+    assert sum(waits) / len(waits) > 1.4 * median  # mean = median * exp(sigma^2 / 2) = 1.65x
+    assert len(set(waits)) == len(waits)  # each (task, turn) draws its own
+    assert {GuessNumber(step_latency_s=0.02).latency(t, 1) for t in range(5)} == {0.02}  # sigma 0: fixed
+    assert GuessNumber().latency(3, 1) == 0.0
+    # The wait really happens (a sleep lasts at least what it asks; no upper bound is checked) and
+    # the game is the same one.
+    fast, slow = GuessNumber(), GuessNumber(step_latency_s=0.01, latency_sigma=0.5)
+    for task_id in range(3):
+        assert fast.reset(task_id) == slow.reset(task_id)
+        for action in ("4", "x", "2", "6"):
+            t0 = time.perf_counter()
+            r = slow.step(action)
+            assert time.perf_counter() - t0 >= slow.latency(task_id, r.info["turns"])
+            assert fast.step(action) == r
+
+
+@pytest.mark.parametrize("kwargs", [{"step_latency_s": -1}, {"latency_sigma": float("nan")}, {"step_latency_s": "1"},
+                                    {"latency_sigma": True}])
+def test_guess_number_rejects_a_bad_latency(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match=f"guess_number: option {next(iter(kwargs))} must be a number >= 0"):
+        GuessNumber(**kwargs)
 
 
 @pytest.mark.parametrize(("low", "high"), [(1, 8), (1, 20), (-5, 5), (3, 3), (0, 100)])

@@ -6,6 +6,8 @@ handful of fixed words (``CORPUS`` lists them all, for training a tokenizer), th
 number, and a good policy (binary search) needs only a few turns.
 
     options:  low: int = 1, high: int = 8          (env.kwargs in the config)
+              step_latency_s: float = 0             each step first waits this long (the median)
+              latency_sigma: float = 0              spread of that wait: log-normal, sigma of its log
     target:   random.Random(task_id).randint(low, high)
     reset ->  "guess a number from 1 to 8"
     step  ->  "correct" (reward 1, done, success) | "higher" | "lower"
@@ -15,12 +17,21 @@ The instructions repeat the rules for agents that get a system message; the firs
 alone is enough to play. The env has no turn limit of its own: the actor applies the learner's.
 The expert plays binary search on the hints so far and always solves within
 ceil(log2(high - low + 1)) + 1 turns.
+
+``step_latency_s`` makes the env behave like one that waits on a tool, a web page or a
+simulator: each step sleeps (no CPU) for ``step_latency_s * exp(latency_sigma * z)`` seconds,
+z standard normal and drawn from (task id, turn), so a rerun waits the same. With
+``latency_sigma = 1`` the mean wait is 1.65x the median and one step in a hundred waits over 10x:
+the long tail that makes a synchronous batch wait for its slowest episode
+(bench/sync_vs_async.py). The wait changes nothing else the env does.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
+import time
 
 from agentgym.envpool.base import Env, StepResult
 
@@ -63,20 +74,27 @@ def _parse(action: str) -> int | None:
 class GuessNumber(Env):
     name = "guess_number"
 
-    def __init__(self, low: int = 1, high: int = 8, **kwargs: object) -> None:
+    def __init__(self, low: int = 1, high: int = 8, step_latency_s: float = 0.0, latency_sigma: float = 0.0,
+                 **kwargs: object) -> None:
         super().__init__(**kwargs)
         for key, value in (("low", low), ("high", high)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"guess_number: option {key} must be an integer, got {value!r}")
         if low > high:
             raise ValueError(f"guess_number: low={low} is greater than high={high}")
+        for key, value in (("step_latency_s", step_latency_s), ("latency_sigma", latency_sigma)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+                raise ValueError(f"guess_number: option {key} must be a number >= 0, got {value!r}")
         self.low, self.high = low, high
+        self.step_latency_s, self.latency_sigma = float(step_latency_s), float(latency_sigma)
+        self._task_id = 0
         self._target: int | None = None
         self._lo, self._hi = low, high  # what the hints so far allow (for the expert)
         self._turns = 0
         self._done = False
 
     def reset(self, task_id: int) -> str:
+        self._task_id = task_id
         self._target = random.Random(task_id).randint(self.low, self.high)
         self._lo, self._hi = self.low, self.high
         self._turns = 0
@@ -92,6 +110,8 @@ class GuessNumber(Env):
         if self._done:
             return StepResult(GAME_OVER, 0.0, True, {"turns": self._turns, "success": False})
         self._turns += 1
+        if self.step_latency_s:
+            time.sleep(self.latency(self._task_id, self._turns))
         guess = _parse(action)
         if guess is None or not self.low <= guess <= self.high:
             return StepResult(invalid(self.low, self.high), 0.0, False, {"turns": self._turns, "valid": False})
@@ -103,6 +123,13 @@ class GuessNumber(Env):
             return StepResult(HIGHER, 0.0, False, {"turns": self._turns})
         self._hi = min(self._hi, guess - 1)
         return StepResult(LOWER, 0.0, False, {"turns": self._turns})
+
+    def latency(self, task_id: int, turn: int) -> float:
+        """Seconds step ``turn`` (from 1) of task ``task_id`` waits (0 unless ``step_latency_s``)."""
+        if not self.step_latency_s:
+            return 0.0
+        z = random.Random(f"latency {task_id} {turn}").gauss(0.0, 1.0)
+        return self.step_latency_s * math.exp(self.latency_sigma * z)
 
     def expert_action(self) -> str:
         # Binary search over what the hints allow; it only uses what the agent has seen.

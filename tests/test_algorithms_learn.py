@@ -13,8 +13,8 @@ makes the same comparison at the quickstart's size through real actor processes 
 Settings: the quickstart's config, made smaller where it costs time. Numbers 1 to 4, a limit of
 2 turns of at most 2 tokens, 40 steps of 4 groups x 8 episodes. Each token costs one forward
 pass of the reference engine, which bounds the run (about 30 s per algorithm on 2 CPU cores).
-The random tiny model solves about 3 % of the held-out episodes; after 40 steps it has learnt
-to say a number in range and solves 0.18-0.35 of them, whatever the algorithm and seed.
+The random tiny model solves 0.016 of the held-out episodes; after 40 steps it solves
+0.15-0.23 of them with seed 0 (docs/off_policy.md has the figures per algorithm and seed).
 64 held-out tasks with 4 episodes each: the first 16 test tasks alone hold one task with
 target 1, so a policy that favours one number would be judged by luck.
 """
@@ -46,7 +46,11 @@ QUICKSTART = REPO / "configs" / "quickstart.toml"
 SEED = 0
 STEPS = 40
 HELD_OUT_TASKS, HELD_OUT_EPISODES = 64, 4
-MIN_RISE = 0.10  # held-out success after − before; measured rises 0.145-0.32 over seeds and algorithms
+# Held-out success after − before. Measured: 0.13-0.21 with seed 0, 0.098-0.27 over seeds 1-5 and
+# the four algorithms. Same weights and sampling seeds give a rise of exactly 0; 0.06 is 15 more
+# of the 256 held-out episodes solved, a margin that other CPUs' float rounding (another
+# trajectory) keeps; a learner that unlearns (a sign error) or does nothing fails it.
+MIN_RISE = 0.06
 SETTINGS = (
     "env.kwargs={ low = 1, high = 4 }", "schedule.turn_limits=[[0, 2]]", "rollout.max_tokens_per_turn=2",
     "rollout.group_size=8", "learner.batch_groups=4", "learner.lr=1e-2", f"run.max_steps={STEPS}",

@@ -10,8 +10,9 @@ AgentGym-RL and verl train) and "async" (actors never wait; staleness bounded by
 Reported per mode, from the run's own ``metrics.jsonl`` and ``eval.jsonl``: training wall time
 (first to last optimizer step, so the engines' start-up is left out), optimizer steps/s,
 trained trajectories/s and agent tokens/s over that span, mean staleness, and held-out success
-of the final weights. The ratio async/sync is the figure to quote; absolute numbers depend on
-the machine and whatever else runs on it.
+of the final weights, printed as a table and written to ``OUT/comparison.json``. The ratio
+async/sync is the figure to quote; absolute numbers depend on the machine and whatever else
+runs on it.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def main() -> int:
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="agentgym-sync-vs-async-"))
     res = {mode: run(mode, args.config.resolve(), args.steps, args.actors, out / mode, args.override) for mode in ("sync", "async")}
+    record = {"config": str(args.config), "steps": args.steps, "actors": args.actors, "overrides": args.override, **res}
+    (out / "comparison.json").write_text(json.dumps(record, indent=1) + "\n")
     keys = list(res["sync"])
     extra = f", {' '.join(args.override)}" if args.override else ""
     print(f"\n{args.steps} steps, {args.actors} actors, config {args.config.name}{extra}, runs in {out}\n")

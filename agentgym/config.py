@@ -261,7 +261,10 @@ class ActorConfig(Section):
     remote: RemoteEngineConfig = RemoteEngineConfig()
     """Options of ``engine = "remote"``."""
     max_groups: Annotated[int, Field(ge=1)] = 4
-    """Groups played at once (concurrent episodes = max_groups x group_size)."""
+    """Groups played at once (concurrent episodes = max_groups x group_size). With envs that wait
+    on I/O, raise it until mean staleness nears ``learner.max_staleness`` (docs/benchmarks.md:
+    4 -> 8 took async from 1.9x to 2.9x sync); where generation already fills the CPU or GPU,
+    more only adds staleness."""
     env_workers: Annotated[int, Field(ge=0)] = 0
     """Environment subprocesses (0: one per concurrent episode)."""
     kv_cache_gib: Annotated[float, Field(gt=0)] = 0.5

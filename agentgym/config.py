@@ -264,7 +264,7 @@ class ActorConfig(Section):
     """Groups played at once (concurrent episodes = max_groups x group_size). With envs that wait
     on I/O, raise it until mean staleness nears ``learner.max_staleness`` (docs/benchmarks.md:
     4 -> 8 took async from 1.9x to 2.9x sync); where generation already fills the CPU or GPU,
-    more only adds staleness."""
+    more adds staleness and may add no speed."""
     env_workers: Annotated[int, Field(ge=0)] = 0
     """Environment subprocesses (0: one per concurrent episode)."""
     kv_cache_gib: Annotated[float, Field(gt=0)] = 0.5

@@ -52,6 +52,16 @@ log = structlog.get_logger(__name__)
 RATE_WINDOW_S = 10.0
 
 
+def rollout_spec(cfg: Config) -> RolloutSpec:
+    """How actors play, from the learner's config: what every Welcome carries."""
+    rc = cfg.rollout
+    return RolloutSpec(
+        group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn, max_episode_tokens=rc.max_episode_tokens,
+        temperature=rc.temperature, top_p=rc.top_p, env_kwargs={e.name: dict(e.kwargs) for e in cfg.env.specs},
+        system_prompt=rc.system_prompt,
+    )  # fmt: skip
+
+
 def env_stats(batch: list[Rollout]) -> dict[str, float]:
     """Per-environment numbers of a training batch, as flat ``env/<name>/<metric>`` keys: episodes,
     mean reward, success rate, mean agent turns, and the share of episodes cut by the turn limit."""
@@ -164,18 +174,14 @@ class Learner:
             log.warning("actor_rejected", actor=msg.actor_id, field="model")
             return
         state, new = self.sched.register(msg.actor_id, peer, msg.hostname, msg.max_groups)
-        rc, lc = self.cfg.rollout, self.cfg.learner
+        lc = self.cfg.learner
         self.hub.send(peer, Welcome(
             run_id=self.run_id, actor_index=state.index,
             weights_port=int(lc.bind.rsplit(":", 1)[1]) + 1,
             model_path=str(Path(self.cfg.model.path).resolve()), model_fingerprint=self.fingerprint,
             mode=self.cfg.run.mode, heartbeat_interval_s=lc.heartbeat_interval_s,
             actor_timeout_s=lc.actor_timeout_s,
-            rollout=RolloutSpec(
-                group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn,
-                max_episode_tokens=rc.max_episode_tokens, temperature=rc.temperature, top_p=rc.top_p,
-                env_kwargs={e.name: dict(e.kwargs) for e in self.cfg.env.specs}, system_prompt=rc.system_prompt,
-            ),
+            rollout=rollout_spec(self.cfg),
         ))  # fmt: skip
         if self.weights_msg is not None:
             self.hub.send(peer, self.weights_msg)

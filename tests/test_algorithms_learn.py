@@ -37,6 +37,7 @@ from agentgym.actors.rollout import play_episode
 from agentgym.config import Config, LearnerConfig, load_config
 from agentgym.envpool.pool import EnvPool
 from agentgym.learner.algorithms import ALGORITHMS
+from agentgym.learner.service import rollout_spec
 from agentgym.learner.trainer import Trainer
 from agentgym.protocol import Rollout, RolloutSpec, Ticket
 from agentgym.tiny_model import make_default_tiny_model
@@ -81,16 +82,6 @@ def config(model_dir: Path, algorithm: str, *overrides: str) -> Config:
                                     f"run.seed={SEED}", *overrides])  # fmt: skip
 
 
-def rollout_spec(cfg: Config) -> RolloutSpec:
-    """How actors play, as the learner's Welcome tells them."""
-    rc = cfg.rollout
-    return RolloutSpec(
-        group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn, max_episode_tokens=rc.max_episode_tokens,
-        temperature=rc.temperature, top_p=rc.top_p, env_kwargs={e.name: dict(e.kwargs) for e in cfg.env.specs},
-        system_prompt=rc.system_prompt,
-    )  # fmt: skip
-
-
 async def play_groups(
     engine: HfEngine, tokenizer: object, pool: EnvPool, spec: RolloutSpec, tickets: list[Ticket], episodes: int,
     turn_limit: int,
@@ -109,7 +100,7 @@ async def train_and_evaluate(cfg: Config) -> tuple[float, float, list[dict[str, 
     from transformers import AutoTokenizer
 
     env = cfg.env.specs[0]
-    spec = rollout_spec(cfg)
+    spec = rollout_spec(cfg)  # how actors play, as the learner's Welcome tells them
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     trainer = Trainer.load(cfg)
     engine = RequestSeededEngine(cfg.model.path, seed=cfg.run.seed)
@@ -125,7 +116,7 @@ async def train_and_evaluate(cfg: Config) -> tuple[float, float, list[dict[str, 
     await pool.start()
     try:
         before = await success(cfg.schedule.turn_limit(0))
-        draw = random.Random(cfg.run.seed)  # training tasks, as the learner's scheduler draws them
+        draw = random.Random(cfg.run.seed)  # training tasks from the train range, seeded by run.seed
         metrics = []
         for step in range(cfg.run.max_steps):
             tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))

@@ -220,6 +220,10 @@ class LearnerConfig(Section):
     dp_size = 1 there is nothing to shard and fsdp trains like replicate."""
     dist_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Deadline of every collective between data-parallel ranks."""
+    dual_clip: Annotated[float, Field(gt=1)] | None = 3.0
+    """Dual-clip PPO's c (verl's and AReaL's clip_ratio_c): a token with a negative advantage
+    contributes at most c * |A| however far its ratio pi_theta/pi_prox has grown (None: off).
+    Acts only with minibatches > 1 (with one, the ratio is 1)."""
 
     @model_validator(mode="after")
     def _ports(self) -> LearnerConfig:

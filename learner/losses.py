@@ -103,6 +103,7 @@ def decoupled_ppo_loss(
     behav_reject_above: float | None = None,
     agg: Agg = "token_mean",
     norm_const: float | None = None,
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Decoupled PPO-clip with a truncated behaviour importance weight; returns (loss, metrics).
 
@@ -119,6 +120,11 @@ def decoupled_ppo_loss(
 
     ``behav_weight_cap`` is C (None: no cap). ``behav_reject_above``: tokens whose uncapped
     π_prox/μ exceeds it get w = 0 (AReaL's rejection) but still count in the normaliser.
+    ``dual_clip`` is c > 1 of dual-clip PPO ("Mastering Complex Control in MOBA Games with Deep
+    Reinforcement Learning", Ye et al., arXiv 1912.09729; verl's and AReaL's ``c_clip``, 3 there):
+    for A_t < 0 the term is also bounded, ℓ_t = −w_t·max(min(r_t·A_t, clip(r_t)·A_t), c·A_t), so a
+    token whose ratio has run far above 1 + ε_high cannot push with an unbounded −r_t·A_t
+    (None: off). It acts only where r_t > c, i.e. with several minibatches per batch.
     With prox_logp == behav_logp, w = 1 exactly and this is plain PPO-clip; with
     logp == prox_logp == behav_logp its value is −mean(A) and its gradient −A·∇logp per token,
     the on-policy policy gradient.
@@ -130,7 +136,7 @@ def decoupled_ppo_loss(
 
     Metrics (means over agent tokens, detached): is_weight_mean / is_weight_max of the uncapped
     π_prox/μ, is_truncated_frac (above C), is_rejected_frac, clip_frac (the clipped term binds,
-    so the token has no gradient), approx_kl (k3 estimate of KL(π_prox‖π_θ)), num_tokens.
+    so the token has no gradient), dual_clip_frac (the dual clip binds), approx_kl (k3 estimate of KL(π_prox‖π_θ)), num_tokens.
     """
     _same_shape("decoupled_ppo_loss", logp=logp, prox_logp=prox_logp, behav_logp=behav_logp,
                 advantages=advantages, loss_mask=loss_mask)  # fmt: skip
@@ -141,6 +147,8 @@ def decoupled_ppo_loss(
         raise ValueError(f"behav_weight_cap must be > 0 or None, got {behav_weight_cap}")
     if behav_reject_above is not None and not behav_reject_above > 0:
         raise ValueError(f"behav_reject_above must be > 0 or None, got {behav_reject_above}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip}")
     keep = loss_mask != 0
     # Select before any arithmetic so that garbage in padding can't become NaN in value or gradient.
     logp = torch.where(keep, logp, 0.0)
@@ -152,6 +160,11 @@ def decoupled_ppo_loss(
     surr = ratio * adv
     surr_clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     pg = -torch.minimum(surr, surr_clipped)
+    dual = torch.zeros_like(keep)
+    if dual_clip is not None:
+        # −c·A is the largest a negative-advantage token's term may be; with A ≥ 0 nothing changes.
+        dual = (adv < 0) & (pg > -dual_clip * adv)
+        pg = torch.where(dual, -dual_clip * adv, pg)
     behav_ratio = torch.exp(prox - behav)
     w = behav_ratio if behav_weight_cap is None else behav_ratio.clamp(max=behav_weight_cap)
     if behav_reject_above is not None:
@@ -170,6 +183,7 @@ def decoupled_ppo_loss(
             "is_truncated_frac": masked_mean((behav_ratio > cap).to(agent.dtype), agent),
             "is_rejected_frac": masked_mean((behav_ratio > reject).to(agent.dtype), agent),
             "clip_frac": masked_mean((surr_clipped < surr).to(agent.dtype), agent),
+            "dual_clip_frac": masked_mean(dual.to(agent.dtype), agent),
             "approx_kl": masked_mean(torch.expm1(log_r) - log_r, agent),
             "num_tokens": n.to(agent.dtype),
         }

@@ -103,6 +103,24 @@ def test_decoupled_ppo_by_hand() -> None:
     assert torch.allclose(logp.grad, torch.tensor([[0.0, 0.0, -0.2], [0.0, 0.0, 0.0]]))
 
 
+def test_dual_clip_bounds_negative_advantage_tokens_by_hand() -> None:
+    # ratios 5, 2, 5 (w = 1): with A = -1, PPO's term is max(r, clip(r)) = r; the dual clip caps it
+    # at c = 3 and takes its gradient; with A = +1 the dual clip never acts (the clip already does).
+    logp = torch.tensor([[L(5.0), L(2.0), L(5.0)]], requires_grad=True)
+    zeros = torch.zeros(1, 3)
+    adv, mask = torch.tensor([[-1.0, -1.0, 1.0]]), torch.ones(1, 3)
+    loss, m = decoupled_ppo_loss(logp, zeros, zeros, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0)
+    assert loss.item() == pytest.approx((3.0 + 2.0 - 1.2) / 3)
+    assert m["dual_clip_frac"].item() == pytest.approx(1 / 3)
+    loss.backward()
+    # token a: capped (no gradient); b: dℓ/dlogp = -r·A / 3 = 2/3; c: clipped above (no gradient)
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 2 / 3, 0.0]]))
+    plain, m0 = decoupled_ppo_loss(logp, zeros, zeros, adv, mask, clip_low=0.2, clip_high=0.2)
+    assert plain.item() == pytest.approx((5.0 + 2.0 - 1.2) / 3) and m0["dual_clip_frac"].item() == 0.0
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        decoupled_ppo_loss(logp, zeros, zeros, adv, mask, dual_clip=1.0)
+
+
 def test_decoupled_ppo_clip_higher_rejection_and_aggregations_by_hand() -> None:
     logp, prox, behav, adv, mask = _hand_batch()
     # clip-higher: a -> min(1.4, 1.28) = 1.28 -> -2.56

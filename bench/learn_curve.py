@@ -1,0 +1,150 @@
+"""Held-out success curves of short in-process training runs: the fast loop for tuning the learner.
+
+    python bench/learn_curve.py --config configs/quickstart.toml --seeds 0,1,2 --steps 150 \
+        --eval-every 25 --tag base [-o learner.lr=1e-3 ...] [--out runs/curves] [--plot]
+
+The loop is tests/test_algorithms_learn.py's, without sockets: the transformers reference engine
+(actors/hf_engine.py, one sampling seed per request) plays groups with the actor's rollout code
+on a real EnvPool, the learner's ``Trainer.train_step`` trains on each batch, and the new weights
+go into the engine before the next batch. It is synchronous (staleness 0, and the engine is the
+learner's own float32 model, so π_prox/μ = 1): what it measures is the optimisation itself
+(learning rate, clip, loss), not the off-policy correction. Held-out success is measured every
+``--eval-every`` steps on ``--eval-tasks`` test tasks x 4 samples at the step's turn limit.
+
+Writes ``OUT/TAG/seed<S>.json`` (the config overrides, the held-out curve, every step's metrics)
+and, with ``--plot``, ``OUT/TAG.png``. ``bench/plot_curves.py`` plots several tags together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+import zlib
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
+from agentgym.actors.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.rollout import play_episode  # noqa: E402
+from agentgym.config import Config, load_config  # noqa: E402
+from agentgym.envpool.pool import EnvPool  # noqa: E402
+from agentgym.learner.service import rollout_spec  # noqa: E402
+from agentgym.learner.trainer import Trainer  # noqa: E402
+from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
+
+EVAL_EPISODES = 4
+
+
+class RequestSeededEngine(HfEngine):
+    """The reference engine with one sampling seed per request (group/episode/turn), so that
+    concurrent episodes sample the same tokens in every run whatever order they reach it in."""
+
+    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
+        seed = zlib.crc32(f"{self.seed}:{request_id}".encode())
+        return await super().generate(request_id, prompt_ids, replace(spec, seed=seed))
+
+
+async def play_groups(engine: HfEngine, tokenizer: object, pool: EnvPool, spec: RolloutSpec, tickets: list[Ticket],
+                      episodes: int, turn_limit: int) -> list[Rollout]:  # fmt: skip
+    """``episodes`` episodes of each ticket, all at once, as actors play them."""
+
+    async def group(t: Ticket) -> Rollout:
+        eps = await asyncio.gather(*(play_episode(engine, tokenizer, pool, t, i, spec, turn_limit) for i in range(episodes)))
+        return Rollout(group_id=t.group_id, actor_id="bench", env=t.env, task_id=t.task_id, episodes=list(eps))
+
+    return list(await asyncio.gather(*(group(t) for t in tickets)))
+
+
+async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_limit: int | None = None,
+                      log: bool = True) -> dict:  # fmt: skip
+    """Train ``cfg.run.max_steps`` steps; held-out success at step 0, every ``eval_every`` and at the end.
+
+    ``eval_turn_limit``: evaluate at this turn limit (None: the schedule's limit at that step)."""
+    from transformers import AutoTokenizer
+
+    env = cfg.env.specs[0]
+    spec = rollout_spec(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    trainer = Trainer.load(cfg)
+    engine = RequestSeededEngine(cfg.model.path, seed=cfg.run.seed)
+    pool = EnvPool(env.name, dict(env.kwargs), 8)
+    held_out = [Ticket(group_id=f"eval:{i}", env=env.name, task_id=i, split="test") for i in range(eval_tasks)]
+    curve: list[tuple[int, float]] = []
+    metrics: list[dict[str, float]] = []
+    t0 = time.time()
+
+    async def evaluate(step: int) -> None:
+        limit = eval_turn_limit or cfg.schedule.turn_limit(step)
+        groups = await play_groups(engine, tokenizer, pool, spec, held_out, EVAL_EPISODES, limit)
+        eps = [e for g in groups for e in g.episodes]
+        curve.append((step, sum(e.success for e in eps) / len(eps)))
+        if log:
+            m = metrics[-1] if metrics else {}
+            print(f"  step {step:4d} held_out {curve[-1][1]:.3f} train {m.get('success_rate', float('nan')):.3f} "
+                  f"entropy {m.get('entropy', float('nan')):.2f} t {time.time() - t0:.0f}s", flush=True)  # fmt: skip
+
+    await engine.start()
+    await pool.start()
+    try:
+        await evaluate(0)
+        draw = random.Random(cfg.run.seed)
+        for step in range(cfg.run.max_steps):
+            tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
+                       for g in range(cfg.learner.batch_groups)]  # fmt: skip
+            rollouts = await play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step))
+            metrics.append(trainer.train_step(rollouts))
+            await engine.update_weights({k: v.detach() for k, v in trainer.model.state_dict().items()}, trainer.version)
+            if (step + 1) % eval_every == 0 or step + 1 == cfg.run.max_steps:
+                await evaluate(step + 1)
+    finally:
+        await pool.close()
+        await engine.close()
+        trainer.close()
+    return {"curve": curve, "metrics": metrics, "wall_s": time.time() - t0}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=REPO / "configs" / "quickstart.toml")
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--steps", type=int, default=None, help="run.max_steps (default: the config's)")
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-tasks", type=int, default=32)
+    p.add_argument("--eval-turn-limit", type=int, default=None)
+    p.add_argument("-o", "--override", action="append", default=[])
+    p.add_argument("--tag", default="run")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "curves")
+    p.add_argument("--plot", action="store_true")
+    args = p.parse_args()
+    from agentgym.tiny_model import make_default_tiny_model
+
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        overrides = [f"run.seed={seed}", 'learner.device="cpu"', "model.create_tiny=false", *args.override]
+        if args.steps is not None:
+            overrides.append(f"run.max_steps={args.steps}")
+        cfg = load_config(args.config, overrides)
+        if not Path(cfg.model.path, "config.json").exists():
+            make_default_tiny_model(Path(cfg.model.path), seed=0)
+        print(f"[{args.tag} seed {seed}] {' '.join(args.override)}", flush=True)
+        res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, args.eval_turn_limit))
+        out = args.out / args.tag
+        out.mkdir(parents=True, exist_ok=True)
+        res.update(config=str(args.config), overrides=overrides, seed=seed)
+        (out / f"seed{seed}.json").write_text(json.dumps(res))
+    if args.plot:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from plot_curves import plot
+
+        plot([args.out / args.tag], args.out / f"{args.tag}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -48,7 +48,7 @@ fi
 # vLLM pulls PyPI's torchvision/torchaudio/torchcodec, built against another torch: they break
 # `transformers` model imports ("operator torchvision::nms does not exist"). Text models need none.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$PIP" install -q -e ".[test]"
+"$PIP" install -q -e ".[test,plot]"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

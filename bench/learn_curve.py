@@ -63,10 +63,11 @@ async def play_groups(engine: HfEngine, tokenizer: object, pool: EnvPool, spec: 
 
 
 async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_limit: int | None = None,
-                      log: bool = True) -> dict:  # fmt: skip
+                      log: bool = True, partial: Path | None = None) -> dict:  # fmt: skip
     """Train ``cfg.run.max_steps`` steps; held-out success at step 0, every ``eval_every`` and at the end.
 
-    ``eval_turn_limit``: evaluate at this turn limit (None: the schedule's limit at that step)."""
+    ``eval_turn_limit``: evaluate at this turn limit (None: the schedule's limit at that step).
+    ``partial``: after each evaluation the curve so far is written there (a run cut short keeps it)."""
     from transformers import AutoTokenizer
 
     env = cfg.env.specs[0]
@@ -85,6 +86,9 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
         groups = await play_groups(engine, tokenizer, pool, spec, held_out, EVAL_EPISODES, limit)
         eps = [e for g in groups for e in g.episodes]
         curve.append((step, sum(e.success for e in eps) / len(eps)))
+        if partial is not None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({"curve": curve, "metrics": metrics, "partial": True}))
         if log:
             m = metrics[-1] if metrics else {}
             print(f"  step {step:4d} held_out {curve[-1][1]:.3f} train {m.get('success_rate', float('nan')):.3f} "
@@ -133,9 +137,9 @@ def main() -> int:
         if not Path(cfg.model.path, "config.json").exists():
             make_default_tiny_model(Path(cfg.model.path), seed=0)
         print(f"[{args.tag} seed {seed}] {' '.join(args.override)}", flush=True)
-        res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, args.eval_turn_limit))
         out = args.out / args.tag
-        out.mkdir(parents=True, exist_ok=True)
+        res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, args.eval_turn_limit,
+                                      partial=out / f"seed{seed}.json"))  # fmt: skip
         res.update(config=str(args.config), overrides=overrides, seed=seed)
         (out / f"seed{seed}.json").write_text(json.dumps(res))
     if args.plot:

@@ -4,8 +4,8 @@
         [--title "..."] [--table]
 
 Each argument is a folder of ``seed<S>.json`` files ({"curve": [[step, success], ...], ...});
-one line per folder: the mean over seeds, a band from the lowest to the highest seed, thin lines
-per seed. ``--table`` also prints a Markdown table of the mean (min-max) at each evaluated step.
+one line per folder: the mean over the seeds that reached each step, a band from the lowest to
+the highest seed, thin lines per seed. ``--table`` also prints a Markdown table of the mean (min-max) at each evaluated step.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ def load(folder: Path) -> dict[int, list[tuple[int, float]]]:
     return runs
 
 
-def summary(runs: dict[int, list[tuple[int, float]]]) -> list[tuple[int, float, float, float]]:
-    """(step, mean, min, max) over the seeds at every step all of them evaluated."""
-    steps = sorted(set.intersection(*(set(s for s, _ in c) for c in runs.values())))
+def summary(runs: dict[int, list[tuple[int, float]]]) -> list[tuple[int, float, float, float, int]]:
+    """(step, mean, min, max, n) over the seeds that evaluated each step (a run cut short counts
+    only where it got to; n says how many did)."""
+    steps = sorted(set.union(*(set(s for s, _ in c) for c in runs.values())))
     out = []
     for s in steps:
-        vals = [dict(c)[s] for c in runs.values()]
-        out.append((s, sum(vals) / len(vals), min(vals), max(vals)))
+        vals = [dict(c)[s] for c in runs.values() if s in dict(c)]
+        out.append((s, sum(vals) / len(vals), min(vals), max(vals), len(vals)))
     return out
 
 
@@ -71,7 +72,7 @@ def table(folders: list[Path]) -> str:
         lines.append(f"\n{folder.name} ({len(runs)} seeds: {sorted(runs)})\n")
         lines.append("| step | " + " | ".join(str(r[0]) for r in rows) + " |")
         lines.append("|---" * (len(rows) + 1) + "|")
-        lines.append("| mean (min-max) | " + " | ".join(f"{r[1]:.2f} ({r[2]:.2f}-{r[3]:.2f})" for r in rows) + " |")
+        lines.append("| mean (min-max) | " + " | ".join(f"{r[1]:.2f} ({r[2]:.2f}-{r[3]:.2f}, n={r[4]})" for r in rows) + " |")
     return "\n".join(lines)
 
 

@@ -69,7 +69,8 @@ def main() -> int:
             if not Path(cfg.model.path, "config.json").exists():
                 make_default_tiny_model(Path(cfg.model.path), seed=0)
             print(f"[{arm} seed {seed}] turn_limits={limits}", flush=True)
-            res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, eval_turn_limit=LONG))
+            res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, eval_turn_limit=LONG,
+                                          partial=args.out / arm / f"seed{seed}.json"))  # fmt: skip
             res.update(arm=arm, turn_limits=limits, seed=seed, overrides=[*base, *args.override])
             (args.out / arm).mkdir(parents=True, exist_ok=True)
             (args.out / arm / f"seed{seed}.json").write_text(json.dumps(res))

@@ -1,6 +1,6 @@
 """ScalingInter-RL at small scale: a fixed short turn limit, a fixed long one, and a staged schedule.
 
-    python bench/scaling_inter.py [--seeds 0,1,2] [--steps 90] [--out runs/scaling_inter] [--plot docs/img/scaling_inter.png]
+    python bench/scaling_inter.py [--seeds 0,1,2] [--steps 60] [--out runs/scaling_inter] [--plot docs/img/scaling_inter.png]
 
 AgentGym-RL's ScalingInter-RL (arXiv 2509.08755) trains with a short interaction horizon first
 and lengthens it in stages; its claim is that this is more stable and ends higher than a fixed
@@ -50,7 +50,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=REPO / "configs" / "quickstart.toml")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=90)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--eval-every", type=int, default=15)
     p.add_argument("--eval-tasks", type=int, default=32)
     p.add_argument("--arms", default="short,long,staged")

@@ -7,11 +7,11 @@ Called once per heartbeat. The rule is additive-increase / multiplicative-decrea
 finds a link's rate without knowing it:
 
 - grow (by a quarter, at least one) while every slot is busy, the engine's KV cache has room
-  (usage below ``grow_below``, no request waiting for memory) and the learner's staleness rule
+  (usage below ``grow_below``) and the learner's staleness rule
   would issue more tickets (``headroom`` > 0, sent in the learner's heartbeats): more groups at
   once means larger engine batches and more env waits overlapped, and the learner has room.
 - shrink (by a quarter, at least one) under memory pressure (usage at or above
-  ``shrink_above``, or requests waiting for KV blocks while others run) or when groups start to
+  ``shrink_above``, or requests queued with usage past ``grow_below``) or when groups start to
   go stale (the learner's count of stale and expired groups rose since the last tick): past
   that point more concurrency only makes each group slower and older.
 - otherwise hold.
@@ -62,12 +62,13 @@ class Concurrency:
         """One tick: returns the new target (also kept in ``self.target``)."""
         new_stale = self._stale_seen is not None and s.stale > self._stale_seen
         self._stale_seen = s.stale
-        pressure = s.kv_cache_usage >= self.shrink_above or (s.waiting > 0 and s.running > 0 and s.waiting >= s.running)
+        # Requests queued while the cache is nearly full wait for memory; queued with room to
+        # spare they only wait for the scheduler's next batch, which is no reason to shrink.
+        pressure = s.kv_cache_usage >= self.shrink_above or (s.waiting > 0 and s.kv_cache_usage >= self.grow_below)
         if pressure or new_stale:
             self.target = max(1, self.target - self._step())
             self.last_reason = "memory" if pressure else "stale"
-        elif (s.busy >= self.target and s.headroom > 0 and s.kv_cache_usage < self.grow_below
-              and s.waiting == 0 and self.target < self.cap):  # fmt: skip
+        elif s.busy >= self.target and s.headroom > 0 and s.kv_cache_usage < self.grow_below and self.target < self.cap:
             self.target = min(self.cap, self.target + self._step())
             self.last_reason = "grow"
         else:

@@ -60,7 +60,9 @@ def test_it_shrinks_when_groups_go_stale_or_requests_wait_for_memory() -> None:
     assert ctl.target == 16
     ctl.update(signals(16, 0.1, stale=5))
     assert ctl.target == 12 and ctl.last_reason == "stale"
-    ctl.update(Signals(busy=12, kv_cache_usage=0.5, waiting=40, running=30, headroom=10, stale=5))
+    ctl.update(Signals(busy=12, kv_cache_usage=0.3, waiting=40, running=30, headroom=0, stale=5))
+    assert ctl.target == 12  # queued with room to spare: the engine's next batch, not memory
+    ctl.update(Signals(busy=12, kv_cache_usage=0.85, waiting=40, running=30, headroom=10, stale=5))
     assert ctl.target == 9 and ctl.last_reason == "memory"
     for _ in range(20):
         ctl.update(signals(ctl.target, 1.0))

@@ -35,7 +35,7 @@ MODES = ("sync", "async")
 def add_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "bench", help="sync baseline vs async on one config: ratio table, comparison.json, plot",
-        description=__doc__.split("\n\n")[2].replace("\n", " "),
+        description=" ".join(__doc__.split("\n\n")[i].replace("\n", " ") for i in (2, 3)),
     )  # fmt: skip
     b.add_argument("--config", type=Path, default=None, help="TOML config (default: configs/quickstart.toml)")
     b.add_argument("--steps", type=int, default=40, help="optimizer steps per run (default: 40)")

@@ -340,6 +340,7 @@ class Trainer:
             advantage_abs_mean=float(adv[agent].abs().mean()) if agent.any() else 0.0,
             staleness_mean=float(staleness.mean()) if staleness.numel() else 0.0,
             staleness_max=float(staleness.max()) if staleness.numel() else 0.0,
+            staleness_max_trained=float(staleness[weights[agent] > 0].max()) if bool((weights[agent] > 0).any()) else 0.0,
             staleness_weight_mean=float(weights[agent].mean()) if agent.any() else 0.0,
             train_time_s=time.perf_counter() - t0,
         )  # fmt: skip

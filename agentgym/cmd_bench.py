@@ -14,7 +14,7 @@ trajectories/s and agent tokens/s over it, learner utilisation (share of wall ti
 work), the time it waited for data and exported weights, mean staleness, expired + stale groups
 as a share of played ones, and held-out success of the final weights. Printed as a table of
 means with the async/sync ratio, written to ``OUT/comparison.json``, and plotted to
-``OUT/comparison.png`` (trajectories/s, utilisation and held-out success against wall time).
+``OUT/comparison.png`` (trajectories/s, utilisation, held-out and training success against wall time).
 Absolute numbers depend on the machine and whatever else runs on it: quote the ratio.
 """
 
@@ -45,6 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--modes", default="sync,async", help="which modes to run (default: sync,async)")
     b.add_argument("--out", type=Path, default=None, help="where the runs go (default: a new temp dir)")
     b.add_argument("--port", type=int, default=0, help="learner port (default: a free one per run)")
+    b.add_argument("--eval-at-start", action="store_true",
+                   help="also evaluate version 0 (same for both modes; minutes with an env that waits)")
     b.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every run (repeatable), e.g. -o actor.max_groups=8")
 
@@ -95,6 +97,7 @@ def one_run(mode: str, config: Path, args: argparse.Namespace, seed: int, run_di
     cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(config), "--mode", mode,
            "--max-steps", str(args.steps), "--actors", str(args.actors), "--run-dir", str(run_dir),
            "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f"run.seed={seed}", "-o", "eval.at_end=true",
+           "-o", f"eval.at_start={str(args.eval_at_start).lower()}",
            "-o", "eval.every=0", *[a for o in args.override for a in ("-o", o)]]  # fmt: skip
     print(f"[{mode} seed={seed}] agentgym {' '.join(cmd[3:])}", flush=True)
     t0 = time.time()
@@ -162,11 +165,12 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
             kw = {"color": colours[mode], "alpha": 0.9 if i == 0 else 0.5, "label": label}
             axes[0].plot(t, [m["trajectories_per_s"] for m in r["metrics"]], **kw)
             axes[1].plot(t, _smooth([m.get("learner_utilisation", float("nan")) for m in r["metrics"]]), **kw)
+            axes[2].plot(t, _smooth([m["success_rate"] for m in r["metrics"]]), linestyle=":", **{**kw, "label": None})
             if r["evals"]:
                 axes[2].plot([e["time"] - r["t0"] for e in r["evals"]], [e["success_rate"] for e in r["evals"]],
                              marker="o", **kw)  # fmt: skip
     for ax, title in zip(axes, ("trained trajectories/s (10 s window)", "learner utilisation (5-step mean)",
-                                "held-out success"), strict=True):  # fmt: skip
+                                "held-out success (dots: training, 5-step mean)"), strict=True):  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel("wall time since launch (s)")
         ax.grid(alpha=0.3)

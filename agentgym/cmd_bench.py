@@ -130,6 +130,10 @@ def figures_of(recs: list[dict], evals: list[dict], summary: dict, t0: float) ->
         "learner_export_frac": lt.get("export_frac", float("nan")),
         "staleness_mean": statistics.fmean(r["staleness_mean"] for r in recs),
         "lost_frac": (groups["stale"] + expired) / max(played, 1),
+        # Tokens past the bound in the groups that were trained (weight 0 under "drop"): the
+        # partial loss that keeps whole groups from being lost (ADR 0013).
+        "tokens_past_bound_frac": sum(r.get(gt, 0.0) * r["agent_tokens"] for r in recs) / max(sum(r["agent_tokens"] for r in recs), 1)
+        if (gt := next((k for k in recs[0] if k.startswith("staleness_frac_gt")), None)) else float("nan"),
         "turns_mean_ratio": mix.get("turns_mean_ratio", float("nan")),
         "final_eval_success": evals[-1]["success_rate"] if evals else float("nan"),
     }

@@ -4,10 +4,11 @@
 
 Links (made in ``Actor.run``):
   learner --Welcome/Grant/Ack/WeightsReady/Heartbeat/Shutdown--> receive_loop
-  receive_loop --tickets--> ticket queue --> players (max_groups of them) --> engine + env pools
+  receive_loop --tickets--> ticket queue --> players (concurrency.target of them) --> engine + env pools
   players --Rollout--> learner; kept in ``unacked`` until the learner's Ack (re-sent after a re-hello)
   receive_loop --WeightsReady--> weight_loop --pull chunks--> engine.update_weights (version bump)
-  heartbeat_loop --Heartbeat--> learner; a learner silent past actor_timeout_s gets a new Hello
+  heartbeat_loop --Heartbeat--> learner; a learner silent past actor_timeout_s gets a new Hello;
+                 each tick re-sizes the players (actors/concurrency.py) and reports the capacity
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import structlog
 import zmq.asyncio
 
 from agentgym.config import Config, model_fingerprint
+from agentgym.actors.concurrency import Concurrency, Signals
 from agentgym.actors.transport import ControlLink, fetch_weights, weights_addr
 from agentgym.protocol import (
     Ack,
@@ -71,6 +73,10 @@ class Actor:
         self.version_changed = asyncio.Condition()
         self.turn_limit = 1
         self.running_groups = 0
+        self.concurrency = Concurrency(cfg.actor.max_groups, cfg.actor.start_groups)
+        self.capacity_changed = asyncio.Event()
+        self.learner_hint: dict[str, float] = {}
+        """The learner's last heartbeat stats: staleness headroom and its stale-group count."""
         self.last_from_learner = time.monotonic()
         self.stats = {"groups_sent": 0, "episodes_sent": 0, "acked": 0, "resent": 0, "weight_updates": 0}
         self.ack_statuses: dict[str, int] = {}
@@ -84,7 +90,7 @@ class Actor:
     def hello(self, fingerprint: str) -> Hello:
         return Hello(
             actor_id=self.actor_id, hostname=socket.gethostname(), pid=os.getpid(),
-            model_fingerprint=fingerprint, engine=self.cfg.actor.engine, max_groups=self.cfg.actor.max_groups,
+            model_fingerprint=fingerprint, engine=self.cfg.actor.engine, max_groups=self.concurrency.target,
         )  # fmt: skip
 
     def _model_dir(self) -> Path:
@@ -127,7 +133,7 @@ class Actor:
             pool = self.pools.get(env)
             if pool is None:
                 spec = self.welcome.rollout
-                size = self.cfg.actor.env_workers or self.cfg.actor.max_groups * spec.group_size
+                size = self.cfg.actor.env_workers or self.concurrency.target * spec.group_size
                 pool = EnvPool(env, dict(spec.env_kwargs.get(env, {})), size, step_timeout_s=self.cfg.actor.step_timeout_s)
                 self.pools[env] = pool
                 t0 = time.monotonic()
@@ -156,6 +162,8 @@ class Actor:
         elif isinstance(msg, Heartbeat):
             if msg.weight_version < 0:  # the learner does not know us (it restarted): re-register
                 self.rehello.set()
+            elif msg.stats:
+                self.learner_hint = dict(msg.stats)
         elif isinstance(msg, Shutdown):
             raise Stop(f"learner: {msg.reason}")
         elif isinstance(msg, Reject):
@@ -172,14 +180,35 @@ class Actor:
         w = self.welcome
         while True:
             await asyncio.sleep(w.heartbeat_interval_s)
+            if self.engine_ready.is_set():
+                self.resize()
             await self.link.send(Heartbeat(
                 actor_id=self.actor_id, running_groups=self.running_groups,
                 weight_version=self.engine.version if self.engine_ready.is_set() else -1,
-                stats={k: float(v) for k, v in self.stats.items()},
+                stats={**{k: float(v) for k, v in self.stats.items()}, "capacity": float(self.concurrency.target)},
             ))  # fmt: skip
             if time.monotonic() - self.last_from_learner > w.actor_timeout_s:
                 log.warning("learner_silent", seconds=round(time.monotonic() - self.last_from_learner, 1))
                 self.rehello.set()
+
+    def resize(self) -> None:
+        """One tick of the concurrency controller; players and env pools follow its target."""
+        load = self.engine.load()
+        before = self.concurrency.target
+        target = self.concurrency.update(Signals(
+            busy=self.running_groups, kv_cache_usage=load.kv_cache_usage, waiting=load.waiting, running=load.running,
+            headroom=self.learner_hint.get("headroom", -1.0), stale=self.learner_hint.get("stale_groups", 0.0),
+        ))  # fmt: skip
+        if target == before:
+            return
+        self.stats["capacity_changes"] = self.stats.get("capacity_changes", 0) + 1
+        log.info("capacity_changed", groups=target, previous=before, reason=self.concurrency.last_reason,
+                 kv_cache_usage=round(load.kv_cache_usage, 3), headroom=self.learner_hint.get("headroom"))  # fmt: skip
+        if not self.cfg.actor.env_workers:
+            for pool in self.pools.values():
+                pool.grow(target * self.welcome.rollout.group_size)
+        self.capacity_changed.set()
+        self.capacity_changed = asyncio.Event()
 
     async def rehello_loop(self) -> None:
         """Re-register after a learner restart or a long silence, then re-send unacked rollouts."""
@@ -230,6 +259,8 @@ class Actor:
 
         spec = self.welcome.rollout
         while True:
+            while n >= self.concurrency.target:  # this player is beyond the current capacity: idle
+                await self.capacity_changed.wait()
             ticket = await self.tickets.get()
             await self.wait_version(max(ticket.min_version, 0))
             pool = await self.pool_for(ticket.env)
@@ -274,7 +305,7 @@ class Actor:
                 await self.start_engine()  # players and weight updates need it
                 self.engine_ready.set()
                 tg.create_task(self.weight_loop())  # WeightsReady -> fetch -> engine update
-                for n in range(self.cfg.actor.max_groups):
+                for n in range(self.cfg.actor.max_groups):  # those past concurrency.target idle
                     tg.create_task(self.player(n))  # tickets -> episodes -> Rollout
         except* Stop as eg:
             stop = eg.exceptions[0]

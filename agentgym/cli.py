@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from agentgym import cmd_bench
 from agentgym.cli_common import add_config_args, resolve_config
 
 
@@ -43,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
+    cmd_bench.add_parser(sub)
     args = p.parse_args(argv)
 
+    if args.cmd == "bench":
+        return cmd_bench.run(args)
     if args.cmd == "view":
         from agentgym.viewer import write_page
 

@@ -264,11 +264,11 @@ class ActorConfig(Section):
     token tagged with its version); drain: the update waits for requests in flight to finish."""
     remote: RemoteEngineConfig = RemoteEngineConfig()
     """Options of ``engine = "remote"``."""
-    max_groups: Annotated[int, Field(ge=1)] = 4
-    """Groups played at once (concurrent episodes = max_groups x group_size). In async runs, raise
-    it until mean staleness nears ``learner.max_staleness``: larger engine batches and fewer idle
-    waits (docs/benchmarks.md: with envs that wait on I/O, 4 -> 8 took async from 1.9x to 2.9x
-    sync; on the CPU-bound quickstart, from 0.52-0.56 to 0.70 steps/s)."""
+    max_groups: Annotated[int, Field(ge=1, le=1024)] = 16
+    """Cap on the groups played at once (concurrent episodes = groups x group_size). The actor
+    sizes itself below it (actors/concurrency.py): it plays more at once while its engine has
+    KV-cache room and the learner's staleness bound has room, fewer under memory pressure or when
+    groups go stale. Lower it to bound the env worker processes (one per concurrent episode)."""
     env_workers: Annotated[int, Field(ge=0)] = 0
     """Environment subprocesses (0: one per concurrent episode)."""
     kv_cache_gib: Annotated[float, Field(gt=0)] = 0.5
@@ -277,6 +277,8 @@ class ActorConfig(Section):
     """Give up with an error if no learner answers within this time."""
     step_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An environment step slower than this fails its episode (the env worker is restarted)."""
+    start_groups: Annotated[int, Field(ge=1, le=1024)] = 4
+    """Groups played at once when the actor starts (at most max_groups); it then sizes itself."""
 
     @model_validator(mode="after")
     def _remote(self) -> ActorConfig:

@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sync_vs_async import REPO, free_port_pair  # noqa: E402
+from agentgym.netutil import free_port_pair
+
+REPO = Path(__file__).resolve().parents[1]
 
 ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "rloo")
 

@@ -221,6 +221,33 @@ class EnvPool:
         self._state = "started"
         log.info("env_pool_started", env=self.env_name, size=self.size, seconds=round(time.monotonic() - t0, 2))
 
+    def grow(self, size: int) -> None:
+        """Raise the pool to ``size`` workers (an actor that plays more at once); never shrinks.
+        The new workers start in the background; episodes take them as they come up."""
+        if self._state != "started" or size <= self.size:
+            return
+        for _ in range(size - self.size):
+
+            async def add() -> None:
+                try:
+                    w: WorkerHandle | None = await self._spawn()
+                except WorkerError as exc:
+                    log.warning("env_worker_start_failed", env=self.env_name, error=str(exc))
+                    w = None  # an empty slot: the episode that takes it tries again
+                if w is not None:
+                    self._adopt(w, restart=False)
+                    if self._state == "closed":
+                        self._retire(w)
+                        return
+                if self._state != "closed":
+                    self._slots.put_nowait(w)
+
+            task = asyncio.get_running_loop().create_task(add(), name=f"env-{self.env_name}-grow")
+            self._spawning.add(task)
+            task.add_done_callback(self._spawning.discard)
+        log.info("env_pool_grown", env=self.env_name, size_from=self.size, size=size)
+        self.size = size
+
     @contextlib.asynccontextmanager
     async def episode(self, task_id: int) -> AsyncIterator[Episode]:
         """Hold a worker for one episode of ``task_id``; waits FIFO while all are busy."""

@@ -1,17 +1,13 @@
-"""Who plays what: actor registry, tickets (credits) and the admission rule that bounds staleness.
+"""Who plays what: actor registry, tickets (credits), each actor's current capacity.
 
 Plain bookkeeping, no I/O, so the rules are testable in isolation. The learner's control loop
 calls it on every message and the reaper calls ``expire`` once a second.
 
 A ticket is one group to play. Nothing is played without one, so the learner's memory and the
-staleness of what it receives are bounded by what it hands out:
-
-- async: a ticket numbered n (0-based, in issue order; minus the tickets forfeited so far,
-  see ``forfeit``) is issued only while ``n // batch_groups <= version + max_staleness``: a group is trained at the latest
-  ``max_staleness`` versions after the version current when it was issued (AReaL's rule). Slow
-  work is not wasted by dropping it; it is simply not started too early.
-- sync: after publishing version v the learner issues exactly ``batch_groups`` tickets that
-  must be played with weights >= v, and trains when all of them are back.
+staleness of what it receives are bounded by what it hands out; whether a new training ticket
+may be issued now is the staleness rule's call (``learner/staleness.py``, the one owner of it).
+Each actor is granted up to its current capacity, which it sizes itself and reports in its
+heartbeats (``actors/concurrency.py``).
 
 Tickets of an actor that leaves or goes silent are re-issued to the others, so no group is lost.
 """
@@ -26,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentgym.config import EnvSpec
+from agentgym.learner.staleness import StalenessRule
 from agentgym.protocol import Ticket
 
 
@@ -36,6 +33,7 @@ class ActorState:
     index: int
     hostname: str
     max_groups: int
+    """Current capacity: groups this actor plays at once (its Hello, then its heartbeats)."""
     last_seen: float
     outstanding: dict[str, Ticket] = field(default_factory=dict)
     weight_version: int = -1
@@ -54,6 +52,7 @@ class Scheduler:
         run_id: str,
         seed: int,
         issued: int = 0,
+        rule: StalenessRule | None = None,
     ) -> None:
         if not envs:
             raise ValueError("Scheduler: no environment to play")
@@ -75,8 +74,7 @@ class Scheduler:
         expired in the buffer; lost in a learner restart). The admission rule counts only the
         others: otherwise every lost group would shrink the pipeline for good, and after
         batch_groups x max_staleness of them no batch could ever fill again."""
-        self.sync_version = -1
-        self._sync_left = 0
+        self.rule = rule or StalenessRule(mode=mode, max_staleness=max_staleness, batch_groups=batch_groups)  # type: ignore[arg-type]
         self._next_index = 0
 
     # ------------------------------------------------------------------ actors
@@ -142,8 +140,13 @@ class Scheduler:
         self.eval_queue.extend(made)
         return made
 
-    def _admissible(self, version: int) -> bool:
-        return (self.issued - self.forfeited) // self.batch_groups <= version + self.max_staleness
+    def live(self, version: int) -> int:
+        """Training tickets issued and neither trained (``batch_groups`` per version) nor forfeited."""
+        return self.issued - self.forfeited - self.batch_groups * version
+
+    def headroom(self, version: int) -> int:
+        """Training tickets the staleness rule would still issue now (sent to actors as a hint)."""
+        return self.rule.headroom(self.live(version))
 
     def forfeit(self, group_id: str) -> None:
         """The group of one of this run's training tickets will not be trained: free its place
@@ -151,13 +154,17 @@ class Scheduler:
         prefix = f"{self.run_id}:"
         if group_id.startswith(prefix) and group_id[len(prefix) :].isdigit():
             self.forfeited += 1
-            if self.mode == "sync" and self.sync_version >= 0:
-                self._sync_left += 1  # the round still needs batch_groups trainable groups: one more
+            self.rule.on_forfeit()
 
-    def open_sync_round(self, version: int) -> None:
-        """Sync mode: the next ``batch_groups`` tickets are for weights ``version``."""
-        self.sync_version = version
-        self._sync_left = self.batch_groups
+    def on_version(self, version: int) -> None:
+        """The learner published ``version`` (sync mode: the next round of tickets is for it)."""
+        self.rule.on_version(version)
+
+    def set_capacity(self, actor_id: str, groups: int) -> None:
+        """An actor's heartbeat says how many groups it plays at once now (>= 1)."""
+        state = self.actors.get(actor_id)
+        if state is not None and groups >= 1:
+            state.max_groups = groups
 
     def fill(self, version: int) -> dict[str, list[Ticket]]:
         """Hand out tickets to actors with free capacity; returns new tickets per actor."""
@@ -176,14 +183,8 @@ class Scheduler:
             return self.requeue.popleft()
         if self.eval_queue:
             return self.eval_queue.popleft()
-        if self.mode == "sync":
-            if self.sync_version < 0 or self._sync_left <= 0:
-                return None
-            self._sync_left -= 1
-            return self._new_ticket(self.sync_version)
-        if not self._admissible(version):
-            return None
-        return self._new_ticket(-1)
+        min_version = self.rule.min_version(self.live(version))
+        return None if min_version is None else self._new_ticket(min_version)
 
     def complete(self, actor_id: str, group_id: str) -> Ticket | None:
         """A rollout for ``group_id`` arrived from ``actor_id``; release its ticket."""

@@ -27,7 +27,9 @@ import trio
 from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
+from agentgym.learner.flowstats import EpisodeMix, LearnerClock
 from agentgym.learner.scheduler import Scheduler
+from agentgym.learner.staleness import StalenessRule, TrainBuffer
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.logs import MetricsWriter
 from agentgym.protocol import (
@@ -91,10 +93,15 @@ class Counters:
 
 def oldest_version(r: Rollout, default: int) -> int:
     """The oldest weight version behind any agent token of the group's usable episodes."""
-    return min(
-        (int(unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0].min(initial=default)) for e in trainable_episodes(r)),
-        default=default,
-    )
+    return version_span(r, default)[0]
+
+
+def version_span(r: Rollout, default: int) -> tuple[int, int]:
+    """(oldest, newest) weight version behind the agent tokens of the group's usable episodes."""
+    agent = [v for e in trainable_episodes(r) if (v := unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0]).size]
+    if not agent:
+        return default, default
+    return min(int(v.min()) for v in agent), max(int(v.max()) for v in agent)
 
 
 @dataclass
@@ -118,6 +125,7 @@ class Learner:
         self.run_id = uuid.uuid4().hex[:8]
         self.fingerprint = model_fingerprint(cfg.model.path)
         lc = cfg.learner
+        self.rule = StalenessRule.from_config(cfg)  # the one owner of the staleness rule
         self.sched = Scheduler(
             envs=cfg.env.specs,
             batch_groups=lc.batch_groups,
@@ -125,8 +133,11 @@ class Learner:
             mode=cfg.run.mode,
             run_id=self.run_id,
             seed=cfg.run.seed,
+            rule=self.rule,
         )
-        self.buffer: list[Rollout] = []
+        self.buffer = TrainBuffer(self.rule)
+        self.clock = LearnerClock()
+        self.mix = EpisodeMix()
         self.seen: set[str] = set()
         self.counters = Counters()
         self.new_data = trio.Event()
@@ -211,17 +222,8 @@ class Learner:
         self.counters.episodes["env_failure"] += len(r.episodes) - len(usable)
         if not usable:
             return "failed"
-        oldest = oldest_version(r, self.version)
-        newest = max(int(unpack(e.versions, I32).max(initial=-1)) for e in usable)
-        if newest > self.version:
-            # Weights this learner never had (it resumed from an earlier checkpoint than the
-            # actor's weights): staleness would be negative, so the group is not trainable.
-            return "stale"
-        if self.cfg.run.mode == "sync":
-            return "accepted" if oldest >= self.version else "stale"
-        if self.version - oldest > self.cfg.learner.max_staleness and self.cfg.learner.staleness_mode == "drop":
-            return "stale"
-        return "accepted"
+        self.mix.add("played", r)
+        return self.rule.verdict(*version_span(r, self.version), self.version)
 
     def on_rollout(self, peer: bytes, r: Rollout) -> None:
         status = self.judge(r)
@@ -229,7 +231,7 @@ class Learner:
         self.counters.groups[status] += 1
         if status == "accepted":
             self.counters.episodes["accepted"] += len(trainable_episodes(r))
-            self.buffer.append(r)
+            self.buffer.add(r, *version_span(r, self.version))
             self.new_data.set()
         elif status == "eval":
             self.counters.episodes["eval"] += n_eps
@@ -260,6 +262,7 @@ class Learner:
                 self.on_rollout(peer, msg)
             elif isinstance(msg, Heartbeat):
                 state.weight_version = msg.weight_version
+                self.sched.set_capacity(actor_id, int(msg.stats.get("capacity", 0)))
             elif isinstance(msg, Leave):
                 back = self.sched.remove(actor_id)
                 log.info("actor_left", actor=state.index, reason=msg.reason, tickets_returned=len(back))
@@ -282,8 +285,11 @@ class Learner:
             for dead in self.sched.expire(lc.actor_timeout_s):
                 log.warning("actor_lost", actor=dead.index, actor_id=dead.actor_id,
                             silent_s=lc.actor_timeout_s, tickets_returned=len(dead.outstanding))  # fmt: skip
+            # The staleness rule's headroom tells actors whether playing more at once would help.
+            hint = {"headroom": float(self.sched.headroom(self.version)), "stale_groups": float(
+                self.counters.groups["stale"] + self.counters.expired["groups"])}
             for a in self.sched.actors.values():
-                self.hub.send(a.peer, Heartbeat(weight_version=self.version))
+                self.hub.send(a.peer, Heartbeat(weight_version=self.version, stats=hint))
             self.grant()
 
     # ------------------------------------------------------------------ evaluation
@@ -333,26 +339,30 @@ class Learner:
     async def train_loop(self) -> None:
         cfg, lc = self.cfg, self.cfg.learner
         ec = cfg.eval
-        if cfg.run.mode == "sync":
-            self.sched.open_sync_round(self.version)
+        self.sched.on_version(self.version)
         if ec.at_start:
             self.start_eval()
         self.grant()
         while self.step < cfg.run.max_steps:
-            self.expire_stale()
-            while len(self.buffer) < lc.batch_groups:
-                await self.new_data.wait()
-                self.new_data = trio.Event()
-            batch, self.buffer = self.buffer[: lc.batch_groups], self.buffer[lc.batch_groups :]
+            with self.clock.part("wait"):
+                self.expire_stale()
+                while len(self.buffer) < lc.batch_groups:
+                    await self.new_data.wait()
+                    self.new_data = trio.Event()
+                    self.expire_stale()
+            batch = self.buffer.take(lc.batch_groups)
             per_env = env_stats(batch)
-            stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
-            stats = {**stats, **per_env}
+            with self.clock.part("train"):
+                stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
+            for r in batch:
+                self.mix.add("trained", r)
+            stats = {**stats, **per_env, **self.mix.step_record()}
             self.step, self.version = self.trainer.step, self.trainer.version
-            await self.publish()
-            if cfg.run.mode == "sync":
-                self.sched.open_sync_round(self.version)
+            with self.clock.part("export"):
+                await self.publish()
+            self.sched.on_version(self.version)
             self.grant()
-            self.report(stats)
+            self.report({**stats, **self.clock.step_record()})
             await trio.to_thread.run_sync(self.episode_log.write, "train", self.step, self.version, batch)
             if lc.checkpoint_every and self.step % lc.checkpoint_every == 0:
                 await self.checkpoint()
@@ -368,27 +378,20 @@ class Learner:
                             timeout_s=ec.end_timeout_s)  # fmt: skip
 
     def expire_stale(self) -> None:
-        """Drop buffered groups that aged past ``max_staleness`` while waiting to be trained.
+        """Drop buffered groups with nothing trainable left (the staleness rule says which).
 
-        A group is admitted when its oldest token is at most K versions old, but steps can be
-        trained while it sits in the buffer. In "drop" mode the trainer would give its tokens
-        weight 0 anyway; removing it lets a fresher group take its place in the batch.
+        Trained earliest-deadline-first, a group expires only when steps were trained while it
+        waited and even its newest tokens are now past the bound; removing it lets a fresher
+        group take its place in the batch.
         """
-        lc = self.cfg.learner
-        if lc.staleness_mode != "drop" or self.cfg.run.mode == "sync":
-            return
-        keep = []
-        for r in self.buffer:
-            oldest = oldest_version(r, self.version)
-            if self.version - oldest > lc.max_staleness:
-                self.counters.expired["groups"] += 1
-                self.counters.expired["episodes"] += len(trainable_episodes(r))
-                self.sched.forfeit(r.group_id)
-                log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version, oldest=oldest)
-            else:
-                keep.append(r)
-        if len(keep) < len(self.buffer):
-            self.buffer = keep
+        dead = self.buffer.expire(self.version)
+        for r in dead:
+            self.counters.expired["groups"] += 1
+            self.counters.expired["episodes"] += len(trainable_episodes(r))
+            self.sched.forfeit(r.group_id)
+            log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version,
+                     span=list(version_span(r, self.version)))  # fmt: skip
+        if dead:
             self.grant()  # their places under the admission rule are free: hand them out now
 
     def report(self, stats: dict[str, float]) -> None:
@@ -500,6 +503,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "reason": reason, "step": learner.step, "version": learner.version,
             "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
+            "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     return 0 if reason == "run finished" else 130

@@ -64,7 +64,8 @@ from agentgym.learner.checkpoint import (
 )
 from agentgym.learner.distributed import DataParallel, fsdp_shard, start_ranks
 from agentgym.learner.logprobs import sequence_logprobs
-from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, staleness_weights, value_loss
+from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, value_loss
+from agentgym.learner.staleness import StalenessRule
 from agentgym.learner.policy import ValueHead, forward_tokens, load_causal_lm
 from agentgym.protocol import Rollout
 from agentgym.protocol.weights import RawTensor
@@ -256,8 +257,7 @@ class Trainer:
             gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
             whiten=lc.whiten_advantages,
         )  # fmt: skip
-        weights = b.loss_mask * staleness_weights(b.versions, self.version, lc.max_staleness, mode=lc.staleness_mode,
-                                                  decay=lc.staleness_decay).to(b.loss_mask.dtype)  # fmt: skip
+        weights = b.loss_mask * StalenessRule.from_config(cfg).token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
@@ -340,6 +340,7 @@ class Trainer:
             advantage_abs_mean=float(adv[agent].abs().mean()) if agent.any() else 0.0,
             staleness_mean=float(staleness.mean()) if staleness.numel() else 0.0,
             staleness_max=float(staleness.max()) if staleness.numel() else 0.0,
+            staleness_max_trained=float(staleness[weights[agent] > 0].max()) if bool((weights[agent] > 0).any()) else 0.0,
             staleness_weight_mean=float(weights[agent].mean()) if agent.any() else 0.0,
             train_time_s=time.perf_counter() - t0,
         )  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
-from agentgym.learner.service import Learner
+from agentgym.learner.service import Learner, version_span
 from agentgym.protocol import Rollout
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
@@ -28,25 +28,40 @@ def learner(model: Path, tmp_path: Path, *overrides: str) -> Learner:
     return Learner(cfg, tmp_path, trainer=None, hub=None)
 
 
-def test_groups_that_age_past_the_bound_in_the_buffer_are_expired_not_trained(tiny_model: Path, tmp_path: Path) -> None:
+def test_a_group_is_refused_or_expired_only_when_none_of_its_tokens_is_within_the_bound(
+    tiny_model: Path, tmp_path: Path
+) -> None:
     ln = learner(tiny_model, tmp_path)
     ln.version = 4
-    assert ln.judge(group("old", [1, 4])) == "stale"  # 3 versions old on arrival
-    fresh, edge = group("fresh", [4, 4]), group("edge", [2, 3])
+    assert ln.judge(group("old", [1, 1])) == "stale"  # every token 3 versions old on arrival
+    # A long episode started 3 versions ago is trained on what it sampled later, not dropped.
+    assert ln.judge(group("long", [1, 4])) == "accepted"
+    fresh, edge = group("fresh", [4, 4]), group("edge", [2, 2])
     assert ln.judge(fresh) == "accepted" and ln.judge(edge) == "accepted"
-    ln.buffer = [edge, fresh]
+    for r in (fresh, edge):
+        ln.buffer.add(r, *version_span(r, ln.version))
     ln.expire_stale()
-    assert ln.buffer == [edge, fresh]  # exactly K old still trains
+    assert len(ln.buffer) == 2  # exactly K old still trains
     ln.version = 5  # a step was trained while they waited
     ln.expire_stale()
     assert [r.group_id for r in ln.buffer] == ["fresh"]
     assert ln.counters.expired == {"groups": 1, "episodes": 2}
 
 
+def test_the_buffer_trains_the_group_with_the_oldest_tokens_first(tiny_model: Path, tmp_path: Path) -> None:
+    ln = learner(tiny_model, tmp_path)
+    ln.version = 4
+    for gid, versions in (("new", [4, 4]), ("old", [2, 4]), ("mid", [3, 3]), ("new2", [4, 4])):
+        r = group(gid, versions)
+        ln.buffer.add(r, *version_span(r, ln.version))
+    assert [r.group_id for r in ln.buffer.take(3)] == ["old", "mid", "new"]  # ties: arrival order
+    assert [r.group_id for r in ln.buffer.take(3)] == ["new2"]
+
+
 def test_nothing_expires_when_stale_tokens_are_down_weighted(tiny_model: Path, tmp_path: Path) -> None:
     ln = learner(tiny_model, tmp_path, 'learner.staleness_mode="downweight"')
     ln.version = 9
-    ln.buffer = [group("g", [0, 0])]
+    ln.buffer.add(group("g", [0, 0]), 0, 0)
     ln.expire_stale()
     assert len(ln.buffer) == 1 and ln.counters.expired["groups"] == 0
 
@@ -59,12 +74,11 @@ def test_rejected_and_expired_groups_are_forfeited_and_a_resume_starts_with_a_fu
     run = ln.sched.run_id
     ln.version = 4
     ln.hub = type("Hub", (), {"send": lambda self, peer, msg: None})()  # acks go nowhere here
-    ln.on_rollout(b"p", group(f"{run}:0", [1, 4]))  # stale on arrival
-    ln.buffer.clear()
-    ln.on_rollout(b"p", group(f"{run}:1", [2, 3]))  # accepted ...
+    ln.on_rollout(b"p", group(f"{run}:0", [1, 1]))  # stale on arrival
+    ln.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # accepted ...
     ln.version = 5
     ln.expire_stale()  # ... then too old in the buffer
-    ln.on_rollout(b"p", group(f"{run}:1", [2, 3]))  # a duplicate forfeits nothing more
+    ln.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # a duplicate forfeits nothing more
     assert ln.sched.forfeited == 2 and ln.counters.groups["duplicate"] == 1
 
     resumed = learner(tiny_model, tmp_path / "resumed", "learner.batch_groups=4")

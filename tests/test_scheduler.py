@@ -71,11 +71,11 @@ def test_sync_rounds_issue_exactly_one_batch_per_version() -> None:
     s = make(mode="sync", batch=3)
     s.register("a", b"a", "h", max_groups=10)
     assert s.fill(0) == {}  # no round open yet
-    s.open_sync_round(0)
+    s.on_version(0)
     first = s.fill(0)["a"]
     assert len(first) == 3 and {t.min_version for t in first} == {0}
     assert s.fill(0) == {}
-    s.open_sync_round(1)
+    s.on_version(1)
     assert {t.min_version for t in s.fill(1)["a"]} == {1}
 
 
@@ -157,7 +157,7 @@ def test_forfeited_tickets_free_their_place_so_lost_groups_never_stall_the_pipel
 def test_sync_round_replaces_a_forfeited_group() -> None:
     s = make(mode="sync", batch=3)
     s.register("a", b"a", "h", max_groups=10)
-    s.open_sync_round(0)
+    s.on_version(0)
     tickets = s.fill(0)["a"]
     assert len(tickets) == 3 and s.fill(0) == {}
     s.complete("a", tickets[0].group_id)

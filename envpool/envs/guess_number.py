@@ -23,7 +23,7 @@ simulator: each step sleeps (no CPU) for ``step_latency_s * exp(latency_sigma * 
 z standard normal and drawn from (task id, turn), so a rerun waits the same. With
 ``latency_sigma = 1`` the mean wait is 1.65x the median and one step in a hundred waits over 10x:
 the long tail that makes a synchronous batch wait for its slowest episode
-(bench/sync_vs_async.py). The wait changes nothing else the env does.
+(``agentgym bench``). The wait changes nothing else the env does.
 """
 
 from __future__ import annotations

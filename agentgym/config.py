@@ -220,6 +220,14 @@ class LearnerConfig(Section):
     dp_size = 1 there is nothing to shard and fsdp trains like replicate."""
     dist_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Deadline of every collective between data-parallel ranks."""
+    secret_key: Path | None = None
+    """CURVE: the learner's key pair file (DIR/learner.key_secret from ``agentgym keys DIR``). With
+    ``authorized_keys``, both ports admit only allow-listed actors, and traffic is encrypted."""
+    authorized_keys: Path | None = None
+    """CURVE: directory of the admitted actors' public keys (DIR/authorized); re-read when it
+    changes, so an actor can be added by copying its .key file there."""
+    insecure: bool = False
+    """Allow binding a non-loopback address without CURVE keys (anyone who reaches the ports can register, submit rollouts and download the weights)."""
 
     @model_validator(mode="after")
     def _ports(self) -> LearnerConfig:
@@ -273,6 +281,11 @@ class ActorConfig(Section):
     """Give up with an error if no learner answers within this time."""
     step_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An environment step slower than this fails its episode (the env worker is restarted)."""
+    secret_key: Path | None = None
+    """CURVE: this actor's key pair file (DIR/actors/NAME.key_secret); its public half must be in
+    the learner's ``learner.authorized_keys`` directory."""
+    learner_key: Path | None = None
+    """CURVE: the learner's public key file (DIR/learner.key); set with ``secret_key``."""
 
     @model_validator(mode="after")
     def _remote(self) -> ActorConfig:

@@ -25,6 +25,7 @@ import structlog
 import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
@@ -465,7 +466,8 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             raise FileNotFoundError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
         extra = await trio.to_thread.run_sync(trainer.load_checkpoint, ckpt)
         log.info("learner_resumed", checkpoint=str(ckpt), step=trainer.step, version=trainer.version)
-    async with open_hub(cfg.learner.bind) as hub:
+    lc = cfg.learner
+    async with open_hub(lc.bind, keys=ServerKeys.load(lc.secret_key, lc.authorized_keys), insecure=lc.insecure) as hub:
         learner = Learner(cfg, run_dir, trainer, hub)
         if extra is not None:
             learner.restore(extra)

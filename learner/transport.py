@@ -175,13 +175,15 @@ class Hub:
                 # Named, so the actor's operator sees both versions; nothing about the model.
                 self.bad_messages += 1
                 self.version_rejects += 1
-                log.warning("protocol_version_rejected", peer=peer.hex(), theirs=exc.theirs, ours=exc.ours)
+                if self.version_rejects <= 20 or self.version_rejects % 1000 == 0:
+                    log.warning("protocol_version_rejected", peer=peer.hex(), theirs=exc.theirs, ours=exc.ours)
                 reason = f"actor speaks agentgym protocol version {exc.theirs}, the learner speaks {PROTOCOL_VERSION}"
                 self._send_now(control, peer, encode(Reject(field="protocol_version", reason=reason)))
                 continue
             except ProtocolError as exc:
                 self.bad_messages += 1
-                log.error("bad_message", peer=peer.hex(), error=str(exc))
+                if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:  # a flood is not a log flood
+                    log.error("bad_message", peer=peer.hex(), error=str(exc)[:500], count=self.bad_messages)
                 continue
             trio.from_thread.run(self._send_in.send, (peer, msg), trio_token=token)
 
@@ -203,7 +205,8 @@ class Hub:
                     raise ProtocolError(f"weights socket expects WeightRequest, got {type(req).__name__}")
             except ProtocolError as exc:
                 self.bad_messages += 1
-                log.error("bad_weight_request", peer=peer.hex(), error=str(exc))
+                if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:
+                    log.error("bad_weight_request", peer=peer.hex(), error=str(exc)[:500], count=self.bad_messages)
                 continue
             snap = self._snapshot
             if snap is None or req.version != snap.version or req.chunk >= len(snap.frames):

@@ -116,14 +116,14 @@ def test_only_allow_listed_actors_get_a_welcome_weights_or_a_hearing(keydir: Pat
             ctx = zmq.asyncio.Context()
             link = ControlLink(ctx, addr, actor_id, keys)
             with pytest.raises(LearnerUnreachable, match="CURVE keys"):
-                await link.handshake(hello(actor_id), timeout_s=2.5)
+                await link.handshake(hello(actor_id), timeout_s=1.5)
             for _ in range(20):  # and anything else it tries to send is never delivered either
                 try:
                     await link.sock.send_multipart(encode(Heartbeat(actor_id=actor_id, weight_version=7)), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # nothing to deliver to: the learner never completed its handshake
             with pytest.raises(TimeoutError):
-                await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, timeout_s=1.5, keys=keys)
+                await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, timeout_s=1.0, keys=keys)
             link.close()
             ctx.term()
 
@@ -161,7 +161,7 @@ def test_an_actor_holding_another_learner_key_does_not_talk_to_this_learner(keyd
             ctx = zmq.asyncio.Context()
             link = ControlLink(ctx, addr, "known", wrong_server)
             with pytest.raises(LearnerUnreachable):
-                await link.handshake(hello("known"), timeout_s=2.5)
+                await link.handshake(hello("known"), timeout_s=1.5)
             link.close()
             ctx.term()
 

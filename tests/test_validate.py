@@ -73,7 +73,7 @@ header = st.builds(lambda v, k: MAGIC + bytes((v, k)), st.integers(0, 255), st.i
 valid_header = st.builds(lambda k: MAGIC + bytes((PROTOCOL_VERSION, k)), st.integers(0, 20))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(frame, header, valid_header), max_size=4) | st.tuples(valid_header, frame).map(list)
        | st.tuples(valid_header, frame, frame).map(list))  # fmt: skip
 def test_decode_raises_only_protocol_errors_on_arbitrary_frames(frames: list[bytes]) -> None:
@@ -83,7 +83,7 @@ def test_decode_raises_only_protocol_errors_on_arbitrary_frames(frames: list[byt
         pass
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_decode_raises_only_protocol_errors_on_corrupted_valid_messages(data: st.DataObject) -> None:
     frames = [bytes(f) for f in encode(rollout_for(Ticket(group_id="g", env="guess_number", task_id=5)))]
@@ -158,7 +158,7 @@ def apply(d: dict, m: tuple[str, object], ep: int) -> None:  # type: ignore[type
         d["episodes"] = {"drop": d["episodes"][1:], "dup": d["episodes"] * 2, "empty": []}[arg]  # type: ignore[index]
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(muts=st.lists(st.tuples(mutation(), st.integers(0, 3)), min_size=1, max_size=4))
 def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
     tiny_model: Path, tmp_path: Path, muts: list

@@ -2,12 +2,14 @@
 thousands of frames (truncated, oversized, random, wrong protocol version, unknown kinds, valid
 headers with garbage bodies, messages of the wrong direction, replayed Acks and Grants,
 rollouts for other actors' tickets and for tickets nobody issued, out-of-vocabulary ids, a
-flood from an actor that never said Hello). The learner keeps training to the end, its memory
-stays bounded, and every bad frame is counted under the category it belongs to.
+flood from an actor that never said Hello). The learner uses CURVE keys and all of them hold
+admitted keys (a buggy or compromised actor); a stranger's key gets nothing. The learner keeps
+training to the end, its memory stays bounded, and every bad frame is counted where it belongs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,9 +22,11 @@ import numpy as np
 import psutil
 import pytest
 import zmq
+import zmq.auth
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.keys import ClientKeys, apply_client, write_keys
 from agentgym.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Leave, Reject, Rollout, Ticket, WeightsReady, decode, encode
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION
@@ -36,9 +40,10 @@ MiB = 1024 * 1024
 class Peer:
     """A DEALER with a routing id that reads whatever comes back."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, name: str) -> None:
+    def __init__(self, ctx: zmq.Context, addr: str, name: str, keys: ClientKeys) -> None:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, name.encode())
+        apply_client(self.sock, keys)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.connect(addr)
@@ -71,11 +76,21 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     (tmp_path / "config.toml").write_text(to_toml(cfg))
     run_dir = tmp_path / "run"
     log = (tmp_path / "learner.log").open("wb")
+    # With CURVE keys, as across hosts: the honest and the hostile actors hold admitted keys (a
+    # buggy or compromised actor is admitted too); a stranger's key is refused before any frame.
+    k = tmp_path / "keys"
+    write_keys(k, ["honest", "evil", "ghost"])
+    zmq.auth.create_certificates(tmp_path, "stranger")
     proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", "--config",
-                             str(tmp_path / "config.toml"), "--run-dir", str(run_dir)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                             str(tmp_path / "config.toml"), "--run-dir", str(run_dir), "--secret-key", str(k / "learner.key_secret"),
+                             "--authorized-keys", str(k / "authorized")], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     ctx = zmq.Context()
     fp = model_fingerprint(cfg.model.path)
-    honest, evil, ghost = Peer(ctx, addr, "honest"), Peer(ctx, addr, "evil"), Peer(ctx, addr, "ghost")
+    honest, evil, ghost = (
+        Peer(ctx, addr, name, ClientKeys.load(k / "actors" / f"{name}.key_secret", k / "learner.key"))  # type: ignore[arg-type]
+        for name in ("honest", "evil", "ghost")
+    )
+    stranger = Peer(ctx, addr, "stranger", ClientKeys.load(tmp_path / "stranger.key_secret", k / "learner.key"))  # type: ignore[arg-type]
     rng = np.random.default_rng(0)
     sent = {"bad": 0, "version": 0, "unexpected_kind": 0, "actor_id_not_sender": 0, "unknown_actor": 0, "replays": 0}
     invalid_sent = {"not_this_actors_ticket": 0, "unknown_ticket": 0, "token_out_of_vocab": 0, "too_many_tokens": 0}
@@ -167,6 +182,8 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     try:
         honest.send(hello("honest"))
         evil.send(hello("evil"))
+        with contextlib.suppress(zmq.Again):  # nothing to queue it for: its handshake fails
+            stranger.sock.send_multipart(hello("stranger"), zmq.NOBLOCK)
         ps = psutil.Process(proc.pid)
         deadline = time.monotonic() + 400
         # Phase 1: train under fire.
@@ -194,7 +211,8 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
             pump(100)
             answer()
     finally:
-        for p in (honest, evil, ghost):
+        stranger.read()
+        for p in (honest, evil, ghost, stranger):
             p.sock.close(0)
         ctx.term()
         if proc.poll() is None:
@@ -204,6 +222,7 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     assert proc.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "run finished" and summary["step"] == STEPS
+    assert summary["auth_refused"] >= 1 and stranger.got == []  # the stranger: no Welcome, no Grant, nothing
     bursts = len(rss)
     assert bursts >= 3, bursts  # the fire lasted several training steps
     total = sum(sent.values()) + sum(invalid_sent.values())

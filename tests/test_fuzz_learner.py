@@ -65,7 +65,11 @@ def group(t: object, actor: str, version: int, token: int = GOOD) -> Rollout:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("fuzz") / "m", corpus=FALLBACK_CORPUS, seed=0)
+    # one model shared by test_validate and test_fuzz_learner (made once per session)
+    path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
+    if not (path / "config.json").exists():
+        make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
+    return path
 
 
 def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(model_dir: Path, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.learner.batch import collate
 from agentgym.learner.service import Learner
+from agentgym.learner.validate import vocab_size
 from agentgym.protocol import Ack, ProtocolError, Rollout, Ticket, decode, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION
@@ -34,7 +35,11 @@ ids = itertools.count()
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("validate") / "m", corpus=FALLBACK_CORPUS, seed=0)
+    # one model shared by test_validate and test_fuzz_learner (made once per session)
+    path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
+    if not (path / "config.json").exists():
+        make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
+    return path
 
 
 class Acks:
@@ -180,7 +185,8 @@ def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
     if status == "invalid":
         assert sum(ln.guard.invalid.values()) == before + 1  # counted under a reason
     elif status == "accepted":
-        vocab = 175 if (tiny_model / "config.json").exists() else 0
+        vocab = vocab_size(tiny_model)
+        assert vocab is not None
         for e in r.episodes:  # type: ignore[attr-defined]
             tok, mask = unpack(e.token_ids, I32), unpack(e.loss_mask, U8)
             assert tok.size == 0 or (tok.min() >= 0 and tok.max() < vocab)
@@ -216,7 +222,7 @@ def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_i
         "env_mismatch": lambda r, t: msgspec.structs.replace(r, env="maze"),
         "task_mismatch": lambda r, t: msgspec.structs.replace(r, task_id=t.task_id + 1),
         "group_size": lambda r, t: msgspec.structs.replace(r, episodes=r.episodes[:1]),
-        "token_out_of_vocab": lambda r, t: ep0(r, token_ids=pack([*range(10), 175], I32)),
+        "token_out_of_vocab": lambda r, t: ep0(r, token_ids=pack([*range(10), ln.guard.vocab_size], I32)),
         "too_many_tokens": lambda r, t: ep0(r, token_ids=pack([1] * 65, I32), logprobs=pack([0.0] * 65, F32),
                                             loss_mask=pack([0] * 65, U8), versions=pack([-1] * 65, I32)),
         "loss_mask_not_0_1": lambda r, t: ep0(r, loss_mask=pack([0] * 8 + [2] + [0] * 2, U8)),

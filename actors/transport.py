@@ -18,6 +18,7 @@ from collections.abc import Callable
 import structlog
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from agentgym.keys import ClientKeys, apply_client
 
@@ -50,7 +51,8 @@ class ActorRejected(RuntimeError):
 
 
 def _socket(
-    ctx: zmq.asyncio.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None
+    ctx: zmq.asyncio.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
+    before_connect: Callable[[zmq.asyncio.Socket], None] | None = None,
 ) -> zmq.asyncio.Socket:
     s = ctx.socket(zmq.DEALER)
     if identity is not None:
@@ -60,16 +62,50 @@ def _socket(
     s.setsockopt(zmq.LINGER, 1000)
     s.setsockopt(zmq.RECONNECT_IVL, 200)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    if before_connect is not None:
+        before_connect(s)
     s.connect(addr)
     return s
+
+
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)  # fmt: skip
+
+
+def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return "the learner refused this actor's CURVE key: copy its public key (NAME.key) into the learner's learner.authorized_keys directory"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and keys is None:
+        return "the learner requires CURVE keys and this actor has none: set actor.secret_key and actor.learner_key (--secret-key, --learner-key)"
+    if keys is not None:
+        return "the CURVE handshake failed: actor.learner_key is not the public key of the learner at this address, or the learner has no keys"
+    return "the connection handshake failed (is this an agentgym learner of the same release?)"
 
 
 class ControlLink:
     def __init__(self, ctx: zmq.asyncio.Context, addr: str, actor_id: str, keys: ClientKeys | None = None) -> None:
         self.addr = addr
         self.keys = keys
-        self.sock = _socket(ctx, addr, actor_id.encode(), keys)
+        self._monitor: zmq.asyncio.Socket | None = None
+
+        def watch(s: zmq.asyncio.Socket) -> None:  # before connect: the first handshake is seen too
+            self._monitor = s.get_monitor_socket(_HANDSHAKE_EVENTS)
+
+        self.sock = _socket(ctx, addr, actor_id.encode(), keys, watch)
         self.bad_messages = 0
+
+    async def _handshake_refused(self) -> str | None:
+        """Why ZeroMQ's handshake with the learner failed (CURVE key refused, keys on one side
+        only, wrong learner key), if it did and has not succeeded since; None otherwise."""
+        problem = None
+        while self._monitor is not None:
+            try:
+                frames = await self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            event = parse_monitor_message(frames)["event"]
+            problem = None if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else _handshake_problem(event, self.keys)
+        return problem
 
     async def send(self, msg: Message) -> None:
         await self.sock.send_multipart(encode(msg), copy=False)
@@ -116,9 +152,16 @@ class ControlLink:
                         if on_other is not None:
                             on_other(msg)
             except TimeoutError:
+                refused = await self._handshake_refused()
+                if refused is not None:  # a definite answer: waiting longer will not change it
+                    raise ActorRejected(f"learner at {self.addr}: {refused}") from None
                 log.info("waiting_for_learner", addr=self.addr, left_s=round(left, 1))
 
     def close(self) -> None:
+        if self._monitor is not None:
+            self.sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
         self.sock.close(linger=500)
 
 

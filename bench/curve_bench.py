@@ -34,7 +34,7 @@ from agentgym.keys import ClientKeys, write_keys
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.netutil import free_port_pair
-from agentgym.protocol import Ack, Episode, Rollout, WeightsReady
+from agentgym.protocol import Ack, Episode, Rollout, WeightsReady, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 from agentgym.protocol.weights import RawTensor, make_chunks
 
@@ -129,7 +129,7 @@ def main() -> None:
     snap = WeightSnapshot.build(1, 1, 6, make_chunks(1, tensors, 64 * MiB))
     ready = WeightsReady(version=1, step=1, turn_limit=6, num_chunks=len(snap.frames), total_bytes=snap.total_bytes)
     msgs = [rollout(i, rng) for i in range(64)]
-    rollout_kib = len(__import__("agentgym.protocol", fromlist=["encode"]).encode(msgs[0])[1]) / 1024
+    rollout_kib = len(encode(msgs[0])[1]) / 1024
 
     results: dict[str, dict[str, list[float]]] = {"plain": {"weights_mb_s": [], "rollouts_s": []},
                                                   "curve": {"weights_mb_s": [], "rollouts_s": []}}  # fmt: skip

@@ -22,7 +22,7 @@ import zmq
 import zmq.asyncio
 import zmq.auth
 
-from agentgym.actors.transport import ActorRejected, ControlLink, LearnerUnreachable, fetch_weights
+from agentgym.actors.transport import ActorRejected, ControlLink, fetch_weights
 from agentgym.keys import ClientKeys, apply_client, write_keys
 from agentgym.learner.auth import InsecureBind, ServerKeys
 from agentgym.learner.transport import WeightSnapshot, open_hub
@@ -112,11 +112,11 @@ def test_only_allow_listed_actors_get_a_welcome_weights_or_a_hearing(keydir: Pat
         kh.commands.put(lambda hub: hub.publish_weights(snap))
         ready = WeightsReady(version=1, step=1, turn_limit=3, num_chunks=len(snap.frames), total_bytes=snap.total_bytes)
 
-        async def refused(keys: ClientKeys | None, actor_id: str) -> None:
+        async def refused(keys: ClientKeys | None, actor_id: str, why: str) -> None:
             ctx = zmq.asyncio.Context()
             link = ControlLink(ctx, addr, actor_id, keys)
-            with pytest.raises(LearnerUnreachable, match="CURVE keys"):
-                await link.handshake(hello(actor_id), timeout_s=1.5)
+            with pytest.raises(ActorRejected, match=why):  # told why at once, not after a timeout
+                await link.handshake(hello(actor_id), timeout_s=30)
             for _ in range(20):  # and anything else it tries to send is never delivered either
                 try:
                     await link.sock.send_multipart(encode(Heartbeat(actor_id=actor_id, weight_version=7)), zmq.NOBLOCK)
@@ -127,8 +127,8 @@ def test_only_allow_listed_actors_get_a_welcome_weights_or_a_hearing(keydir: Pat
             link.close()
             ctx.term()
 
-        asyncio.run(refused(None, "plain"))
-        asyncio.run(refused(stranger, "stranger"))
+        asyncio.run(refused(None, "plain", "requires CURVE keys and this actor has none"))
+        asyncio.run(refused(stranger, "stranger", "refused this actor's CURVE key"))
         assert kh.received.empty(), kh.received.get()  # the learner never saw a frame of theirs
         assert kh.hub.weight_chunks_served == 0
         assert kh.hub.allow.refused >= 1  # the stranger's key was asked about and refused
@@ -160,8 +160,8 @@ def test_an_actor_holding_another_learner_key_does_not_talk_to_this_learner(keyd
         async def client() -> None:
             ctx = zmq.asyncio.Context()
             link = ControlLink(ctx, addr, "known", wrong_server)
-            with pytest.raises(LearnerUnreachable):
-                await link.handshake(hello("known"), timeout_s=1.5)
+            with pytest.raises(ActorRejected, match="actor.learner_key is not the public key"):
+                await link.handshake(hello("known"), timeout_s=30)
             link.close()
             ctx.term()
 

@@ -460,7 +460,7 @@ class Learner:
 
     def checkpoint_state(self) -> dict[str, object]:
         """What the service needs after a resume (step, version and the turn-limit stage come
-        from the trainer's step): the dedupe set and the ticket counter."""
+        from the trainer's step): the dedupe set, the ticket counter and the open tickets."""
         return {"seen": sorted(self.seen), "issued": self.sched.issued, "open_tickets": self.guard.state()}
 
     def restore(self, extra: dict[str, object]) -> None:

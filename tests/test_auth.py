@@ -24,7 +24,7 @@ import zmq.auth
 
 from agentgym.actors.transport import ActorRejected, ControlLink, fetch_weights
 from agentgym.keys import ClientKeys, apply_client, write_keys
-from agentgym.learner.auth import InsecureBind, ServerKeys
+from agentgym.learner.auth import InsecureBind, ServerKeys, is_loopback
 from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.netutil import free_port_pair
 from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, decode, encode
@@ -260,3 +260,12 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
     asyncio.run(client())
     router.close(0)
     router_ctx.term()
+
+
+@pytest.mark.parametrize(("bind", "loopback"), [
+    ("tcp://127.0.0.1:5555", True), ("tcp://127.3.2.1:5555", True), ("tcp://localhost:5555", True),
+    ("tcp://[::1]:5555", True), ("tcp://0.0.0.0:5555", False), ("tcp://*:5555", False),
+    ("tcp://eth0:5555", False), ("tcp://10.0.0.7:5555", False), ("tcp://[::]:5555", False),
+])  # fmt: skip
+def test_which_binds_count_as_loopback(bind: str, loopback: bool) -> None:
+    assert is_loopback(bind) is loopback

@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-groups", type=int, help="groups played at once (overrides actor.max_groups)")
     p.add_argument("--run-dir", type=Path, help="where this actor writes its logs (default: run.dir/run.name)")
     p.add_argument("--actor-id", help="stable id for this actor (default: random); reuse it to resume after a restart")
+    p.add_argument("--secret-key", type=Path, help="CURVE key pair file of this actor, DIR/actors/NAME.key_secret "
+                   "(overrides actor.secret_key; see `agentgym keys`)")
+    p.add_argument("--learner-key", type=Path, help="the learner's public key file, DIR/learner.key "
+                   "(overrides actor.learner_key)")
     p.add_argument("--connect-timeout", type=float, help="seconds to wait for the learner (overrides actor.connect_timeout_s)")
     return p
 
@@ -41,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         flags.append(f"actor.max_groups={args.max_groups}")
     if args.connect_timeout is not None:
         flags.append(f"actor.connect_timeout_s={args.connect_timeout}")
+    flags += [f'actor.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("learner_key", args.learner_key)) if v]
     cfg = resolve_config(args, flags)
     run_dir = args.run_dir or cfg.run.path
 
@@ -53,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentgym.actors.runtime import run_actor
     from agentgym.actors.transport import ActorRejected, LearnerUnreachable
     from agentgym.guardian import start_guardian
+    from agentgym.keys import KeyFileError
     from agentgym.logs import quiet_libraries, setup_logging
 
     start_guardian()  # vLLM's engine processes must not outlive a killed actor
@@ -65,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except LearnerUnreachable as exc:
         log.error("learner_unreachable", error=str(exc))
         return 3
-    except (ActorRejected, FileNotFoundError) as exc:
+    except (ActorRejected, FileNotFoundError, KeyFileError) as exc:
         log.error("actor_refused", error=str(exc))
         return 2
     except KeyboardInterrupt:

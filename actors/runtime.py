@@ -28,6 +28,7 @@ import zmq.asyncio
 from agentgym.config import Config, model_fingerprint
 from agentgym.actors.concurrency import Concurrency, Signals
 from agentgym.actors.transport import ControlLink, fetch_weights, weights_addr
+from agentgym.keys import ClientKeys
 from agentgym.protocol import (
     Ack,
     Grant,
@@ -59,7 +60,8 @@ class Actor:
         self.cfg = cfg
         self.actor_id = actor_id or uuid.uuid4().hex[:12]
         self.ctx = zmq.asyncio.Context()
-        self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id)
+        self.keys = ClientKeys.load(cfg.actor.secret_key, cfg.actor.learner_key)  # None: plain TCP
+        self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id, self.keys)
         self.welcome: Welcome | None = None
         self.engine = None
         self.tokenizer = None
@@ -236,7 +238,7 @@ class Actor:
             ready = self.latest_ready
             if ready.version > self.engine.version or not self.weights_synced:
                 t0 = time.monotonic()
-                version, raw = await fetch_weights(self.ctx, addr, ready)
+                version, raw = await fetch_weights(self.ctx, addr, ready, keys=self.keys)
                 tensors = _to_torch(raw)
                 t1 = time.monotonic()
                 await self.engine.update_weights(tensors, version)

@@ -18,12 +18,16 @@ from collections.abc import Callable
 import structlog
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from agentgym.keys import ClientKeys, apply_client
 
 from agentgym.protocol import (
     Hello,
     Message,
     ProtocolError,
     Reject,
+    VersionMismatch,
     WeightChunk,
     WeightGone,
     WeightRequest,
@@ -46,23 +50,62 @@ class ActorRejected(RuntimeError):
     """The learner refused this actor (model or protocol mismatch); retrying will not help."""
 
 
-def _socket(ctx: zmq.asyncio.Context, addr: str, identity: bytes | None = None) -> zmq.asyncio.Socket:
+def _socket(
+    ctx: zmq.asyncio.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
+    before_connect: Callable[[zmq.asyncio.Socket], None] | None = None,
+) -> zmq.asyncio.Socket:
     s = ctx.socket(zmq.DEALER)
     if identity is not None:
         s.setsockopt(zmq.ROUTING_ID, identity)
+    apply_client(s, keys)  # CURVE: talk only to the learner holding keys.server's secret
     s.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes())
     s.setsockopt(zmq.LINGER, 1000)
     s.setsockopt(zmq.RECONNECT_IVL, 200)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    if before_connect is not None:
+        before_connect(s)
     s.connect(addr)
     return s
 
 
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)  # fmt: skip
+
+
+def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return "the learner refused this actor's CURVE key: copy its public key (NAME.key) into the learner's learner.authorized_keys directory"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and keys is None:
+        return "the learner requires CURVE keys and this actor has none: set actor.secret_key and actor.learner_key (--secret-key, --learner-key)"
+    if keys is not None:
+        return "the CURVE handshake failed: actor.learner_key is not the public key of the learner at this address, or the learner has no keys"
+    return "the connection handshake failed (is this an agentgym learner of the same release?)"
+
+
 class ControlLink:
-    def __init__(self, ctx: zmq.asyncio.Context, addr: str, actor_id: str) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, addr: str, actor_id: str, keys: ClientKeys | None = None) -> None:
         self.addr = addr
-        self.sock = _socket(ctx, addr, actor_id.encode())
+        self.keys = keys
+        self._monitor: zmq.asyncio.Socket | None = None
+
+        def watch(s: zmq.asyncio.Socket) -> None:  # before connect: the first handshake is seen too
+            self._monitor = s.get_monitor_socket(_HANDSHAKE_EVENTS)
+
+        self.sock = _socket(ctx, addr, actor_id.encode(), keys, watch)
         self.bad_messages = 0
+
+    async def _handshake_refused(self) -> str | None:
+        """Why ZeroMQ's handshake with the learner failed (CURVE key refused, keys on one side
+        only, wrong learner key), if it did and has not succeeded since; None otherwise."""
+        problem = None
+        while self._monitor is not None:
+            try:
+                frames = await self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            event = parse_monitor_message(frames)["event"]
+            problem = None if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else _handshake_problem(event, self.keys)
+        return problem
 
     async def send(self, msg: Message) -> None:
         await self.sock.send_multipart(encode(msg), copy=False)
@@ -74,6 +117,10 @@ class ControlLink:
             try:
                 msg, _ = decode(frames)
                 return msg
+            except VersionMismatch as exc:
+                # The learner's Reject of our Hello is framed in its own version: say both.
+                raise ActorRejected(f"learner at {self.addr} speaks agentgym protocol version {exc.theirs}, "
+                                    f"this actor {exc.ours}; run the same agentgym release on both") from None
             except ProtocolError as exc:
                 self.bad_messages += 1
                 log.error("bad_message_from_learner", error=str(exc))
@@ -82,15 +129,20 @@ class ControlLink:
         """Send Hello (again every 2 s) until Welcome; Reject raises, silence raises after timeout_s."""
         deadline = time.monotonic() + timeout_s
         while True:
-            await self.send(hello)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise LearnerUnreachable(
                     f"no agentgym learner answered at {self.addr} within {timeout_s:.0f} s "
-                    "(is agentgym-learner running there, and is the port reachable?)"
+                    "(is agentgym-learner running there, and is the port reachable? If the learner uses CURVE keys: "
+                    + ("is this actor's public key in its learner.authorized_keys directory, and actor.learner_key "
+                       "the learner's public key?)" if self.keys else "this actor has none: set actor.secret_key "
+                       "and actor.learner_key)")
                 )
             try:
                 async with asyncio.timeout(min(2.0, left)):
+                    # The send can block too: a DEALER holds messages only for a connected peer,
+                    # and a learner that refuses this actor's CURVE handshake never becomes one.
+                    await self.send(hello)
                     while True:
                         msg = await self.recv()
                         if isinstance(msg, Welcome):
@@ -100,9 +152,16 @@ class ControlLink:
                         if on_other is not None:
                             on_other(msg)
             except TimeoutError:
+                refused = await self._handshake_refused()
+                if refused is not None:  # a definite answer: waiting longer will not change it
+                    raise ActorRejected(f"learner at {self.addr}: {refused}") from None
                 log.info("waiting_for_learner", addr=self.addr, left_s=round(left, 1))
 
     def close(self) -> None:
+        if self._monitor is not None:
+            self.sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
         self.sock.close(linger=500)
 
 
@@ -111,14 +170,15 @@ def weights_addr(control_addr: str, port: int) -> str:
 
 
 async def fetch_weights(
-    ctx: zmq.asyncio.Context, addr: str, ready: WeightsReady, *, window: int = 4, timeout_s: float = 120.0
+    ctx: zmq.asyncio.Context, addr: str, ready: WeightsReady, *, window: int = 4, timeout_s: float = 120.0,
+    keys: ClientKeys | None = None,
 ) -> tuple[int, list[RawTensor]]:
     """Pull every chunk of ``ready.version`` (``window`` requests in flight), checked by crc32.
 
     Returns (version, tensors). If the version is superseded while fetching, starts over on the
     latest one, so the result may be newer than asked for.
     """
-    sock = _socket(ctx, addr)
+    sock = _socket(ctx, addr, keys=keys)
     try:
         version, num_chunks = ready.version, ready.num_chunks
         while True:
@@ -127,14 +187,19 @@ async def fetch_weights(
             deadline = time.monotonic() + timeout_s
             restart = None
             while len(got) < num_chunks and restart is None:
-                while next_req < num_chunks and next_req - len(got) < window:
-                    await sock.send_multipart(encode(WeightRequest(version=version, chunk=next_req)))
-                    next_req += 1
                 left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"weights v{version}: {len(got)}/{num_chunks} chunks from {addr} after {timeout_s:.0f} s")
-                async with asyncio.timeout(left):
-                    frames = await sock.recv_multipart(copy=True)
+                try:
+                    if left <= 0:
+                        raise TimeoutError
+                    async with asyncio.timeout(left):  # sends too: no peer (refused by CURVE) blocks them
+                        while next_req < num_chunks and next_req - len(got) < window:
+                            await sock.send_multipart(encode(WeightRequest(version=version, chunk=next_req)))
+                            next_req += 1
+                        frames = await sock.recv_multipart(copy=True)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"weights v{version}: {len(got)}/{num_chunks} chunks from {addr} after {timeout_s:.0f} s"
+                    ) from None
                 msg, data = decode(frames)
                 if isinstance(msg, WeightGone):
                     restart = msg.latest
@@ -147,7 +212,7 @@ async def fetch_weights(
             log.info("weights_superseded", wanted=version, latest=restart)
             # Drain replies of the abandoned version, then ask for the new one's first chunk to learn its size.
             sock.close(linger=0)
-            sock = _socket(ctx, addr)
+            sock = _socket(ctx, addr, keys=keys)
             version, num_chunks = restart, 1
     finally:
         sock.close(linger=0)

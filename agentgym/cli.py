@@ -4,6 +4,7 @@
     agentgym envs                                                 registered environments
     agentgym config [--config F] [-o ...]                         print the resolved config
     agentgym view RUN_DIR [-o FILE]                               a page of the run's episodes and curves
+    agentgym keys DIR [--actors N]                                CURVE key pairs for learner and actors
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentgym import cmd_bench
+from agentgym import cmd_bench, cmd_keys
 from agentgym.cli_common import add_config_args, resolve_config
 
 
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--mode", choices=["async", "sync"], help="overrides run.mode")
     t.add_argument("--actor-log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="log level of the actors' console files (their JSON logs get everything)")
+    t.add_argument("--keys", type=Path, help="CURVE keys from `agentgym keys DIR`: the learner's pair and allow-list, "
+                   "and the first actor pair for the local actors")
     c = sub.add_parser("config", help="print the resolved config as TOML")
     add_config_args(c)
     sub.add_parser("envs", help="list registered environments")
@@ -45,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
     cmd_bench.add_parser(sub)
+    cmd_keys.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "keys":
+        return cmd_keys.run(args)
 
     if args.cmd == "bench":
         return cmd_bench.run(args)
@@ -78,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         flags.append(f'run.mode="{args.mode}"')
     if args.actors is not None:
         flags.append(f"launch.actors={args.actors}")
+    flags += cmd_keys.train_overrides(args.keys) if args.keys else []
     cfg = resolve_config(args, flags)
+    cmd_keys.check_train_keys(cfg)
     from agentgym.guardian import start_guardian
     from agentgym.launch import launch
     from agentgym.logs import setup_logging

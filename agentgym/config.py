@@ -224,6 +224,14 @@ class LearnerConfig(Section):
     """Dual-clip PPO's c (verl's and AReaL's clip_ratio_c): a token with a negative advantage
     contributes at most c * |A| however far its ratio pi_theta/pi_prox has grown (None: off).
     Acts only with minibatches > 1 (with one, the ratio is 1)."""
+    secret_key: Path | None = None
+    """CURVE: the learner's key pair file (DIR/learner.key_secret from ``agentgym keys DIR``). With
+    ``authorized_keys``, both ports admit only allow-listed actors, and traffic is encrypted."""
+    authorized_keys: Path | None = None
+    """CURVE: directory of the admitted actors' public keys (DIR/authorized); re-read when it
+    changes, so an actor can be added by copying its .key file there."""
+    insecure: bool = False
+    """Allow binding a non-loopback address without CURVE keys (anyone who reaches the ports can register, submit rollouts and download the weights)."""
 
     @model_validator(mode="after")
     def _ports(self) -> LearnerConfig:
@@ -279,6 +287,11 @@ class ActorConfig(Section):
     """An environment step slower than this fails its episode (the env worker is restarted)."""
     start_groups: Annotated[int, Field(ge=1, le=1024)] = 4
     """Groups played at once when the actor starts (at most max_groups); it then sizes itself."""
+    secret_key: Path | None = None
+    """CURVE: this actor's key pair file (DIR/actors/NAME.key_secret); its public half must be in
+    the learner's ``learner.authorized_keys`` directory."""
+    learner_key: Path | None = None
+    """CURVE: the learner's public key file (DIR/learner.key); set with ``secret_key``."""
 
     @model_validator(mode="after")
     def _remote(self) -> ActorConfig:

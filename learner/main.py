@@ -12,6 +12,7 @@ writes logs, metrics.jsonl, the resolved config and checkpoints to the run direc
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from agentgym.cli_common import add_config_args, resolve_config
@@ -32,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its newest checkpoint (weights, optimizer, "
                    "step, version, dedupe state); its config.toml is used unless --config is given")
+    p.add_argument("--secret-key", type=Path, help="CURVE key pair file of the learner, DIR/learner.key_secret "
+                   "(overrides learner.secret_key; see `agentgym keys`)")
+    p.add_argument("--authorized-keys", type=Path, help="directory of admitted actors' public keys, DIR/authorized "
+                   "(overrides learner.authorized_keys)")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback --bind without keys "
+                   "(anyone who reaches the ports can register, submit rollouts and download the weights)")
     return p
 
 
@@ -50,8 +57,17 @@ def main(argv: list[str] | None = None) -> int:
         flags.append(f'run.mode="{args.mode}"')
     if args.model:
         flags.append(f'model.path="{args.model}"')
+    flags += [f'learner.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("authorized_keys", args.authorized_keys)) if v]
+    if args.insecure:
+        flags.append("learner.insecure=true")
     cfg = resolve_config(args, flags)
     run_dir = args.run_dir or cfg.run.path
+    from agentgym.learner.auth import check_server_config
+
+    problem = check_server_config(cfg.learner)  # before torch loads: a refused bind fails at once
+    if problem:
+        sys.stderr.write(f"error: {problem}\n")
+        return 2
 
     import trio
 

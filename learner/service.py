@@ -21,16 +21,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import structlog
 import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.staleness import StalenessRule, TrainBuffer
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
+from agentgym.learner.validate import Guard, vocab_size
 from agentgym.logs import MetricsWriter
 from agentgym.protocol import (
     Ack,
@@ -135,6 +138,9 @@ class Learner:
             seed=cfg.run.seed,
             rule=self.rule,
         )
+        self.guard = Guard(group_size=cfg.rollout.group_size, max_episode_tokens=cfg.rollout.max_episode_tokens,
+                           vocab_size=vocab_size(cfg.model.path))  # fmt: skip
+        """Which tickets are whose, and what a rollout must be to be judged (learner/validate.py)."""
         self.buffer = TrainBuffer(self.rule)
         self.clock = LearnerClock()
         self.mix = EpisodeMix()
@@ -172,17 +178,19 @@ class Learner:
 
     def grant(self) -> None:
         for actor_id, tickets in self.sched.fill(self.version).items():
+            self.guard.issue(actor_id, tickets)
             self.hub.send(self.sched.actors[actor_id].peer, Grant(tickets=tickets))
 
     # ------------------------------------------------------------------ control
     def welcome(self, peer: bytes, msg: Hello) -> None:
         if msg.model_fingerprint != self.fingerprint:
             self.hub.send(peer, Reject(field="model", reason=(
-                f"actor {msg.actor_id} on {msg.hostname} runs a model with fingerprint {msg.model_fingerprint}, "
-                f"the learner trains {self.cfg.model.path} (fingerprint {self.fingerprint}); "
-                "start the actor with the same model directory (or none: it then uses the learner's path)"
+                f"actor {msg.actor_id} on {msg.hostname} runs a model with fingerprint {msg.model_fingerprint!r}, "
+                "not the learner's (its log names both); start the actor with the learner's model directory "
+                "(or none: it then uses the learner's path)"
             )))  # fmt: skip
-            log.warning("actor_rejected", actor=msg.actor_id, field="model")
+            log.warning("actor_rejected", actor=msg.actor_id, field="model", theirs=msg.model_fingerprint,
+                        ours=self.fingerprint, model=str(self.cfg.model.path))  # fmt: skip
             return
         state, new = self.sched.register(msg.actor_id, peer, msg.hostname, msg.max_groups)
         lc = self.cfg.learner
@@ -212,12 +220,14 @@ class Learner:
         if r.group_id in self.seen:
             return "duplicate"
         self.seen.add(r.group_id)
+        reason = self.guard.content(r)  # vocabulary, budget, masks, versions, finite numbers
+        if reason is not None:
+            self.guard.reject(reason, r)
+            if r.group_id in self.evals:  # its round counts it as played, with no usable episode
+                self.on_eval(msgspec.structs.replace(r, episodes=[]))
+            return "invalid"
         if r.group_id in self.evals:
             return "eval"
-        if len(r.episodes) != self.cfg.rollout.group_size:
-            log.warning("rollout_invalid", group=r.group_id, episodes=len(r.episodes),
-                        group_size=self.cfg.rollout.group_size)  # fmt: skip
-            return "invalid"
         usable = trainable_episodes(r)
         self.counters.episodes["env_failure"] += len(r.episodes) - len(usable)
         if not usable:
@@ -226,6 +236,15 @@ class Learner:
         return self.rule.verdict(*version_span(r, self.version), self.version)
 
     def on_rollout(self, peer: bytes, r: Rollout) -> None:
+        reason = None if r.group_id in self.seen else self.guard.claim(r)
+        if reason is not None:
+            # Not a ticket this actor holds: touch nothing of the run (no dedupe entry, no ticket
+            # released or forfeited), answer invalid so an honest but confused actor forgets it.
+            self.guard.reject(reason, r)
+            self.counters.groups["invalid"] += 1
+            self.counters.episodes["invalid"] += len(r.episodes)
+            self.hub.send(peer, Ack(group_ids=[r.group_id], statuses=["invalid"]))
+            return
         status = self.judge(r)
         n_eps = len(r.episodes)
         self.counters.groups[status] += 1
@@ -248,14 +267,22 @@ class Learner:
 
     async def control_loop(self) -> None:
         async for peer, msg in self.hub.inbox:
+            actor_id = getattr(msg, "actor_id", "")
+            if not isinstance(msg, Hello | Heartbeat | Rollout | Leave):
+                self.guard.drop("unexpected_kind", kind=type(msg).__name__, peer=peer.hex())
+                continue
+            if peer != actor_id.encode():
+                # An actor's routing id is its actor id (actors/transport.py): a message naming
+                # another actor is an impostor's, whatever it asks (Hello would steal the grants).
+                self.guard.drop("actor_id_not_sender", kind=type(msg).__name__, actor_id=actor_id, peer=peer.hex())
+                continue
             if isinstance(msg, Hello):
                 self.welcome(peer, msg)
                 continue
-            actor_id = getattr(msg, "actor_id", "")
             state = self.sched.seen(actor_id)
             if state is None:
                 # Unknown actor (e.g. the learner restarted): ask it to say hello again.
-                log.info("unknown_actor_message", kind=type(msg).__name__, actor_id=actor_id)
+                self.guard.drop("unknown_actor", kind=type(msg).__name__, actor_id=actor_id)
                 self.hub.send(peer, Heartbeat(weight_version=-1))
                 continue
             if isinstance(msg, Rollout):
@@ -415,6 +442,7 @@ class Learner:
             **{f"groups_{k}": v for k, v in self.counters.groups.items()},
             **{f"episodes_{k}": v for k, v in self.counters.episodes.items()},
             "groups_expired": self.counters.expired["groups"],
+            **self.guard.metrics(),
             **stats,
         }  # fmt: skip
         self.metrics.write(rec)
@@ -435,13 +463,14 @@ class Learner:
 
     def checkpoint_state(self) -> dict[str, object]:
         """What the service needs after a resume (step, version and the turn-limit stage come
-        from the trainer's step): the dedupe set and the ticket counter."""
-        return {"seen": sorted(self.seen), "issued": self.sched.issued}
+        from the trainer's step): the dedupe set, the ticket counter and the open tickets."""
+        return {"seen": sorted(self.seen), "issued": self.sched.issued, "open_tickets": self.guard.state()}
 
     def restore(self, extra: dict[str, object]) -> None:
         self.step, self.version = self.trainer.step, self.trainer.version
         self.seen = set(extra.get("seen", []))  # type: ignore[arg-type]
         self.sched.issued = int(extra.get("issued", 0))  # type: ignore[arg-type]
+        self.guard.restore(extra.get("open_tickets", []))  # type: ignore[arg-type]  # their late rollouts still count
         # Tickets issued but not trained before the checkpoint: buffered groups died with the
         # old learner and actors may be gone too. Count them all as forfeited so the admission
         # rule starts with a full pipeline (a late rollout of one of them is still judged).
@@ -468,7 +497,8 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             raise FileNotFoundError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
         extra = await trio.to_thread.run_sync(trainer.load_checkpoint, ckpt)
         log.info("learner_resumed", checkpoint=str(ckpt), step=trainer.step, version=trainer.version)
-    async with open_hub(cfg.learner.bind) as hub:
+    lc = cfg.learner
+    async with open_hub(lc.bind, keys=ServerKeys.load(lc.secret_key, lc.authorized_keys), insecure=lc.insecure) as hub:
         learner = Learner(cfg, run_dir, trainer, hub)
         if extra is not None:
             learner.restore(extra)
@@ -502,6 +532,8 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         (run_dir / "summary.json").write_text(__import__("json").dumps({
             "reason": reason, "step": learner.step, "version": learner.version,
             "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
+            "invalid_reasons": dict(learner.guard.invalid), "dropped_messages": dict(learner.guard.dropped),
+            "auth_refused": hub.allow.refused if hub.allow else 0,
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
             "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
         }, indent=2))  # fmt: skip

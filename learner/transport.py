@@ -11,6 +11,10 @@ an inproc wake-up socket; inbound messages cross to trio through a bounded memor
 thread blocks when trio falls behind, so ZeroMQ's high-water marks push back on actors);
 outbound messages cross through a queue plus a wake-up frame. Weight chunks are served entirely
 in the thread from the latest immutable snapshot.
+
+With CURVE keys (learner/auth.py) ZeroMQ's ZAP handshake admits only allow-listed actors on both
+ports: frames of any other peer never reach this module. A Hello of another protocol version is
+answered here with a Reject naming both versions.
 """
 
 from __future__ import annotations
@@ -26,9 +30,13 @@ import structlog
 import trio
 import zmq
 
+from agentgym.learner.auth import ServerKeys, check_bind, make_server, start_authenticator
 from agentgym.protocol import (
+    PROTOCOL_VERSION,
     Message,
     ProtocolError,
+    Reject,
+    VersionMismatch,
     WeightChunk,
     WeightGone,
     WeightRequest,
@@ -66,8 +74,10 @@ def weights_address(control: str) -> str:
 class Hub:
     """Owns the learner's sockets in a thread; see the module docstring."""
 
-    def __init__(self, bind: str, inbox_size: int = 1024, max_msg_bytes: int | None = None) -> None:
+    def __init__(self, bind: str, inbox_size: int = 1024, max_msg_bytes: int | None = None,
+                 keys: ServerKeys | None = None) -> None:  # fmt: skip
         self.bind = bind
+        self.keys = keys
         self.max_msg_bytes = max_msg_bytes or max_frame_bytes()
         self._send_in, self.inbox = trio.open_memory_channel[tuple[bytes, Message]](inbox_size)
         self._outbox: queue.SimpleQueue[tuple[bytes, list[bytes]] | None] = queue.SimpleQueue()
@@ -79,6 +89,9 @@ class Hub:
         self._error: BaseException | None = None
         self.bad_messages = 0
         self.weight_chunks_served = 0
+        self.version_rejects = 0
+        self.allow = None
+        """The CURVE allow-list (with its refusal count) when keys are configured."""
 
     # ---------------------------------------------------------------- trio side
     def send(self, peer: bytes, msg: Message) -> None:
@@ -95,6 +108,7 @@ class Hub:
         s.setsockopt(zmq.LINGER, 2000)
         s.setsockopt(zmq.SNDHWM, 10_000)
         s.setsockopt(zmq.RCVHWM, 10_000)
+        make_server(s, self.keys)  # CURVE: ZAP admits only allow-listed actors, before any frame
         s.bind(addr)
         return s
 
@@ -157,11 +171,27 @@ class Hub:
                 return
             try:
                 msg, _ = decode(frames)
+            except VersionMismatch as exc:
+                # Named, so the actor's operator sees both versions; nothing about the model.
+                self.bad_messages += 1
+                self.version_rejects += 1
+                if self.version_rejects <= 20 or self.version_rejects % 1000 == 0:
+                    log.warning("protocol_version_rejected", peer=peer.hex(), theirs=exc.theirs, ours=exc.ours)
+                reason = f"actor speaks agentgym protocol version {exc.theirs}, the learner speaks {PROTOCOL_VERSION}"
+                self._send_now(control, peer, encode(Reject(field="protocol_version", reason=reason)))
+                continue
             except ProtocolError as exc:
                 self.bad_messages += 1
-                log.error("bad_message", peer=peer.hex(), error=str(exc))
+                if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:  # a flood is not a log flood
+                    log.error("bad_message", peer=peer.hex(), error=str(exc)[:500], count=self.bad_messages)
                 continue
             trio.from_thread.run(self._send_in.send, (peer, msg), trio_token=token)
+
+    def _send_now(self, sock: zmq.Socket, peer: bytes, frames: list) -> None:  # type: ignore[type-arg]
+        try:
+            sock.send_multipart([peer, *frames], zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("send_dropped_hwm", peer=peer.hex())
 
     def _serve_weights(self, weights: zmq.Socket) -> None:
         for _ in range(64):
@@ -175,7 +205,8 @@ class Hub:
                     raise ProtocolError(f"weights socket expects WeightRequest, got {type(req).__name__}")
             except ProtocolError as exc:
                 self.bad_messages += 1
-                log.error("bad_weight_request", peer=peer.hex(), error=str(exc))
+                if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:
+                    log.error("bad_weight_request", peer=peer.hex(), error=str(exc)[:500], count=self.bad_messages)
                 continue
             snap = self._snapshot
             if snap is None or req.version != snap.version or req.chunk >= len(snap.frames):
@@ -194,13 +225,24 @@ class Hub:
 
 
 @asynccontextmanager
-async def open_hub(bind: str, max_msg_bytes: int | None = None) -> AsyncIterator[Hub]:
-    """Start the I/O thread, wait until its sockets are bound, stop it on exit."""
-    hub = Hub(bind, max_msg_bytes=max_msg_bytes)
+async def open_hub(
+    bind: str, max_msg_bytes: int | None = None, *, keys: ServerKeys | None = None, insecure: bool = False
+) -> AsyncIterator[Hub]:
+    """Start the I/O thread, wait until its sockets are bound, stop it on exit.
+
+    With ``keys`` both ROUTERs are CURVE servers behind a ZAP authenticator; without them a
+    non-loopback ``bind`` is refused unless ``insecure`` (learner/auth.py)."""
+    check_bind(bind, keys, insecure)
+    hub = Hub(bind, max_msg_bytes=max_msg_bytes, keys=keys)
+    auth = None
+    if keys is not None:
+        auth, hub.allow = start_authenticator(hub._ctx, keys)
     thread = threading.Thread(target=hub._run, args=(trio.lowlevel.current_trio_token(),), name="zmq-hub", daemon=True)
     thread.start()
     await trio.to_thread.run_sync(hub._ready.wait)
     if hub._error is not None:
+        if auth is not None:
+            auth.stop()
         raise hub._error
     try:
         yield hub
@@ -210,4 +252,6 @@ async def open_hub(bind: str, max_msg_bytes: int | None = None) -> AsyncIterator
             await hub._send_in.aclose()
             await trio.to_thread.run_sync(thread.join, 5.0)
         hub._wake.close(linger=0)
+        if auth is not None:
+            auth.stop()
         hub._ctx.term()

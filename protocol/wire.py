@@ -79,7 +79,9 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[memoryvi
         msg = _DECODERS[cls].decode(body)
     except msgspec.ValidationError as exc:
         raise ProtocolError(f"{cls.__name__}: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, ValueError) as exc:
+        # ValueError: e.g. UnicodeDecodeError from a string that is not UTF-8, which msgspec
+        # does not wrap; uncaught it would end the learner's I/O thread.
         raise ProtocolError(f"{cls.__name__}: malformed msgpack body: {exc}") from None
     if isinstance(msg, WeightChunk):
         if len(data[0]) != msg.nbytes or len(data[0]) > MAX_WEIGHT_DATA:

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -103,7 +104,7 @@ class ScriptedActor:
         for k in range(first, first + n):
             self.pump(lambda: bool(self.tickets), proc)
             t = self.tickets.pop(0)
-            r = group(k, t.min_version, t.group_id)
+            r = msgspec.structs.replace(group(k, t.min_version, t.group_id), env=t.env, task_id=t.task_id)
             self.send(r)
             self.pump(lambda: r.group_id in self.acks, proc)  # noqa: B023
             assert self.acks[r.group_id] == "accepted", (k, self.acks[r.group_id])

@@ -8,7 +8,7 @@ import pytest
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.learner.service import Learner, version_span
-from agentgym.protocol import Rollout
+from agentgym.protocol import Rollout, Ticket
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 
@@ -74,6 +74,7 @@ def test_rejected_and_expired_groups_are_forfeited_and_a_resume_starts_with_a_fu
     run = ln.sched.run_id
     ln.version = 4
     ln.hub = type("Hub", (), {"send": lambda self, peer, msg: None})()  # acks go nowhere here
+    ln.guard.issue("a", [Ticket(group_id=f"{run}:{i}", env="guess_number", task_id=0) for i in range(2)])
     ln.on_rollout(b"p", group(f"{run}:0", [1, 1]))  # stale on arrival
     ln.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # accepted ...
     ln.version = 5

@@ -87,6 +87,7 @@ class Scenario:
         actor_id = f"{host}-{self.started}"
         argv = [sys.executable, "-m", "agentgym.actors.main", "--learner", self.address, "--actor-id", actor_id,
                 "--run-dir", str(self.actor_home / host), "-o", f'actor.engine="{self.engine}"',
+                "-o", "actor.env_workers=4",  # 4 processes, not 16: an actor starts faster on 2 cores
                 "--connect-timeout", "120"]  # fmt: skip
         self.actors[actor_id] = self.net.spawn(host, argv, self.actor_home, self.work / "consoles" / f"{actor_id}.log", self.env)
         return actor_id

@@ -23,14 +23,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from netns import Cluster, netns_unavailable
+from netns import Cluster, Loopback, netns_unavailable
 
 from agentgym.cmd_chaos import FAST, Scenario
 from agentgym.tiny_model import make_default_tiny_model
 
 STEPS = 16
 
-pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=f"no network namespaces: {netns_unavailable()}")
+NO_NETNS = netns_unavailable()
 
 
 def journal_fates(path: Path) -> tuple[set[str], dict[str, str], set[str]]:
@@ -51,6 +51,23 @@ def journal_fates(path: Path) -> tuple[set[str], dict[str, str], set[str]]:
     return issued, fate, accepted
 
 
+def test_actor_from_another_directory_takes_the_learners_model(tmp_path: Path) -> None:
+    """The README's "Across machines" commands on one host: the actor runs from a directory
+    with no models/ in it, with only --learner (no --model, no config), and trains."""
+    model = make_default_tiny_model(tmp_path / "shared" / "tiny", seed=0)
+    with Loopback(["learner", "a1"]) as net:
+        sc = Scenario(net, tmp_path, model.resolve(), [*FAST, "run.max_steps=2"])
+        a1 = sc.start_actor("a1")
+        sc.start_learner()
+        sc.wait(lambda: sc.learner.poll() is not None, 240, "the learner to finish")  # type: ignore[union-attr]
+        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]
+        assert sc.actors[a1].wait(timeout=60) == 0, sc.tail(a1)
+    assert not (sc.actor_home / "models").exists()
+    assert [e["actor_id"] for e in sc.events("actor_asked_model")][:1] == [a1]
+    assert sc.summary()["step"] == 2 and sc.summary()["tickets"]["trained"] == 2 * 4
+
+
+@pytest.mark.skipif(NO_NETNS is not None, reason=f"no network namespaces: {NO_NETNS}")
 def test_learner_and_actors_on_three_hosts_survive_cuts_and_kills(tmp_path: Path) -> None:
     model = make_default_tiny_model(tmp_path / "shared" / "tiny", seed=0)
     with Cluster(["learner", "a1", "a2"]) as net:

@@ -383,7 +383,7 @@ class Learner:
                 await self.checkpoint()
             if ec.every and self.step % ec.every == 0:
                 self.start_eval()
-        await self.checkpoint()
+        await self.checkpoint("end")
         if ec.at_end:
             rnd = self.start_eval()
             with trio.move_on_after(ec.end_timeout_s):

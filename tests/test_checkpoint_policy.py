@@ -112,3 +112,25 @@ def test_checkpoint_minutes_saves_without_a_step_interval(model_dir: Path, tmp_p
         if proc.poll() is None:
             proc.kill()
     assert [e["reason"] for e in _events(run_dir, "checkpoint_saved")] == ["periodic"]
+
+
+def test_a_failure_after_a_step_saves_a_checkpoint(model_dir: Path, tmp_path: Path) -> None:
+    # The episode log cannot be written (its path is a directory): the train loop fails after
+    # step 1 was trained and published, outside the step, where the state is consistent.
+    config, bind, cfg = _config(model_dir, tmp_path, "run.max_steps=3", "learner.checkpoint_every=0",
+                                "learner.checkpoint_minutes=0", "learner.log_episodes=2")  # fmt: skip
+    run_dir, log = tmp_path / "run", tmp_path / "learner.log"
+    (run_dir / "episodes.jsonl").mkdir(parents=True)
+    proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+    try:
+        actor.play(0, BATCH, proc)
+        code = proc.wait(timeout=120)
+    finally:
+        actor.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert code not in (0, 130), log.read_text()[-3000:]
+    assert "IsADirectoryError" in log.read_text()
+    assert [e["reason"] for e in _events(run_dir, "checkpoint_saved")] == ["crash"]
+    assert latest_checkpoint(run_dir / "checkpoints").name == "step_000001"  # type: ignore[union-attr]

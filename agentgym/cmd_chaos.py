@@ -71,14 +71,15 @@ class Scenario:
     def address(self) -> str:
         return f"tcp://{self.net.addr('learner')}:{self.port}"
 
-    def start_learner(self, resume: bool = False) -> None:
+    def start_learner(self, resume: bool = False, extra: list[str] = []) -> None:  # noqa: B006 - never mutated
+        """``extra``: more ``-o`` overrides (a resume takes the run's config.toml, then these)."""
         py = [sys.executable, "-m", "agentgym.learner.main"]
         if resume:
-            argv = [*py, "--resume", str(self.run_dir)]
+            argv = [*py, "--resume", str(self.run_dir), *[a for o in extra for a in ("-o", o)]]
         else:
             argv = [*py, "--config", str(self.config), "--run-dir", str(self.run_dir), "--bind", self.address,
                     "-o", f'model.path="{self.model}"', "-o", "model.create_tiny=false", "-o", "learner.insecure=true",
-                    *[a for o in self.overrides for a in ("-o", o)]]  # fmt: skip
+                    *[a for o in [*self.overrides, *extra] for a in ("-o", o)]]  # fmt: skip
         self.learner = self.net.spawn("learner", argv, self.learner_home, self.work / "consoles" / "learner.log", self.env)
 
     def start_actor(self, host: str) -> str:

@@ -60,7 +60,14 @@ class TicketLedger:
     def _write(self, rec: dict[str, object]) -> None:
         if self._out is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            torn = False
+            if self.path.exists() and self.path.stat().st_size > 0:
+                with self.path.open("rb") as f:
+                    f.seek(-1, 2)
+                    torn = f.read(1) != b"\n"
             self._out = self.path.open("a", buffering=1)  # a line at a time
+            if torn:  # a killed learner's last line was cut short: never glue a new one to it
+                self._out.write("\n")
         self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
@@ -114,9 +121,10 @@ class TicketLedger:
                 if e == "issue":
                     t = msgspec.convert(rec["t"], Ticket)
                     self.tickets.setdefault(t.group_id, t)
-                elif e == "reopen":
+                elif e == "reopen":  # by an earlier resume: counted in this run's totals too
                     self.fate.pop(rec["g"], None)
                     self.trained_at.pop(rec["g"], None)
+                    self.lost_in_restart[rec.get("why", "in_flight")] += 1
                 elif e in (*FATES, "accepted") and rec.get("g") in self.tickets:
                     self.fate[rec["g"]] = e
                     if e == "trained":

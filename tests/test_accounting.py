@@ -48,3 +48,5 @@ def test_identity_and_resume_reopen(tmp_path: Path) -> None:
     # A third life resumed from step 2 re-opens only what is still open.
     c = TicketLedger(path)
     assert [t.group_id for t in c.resume(checkpoint_step=2)] == ["r1:5", "r1:6", "r1:7"]
+    # lost_in_restart is the run's total over every resume
+    assert dict(c.lost_in_restart) == {"trained_after_checkpoint": 1, "buffered": 1, "in_flight": 6}

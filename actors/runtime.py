@@ -171,6 +171,12 @@ class Actor:
         elif isinstance(msg, Reject):
             raise Stop(f"learner rejected this actor ({msg.field}): {msg.reason}", code=2)
         elif isinstance(msg, Welcome):
+            if self.welcome is not None and msg.run_id != self.welcome.run_id:
+                # A restarted learner resumed from a checkpoint: its weights may be older than
+                # ours, and only its weights make trainable groups. Take its next WeightsReady.
+                log.info("learner_restarted", run_id=msg.run_id, engine_version=getattr(self.engine, "version", -1))
+                self.latest_ready = None
+                self.weights_synced = False
             self.welcome = msg
             self.resend.set()
 
@@ -241,6 +247,9 @@ class Actor:
                 version, raw = await fetch_weights(self.ctx, addr, ready, keys=self.keys)
                 tensors = _to_torch(raw)
                 t1 = time.monotonic()
+                if version < self.engine.version:  # a restarted learner resumed an older checkpoint
+                    log.warning("weights_rolled_back", from_version=self.engine.version, to_version=version)
+                    self.engine.version = version
                 await self.engine.update_weights(tensors, version)
                 self.weights_synced = True
                 self.stats["weight_updates"] += 1

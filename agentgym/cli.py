@@ -5,6 +5,7 @@
     agentgym config [--config F] [-o ...]                         print the resolved config
     agentgym view RUN_DIR [-o FILE]                               a page of the run's episodes and curves
     agentgym keys DIR [--actors N]                                CURVE key pairs for learner and actors
+    agentgym chaos [--minutes M] [--seed S]                       train under random failures, print the accounting
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--run-dir", type=Path, help="run directory (default: run.dir/run.name)")
     t.add_argument("--max-steps", type=int, help="optimizer steps (overrides run.max_steps)")
     t.add_argument("--mode", choices=["async", "sync"], help="overrides run.mode")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir (default: run.dir/run.name) from its newest checkpoint; "
+                   "its config.toml is used unless --config is given")
     t.add_argument("--actor-log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="log level of the actors' console files (their JSON logs get everything)")
     t.add_argument("--keys", type=Path, help="CURVE keys from `agentgym keys DIR`: the learner's pair and allow-list, "
@@ -47,11 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
+    from agentgym import cmd_chaos
+
     cmd_bench.add_parser(sub)
     cmd_keys.add_parser(sub)
+    cmd_chaos.add_parser(sub)
     args = p.parse_args(argv)
     if args.cmd == "keys":
         return cmd_keys.run(args)
+    if args.cmd == "chaos":
+        return cmd_chaos.run(args)
 
     if args.cmd == "bench":
         return cmd_bench.run(args)
@@ -84,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         flags.append(f'run.mode="{args.mode}"')
     if args.actors is not None:
         flags.append(f"launch.actors={args.actors}")
+    if args.resume and args.config is None:  # the run's own resolved config
+        args.config = (args.run_dir or resolve_config(args, flags).run.path) / "config.toml"
     flags += cmd_keys.train_overrides(args.keys) if args.keys else []
     cfg = resolve_config(args, flags)
     cmd_keys.check_train_keys(cfg)
@@ -94,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir or cfg.run.path
     start_guardian()  # a killed launcher takes its learner and actors along
     setup_logging("launcher", run_dir / "logs" / "launcher.jsonl", args.log_level)
-    return launch(cfg, args.config, [*args.override, *flags], run_dir, cfg.launch.actors, args.actor_log_level)
+    return launch(cfg, args.config, [*args.override, *flags], run_dir, cfg.launch.actors, args.actor_log_level,
+                  resume=args.resume)
 
 
 if __name__ == "__main__":

@@ -146,10 +146,14 @@ class LearnerConfig(Section):
     log_episodes: Annotated[int, Field(ge=0)] = 2
     """Episodes per optimizer step and per evaluation round decoded into RUN_DIR/episodes.jsonl
     (best and worst of a group, alternately); ``agentgym view RUN_DIR`` shows them. 0: none."""
-    checkpoint_every: Annotated[int, Field(ge=0)] = 0
-    """Save an HF checkpoint every N steps (0: only at the end)."""
+    checkpoint_every: Annotated[int, Field(ge=0)] = 50
+    """Save an HF checkpoint every N steps (0: not by steps). One is also saved at the end, on
+    SIGTERM/SIGINT and when a training step fails (docs/operations.md)."""
     keep_checkpoints: Annotated[int, Field(ge=1)] = 3
     """Checkpoints kept in the run directory; older ones are deleted after each save."""
+    checkpoint_minutes: Annotated[float, Field(ge=0, le=24 * 60)] = 10.0
+    """Also save a checkpoint after a step when this many minutes passed since the last one
+    (0: not by time), so a slow run loses at most this much work to a crash."""
 
     # --- algorithm (docs/off_policy.md, docs/adr/0007-learner-algorithms.md) ---
     algorithm: Literal["grpo", "ppo", "reinforce_pp", "rloo"] = "grpo"

@@ -40,15 +40,19 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir: Path, actors: int,
-           actor_log_level: str = "warning") -> int:
-    """Start the learner and ``actors`` actors; return the learner's exit code."""
+           actor_log_level: str = "warning", resume: bool = False) -> int:
+    """Start the learner and ``actors`` actors; return the learner's exit code. ``resume``: the
+    learner continues ``run_dir`` from its newest checkpoint (``agentgym train --resume``)."""
     if cfg.model.create_tiny and not Path(cfg.model.path, "config.json").exists():
         from agentgym.tiny_model import make_default_tiny_model
 
         log.info("creating_tiny_model", path=str(cfg.model.path))
         make_default_tiny_model(Path(cfg.model.path), seed=cfg.run.seed)
     common = [*(["--config", str(config_path)] if config_path else []), *[a for o in overrides for a in ("-o", o)]]
-    learner = _spawn("agentgym.learner.main", [*common, "--run-dir", str(run_dir)])
+    if resume and not any(run_dir.glob("checkpoints/step_*/trainer/state.pt")):
+        log.error("nothing_to_resume", run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"))
+        return 2
+    learner = _spawn("agentgym.learner.main", [*common, "--resume" if resume else "--run-dir", str(run_dir)])
     procs = [learner]
     # An actor's console (its warnings, and what vLLM prints) goes to a file in the run directory,
     # so the learner's progress lines stay readable; an actor that fails has its tail shown here.

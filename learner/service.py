@@ -26,6 +26,7 @@ import structlog
 import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.learner.accounting import TicketLedger
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
@@ -94,11 +95,6 @@ class Counters:
     (a subset of ``groups["accepted"]``: the ack had already said accepted)."""
 
 
-def oldest_version(r: Rollout, default: int) -> int:
-    """The oldest weight version behind any agent token of the group's usable episodes."""
-    return version_span(r, default)[0]
-
-
 def version_span(r: Rollout, default: int) -> tuple[int, int]:
     """(oldest, newest) weight version behind the agent tokens of the group's usable episodes."""
     agent = [v for e in trainable_episodes(r) if (v := unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0]).size]
@@ -157,6 +153,11 @@ class Learner:
         """Evaluation groups in flight -> their round."""
         self.eval_by_version: dict[int, EvalRound] = {}
         self.eval_results: list[dict[str, object]] = []
+        self.ledger = TicketLedger(run_dir / "tickets.jsonl")
+        """Every training ticket's fate, journaled (learner/accounting.py)."""
+        self.last_checkpoint = (self.step, time.monotonic())
+        self.mid_step = False
+        """True while a training step runs: its state is not consistent enough to checkpoint."""
         self._rate_window: deque[tuple[float, int, int]] = deque([(time.monotonic(), 0, 0)])
         """(time, accepted episodes, agent tokens) of recent steps: rates over the last ~10 s."""
 
@@ -179,10 +180,28 @@ class Learner:
     def grant(self) -> None:
         for actor_id, tickets in self.sched.fill(self.version).items():
             self.guard.issue(actor_id, tickets)
+            self.ledger.issued(tickets)
             self.hub.send(self.sched.actors[actor_id].peer, Grant(tickets=tickets))
 
     # ------------------------------------------------------------------ control
+    def welcome_msg(self, index: int) -> Welcome:
+        lc = self.cfg.learner
+        return Welcome(
+            run_id=self.run_id, actor_index=index,
+            weights_port=int(lc.bind.rsplit(":", 1)[1]) + 1,
+            model_path=str(Path(self.cfg.model.path).resolve()), model_fingerprint=self.fingerprint,
+            mode=self.cfg.run.mode, heartbeat_interval_s=lc.heartbeat_interval_s,
+            actor_timeout_s=lc.actor_timeout_s,
+            rollout=rollout_spec(self.cfg),
+        )  # fmt: skip
+
     def welcome(self, peer: bytes, msg: Hello) -> None:
+        if not msg.model_fingerprint:
+            # An actor with no model of its own asks where the learner's is: tell it, register
+            # nothing. It checks that path on its host and says Hello again with the fingerprint.
+            self.hub.send(peer, self.welcome_msg(0))
+            log.info("actor_asked_model", actor_id=msg.actor_id, host=msg.hostname)
+            return
         if msg.model_fingerprint != self.fingerprint:
             self.hub.send(peer, Reject(field="model", reason=(
                 f"actor {msg.actor_id} on {msg.hostname} runs a model with fingerprint {msg.model_fingerprint!r}, "
@@ -193,15 +212,7 @@ class Learner:
                         ours=self.fingerprint, model=str(self.cfg.model.path))  # fmt: skip
             return
         state, new = self.sched.register(msg.actor_id, peer, msg.hostname, msg.max_groups)
-        lc = self.cfg.learner
-        self.hub.send(peer, Welcome(
-            run_id=self.run_id, actor_index=state.index,
-            weights_port=int(lc.bind.rsplit(":", 1)[1]) + 1,
-            model_path=str(Path(self.cfg.model.path).resolve()), model_fingerprint=self.fingerprint,
-            mode=self.cfg.run.mode, heartbeat_interval_s=lc.heartbeat_interval_s,
-            actor_timeout_s=lc.actor_timeout_s,
-            rollout=rollout_spec(self.cfg),
-        ))  # fmt: skip
+        self.hub.send(peer, self.welcome_msg(state.index))
         if self.weights_msg is not None:
             self.hub.send(peer, self.weights_msg)
         # A reconnecting actor re-plays nothing: it re-sends its unacknowledged rollouts, and its
@@ -246,6 +257,7 @@ class Learner:
             self.hub.send(peer, Ack(group_ids=[r.group_id], statuses=["invalid"]))
             return
         status = self.judge(r)
+        self.ledger.judged(r.group_id, status)
         n_eps = len(r.episodes)
         self.counters.groups[status] += 1
         if status == "accepted":
@@ -379,23 +391,31 @@ class Learner:
                     self.expire_stale()
             batch = self.buffer.take(lc.batch_groups)
             per_env = env_stats(batch)
-            with self.clock.part("train"):
-                stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
+            # A signal waits for the step in progress: the learner stops between steps, where a
+            # checkpoint is consistent with the ticket journal.
+            with trio.CancelScope(shield=True):
+                self.mid_step = True
+                with self.clock.part("train"):
+                    stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
+                self.mid_step = False
+                self.step, self.version = self.trainer.step, self.trainer.version
+                self.ledger.trained([r.group_id for r in batch], self.step)
             for r in batch:
                 self.mix.add("trained", r)
             stats = {**stats, **per_env, **self.mix.step_record()}
-            self.step, self.version = self.trainer.step, self.trainer.version
             with self.clock.part("export"):
                 await self.publish()
             self.sched.on_version(self.version)
             self.grant()
             self.report({**stats, **self.clock.step_record()})
             await trio.to_thread.run_sync(self.episode_log.write, "train", self.step, self.version, batch)
-            if lc.checkpoint_every and self.step % lc.checkpoint_every == 0:
+            if (lc.checkpoint_every and self.step % lc.checkpoint_every == 0) or (
+                lc.checkpoint_minutes and time.monotonic() - self.last_checkpoint[1] >= 60 * lc.checkpoint_minutes
+            ):
                 await self.checkpoint()
             if ec.every and self.step % ec.every == 0:
                 self.start_eval()
-        await self.checkpoint()
+        await self.checkpoint("end")
         if ec.at_end:
             rnd = self.start_eval()
             with trio.move_on_after(ec.end_timeout_s):
@@ -415,6 +435,7 @@ class Learner:
         for r in dead:
             self.counters.expired["groups"] += 1
             self.counters.expired["episodes"] += len(trainable_episodes(r))
+            self.ledger.expired(r.group_id)
             self.sched.forfeit(r.group_id)
             log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version,
                      span=list(version_span(r, self.version)))  # fmt: skip
@@ -456,10 +477,13 @@ class Learner:
                if len(self.cfg.env.specs) > 1 else {}),
         )  # fmt: skip
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, reason: str = "periodic") -> None:
+        if self.mid_step or self.last_checkpoint[0] == self.step:
+            return  # half a step is not a state to resume from; an unchanged one is saved already
         path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         await trio.to_thread.run_sync(self.trainer.save, path, self.checkpoint_state())
-        log.info("checkpoint_saved", step=self.step, path=str(path))
+        self.last_checkpoint = (self.step, time.monotonic())
+        log.info("checkpoint_saved", step=self.step, path=str(path), reason=reason)
 
     def checkpoint_state(self) -> dict[str, object]:
         """What the service needs after a resume (step, version and the turn-limit stage come
@@ -475,6 +499,13 @@ class Learner:
         # old learner and actors may be gone too. Count them all as forfeited so the admission
         # rule starts with a full pipeline (a late rollout of one of them is still judged).
         self.sched.forfeited = max(0, self.sched.issued - self.cfg.learner.batch_groups * self.step)
+        # The journal knows better: groups buffered, in flight or trained after this checkpoint
+        # are issued again under their old ids (ADR 0010); they go first, outside the rule.
+        reopened = self.ledger.resume(self.step)
+        self.seen -= {t.group_id for t in reopened}
+        self.sched.requeue.extend(reopened)
+        self.last_checkpoint = (self.step, time.monotonic())
+        log.info("tickets_reopened", count=len(reopened), by_reason=dict(self.ledger.lost_in_restart))
 
     async def shutdown_actors(self, reason: str) -> None:
         for a in self.sched.actors.values():
@@ -519,14 +550,27 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
                         return
 
                 nursery.start_soon(watch_signals)
-                await learner.train_loop()  # buffer -> torch step -> publish weights -> grants
+                try:
+                    await learner.train_loop()  # buffer -> torch step -> publish weights -> grants
+                except Exception:
+                    # A failure outside a training step leaves a consistent state: keep it.
+                    log.exception("train_loop_failed", step=learner.step, checkpoint=not learner.mid_step)
+                    with trio.CancelScope(shield=True):
+                        await learner.checkpoint("crash")
+                    raise
                 nursery.cancel_scope.cancel()
+        if reason != "run finished":
+            with trio.CancelScope(shield=True):
+                await learner.checkpoint("interrupted")  # resume with --resume
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             await learner.shutdown_actors(reason)
         learner.metrics.close()
         learner.eval_metrics.close()
         learner.episode_log.close()
         c = learner.counters
+        in_flight = [g for a in learner.sched.actors.values() for g in a.outstanding] + [t.group_id for t in learner.sched.requeue]
+        tickets = learner.ledger.summary([r.group_id for r in learner.buffer], in_flight)
+        learner.ledger.close()
         log.info("learner_finished", reason=reason, step=learner.step, groups=c.groups, episodes=c.episodes,
                  expired=c.expired, bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
         (run_dir / "summary.json").write_text(__import__("json").dumps({
@@ -534,6 +578,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
             "invalid_reasons": dict(learner.guard.invalid), "dropped_messages": dict(learner.guard.dropped),
             "auth_refused": hub.allow.refused if hub.allow else 0,
+            "tickets": tickets,
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
             "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
         }, indent=2))  # fmt: skip

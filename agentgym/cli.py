@@ -4,6 +4,7 @@
     agentgym envs                                                 registered environments
     agentgym config [--config F] [-o ...]                         print the resolved config
     agentgym view RUN_DIR [-o FILE]                               a page of the run's episodes and curves
+    agentgym make-model --arch ARCH DIR                           a random model of a real shape
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
+    from agentgym import cmd_make_model
+
+    cmd_make_model.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "make-model":
+        return cmd_make_model.run(args)
 
     if args.cmd == "view":
         from agentgym.viewer import write_page

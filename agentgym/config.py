@@ -220,6 +220,13 @@ class LearnerConfig(Section):
     dp_size = 1 there is nothing to shard and fsdp trains like replicate."""
     dist_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     """Deadline of every collective between data-parallel ranks."""
+    weight_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype the weights travel in to the actors (auto: model.dtype, the engines' dtype; an
+    engine converts anything else on load). bfloat16 halves a float32 model's update bytes at
+    bfloat16 precision (docs/adr/0011-weight-transfer.md)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    less memory for long sequences, about one more forward pass of compute."""
 
     @model_validator(mode="after")
     def _ports(self) -> LearnerConfig:
@@ -273,6 +280,9 @@ class ActorConfig(Section):
     """Give up with an error if no learner answers within this time."""
     step_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An environment step slower than this fails its episode (the env worker is restarted)."""
+    max_model_len: Annotated[int, Field(ge=16)] | None = None
+    """The engine's context length in tokens (None: the model's max_position_embeddings capped
+    by rollout.max_episode_tokens). An episode that would pass it ends as a token_limit truncation."""
 
     @model_validator(mode="after")
     def _remote(self) -> ActorConfig:

@@ -45,7 +45,8 @@ from agentgym.protocol import (
     Welcome,
 )
 from agentgym.protocol.arrays import I32, U8, unpack
-from agentgym.protocol.weights import make_chunks
+from agentgym.learner.weight_export import WeightExporter
+from agentgym.memstats import peak_memory
 
 log = structlog.get_logger(__name__)
 
@@ -133,6 +134,9 @@ class Learner:
         self.version = 0
         self.step = 0
         self.weights_msg: WeightsReady | None = None
+        self.exporter = WeightExporter(cfg.learner.weight_chunk_mib * 1024 * 1024)
+        self.actor_memory: dict[str, dict[str, float | int | bool | str]] = {}
+        """Each actor's memory figures from its latest heartbeat (for summary.json)."""
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.eval_metrics = MetricsWriter(run_dir / "eval.jsonl")
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
@@ -147,14 +151,18 @@ class Learner:
     async def publish(self) -> None:
         """Export the current weights, serve them, and tell every actor."""
         lc = self.cfg.learner
-        tensors = await trio.to_thread.run_sync(self.trainer.export_weights)
-        chunks = make_chunks(self.version, tensors, lc.weight_chunk_mib * 1024 * 1024)
+        dtype = self.cfg.model.dtype if lc.weight_dtype == "auto" else lc.weight_dtype
+        version = self.version
+        # Export and chunk in one thread call: the export may alias live parameters until the
+        # chunks have copied them.
+        chunks, chunk_versions = await trio.to_thread.run_sync(
+            lambda: self.exporter.build(version, self.trainer.export_weights(dtype)))
         turn_limit = self.cfg.schedule.turn_limit(self.step)
         snap = WeightSnapshot.build(self.version, self.step, turn_limit, chunks)
         self.hub.publish_weights(snap)
         self.weights_msg = WeightsReady(
             version=self.version, step=self.step, turn_limit=turn_limit,
-            num_chunks=len(chunks), total_bytes=snap.total_bytes,
+            num_chunks=len(chunks), total_bytes=snap.total_bytes, chunk_versions=chunk_versions,
         )  # fmt: skip
         for a in self.sched.actors.values():
             self.hub.send(a.peer, self.weights_msg)
@@ -260,6 +268,7 @@ class Learner:
                 self.on_rollout(peer, msg)
             elif isinstance(msg, Heartbeat):
                 state.weight_version = msg.weight_version
+                self.actor_memory[actor_id] = {k: v for k, v in msg.stats.items() if k.endswith("_mib")}
             elif isinstance(msg, Leave):
                 back = self.sched.remove(actor_id)
                 log.info("actor_left", actor=state.index, reason=msg.reason, tickets_returned=len(back))
@@ -413,6 +422,7 @@ class Learner:
             **{f"episodes_{k}": v for k, v in self.counters.episodes.items()},
             "groups_expired": self.counters.expired["groups"],
             **stats,
+            **peak_memory(),
         }  # fmt: skip
         self.metrics.write(rec)
         log.info(
@@ -500,6 +510,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "reason": reason, "step": learner.step, "version": learner.version,
             "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
+            "learner_memory": peak_memory(), "actor_memory": learner.actor_memory,
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     return 0 if reason == "run finished" else 130

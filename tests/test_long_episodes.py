@@ -32,7 +32,7 @@ def test_context_length_is_the_models_positions_capped_by_the_episode_budget(mod
     assert context_length(load_config(None, ["actor.max_model_len=128"]), model_dir) == 128
 
 
-@pytest.mark.parametrize("huge_on_step", [0, 1, 2])
+@pytest.mark.parametrize("huge_on_step", [0, 2])  # the first observation, a later one
 def test_a_huge_observation_ends_the_episode_as_a_token_limit_truncation(model_dir: Path, huge_on_step: int) -> None:
     from transformers import AutoTokenizer
 

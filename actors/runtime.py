@@ -339,5 +339,5 @@ async def run_actor(cfg: Config, run_dir: Path, actor_id: str | None = None) -> 
 
     (run_dir / "actors" / f"{actor.actor_id}.json").write_text(json.dumps(
         {"actor_id": actor.actor_id, "reason": stop.reason, **actor.stats, "acks": actor.ack_statuses,
-         "unacked": len(actor.unacked)}, indent=2))  # fmt: skip
+         "unacked": len(actor.unacked), "memory": peak_memory()}, indent=2))  # fmt: skip
     return stop.code

@@ -28,7 +28,12 @@ def peak_memory(children: bool = False) -> dict[str, float]:
             except psutil.Error:  # a child that just exited has no memory to report
                 continue
         out["children_rss_mib"] = round(rss / 2**20, 1)
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda_max_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    cuda = sys.modules.get("torch.cuda")
+    try:
+        if cuda is not None and cuda.is_available() and cuda.is_initialized():
+            out["cuda_max_allocated_mib"] = round(cuda.max_memory_allocated() / 2**20, 1)
+    except AttributeError:
+        # torch is still being imported by another thread (an engine starting): no CUDA figure
+        # this time; the next call has one.
+        pass
     return out

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.tiny_model import CHATML_TEMPLATE
+from agentgym.chat_templates import CHATML_TEMPLATE
 
 # Placeholder contents for the scaffold conversation; never part of a real prompt. Plain
 # letters, so templates that trim or escape contents leave them alone.
@@ -132,6 +132,14 @@ class Conversation:
         self._extend(ids)
         self._awaiting_agent = True
         return True
+
+    def truncate(self, max_len: int) -> None:
+        """Cut a prompt that alone exceeds the episode's budget to its first ``max_len`` tokens
+        (the episode then ends as a token_limit truncation, with no agent turn)."""
+        if self.turn_spans:
+            raise RuntimeError("Conversation.truncate: only a first prompt (no agent turn yet) can be cut")
+        for seq in (self._ids, self._mask, self._logprobs, self._versions):
+            del seq[max_len:]
 
     # ------------------------------------------------------------------ arrays out
     @property

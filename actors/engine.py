@@ -226,12 +226,18 @@ class GatedEngine:
     prefix. ``update_mode="drain"``: the update waits for the segments in flight to finish.
     """
 
+    partial_updates: bool = False
+    """True if ``update_weights`` accepts a subset of the model's tensors (the rest unchanged);
+    the actor then fetches only the tensors changed since its version (protocol/weights.py)."""
+
     def __init__(self, update_mode: UpdateMode = "resume") -> None:
         if update_mode not in ("resume", "drain"):
             raise ValueError(f"{type(self).__name__}: update_mode must be 'resume' or 'drain', got {update_mode!r}")
         self.update_mode: UpdateMode = update_mode
         self.version = 0
         self.resumed_segments = 0
+        self.last_update: dict[str, float] = {}
+        """Seconds of the last update: prepare (outside the pause), drain and load (the pause)."""
         """Segments restarted after an update (resume mode), for metrics."""
         self._gate = VersionGate()
         self._requests: dict[str, _Request] = {}
@@ -338,6 +344,7 @@ class GatedEngine:
             count = await self._load_weights(prepared)
             self.version = version
             t3 = time.monotonic()
+        self.last_update = {"prepare_s": t1 - t0, "drain_s": t2 - t1, "load_s": t3 - t2}
         log.info(
             "engine_weights_loaded", engine=name, version=version, tensors=count, mode=self.update_mode,
             prepare_s=round(t1 - t0, 4), drain_s=round(t2 - t1, 4), load_s=round(t3 - t2, 4),

@@ -7,6 +7,7 @@ Each engine module imports its heavy library (vLLM, transformers, httpx) only wh
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -14,19 +15,33 @@ from agentgym.actors.engine import GatedEngine
 from agentgym.config import Config
 
 
+def context_length(cfg: Config, model_dir: Path) -> int:
+    """The engine's context length: ``actor.max_model_len``, or the model's
+    ``max_position_embeddings`` capped by ``rollout.max_episode_tokens``."""
+    if cfg.actor.max_model_len is not None:
+        return cfg.actor.max_model_len
+    path = Path(model_dir) / "config.json"
+    try:
+        n = json.loads(path.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"actor: cannot read max_position_embeddings from {path}: {exc}") from None
+    return min(int(n), cfg.rollout.max_episode_tokens) if n else cfg.rollout.max_episode_tokens
+
+
 def make_engine(cfg: Config, model_dir: Path) -> GatedEngine:
     a = cfg.actor
+    ctx = context_length(cfg, model_dir)
     if a.engine == "vllm":
         from agentgym.actors.vllm_engine import VllmEngine
 
         return VllmEngine(
             model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
-            gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update,
+            gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
         )  # fmt: skip
     if a.engine == "hf":
         from agentgym.actors.hf_engine import HfEngine
 
-        return HfEngine(model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, update_mode=a.weight_update)
+        return HfEngine(model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, update_mode=a.weight_update, max_model_len=ctx)
     if a.engine == "remote":
         from agentgym.actors.remote_engine import RemoteEngine
 

@@ -46,6 +46,8 @@ _DTYPES = ("float32", "bfloat16", "float16")
 class HfEngine(GatedEngine):
     """``InferenceEngine`` over a ``transformers`` causal LM with a per-request KV cache."""
 
+    partial_updates = True  # copies any subset of named tensors in place
+
     def __init__(
         self,
         model_dir: Path,

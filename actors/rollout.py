@@ -22,6 +22,10 @@ from agentgym.protocol.arrays import F32, I32, U8, pack
 
 log = structlog.get_logger(__name__)
 
+MAX_CHARS_PER_TOKEN = 32
+"""An observation longer than this many characters per token of budget cannot fit and ends the
+episode (token_limit) without being tokenized: a huge env output costs no tokenizer time."""
+
 
 async def play_episode(
     engine: InferenceEngine,
@@ -41,6 +45,9 @@ async def play_episode(
         stop_token_ids=(eos,) if eos is not None else (),
         seed=seed,
     )
+    # The episode's token budget is also bounded by the engine's context: a prompt never reaches
+    # the engine's limit, so no observation can make generate() raise.
+    budget = min(spec.max_episode_tokens, getattr(engine, "max_model_len", None) or spec.max_episode_tokens)
     conv: Conversation | None = None
     turn_rewards: list[float] = []
     finish, failure, success = "turn_limit", "", False
@@ -50,12 +57,14 @@ async def play_episode(
             obs = await ep.reset()
             # The config's system prompt wins; "" means none; None means the env's instructions.
             system = spec.system_prompt if spec.system_prompt is not None else (ep.instructions or None)
-            conv = Conversation.start(tokenizer, system or None, obs)
+            conv = Conversation.start(tokenizer, system or None, obs[: MAX_CHARS_PER_TOKEN * budget])
+            if len(conv) > budget - conv.closing_tokens - 1:  # no room for even one sampled token
+                conv.truncate(budget)  # the loop below ends it at once as token_limit
             # Token budgets: a turn samples at most max_tokens_per_turn, and no more than leaves
             # room for its end-of-turn tokens within max_episode_tokens; an observation that
             # does not fit ends the episode. The episode never exceeds its budget.
             for turn in range(turn_limit):
-                room = spec.max_episode_tokens - len(conv) - conv.closing_tokens
+                room = budget - len(conv) - conv.closing_tokens
                 if room < 1:
                     finish = "token_limit"
                     break
@@ -71,12 +80,15 @@ async def play_episode(
                     finish = "done"
                     success = bool(result.info.get("success", result.reward > 0))
                     break
+                if len(result.observation) > MAX_CHARS_PER_TOKEN * budget:  # cannot fit: not even tokenized
+                    finish = "token_limit"
+                    break
                 if turn + 1 < turn_limit:
                     # Room for the observation and at least one sampled token plus its closing.
-                    if not conv.add_observation(result.observation, spec.max_episode_tokens - 1 - conv.closing_tokens):
+                    if not conv.add_observation(result.observation, budget - 1 - conv.closing_tokens):
                         finish = "token_limit"
                         break
-                elif not conv.add_observation(result.observation, spec.max_episode_tokens):
+                elif not conv.add_observation(result.observation, budget):
                     # At the turn limit the episode ends in the state the agent would act in next
                     # (the last observation and the generation prompt, masked): PPO reads its
                     # bootstrap value V(s_end) there. No room for it: the token budget ended it.

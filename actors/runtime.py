@@ -27,6 +27,7 @@ import zmq.asyncio
 
 from agentgym.config import Config, model_fingerprint
 from agentgym.actors.concurrency import Concurrency, Signals
+from agentgym.memstats import peak_memory
 from agentgym.actors.transport import ControlLink, fetch_weights, weights_addr
 from agentgym.keys import ClientKeys
 from agentgym.protocol import (
@@ -193,7 +194,8 @@ class Actor:
             await self.link.send(Heartbeat(
                 actor_id=self.actor_id, running_groups=self.running_groups,
                 weight_version=self.engine.version if self.engine_ready.is_set() else -1,
-                stats={**{k: float(v) for k, v in self.stats.items()}, "capacity": float(self.concurrency.target)},
+                stats={**{k: float(v) for k, v in self.stats.items()}, "capacity": float(self.concurrency.target),
+                       **peak_memory(children=True)},
             ))  # fmt: skip
             if time.monotonic() - self.last_from_learner > w.actor_timeout_s:
                 log.warning("learner_silent", seconds=round(time.monotonic() - self.last_from_learner, 1))
@@ -244,7 +246,9 @@ class Actor:
             ready = self.latest_ready
             if ready.version > self.engine.version or not self.weights_synced:
                 t0 = time.monotonic()
-                version, raw = await fetch_weights(self.ctx, addr, ready, keys=self.keys)
+                # An engine that loads a subset of tensors fetches only what changed since its version.
+                have = self.engine.version if self.weights_synced and self.engine.partial_updates else -1
+                version, raw = await fetch_weights(self.ctx, addr, ready, have_version=have, keys=self.keys)
                 tensors = _to_torch(raw)
                 t1 = time.monotonic()
                 if version < self.engine.version:  # a restarted learner resumed an older checkpoint
@@ -253,8 +257,8 @@ class Actor:
                 await self.engine.update_weights(tensors, version)
                 self.weights_synced = True
                 self.stats["weight_updates"] += 1
-                log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3),
-                         load_s=round(time.monotonic() - t1, 3), mib=round(ready.total_bytes / 2**20, 2))  # fmt: skip
+                log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
+                         mib=round(sum(len(t.data) for t in raw) / 2**20, 2), tensors=len(raw))  # fmt: skip
             self.turn_limit = ready.turn_limit
             async with self.version_changed:
                 self.version_changed.notify_all()
@@ -358,9 +362,12 @@ def _to_torch(raw):
     import torch
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    # The assembler's buffers are writable bytearrays: wrap them, no copy (an empty one cannot be wrapped).
     return {
-        t.name: torch.frombuffer(bytearray(t.data), dtype=dtypes[t.dtype]).reshape(t.shape) for t in raw
-    }
+        t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)
+        else torch.empty(t.shape, dtype=dtypes[t.dtype])
+        for t in raw
+    }  # fmt: skip
 
 
 async def run_actor(cfg: Config, run_dir: Path, actor_id: str | None = None) -> int:
@@ -375,5 +382,5 @@ async def run_actor(cfg: Config, run_dir: Path, actor_id: str | None = None) -> 
 
     (run_dir / "actors" / f"{actor.actor_id}.json").write_text(json.dumps(
         {"actor_id": actor.actor_id, "reason": stop.reason, **actor.stats, "acks": actor.ack_statuses,
-         "unacked": len(actor.unacked)}, indent=2))  # fmt: skip
+         "unacked": len(actor.unacked), "memory": peak_memory()}, indent=2))  # fmt: skip
     return stop.code

@@ -37,7 +37,7 @@ from agentgym.protocol import (
     encode,
     max_frame_bytes,
 )
-from agentgym.protocol.weights import RawTensor, chunk_tensors, verify_chunk
+from agentgym.protocol.weights import Assembler, RawTensor, verify_chunk
 
 log = structlog.get_logger(__name__)
 
@@ -170,49 +170,57 @@ def weights_addr(control_addr: str, port: int) -> str:
 
 
 async def fetch_weights(
-    ctx: zmq.asyncio.Context, addr: str, ready: WeightsReady, *, window: int = 4, timeout_s: float = 120.0,
-    keys: ClientKeys | None = None,
+    ctx: zmq.asyncio.Context, addr: str, ready: WeightsReady, *, have_version: int = -1, window: int = 4,
+    timeout_s: float = 120.0, keys: ClientKeys | None = None,
 ) -> tuple[int, list[RawTensor]]:
-    """Pull every chunk of ``ready.version`` (``window`` requests in flight), checked by crc32.
+    """Pull ``ready.version`` (``window`` requests in flight), each chunk checked by crc32 and
+    copied once, from the received frame into its tensors' buffers (protocol/weights.py).
 
-    Returns (version, tensors). If the version is superseded while fetching, starts over on the
-    latest one, so the result may be newer than asked for.
+    ``have_version`` >= 0: the caller holds that version and can load a subset of tensors;
+    chunks unchanged since (``ready.chunk_versions``) are skipped and only the changed tensors
+    are returned. Returns (version, tensors). If the version is superseded while fetching,
+    starts over on the latest one, whole, so the result may be newer than asked for.
     """
     sock = _socket(ctx, addr, keys=keys)
     try:
         version, num_chunks = ready.version, ready.num_chunks
+        wanted = list(range(num_chunks))
+        if have_version >= 0 and len(ready.chunk_versions) == num_chunks:
+            wanted = [i for i, v in enumerate(ready.chunk_versions) if v > have_version]
         while True:
-            got: dict[int, list[RawTensor]] = {}
-            next_req = 0
+            asm, done, next_req = Assembler(), 0, 0
             deadline = time.monotonic() + timeout_s
             restart = None
-            while len(got) < num_chunks and restart is None:
+            while done < len(wanted) and restart is None:
                 left = deadline - time.monotonic()
                 try:
                     if left <= 0:
                         raise TimeoutError
                     async with asyncio.timeout(left):  # sends too: no peer (refused by CURVE) blocks them
-                        while next_req < num_chunks and next_req - len(got) < window:
-                            await sock.send_multipart(encode(WeightRequest(version=version, chunk=next_req)))
+                        while next_req < len(wanted) and next_req - done < window:
+                            await sock.send_multipart(encode(WeightRequest(version=version, chunk=wanted[next_req])))
                             next_req += 1
-                        frames = await sock.recv_multipart(copy=True)
+                        frames = await sock.recv_multipart(copy=False)  # no copy: the assembler copies once
                 except TimeoutError:
                     raise TimeoutError(
-                        f"weights v{version}: {len(got)}/{num_chunks} chunks from {addr} after {timeout_s:.0f} s"
+                        f"weights v{version}: {done}/{len(wanted)} chunks from {addr} after {timeout_s:.0f} s"
                     ) from None
-                msg, data = decode(frames)
+                msg, data = decode([f.buffer for f in frames])
                 if isinstance(msg, WeightGone):
                     restart = msg.latest
                 elif isinstance(msg, WeightChunk) and msg.version == version:
                     verify_chunk(msg, data[0])
-                    got[msg.chunk] = chunk_tensors(msg, data[0])
-                    num_chunks = msg.num_chunks
+                    asm.add(msg, data[0])
+                    done += 1
+                    if msg.num_chunks != num_chunks:  # learned the size of a version we restarted on
+                        num_chunks = msg.num_chunks
+                        wanted = list(range(num_chunks))
             if restart is None:
-                return version, [t for i in sorted(got) for t in got[i]]
+                return version, asm.finish()
             log.info("weights_superseded", wanted=version, latest=restart)
             # Drain replies of the abandoned version, then ask for the new one's first chunk to learn its size.
             sock.close(linger=0)
             sock = _socket(ctx, addr, keys=keys)
-            version, num_chunks = restart, 1
+            version, num_chunks, wanted = restart, 1, [0]
     finally:
         sock.close(linger=0)

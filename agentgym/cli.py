@@ -6,6 +6,7 @@
     agentgym view RUN_DIR [-o FILE]                               a page of the run's episodes and curves
     agentgym keys DIR [--actors N]                                CURVE key pairs for learner and actors
     agentgym chaos [--minutes M] [--seed S]                       train under random failures, print the accounting
+    agentgym make-model --arch ARCH DIR                           a random model of a real shape
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
-    from agentgym import cmd_chaos
+    from agentgym import cmd_chaos, cmd_make_model
 
     cmd_bench.add_parser(sub)
     cmd_keys.add_parser(sub)
     cmd_chaos.add_parser(sub)
+    cmd_make_model.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "make-model":
+        return cmd_make_model.run(args)
     if args.cmd == "keys":
         return cmd_keys.run(args)
     if args.cmd == "chaos":

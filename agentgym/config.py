@@ -236,6 +236,13 @@ class LearnerConfig(Section):
     changes, so an actor can be added by copying its .key file there."""
     insecure: bool = False
     """Allow binding a non-loopback address without CURVE keys (anyone who reaches the ports can register, submit rollouts and download the weights)."""
+    weight_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype the weights travel in to the actors (auto: model.dtype, the engines' dtype; an
+    engine converts anything else on load). bfloat16 halves a float32 model's update bytes at
+    bfloat16 precision (docs/adr/0011-weight-transfer.md)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    less memory for long sequences, about one more forward pass of compute."""
 
     @model_validator(mode="after")
     def _ports(self) -> LearnerConfig:
@@ -296,6 +303,9 @@ class ActorConfig(Section):
     the learner's ``learner.authorized_keys`` directory."""
     learner_key: Path | None = None
     """CURVE: the learner's public key file (DIR/learner.key); set with ``secret_key``."""
+    max_model_len: Annotated[int, Field(ge=16)] | None = None
+    """The engine's context length in tokens (None: the model's max_position_embeddings capped
+    by rollout.max_episode_tokens). An episode that would pass it ends as a token_limit truncation."""
 
     @model_validator(mode="after")
     def _remote(self) -> ActorConfig:

@@ -26,18 +26,7 @@ import argparse
 import string
 from pathlib import Path
 
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-ENDOFTEXT = "<|endoftext|>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
-
-# ChatML, as Qwen2 writes it (without Qwen's default system prompt and tool blocks).
-CHATML_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+from agentgym.chat_templates import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START, SPECIAL_TOKENS  # noqa: F401 (re-exported)
 
 # Head sizes vLLM's CPU attention supports (16 is not among them).
 _HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -51,7 +51,8 @@ from agentgym.protocol import (
     Welcome,
 )
 from agentgym.protocol.arrays import I32, U8, unpack
-from agentgym.protocol.weights import make_chunks
+from agentgym.learner.weight_export import WeightExporter
+from agentgym.memstats import peak_memory
 
 log = structlog.get_logger(__name__)
 
@@ -146,6 +147,9 @@ class Learner:
         self.version = 0
         self.step = 0
         self.weights_msg: WeightsReady | None = None
+        self.exporter = WeightExporter(cfg.learner.weight_chunk_mib * 1024 * 1024)
+        self.actor_memory: dict[str, dict[str, float | int | bool | str]] = {}
+        """Each actor's memory figures from its latest heartbeat (for summary.json)."""
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.eval_metrics = MetricsWriter(run_dir / "eval.jsonl")
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
@@ -165,14 +169,18 @@ class Learner:
     async def publish(self) -> None:
         """Export the current weights, serve them, and tell every actor."""
         lc = self.cfg.learner
-        tensors = await trio.to_thread.run_sync(self.trainer.export_weights)
-        chunks = make_chunks(self.version, tensors, lc.weight_chunk_mib * 1024 * 1024)
+        dtype = self.cfg.model.dtype if lc.weight_dtype == "auto" else lc.weight_dtype
+        version = self.version
+        # Export and chunk in one thread call: the export may alias live parameters until the
+        # chunks have copied them.
+        chunks, chunk_versions = await trio.to_thread.run_sync(
+            lambda: self.exporter.build(version, self.trainer.export_weights(dtype)))
         turn_limit = self.cfg.schedule.turn_limit(self.step)
         snap = WeightSnapshot.build(self.version, self.step, turn_limit, chunks)
         self.hub.publish_weights(snap)
         self.weights_msg = WeightsReady(
             version=self.version, step=self.step, turn_limit=turn_limit,
-            num_chunks=len(chunks), total_bytes=snap.total_bytes,
+            num_chunks=len(chunks), total_bytes=snap.total_bytes, chunk_versions=chunk_versions,
         )  # fmt: skip
         for a in self.sched.actors.values():
             self.hub.send(a.peer, self.weights_msg)
@@ -302,6 +310,7 @@ class Learner:
             elif isinstance(msg, Heartbeat):
                 state.weight_version = msg.weight_version
                 self.sched.set_capacity(actor_id, int(msg.stats.get("capacity", 0)))
+                self.actor_memory[actor_id] = {k: v for k, v in msg.stats.items() if k.endswith("_mib")}
             elif isinstance(msg, Leave):
                 back = self.sched.remove(actor_id)
                 log.info("actor_left", actor=state.index, reason=msg.reason, tickets_returned=len(back))
@@ -465,6 +474,7 @@ class Learner:
             "groups_expired": self.counters.expired["groups"],
             **self.guard.metrics(),
             **stats,
+            **peak_memory(),
         }  # fmt: skip
         self.metrics.write(rec)
         log.info(
@@ -581,6 +591,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "tickets": tickets,
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
             "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
+            "learner_memory": peak_memory(), "actor_memory": learner.actor_memory,
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     return 0 if reason == "run finished" else 130

@@ -90,6 +90,9 @@ class Trainer:
         self.fsdp = lc.dp_mode == "fsdp" and self.dp.active
         self.model = model.to(self.device)
         self.model.train()
+        if lc.gradient_checkpointing:
+            # Non-reentrant: works with inputs that need no grad and with FSDP (torch's advice).
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = pad_id
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(cfg.model.path)
         self.value_head: ValueHead | None = None
@@ -374,10 +377,18 @@ class Trainer:
             state = self._full(self.model)
         out = []
         tdtype = getattr(torch, dtype)
+        seen: set[int] = set()
         for name, t in state.items():
+            # Tied embeddings appear twice in a state dict (embed_tokens and lm_head): send the
+            # storage once; vLLM's and transformers' loaders tie lm_head to it themselves.
+            if t.numel() and t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
             t = t.detach().to(tdtype).contiguous().cpu()
             raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
-            out.append(RawTensor(name, dtype, tuple(t.shape), raw.numpy().tobytes()))
+            # A view, no copy: it may alias a live parameter, so the caller copies (make_chunks
+            # does) before the next optimizer step.
+            out.append(RawTensor(name, dtype, tuple(t.shape), memoryview(raw.numpy()).cast("B")))
         return out
 
     def save(self, path: Path | None, extra_state: dict[str, Any] | None = None) -> None:

@@ -231,6 +231,9 @@ class WeightsReady(Message):
     turn_limit: Positive
     num_chunks: Positive
     total_bytes: NonNeg
+    chunk_versions: list[NonNeg] = []
+    """Per chunk, the newest version in which any of its tensors changed (empty: unknown, all
+    changed). An actor that holds version v may skip chunks at <= v (protocol/weights.py)."""
 
 
 class WeightRequest(Message):
@@ -249,6 +252,8 @@ class TensorMeta(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     shape: list[NonNeg]
     offset: NonNeg
     nbytes: NonNeg
+    part_offset: NonNeg = 0
+    """Where this slice begins in the whole tensor's bytes (a large tensor spans chunks)."""
 
 
 class WeightChunk(Message):

@@ -1,9 +1,21 @@
 """Weights as chunks of named tensors: how a weight version is cut up and put back together.
 
+    chunks = make_chunks(version, tensors, chunk_bytes)          # learner: [(WeightChunk, bytes)]
+    asm = Assembler()                                            # actor, per fetch
+    for msg, data in received: verify_chunk(msg, data); asm.add(msg, data)
+    tensors = asm.finish()                                       # [RawTensor] over whole buffers
+
 The learner turns each tensor into raw bytes (any dtype, bfloat16 included: this module never
-interprets them) and calls ``make_chunks``; an actor checks each chunk with ``verify_chunk``
-and reads the tensors' byte ranges with ``chunk_tensors``. A tensor larger than the chunk size
-gets a chunk of its own.
+interprets them) and calls ``make_chunks``. A tensor larger than the room left in a chunk is
+split across chunks (``TensorMeta.part_offset`` says where each slice goes), so no tensor is too
+large to send and every data frame stays within ``chunk_bytes`` (itself under the wire's 1 GiB
+frame limit). The actor checks each chunk with ``verify_chunk`` (size and crc32) and copies its
+slices straight into one preallocated buffer per tensor (``Assembler``): one copy from the
+received frame, none after; ``finish`` refuses a tensor with bytes missing.
+
+Payload kinds: this is the full-weights payload (HF tensor names, whole tensors). Another kind
+(adapters, say) reuses the same chunking and assembly with its own names; what a kind means is
+decided by whoever sends and loads it, not here.
 """
 
 from __future__ import annotations
@@ -15,44 +27,62 @@ from dataclasses import dataclass
 from agentgym.protocol.errors import ProtocolError
 from agentgym.protocol.messages import TensorMeta, WeightChunk
 
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
 
 @dataclass(frozen=True)
 class RawTensor:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: bytes | memoryview
+    data: bytes | bytearray | memoryview
+
+
+def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
+    n = ITEMSIZE[dtype]
+    for d in shape:
+        n *= d
+    return n
 
 
 def make_chunks(
     version: int, tensors: Iterable[RawTensor], chunk_bytes: int
 ) -> list[tuple[WeightChunk, bytes]]:
-    """Group tensors into chunks of about ``chunk_bytes`` (each with its crc32)."""
-    groups: list[list[RawTensor]] = [[]]
-    size = 0
+    """Pack tensors into chunks of at most ``chunk_bytes`` each (a crc32 per chunk), splitting
+    any tensor that does not fit the room left. The data is copied once, into the chunks: the
+    caller may change its tensors once this returns."""
+    if chunk_bytes < 1:
+        raise ValueError(f"make_chunks: chunk_bytes={chunk_bytes} must be >= 1")
+    groups: list[list[tuple[RawTensor, int, memoryview]]] = [[]]  # (tensor, part_offset, slice)
+    room = chunk_bytes
     for t in tensors:
-        n = len(memoryview(t.data).cast("B"))
-        if groups[-1] and size + n > chunk_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(t)
-        size += n
+        view = memoryview(t.data).cast("B")
+        expect = tensor_nbytes(t.dtype, t.shape)
+        if len(view) != expect:
+            raise ValueError(f"make_chunks: tensor {t.name!r} has {len(view)} bytes, {t.dtype}{list(t.shape)} needs {expect}")
+        pos = 0
+        while True:
+            if room == 0:
+                groups.append([])
+                room = chunk_bytes
+            n = min(room, len(view) - pos)
+            groups[-1].append((t, pos, view[pos : pos + n]))
+            room -= n
+            pos += n
+            if pos >= len(view):
+                break
+    if not groups[-1]:
+        groups.pop()
     out: list[tuple[WeightChunk, bytes]] = []
     for i, group in enumerate(groups):
         metas, offset = [], 0
-        for t in group:
-            n = len(memoryview(t.data).cast("B"))
-            metas.append(TensorMeta(t.name, t.dtype, list(t.shape), offset, n))  # type: ignore[arg-type]
-            offset += n
-        data = b"".join(bytes(memoryview(t.data).cast("B")) for t in group)
+        for t, part, piece in group:
+            metas.append(TensorMeta(t.name, t.dtype, list(t.shape), offset, len(piece), part))  # type: ignore[arg-type]
+            offset += len(piece)
+        data = b"".join(piece for _, _, piece in group)
         msg = WeightChunk(
-            version=version,
-            chunk=i,
-            num_chunks=len(groups),
-            tensors=metas,
-            crc32=zlib.crc32(data),
-            nbytes=len(data),
-        )
+            version=version, chunk=i, num_chunks=len(groups), tensors=metas, crc32=zlib.crc32(data), nbytes=len(data),
+        )  # fmt: skip
         out.append((msg, data))
     return out
 
@@ -69,9 +99,44 @@ def verify_chunk(msg: WeightChunk, data: bytes | memoryview) -> None:
 
 
 def chunk_tensors(msg: WeightChunk, data: bytes | memoryview) -> list[RawTensor]:
-    """The tensors of a verified chunk as zero-copy byte views."""
+    """The slices of a verified chunk as zero-copy byte views (a split tensor appears once per
+    chunk it spans, with only its slice: use ``Assembler`` to get whole tensors)."""
     view = memoryview(data).cast("B")
     return [
         RawTensor(m.name, m.dtype, tuple(m.shape), view[m.offset : m.offset + m.nbytes])
         for m in msg.tensors
     ]
+
+
+class Assembler:
+    """Whole tensors from verified chunks, each written once into a buffer allocated on its
+    first slice. Chunks may arrive in any order."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, tuple[str, tuple[int, ...], bytearray]] = {}
+        self._filled: dict[str, int] = {}
+
+    def add(self, msg: WeightChunk, data: bytes | memoryview) -> None:
+        src = memoryview(data).cast("B")
+        for m in msg.tensors:
+            where = f"weight chunk {msg.chunk} of v{msg.version}, tensor {m.name!r}"
+            got = self._bufs.get(m.name)
+            if got is None:
+                if m.dtype not in ITEMSIZE:
+                    raise ProtocolError(f"{where}: unknown dtype {m.dtype!r}")
+                got = (m.dtype, tuple(m.shape), bytearray(tensor_nbytes(m.dtype, m.shape)))
+                self._bufs[m.name], self._filled[m.name] = got, 0
+            dtype, shape, buf = got
+            if (dtype, shape) != (m.dtype, tuple(m.shape)):
+                raise ProtocolError(f"{where}: {m.dtype}{m.shape} disagrees with an earlier slice's {dtype}{list(shape)}")
+            if m.part_offset + m.nbytes > len(buf):
+                raise ProtocolError(f"{where}: slice [{m.part_offset}, +{m.nbytes}) ends past the tensor's {len(buf)} bytes")
+            buf[m.part_offset : m.part_offset + m.nbytes] = src[m.offset : m.offset + m.nbytes]
+            self._filled[m.name] += m.nbytes
+
+    def finish(self) -> list[RawTensor]:
+        """Every tensor, whole; raises ``ProtocolError`` if any has bytes missing (or doubled)."""
+        bad = [f"{n} ({self._filled[n]}/{len(b)} bytes)" for n, (_, _, b) in self._bufs.items() if self._filled[n] != len(b)]
+        if bad:
+            raise ProtocolError(f"weights incomplete: {', '.join(bad[:5])}")
+        return [RawTensor(n, d, s, b) for n, (d, s, b) in self._bufs.items()]

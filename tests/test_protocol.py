@@ -34,7 +34,7 @@ from agentgym.protocol import (
     encode,
 )
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
-from agentgym.protocol.weights import RawTensor, chunk_tensors, make_chunks, verify_chunk
+from agentgym.protocol.weights import Assembler, RawTensor, chunk_tensors, make_chunks, verify_chunk
 from agentgym.protocol.wire import DEFAULT_MAX_BODY, header
 
 names = st.text(min_size=0, max_size=40)
@@ -144,11 +144,13 @@ def test_weight_chunks_round_trip_and_detect_corruption() -> None:
     tensors.append(RawTensor("empty", "bfloat16", (0,), b""))
     chunks = make_chunks(5, tensors, chunk_bytes=100)
     assert len(chunks) > 1 and all(c.num_chunks == len(chunks) for c, _ in chunks)
-    back = []
+    asm = Assembler()  # tensors are split where a chunk is full: put them back together
     for msg, data in chunks:
         out, frames = decode(encode(msg, data))
         verify_chunk(out, frames[0])
-        back += chunk_tensors(out, frames[0])
+        assert sum(len(t.data) for t in chunk_tensors(out, frames[0])) <= 100
+        asm.add(out, frames[0])
+    back = asm.finish()
     assert [(t.name, t.shape, bytes(t.data)) for t in back] == [(t.name, t.shape, bytes(t.data)) for t in tensors]
     msg, data = chunks[0]
     bad = bytearray(data)

@@ -7,6 +7,8 @@
               garbage          "oversize" (a length prefix above the limit) or "body" (not msgpack)
               only_task        misbehave only in episodes of this task id (None: in every episode)
               episode_len      steps until done (default 3; the last one gives reward 1)
+              huge_on_step     the observation at that step is ``huge_chars`` characters long
+              huge_chars       length of that observation (default 4,000,000: under the 8 MiB frame)
 
 Steps are numbered from 1 within an episode; step 0 means "in reset". Every call prints a line
 to stdout, which the worker must keep out of its frame stream. Otherwise the env echoes:
@@ -34,6 +36,8 @@ class Chaos(Env):
         garbage: str = "oversize",
         only_task: int | None = None,
         episode_len: int = 3,
+        huge_on_step: int | None = None,
+        huge_chars: int = 4_000_000,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)
@@ -44,6 +48,7 @@ class Chaos(Env):
         self.crash_on_step, self.hang_on_step = crash_on_step, hang_on_step
         self.raise_on_step, self.garbage_on_step = raise_on_step, garbage_on_step
         self.garbage, self.only_task, self.episode_len = garbage, only_task, episode_len
+        self.huge_on_step, self.huge_chars = huge_on_step, huge_chars
         self._task = -1
         self._steps = 0
 
@@ -71,7 +76,7 @@ class Chaos(Env):
     def reset(self, task_id: int) -> str:
         self._task, self._steps = task_id, 0
         self._misbehave(0)
-        return f"chaos task {task_id}"
+        return self._maybe_huge(0, f"chaos task {task_id}")
 
     def step(self, action: str) -> StepResult:
         self._steps += 1
@@ -80,7 +85,12 @@ class Chaos(Env):
         info: dict[str, str | int | float | bool] = {"steps": self._steps}
         if done:
             info["success"] = True
-        return StepResult(f"echo {action}", 1.0 if done else 0.0, done, info)
+        return StepResult(self._maybe_huge(self._steps, f"echo {action}"), 1.0 if done else 0.0, done, info)
+
+    def _maybe_huge(self, step: int, text: str) -> str:
+        if step != self.huge_on_step or (self.only_task is not None and self._task != self.only_task):
+            return text
+        return (text + " ") + "lorem ipsum 42 " * (self.huge_chars // 15)
 
     def expert_action(self) -> str:
         return "ok"

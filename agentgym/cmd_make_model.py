@@ -1,0 +1,91 @@
+"""``agentgym make-model --arch ARCH DIR``: a random model with a real architecture's exact shape.
+
+    agentgym make-model --arch qwen2.5-0.5b models/qwen0.5b-shape
+    agentgym make-model --arch tiny models/tiny
+
+Writes an ordinary HF model directory (config.json, model.safetensors, tokenizer files,
+generation_config.json) that ``AutoModelForCausalLM.from_pretrained`` and vLLM load like the
+published checkpoint: same architecture class, same tensor names and shapes, tied embeddings
+as the real one, the real checkpoint's dtype (bfloat16). The weights are random (seeded). The
+tokenizer is the project's own (``agentgym.tiny_model.train_tokenizer``, ChatML template); the
+model's vocabulary is the published one, larger than the tokenizer's, as in the real Qwen2.5
+checkpoints (151936 rows for 151665 tokens): the extra rows are never produced by the tokenizer.
+No hub access. Shapes: ``agentgym/model_shapes.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from agentgym.model_shapes import SHAPES
+
+    p = sub.add_parser(
+        "make-model", help="write a random model with a real architecture's shape (no hub access)",
+        description="Write a randomly initialised HF model directory with the exact shape of a published "
+        "architecture and the project's own tokenizer; 'tiny' is the quickstart's model.",
+    )  # fmt: skip
+    p.add_argument("--arch", required=True, choices=["tiny", *SHAPES], help="architecture shape")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                   help="dtype of the saved weights (default: the real checkpoint's, bfloat16)")
+    p.add_argument("out", type=Path, help="output directory")
+
+
+def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = None) -> Path:
+    """Write the model of shape ``arch`` to ``out_dir``; returns ``out_dir``."""
+    from agentgym.model_shapes import SHAPES
+    from agentgym.tiny_model import FALLBACK_CORPUS, default_corpus, make_default_tiny_model
+
+    if arch == "tiny":
+        return make_default_tiny_model(out_dir, seed=seed)
+    if arch not in SHAPES:
+        raise ValueError(f"make-model: unknown --arch {arch!r}; known: tiny, {', '.join(SHAPES)}")
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    shape = SHAPES[arch]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer, eos, pad = _tokenizer(default_corpus() + FALLBACK_CORPUS, shape.max_position_embeddings)
+    if tokenizer.vocab_size > shape.vocab_size:
+        raise ValueError(f"make-model: tokenizer has {tokenizer.vocab_size} tokens, more than {arch}'s {shape.vocab_size}")
+    tokenizer.save_pretrained(out_dir)
+    config = shape.hf_config(eos=eos, pad=pad)
+    tdtype = getattr(torch, dtype or shape.torch_dtype)
+    t0 = time.monotonic()
+    with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's RNG
+        torch.manual_seed(seed)
+        # Built directly in the target dtype: a float32 1.5B would need 6 GiB for a moment.
+        model = AutoModelForCausalLM.from_config(config, dtype=tdtype)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    GenerationConfig(eos_token_id=[eos], pad_token_id=pad, do_sample=True).save_pretrained(out_dir)
+    log.info("model_made", arch=arch, path=str(out_dir), params=sum(p.numel() for p in model.parameters()),
+             dtype=str(tdtype), seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+    return out_dir
+
+
+def _tokenizer(corpus: list[str], max_length: int):
+    from transformers import PreTrainedTokenizerFast
+
+    from agentgym.chat_templates import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
+    from agentgym.tiny_model import train_tokenizer
+
+    raw = train_tokenizer(corpus, 512)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token=IM_END, pad_token=ENDOFTEXT, additional_special_tokens=[IM_START],
+        chat_template=CHATML_TEMPLATE, model_max_length=max_length, clean_up_tokenization_spaces=False,
+    )  # fmt: skip
+    return tok, raw.token_to_id(IM_END), raw.token_to_id(ENDOFTEXT)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype))
+    return 0

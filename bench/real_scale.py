@@ -1,0 +1,213 @@
+"""Weight sync against learner steps at real model shapes, side by side in one run.
+
+    flock /work/wt/bench.lock python bench/real_scale.py --out /tmp/real_scale            # all shapes
+    python bench/real_scale.py --shapes tiny,qwen2.5-0.5b --train-steps 3 --engine vllm
+
+For each shape (``agentgym make-model``: tiny, Qwen2.5-0.5B, Qwen2.5-1.5B; bfloat16 except the
+float32 tiny model) one process holds the learner's Trainer and the learner's real ZeroMQ hub
+(a thread, as in the learner) and, on its asyncio loop, the actor's real fetcher and engine:
+- sync: from the start of ``export_weights`` to ``engine.update_weights`` returning (the engine
+  serves the new weights): export + chunking (crc32) + fetch over tcp loopback (assembled into
+  buffers) + the engine's load; the second of two updates (warm) is reported, split into parts;
+- pause: the part of the load during which the engine generates nothing (drain + load);
+- step: a real ``Trainer.train_step`` (decoupled PPO/GRPO, AdamW) on synthetic rollouts of
+  ``--groups`` x ``--group-size`` episodes of ``--tokens`` tokens, mean of steps after the first;
+  skipped for shapes whose full AdamW state does not fit this machine (1.5B: 18 GiB);
+- transfer: update bytes / fetch seconds, against the raw bound: the same bytes in frames of the
+  same size over a plain pyzmq PUSH/PULL tcp loopback pair, measured in this run.
+Writes OUT/real_scale.json and prints a markdown table. Figures are from whatever machine runs
+it (docs/benchmarks.md: a 2-core CPU shared with other jobs, so noisy; ratios are within a run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+TRAINABLE = {"tiny", "qwen2.5-0.5b"}
+
+
+def raw_bound(total: int, frame: int) -> float:
+    """GiB/s of ``total`` bytes in ``frame``-byte frames over a tcp loopback PUSH/PULL pair."""
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    buf = bytearray(frame)
+    n = max(1, total // frame)
+    got = []
+
+    def recv() -> None:
+        for _ in range(n):
+            got.append(len(pull.recv(copy=False).buffer))
+
+    th = threading.Thread(target=recv)
+    t0 = time.perf_counter()
+    th.start()
+    for _ in range(n):
+        push.send(buf, copy=False)
+    th.join()
+    dt = time.perf_counter() - t0
+    push.close(0), pull.close(0), ctx.term()
+    return sum(got) / dt / 2**30
+
+
+def rollouts(vocab: int, groups: int, size: int, tokens: int, seed: int):
+    from agentgym.protocol import Episode, Rollout
+    from agentgym.protocol.arrays import F32, I32, U8, pack
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in range(groups):
+        eps = []
+        for i in range(size):
+            ids = rng.integers(3, vocab, tokens)
+            mask = np.zeros(tokens, np.uint8)
+            mask[tokens // 2 :] = 1  # half prompt/observations, half agent tokens
+            r = float(i % 2)
+            eps.append(Episode(
+                token_ids=pack(ids, I32), logprobs=pack(np.full(tokens, -5.0, np.float32), F32),
+                loss_mask=pack(mask, U8), versions=pack(np.where(mask == 1, 0, -1), I32),
+                turn_ends=pack([tokens], I32), turn_rewards=pack([r], F32), reward=r, success=r > 0,
+                finish="done", turn_limit=1,
+            ))  # fmt: skip
+        out.append(Rollout(group_id=f"g{seed}-{g}", actor_id="bench", env="guess_number", task_id=g, episodes=eps))
+    return out
+
+
+def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: int) -> dict:
+    import sys
+
+    import torch
+    import zmq.asyncio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from test_transport import HubThread
+
+    from agentgym.actors.engines import make_engine
+    from agentgym.actors.runtime import _to_torch
+    from agentgym.actors.transport import fetch_weights
+    from agentgym.config import load_config
+    from agentgym.learner.distributed import DataParallel
+    from agentgym.learner.trainer import Trainer
+    from agentgym.learner.transport import WeightSnapshot
+    from agentgym.learner.weight_export import WeightExporter
+    from agentgym.memstats import peak_memory
+    from agentgym.netutil import free_port_pair
+    from agentgym.protocol import WeightsReady
+
+    dtype = "float32" if shape == "tiny" else "bfloat16"
+    cfg = load_config(None, [
+        f'model.path="{model_dir}"', f'model.dtype="{dtype}"', f'actor.engine="{args.engine}"', "actor.kv_cache_gib=0.25",
+        f"rollout.max_episode_tokens={max(args.tokens, 256)}", "learner.lr=1e-6", f"learner.batch_groups={args.groups}",
+        f"rollout.group_size={args.group_size}", f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
+    ])  # fmt: skip
+    row: dict = {"shape": shape, "dtype": dtype, "engine": args.engine}
+    trainer = Trainer.build(cfg, DataParallel())
+    row["params"] = sum(p.numel() for p in trainer.model.parameters())
+    vocab = trainer.model.config.vocab_size
+    steps = args.train_steps if shape in TRAINABLE else 0
+    times = []
+    for s in range(steps):
+        t0 = time.perf_counter()
+        trainer.train_step(rollouts(min(vocab, 500), args.groups, args.group_size, args.tokens, s))
+        times.append(time.perf_counter() - t0)
+        print(f"{shape}: step {s} {times[-1]:.1f} s", flush=True)
+    row["step_s"] = float(np.mean(times[1:] or times)) if times else None
+    exporter = WeightExporter(cfg.learner.weight_chunk_mib << 20)
+    port = free_port_pair()
+    parts: list[dict] = []
+
+    async def actor_side(ht: HubThread) -> None:
+        ctx = zmq.asyncio.Context()
+        engine = make_engine(cfg, model_dir)
+        if args.engine == "vllm":
+            engine.enforce_eager = True  # no torch.compile: starts sooner; loads are the same
+        await engine.start()
+        try:
+            for version in (1, 2):
+                with torch.no_grad():
+                    for p in trainer.model.parameters():
+                        p.add_(1e-3)  # every tensor changes, as after an optimizer step
+                t0 = time.perf_counter()
+                chunks, cv = await asyncio.to_thread(lambda: exporter.build(version, trainer.export_weights(dtype)))
+                snap = WeightSnapshot.build(version, version, 3, chunks)
+                del chunks
+                ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
+                await asyncio.sleep(0.05)  # the hub thread picks the command up every 10 ms
+                t1 = time.perf_counter()
+                ready = WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(snap.frames),
+                                     total_bytes=snap.total_bytes, chunk_versions=cv)  # fmt: skip
+                got, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, timeout_s=600)
+                assert got == version
+                t2 = time.perf_counter()
+                await engine.update_weights(_to_torch(raw), version)
+                t3 = time.perf_counter()
+                del raw
+                lu = engine.last_update
+                parts.append({"bytes": snap.total_bytes, "chunks": len(snap.frames), "export_s": t1 - t0 - 0.05,
+                              "fetch_s": t2 - t1, "engine_s": t3 - t2, "sync_s": t3 - t0 - 0.05,
+                              "pause_s": lu["drain_s"] + lu["load_s"], "prepare_s": lu["prepare_s"]})  # fmt: skip
+                print(f"{shape}: update {version} {parts[-1]}", flush=True)
+        finally:
+            await engine.close()
+            ctx.term()
+
+    with HubThread(f"tcp://127.0.0.1:{port}") as ht:
+        asyncio.run(actor_side(ht))
+    warm = parts[-1]
+    row.update(warm)
+    row["fetch_gib_s"] = warm["bytes"] / warm["fetch_s"] / 2**30
+    row["sync_over_step"] = warm["sync_s"] / row["step_s"] if row["step_s"] else None
+    row["memory"] = peak_memory(children=True)
+    del trainer
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="tiny,qwen2.5-0.5b,qwen2.5-1.5b")
+    p.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
+    p.add_argument("--train-steps", type=int, default=3)
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--checkpointing", action="store_true", help="learner.gradient_checkpointing")
+    p.add_argument("--models", type=Path, default=Path("/tmp/real_scale_models"), help="where made models are kept")
+    p.add_argument("--out", type=Path, default=Path("/tmp/real_scale"))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    from agentgym.cmd_make_model import make_model
+
+    frame = 64 << 20
+    bound = raw_bound(2 << 30, frame)
+    print(f"raw pyzmq tcp loopback: {bound:.2f} GiB/s", flush=True)
+    rows = []
+    for shape in args.shapes.split(","):
+        d = args.models / shape
+        if not (d / "config.json").is_file():
+            make_model(shape, d, seed=0)
+        rows.append(measure(shape, d, args, frame))
+        rows[-1]["raw_gib_s"] = bound
+        rows[-1]["fetch_over_raw"] = rows[-1]["fetch_gib_s"] / bound
+        (args.out / "real_scale.json").write_text(json.dumps({"raw_gib_s": bound, "rows": rows}, indent=2))
+    print("\n| shape | params | dtype | MiB/update | sync s (export + fetch + engine) | pause s | step s | sync/step | fetch GiB/s | raw GiB/s | fetch/raw |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        step = f"{r['step_s']:.1f}" if r["step_s"] else "not run"
+        ratio = f"{r['sync_over_step']:.1%}" if r["sync_over_step"] else "-"
+        print(f"| {r['shape']} | {r['params'] / 1e6:.1f}M | {r['dtype']} | {r['bytes'] / 2**20:.1f} | "
+              f"{r['sync_s']:.2f} ({r['export_s']:.2f} + {r['fetch_s']:.2f} + {r['engine_s']:.2f}) | {r['pause_s']:.2f} | "
+              f"{step} | {ratio} | {r['fetch_gib_s']:.2f} | {r['raw_gib_s']:.2f} | {r['fetch_over_raw']:.0%} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

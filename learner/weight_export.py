@@ -1,0 +1,39 @@
+"""A weight version as chunks, with what changed since earlier versions: the learner's half of
+the weight transfer (docs/adr/0011-weight-transfer.md).
+
+    exporter = WeightExporter(chunk_bytes=64 << 20)
+    chunks, chunk_versions = exporter.build(version, trainer.export_weights("bfloat16"))
+
+Each tensor's crc32 is compared with its previous export; a tensor keeps the version it last
+changed in. Tensors are laid out oldest-change first, so tensors that do not change (frozen
+ones: embeddings kept fixed, a LoRA run's base model) fill chunks of their own, and
+``chunk_versions[i]`` (the newest change among chunk i's tensors) lets an actor that already
+holds a version skip every chunk unchanged since. With full fine-tuning every tensor changes
+every step and every chunk travels; the crc pass costs about as much as the chunks' own crc32.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from agentgym.protocol.messages import WeightChunk
+from agentgym.protocol.weights import RawTensor, make_chunks
+
+
+class WeightExporter:
+    def __init__(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._digest: dict[str, tuple[str, int]] = {}
+        self._changed_at: dict[str, int] = {}
+
+    def build(self, version: int, tensors: Sequence[RawTensor]) -> tuple[list[tuple[WeightChunk, bytes]], list[int]]:
+        """Chunks of ``version`` (every tensor, whole) and each chunk's newest change version."""
+        for t in tensors:
+            d = (t.dtype, zlib.crc32(t.data))
+            if self._digest.get(t.name) != d:
+                self._digest[t.name], self._changed_at[t.name] = d, version
+        # Oldest change first; ties keep the model's order (sorted is stable).
+        ordered = sorted(tensors, key=lambda t: self._changed_at[t.name])
+        chunks = make_chunks(version, ordered, self.chunk_bytes)
+        return chunks, [max(self._changed_at[m.name] for m in msg.tensors) for msg, _ in chunks]

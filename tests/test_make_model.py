@@ -1,0 +1,51 @@
+"""``agentgym make-model``: the shapes are the published ones (parameter counts, built on the
+meta device: no memory), and a made directory loads with transformers' own loader."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agentgym.model_shapes import SHAPES  # noqa: E402
+
+PUBLISHED = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "llama-3.2-1b": 1_235_814_400}
+
+
+@pytest.mark.parametrize("arch", sorted(PUBLISHED))
+def test_shapes_have_the_published_parameter_counts(arch: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    shape = SHAPES[arch]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(shape.hf_config(eos=2, pad=0))
+    assert sum(p.numel() for p in model.parameters()) == PUBLISHED[arch] == shape.num_params()
+    assert model.config.tie_word_embeddings is True
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_make_model_writes_a_directory_transformers_loads(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "tiny"
+    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--arch", "tiny", str(out)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>user")
+    assert model.config.vocab_size >= len(tok)
+
+
+def test_an_unknown_arch_is_refused_with_the_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentgym.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["make-model", "--arch", "qwen9", str(tmp_path / "x")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'qwen9'" in err and "qwen2.5-1.5b" in err

@@ -1,0 +1,126 @@
+"""Weight transfer at real sizes' rules: tensors split across chunks, exact round trips (bf16
+included), the frame limit, refused corruption, and only changed tensors travelling (real
+ZeroMQ sockets between the learner's hub and the actor's fetcher)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+import torch
+import zmq.asyncio
+from test_transport import HubThread
+
+from agentgym.actors.transport import fetch_weights
+from agentgym.learner.transport import WeightSnapshot
+from agentgym.learner.weight_export import WeightExporter
+from agentgym.netutil import free_port_pair
+from agentgym.protocol import ProtocolError, WeightsReady, decode, encode
+from agentgym.protocol.weights import Assembler, RawTensor, make_chunks, verify_chunk
+from agentgym.protocol.wire import MAX_WEIGHT_DATA
+
+
+def raw(name: str, t: torch.Tensor) -> RawTensor:
+    ints = {4: torch.int32, 2: torch.int16}[t.element_size()]
+    return RawTensor(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), t.contiguous().view(ints).numpy().tobytes())
+
+
+def back(t: RawTensor) -> torch.Tensor:
+    dtype = getattr(torch, t.dtype)
+    return torch.frombuffer(t.data, dtype=dtype).reshape(t.shape) if len(t.data) else torch.empty(t.shape, dtype=dtype)
+
+
+def test_a_tensor_larger_than_a_chunk_round_trips_exactly_and_frames_stay_small() -> None:
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "embed.weight": torch.randn(301, 77, generator=g).to(torch.bfloat16),  # 46,354 bytes: ~4.6 chunks
+        "norm.weight": torch.randn(77, generator=g),
+        "big.weight": torch.randn(129, 50, generator=g),  # 25,800 bytes
+        "empty.bias": torch.zeros(0),
+        "half.weight": torch.randn(13, 3, generator=g).to(torch.float16),
+    }
+    chunk_bytes = 10_000
+    chunks = make_chunks(7, [raw(k, v) for k, v in tensors.items()], chunk_bytes)
+    assert len(chunks) == -(-sum(v.numel() * v.element_size() for v in tensors.values()) // chunk_bytes)
+    assert all(len(d) <= chunk_bytes for _, d in chunks)
+    asm = Assembler()
+    for msg, data in random.Random(0).sample(chunks, len(chunks)):  # any arrival order
+        got, frames = decode(encode(msg, data))  # through the wire codec
+        verify_chunk(got, frames[0])
+        asm.add(got, frames[0])
+    out = {t.name: back(t) for t in asm.finish()}
+    assert out.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
+
+
+def test_the_largest_chunk_setting_keeps_every_frame_under_the_wire_limit() -> None:
+    big = RawTensor("w", "float32", (3, 2**20), memoryview(bytearray(3 * 4 * 2**20)))
+    sizes = [len(d) for _, d in make_chunks(0, [big], 5 * 2**20)]
+    assert sizes == [5 * 2**20, 5 * 2**20, 2 * 2**20]
+    from agentgym.config import LearnerConfig
+
+    limit = LearnerConfig.model_fields["weight_chunk_mib"].metadata[-1].le  # the config's bound
+    assert limit * 2**20 <= MAX_WEIGHT_DATA
+    with pytest.raises(Exception, match="less than or equal to 1024"):
+        LearnerConfig(weight_chunk_mib=limit + 1)
+
+
+def test_a_corrupted_chunk_or_a_missing_slice_is_refused() -> None:
+    t = torch.arange(5000, dtype=torch.float32)
+    chunks = make_chunks(3, [raw("w", t)], 8000)
+    msg, data = chunks[1]
+    bad = bytearray(data)
+    bad[100] ^= 0xFF
+    with pytest.raises(ProtocolError, match=r"crc32 .* \(corrupted\)"):
+        verify_chunk(msg, bytes(bad))
+    with pytest.raises(ProtocolError, match="bytes, expected"):
+        verify_chunk(msg, data[:-4])
+    asm = Assembler()
+    for m, d in chunks[:-1]:
+        asm.add(m, d)
+    with pytest.raises(ProtocolError, match=r"weights incomplete: w \(16000/20000 bytes\)"):
+        asm.finish()
+
+
+def test_only_tensors_changed_since_the_actors_version_travel() -> None:
+    port = free_port_pair()
+    rng = np.random.default_rng(2)
+    arrays = {f"layer{i}.weight": rng.standard_normal((40, 25)).astype(np.float32) for i in range(8)}
+    exporter = WeightExporter(chunk_bytes=8_000)  # two tensors per chunk
+
+    def publish(ht: HubThread, version: int) -> WeightsReady:
+        tensors = [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()]
+        chunks, chunk_versions = exporter.build(version, tensors)
+        snap = WeightSnapshot.build(version, version, 3, chunks)
+        ht.commands.put(lambda hub: hub.publish_weights(snap))
+        return WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(chunks),
+                            total_bytes=snap.total_bytes, chunk_versions=chunk_versions)  # fmt: skip
+
+    with HubThread(f"tcp://127.0.0.1:{port}") as ht:
+
+        async def client() -> None:
+            ctx = zmq.asyncio.Context()
+            waddr = f"tcp://127.0.0.1:{port + 1}"
+            r1 = publish(ht, 1)
+            await asyncio.sleep(0.2)
+            _, full = await fetch_weights(ctx, waddr, r1, have_version=-1)
+            assert len(full) == 8
+            arrays["layer5.weight"] += 1.0  # one tensor changes
+            r2 = publish(ht, 2)
+            assert sorted(r2.chunk_versions) == [1, 1, 1, 2]  # the changed one went last, in its own chunk
+            await asyncio.sleep(0.2)
+            served = ht.hub.weight_chunks_served
+            _, delta = await fetch_weights(ctx, waddr, r2, have_version=1)
+            assert ht.hub.weight_chunks_served - served == 1
+            names = {t.name for t in delta}
+            assert "layer5.weight" in names and len(names) == 2
+            got = {t.name: np.frombuffer(t.data, np.float32).reshape(t.shape) for t in delta}
+            assert all(np.array_equal(got[k], arrays[k]) for k in names)
+            _, again = await fetch_weights(ctx, waddr, r2, have_version=-1)  # an actor without v1: all of it
+            assert len(again) == 8
+            ctx.term()
+
+        asyncio.run(asyncio.wait_for(client(), 30))

@@ -27,6 +27,7 @@ import trio
 from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
+from agentgym.learner.lora import lora_spec
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.logs import MetricsWriter
@@ -154,7 +155,7 @@ class Learner:
         self.hub.publish_weights(snap)
         self.weights_msg = WeightsReady(
             version=self.version, step=self.step, turn_limit=turn_limit,
-            num_chunks=len(chunks), total_bytes=snap.total_bytes,
+            num_chunks=len(chunks), total_bytes=snap.total_bytes, adapter=self.cfg.learner.lora.rank > 0,
         )  # fmt: skip
         for a in self.sched.actors.values():
             self.hub.send(a.peer, self.weights_msg)
@@ -181,7 +182,7 @@ class Learner:
             model_path=str(Path(self.cfg.model.path).resolve()), model_fingerprint=self.fingerprint,
             mode=self.cfg.run.mode, heartbeat_interval_s=lc.heartbeat_interval_s,
             actor_timeout_s=lc.actor_timeout_s,
-            rollout=rollout_spec(self.cfg),
+            rollout=rollout_spec(self.cfg), lora=lora_spec(self.cfg),
         ))  # fmt: skip
         if self.weights_msg is not None:
             self.hub.send(peer, self.weights_msg)

@@ -16,14 +16,18 @@ version 0 behaves exactly like the base model. docs/adr/0012-lora-and-multinode-
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+import structlog
 import torch
 
 from agentgym.config import Config, LoraConfig
 from agentgym.protocol.messages import LoraSpec
 from agentgym.protocol.weights import RawTensor
+
+log = structlog.get_logger(__name__)
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -68,12 +72,15 @@ def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def export_adapter(model: torch.nn.Module, dtype: str = "float32") -> list[RawTensor]:
     """The adapter as raw named tensors for the weight broadcast (any float dtype of TensorMeta)."""
+    t0 = time.perf_counter()
     tdtype = getattr(torch, dtype)
     out = []
     for name, t in adapter_state(model).items():
         t = t.detach().to(tdtype).contiguous().cpu()
         raw = t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
         out.append(RawTensor(name, dtype, tuple(t.shape), raw.numpy().tobytes()))
+    log.info("adapter_exported", tensors=len(out), bytes=sum(len(t.data) for t in out), dtype=dtype,
+             seconds=round(time.perf_counter() - t0, 4))  # fmt: skip
     return out
 
 

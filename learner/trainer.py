@@ -372,10 +372,11 @@ class Trainer:
     def export_weights(self, dtype: str = "float32") -> list[RawTensor]:
         """The current weights as raw named tensors (HF names, as vLLM's loaders expect); with
         fsdp, ranks 1.. take part in the gather (the ``export`` command) and return [].
-        With LoRA: the adapter's tensors only (peft names; learner/lora.py)."""
+        With LoRA: the adapter's tensors only (peft names), in the engine's dtype (model.dtype),
+        which is what the engine computes the adapter in (learner/lora.py)."""
         if self.lora:
             with self._collective:
-                return export_adapter(self.model, dtype)
+                return export_adapter(self.model, self.cfg.model.dtype)
         with self._collective:
             if self.fsdp and self.dp.rank == 0:
                 self.dp.send_command("export")

@@ -92,3 +92,14 @@ def test_lora_config_is_checked(model_dir: Path) -> None:
         make_cfg(model_dir, "learner.lora.rank=4", 'learner.dp_mode="fsdp"')
     with pytest.raises(ValueError, match="no modules named"):
         Trainer.load(make_cfg(model_dir, "learner.lora.rank=4", 'learner.lora.target_modules=["q_proj", "qkv"]'))
+
+
+def test_an_actor_engine_that_cannot_serve_adapters_is_refused(model_dir: Path) -> None:
+    from agentgym.actors.engines import make_engine
+    from agentgym.learner.lora import lora_spec
+
+    cfg = make_cfg(model_dir, "learner.lora.rank=4", 'actor.engine="remote"', 'actor.remote.url="http://127.0.0.1:1"')
+    spec = lora_spec(cfg)
+    assert spec is not None and spec.rank == 4 and lora_spec(make_cfg(model_dir)) is None
+    with pytest.raises(ValueError, match="cannot serve the learner's LoRA adapters"):
+        make_engine(cfg, model_dir, lora=spec)

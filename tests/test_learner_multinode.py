@@ -1,7 +1,10 @@
 """Learner ranks started the torchrun way (RANK/WORLD_SIZE in the environment, a configured
 rendezvous address), as on several hosts: rank 0 is this process's Trainer, rank 1 a separate
 ``agentgym-learner`` process that becomes a worker; together they take the same optimizer steps
-as one rank (as tests/test_learner_dp.py checks for locally spawned ranks)."""
+as one rank (as tests/test_learner_dp.py checks for locally spawned ranks). The policy trains
+LoRA adapters (learner.lora), so the same run checks that adapters, their gradients and the
+adapter-less KL reference work across ranks; full weights cross ranks by the same code, which
+tests/test_learner_dp.py covers."""
 
 from __future__ import annotations
 
@@ -17,11 +20,12 @@ from learner_fixtures import bandit_rollouts, make_cfg
 
 from agentgym.config import to_toml
 from agentgym.learner.distributed import free_port, launch_env, rendezvous
+from agentgym.learner.lora import adapter_state
 from agentgym.learner.trainer import Trainer
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 COMMON = ("learner.algorithm=ppo", "learner.minibatches=2", "learner.micro_batch_tokens=16", "learner.kl_coef=0.05",
-          "learner.entropy_coef=0.01", "learner.lr=3e-3", "learner.dist_timeout_s=120")  # fmt: skip
+          "learner.entropy_coef=0.01", "learner.lr=3e-3", "learner.dist_timeout_s=120", "learner.lora.rank=4")  # fmt: skip
 METRICS = ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "clip_frac", "approx_kl", "is_weight_mean")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -73,6 +77,10 @@ def test_two_ranks_started_the_torchrun_way_train_like_one(tmp_path: Path, monke
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
     for (k, p), q in zip(one.model.state_dict().items(), two.model.state_dict().values(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=k)
+    assert one.value_head is not None and two.value_head is not None
+    torch.testing.assert_close(one.value_head.linear.weight, two.value_head.linear.weight, rtol=1e-4, atol=1e-5)
+    moved = [k for k, v in adapter_state(two.model).items() if ".lora_B." in k and v.abs().max() > 0]
+    assert moved  # the adapters trained (B starts at zero)
 
 
 def test_launch_environment_is_checked(tmp_path: Path) -> None:

@@ -27,16 +27,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from agentgym.actors.hf_engine import HfEngine
 from agentgym.actors.vllm_engine import VllmEngine, _save_safetensors, _shm_dir
 from agentgym.protocol.messages import LoraSpec
 
 if TYPE_CHECKING:
     import torch
-
-log = structlog.get_logger(__name__)
 
 _PREFIX = "base_model.model."
 _SUFFIXES = (".lora_A.weight", ".lora_B.weight")

@@ -1,6 +1,7 @@
 """The engine an actor uses, chosen by ``actor.engine`` in the config.
 
     engine = make_engine(cfg, model_dir)     # VllmEngine | RemoteEngine | HfEngine, not started
+    engine = make_engine(cfg, model_dir, lora=welcome.lora)   # serving the learner's LoRA adapters
 
 Each engine module imports its heavy library (vLLM, transformers, httpx) only when used.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from agentgym.actors.engine import GatedEngine
 from agentgym.config import Config
+from agentgym.protocol.messages import LoraSpec
 
 
 def context_length(cfg: Config, model_dir: Path) -> int:
@@ -28,9 +30,22 @@ def context_length(cfg: Config, model_dir: Path) -> int:
     return min(int(n), cfg.rollout.max_episode_tokens) if n else cfg.rollout.max_episode_tokens
 
 
-def make_engine(cfg: Config, model_dir: Path) -> GatedEngine:
+def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> GatedEngine:
     a = cfg.actor
     ctx = context_length(cfg, model_dir)
+    if lora is not None:
+        from agentgym.actors.lora_engine import HfLoraEngine, VllmLoraEngine
+
+        if a.engine == "vllm":
+            return VllmLoraEngine(
+                model_dir, lora=lora, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
+                gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
+            )  # fmt: skip
+        if a.engine == "hf":
+            return HfLoraEngine(model_dir, lora=lora, seed=cfg.run.seed, dtype=cfg.model.dtype,
+                                update_mode=a.weight_update, max_model_len=ctx)
+        raise ValueError(f"actor.engine = {a.engine!r} cannot serve the learner's LoRA adapters (learner.lora); "
+                         "use the vllm or hf engine")  # fmt: skip
     if a.engine == "vllm":
         from agentgym.actors.vllm_engine import VllmEngine
 

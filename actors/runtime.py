@@ -122,7 +122,7 @@ class Actor:
         # heartbeats go on meanwhile.
         self.tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
         engines = await asyncio.to_thread(importlib.import_module, "agentgym.actors.engines")
-        self.engine = engines.make_engine(self.cfg, model_dir)  # actor.engine: vllm | remote | hf
+        self.engine = engines.make_engine(self.cfg, model_dir, lora=self.welcome.lora)  # actor.engine: vllm | remote | hf
         self.weights_synced = model_dir.resolve() == Path(self.welcome.model_path).resolve()
         t0 = time.monotonic()
         await self.engine.start()

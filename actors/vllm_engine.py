@@ -81,6 +81,8 @@ class VllmEngine(GatedEngine):
         self.on_cpu: bool | None = None  # known after start()
         self._llm: Any = None
         self._stats = _LoadSink()
+        self._lora_request: Any = None
+        """The LoRA adapter every generate uses (actors/lora_engine.py); None: the weights alone."""
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -194,7 +196,7 @@ class VllmEngine(GatedEngine):
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         final = None
-        async for out in llm.generate(prompt, params, segment_id):
+        async for out in llm.generate(prompt, params, segment_id, lora_request=self._lora_request):
             final = out
         if final is None or not final.outputs:
             raise RuntimeError(f"VllmEngine.generate({segment_id!r}): vLLM returned no output")

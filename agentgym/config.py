@@ -110,6 +110,25 @@ class RolloutConfig(Section):
     """System message of every episode (None: the environment's instructions only)."""
 
 
+class LoraConfig(Section):
+    """LoRA adapters (peft): the learner trains only low-rank adapters on the base model and each
+    weight version ships only them; actors serve them as LoRA adapters
+    (docs/adr/0012-lora-and-multinode-learner.md)."""
+
+    rank: Annotated[int, Field(ge=0, le=512)] = 0
+    """Adapter rank r; 0 turns LoRA off (full fine-tuning)."""
+    alpha: Annotated[float, Field(gt=0)] = 16.0
+    """LoRA alpha: the adapter's update is scaled by alpha / rank."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input while training. Anything above 0 makes the learner's
+    forwards stochastic, so pi_prox and the importance weights see noise: keep 0 for RL."""
+    target_modules: Annotated[list[str], Field(min_length=1)] = [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    ]  # fmt: skip
+    """Names of the linear layers that get adapters (peft's target_modules; vLLM serves
+    adapters on the attention and MLP projections of the usual decoder architectures)."""
+
+
 class LearnerConfig(Section):
     bind: str = "tcp://127.0.0.1:5555"
     """Control socket address; the weight server binds the next port."""
@@ -243,6 +262,22 @@ class LearnerConfig(Section):
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them:
     less memory for long sequences, about one more forward pass of compute."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters instead of full fine-tuning (off while lora.rank = 0)."""
+    dist_init_addr: str | None = None
+    """Rendezvous of learner ranks started on several hosts (tcp://HOST:PORT of rank 0), with
+    RANK and WORLD_SIZE in each rank's environment as torchrun sets them. None: torchrun's
+    MASTER_ADDR/MASTER_PORT when WORLD_SIZE is set, else ranks are spawned locally (dp_size)."""
+
+    @model_validator(mode="after")
+    def _lora_and_ranks(self) -> LearnerConfig:
+        if self.lora.rank > 0 and self.dp_mode == "fsdp":
+            raise ValueError("learner.lora needs learner.dp_mode = 'replicate' (the adapters are small; "
+                             "sharding them is not supported)")  # fmt: skip
+        a = self.dist_init_addr
+        if a is not None and (not a.startswith("tcp://") or not a.rsplit(":", 1)[-1].isdigit()):
+            raise ValueError(f"learner.dist_init_addr must be tcp://HOST:PORT, got {a!r}")
+        return self
 
     @model_validator(mode="after")
     def _ports(self) -> LearnerConfig:

@@ -8,7 +8,11 @@
 Launch (docs/adr/0007-learner-algorithms.md): the learner process is rank 0. It alone talks to
 the actors (learner/service.py), collates each batch and broadcasts it; ``start_ranks`` starts the
 other ranks as local processes (torch.multiprocessing, spawn) that build the same Trainer and wait
-in :func:`_rank_main` for commands. Every rank computes the same advantages on the whole batch,
+in :func:`_rank_main` for commands. Across hosts (docs/adr/0012-lora-and-multinode-learner.md)
+every rank is started the torchrun way instead: RANK, WORLD_SIZE (and LOCAL_RANK, the GPU on its
+host) in the environment, the rendezvous at ``learner.dist_init_addr`` or torchrun's
+MASTER_ADDR/MASTER_PORT; ``agentgym-learner`` with RANK 0 is the learner, with RANK > 0 it runs
+:func:`run_worker` (the same command loop), and ``start_ranks`` spawns nothing. Every rank computes the same advantages on the whole batch,
 trains on its share of the rows, and the gradients are summed, so all ranks take the same
 optimizer step. With ``learner.dp_mode = "replicate"`` every rank holds all the weights and one
 flat all-reduce per optimizer step sums the gradients; rank 0 exports and saves the weights. With
@@ -20,13 +24,14 @@ a daemon process and goes with it.
 
 Commands are one small broadcast object (``step`` / ``load`` / ``export`` / ``save`` / ``divergence`` /
 ``stop``); tensors travel with
-``dist.broadcast``. The objects are pickled by torch.distributed, which is safe here because the
-only peers are this process's own children on a loopback store.
+``dist.broadcast``. The objects are pickled by torch.distributed: the peers must be the run's own
+ranks, on the loopback store or, across hosts, on a private network (docs/adr/0012).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import warnings
 from dataclasses import dataclass, field
@@ -200,13 +205,58 @@ def fsdp_shard(module: torch.nn.Module, dp: DataParallel) -> None:
             m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
 
 
-def _init_group(cfg: Config, rank: int, world: int, port: int, device: torch.device) -> None:
+@dataclass(frozen=True)
+class LaunchEnv:
+    """This process's place among learner ranks started the torchrun way."""
+
+    rank: int
+    world: int
+    local_rank: int
+
+
+def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
+    """RANK / WORLD_SIZE / LOCAL_RANK as torchrun sets them (LOCAL_RANK defaults to 0: one rank
+    per host); None when WORLD_SIZE is unset (ranks, if any, are spawned locally)."""
+    env = os.environ if environ is None else environ
+    if "WORLD_SIZE" not in env:
+        return None
+    try:
+        world, rank, local = int(env["WORLD_SIZE"]), int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise ValueError(f"learner ranks: RANK, WORLD_SIZE and LOCAL_RANK must be integers, got RANK={env.get('RANK')!r} "
+                         f"WORLD_SIZE={env.get('WORLD_SIZE')!r} LOCAL_RANK={env.get('LOCAL_RANK')!r}") from None  # fmt: skip
+    if world < 1 or not 0 <= rank < world or local < 0:
+        raise ValueError(f"learner ranks: need 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0, got RANK={rank} "
+                         f"WORLD_SIZE={world} LOCAL_RANK={local}")  # fmt: skip
+    return LaunchEnv(rank, world, local)
+
+
+def rendezvous(cfg: Config, environ: dict[str, str] | None = None) -> str:
+    """The init method of ranks started the torchrun way: learner.dist_init_addr, else env://
+    (MASTER_ADDR and MASTER_PORT, which torchrun sets)."""
+    env = os.environ if environ is None else environ
+    if cfg.learner.dist_init_addr is not None:
+        return cfg.learner.dist_init_addr
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
+    if missing:
+        raise ValueError(f"learner ranks: WORLD_SIZE is set but {' and '.join(missing)} is not; set MASTER_ADDR and "
+                         "MASTER_PORT (torchrun does) or learner.dist_init_addr = 'tcp://RANK0_HOST:PORT'")  # fmt: skip
+    return "env://"
+
+
+def _check_world(cfg: Config, le: LaunchEnv) -> None:
+    if cfg.learner.dp_size not in (1, le.world):
+        raise ValueError(f"learner.dp_size = {cfg.learner.dp_size} but WORLD_SIZE = {le.world}: ranks started the "
+                         "torchrun way take their number from WORLD_SIZE (leave dp_size at 1 or make them equal)")  # fmt: skip
+
+
+def _init_group(cfg: Config, rank: int, world: int, init_method: str, device: torch.device) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(
         backend,
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=init_method,
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=cfg.learner.dist_timeout_s),
@@ -215,31 +265,58 @@ def _init_group(cfg: Config, rank: int, world: int, port: int, device: torch.dev
 
 
 def start_ranks(cfg: Config) -> DataParallel:
-    """Rank 0 of ``learner.dp_size`` ranks; the others start here as local processes."""
+    """Rank 0 of ``learner.dp_size`` ranks; the others start here as local processes. Started
+    the torchrun way (WORLD_SIZE in the environment), rank 0 of WORLD_SIZE ranks started elsewhere."""
+    le = launch_env()
+    if le is not None and le.world > 1:
+        _check_world(cfg, le)
+        if le.rank != 0:
+            raise RuntimeError(f"learner rank {le.rank}: only rank 0 runs the learner service; ranks > 0 run "
+                               "run_worker (agentgym-learner does so when RANK > 0)")  # fmt: skip
+        device = pick_device(cfg, le.local_rank)
+        init = rendezvous(cfg)
+        _init_group(cfg, 0, le.world, init, device)
+        log.info("dp_started", world=le.world, backend=dist.get_backend(), device=str(device), launch="external", init=init)
+        return DataParallel(0, le.world, device)
     world = cfg.learner.dp_size
     device = pick_device(cfg, 0)
     if world == 1:
         return DataParallel(0, 1, device)
-    port = free_port()
+    # Ranks spawned here are this host's children: the loopback interface is their network.
+    init = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(1, world):
-        p = ctx.Process(target=_rank_main, args=(cfg, rank, world, port), daemon=True, name=f"learner-rank{rank}")
+        p = ctx.Process(target=_rank_main, args=(cfg, rank, world, init), daemon=True, name=f"learner-rank{rank}")
         p.start()
         procs.append(p)
-    _init_group(cfg, 0, world, port, device)
+    _init_group(cfg, 0, world, init, device)
     log.info("dp_started", world=world, backend=dist.get_backend(), device=str(device), pids=[p.pid for p in procs])
     return DataParallel(0, world, device, procs)
 
 
-def _rank_main(cfg: Config, rank: int, world: int, port: int) -> None:
+def run_worker(cfg: Config) -> int:
+    """A rank > 0 started the torchrun way (``agentgym-learner`` with RANK > 0): join the group
+    and run rank 0's commands until it stops; 0 when stopped by rank 0."""
+    le = launch_env()
+    if le is None or le.rank == 0:
+        raise RuntimeError("run_worker: RANK > 0 and WORLD_SIZE must be set (a learner worker rank)")
+    _check_world(cfg, le)
+    init = rendezvous(cfg)
+    log.info("dp_worker_starting", rank=le.rank, world=le.world, local_rank=le.local_rank, init=init)
+    _rank_main(cfg, le.rank, le.world, init, le.local_rank)
+    log.info("dp_worker_stopped", rank=le.rank)
+    return 0
+
+
+def _rank_main(cfg: Config, rank: int, world: int, init_method: str, local_rank: int | None = None) -> None:
     """Ranks 1..: build the same Trainer, then run rank 0's commands until ``stop``."""
     from agentgym.learner.trainer import Trainer
 
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
-    device = pick_device(cfg, rank)
-    _init_group(cfg, rank, world, port, device)
+    device = pick_device(cfg, rank if local_rank is None else local_rank)
+    _init_group(cfg, rank, world, init_method, device)
     dp = DataParallel(rank, world, device)
     trainer = Trainer.build(cfg, dp)
     try:

@@ -7,6 +7,11 @@ It binds the control socket at --bind and the weight server at the next port, wa
 writes logs, metrics.jsonl, the resolved config and checkpoints to the run directory.
 
     agentgym-learner --resume runs/quickstart -o run.max_steps=200     # continue a run
+
+Learner ranks on several hosts (docs/adr/0012-lora-and-multinode-learner.md): start one
+``agentgym-learner`` per rank with torchrun's environment (``torchrun --nnodes 2 --nproc-per-node 1
+--rdzv-endpoint ... -m agentgym.learner.main --config ...`` or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
+by hand); RANK 0 is the learner the actors talk to, RANK > 0 a data-parallel worker of it.
 """
 
 from __future__ import annotations
@@ -77,12 +82,26 @@ def main(argv: list[str] | None = None) -> int:
 
     start_guardian()  # data-parallel rank processes must not outlive a killed learner
     quiet_libraries(args.log_level)
-    setup_logging("learner", run_dir / "logs" / "learner.jsonl", args.log_level)
+    worker = worker_rank()
+    role = "learner" if worker is None else f"learner-rank{worker}"
+    setup_logging(role, run_dir / "logs" / f"{role}.jsonl", args.log_level)
     if cfg.model.create_tiny and not Path(cfg.model.path, "config.json").exists():
         from agentgym.tiny_model import make_default_tiny_model
 
         make_default_tiny_model(Path(cfg.model.path), seed=cfg.run.seed)
+    if worker is not None:  # RANK > 0 (torchrun or by hand): a data-parallel worker of rank 0
+        from agentgym.learner.distributed import run_worker
+
+        return run_worker(cfg)
     return trio.run(run_learner, cfg, run_dir, args.resume is not None)
+
+
+def worker_rank() -> int | None:
+    """RANK when this process is a learner rank > 0 started the torchrun way, else None."""
+    import os
+
+    rank = os.environ.get("RANK", "0")
+    return int(rank) if "WORLD_SIZE" in os.environ and rank.isdigit() and int(rank) > 0 else None
 
 
 if __name__ == "__main__":

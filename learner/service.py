@@ -31,6 +31,7 @@ from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
+from agentgym.learner.lora import lora_spec
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.staleness import StalenessRule, TrainBuffer
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
@@ -181,6 +182,7 @@ class Learner:
         self.weights_msg = WeightsReady(
             version=self.version, step=self.step, turn_limit=turn_limit,
             num_chunks=len(chunks), total_bytes=snap.total_bytes, chunk_versions=chunk_versions,
+            adapter=self.cfg.learner.lora.rank > 0,
         )  # fmt: skip
         for a in self.sched.actors.values():
             self.hub.send(a.peer, self.weights_msg)
@@ -200,7 +202,7 @@ class Learner:
             model_path=str(Path(self.cfg.model.path).resolve()), model_fingerprint=self.fingerprint,
             mode=self.cfg.run.mode, heartbeat_interval_s=lc.heartbeat_interval_s,
             actor_timeout_s=lc.actor_timeout_s,
-            rollout=rollout_spec(self.cfg),
+            rollout=rollout_spec(self.cfg), lora=lora_spec(self.cfg),
         )  # fmt: skip
 
     def welcome(self, peer: bytes, msg: Hello) -> None:

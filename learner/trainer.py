@@ -64,6 +64,7 @@ from agentgym.learner.checkpoint import (
 )
 from agentgym.learner.distributed import DataParallel, fsdp_shard, start_ranks
 from agentgym.learner.logprobs import sequence_logprobs
+from agentgym.learner.lora import BaseModelView, export_adapter, load_adapter, wrap_lora
 from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, value_loss
 from agentgym.learner.staleness import StalenessRule
 from agentgym.learner.policy import ValueHead, forward_tokens, load_causal_lm
@@ -88,7 +89,9 @@ class Trainer:
         self.dp = dp or DataParallel()
         self.device = self.dp.device
         self.fsdp = lc.dp_mode == "fsdp" and self.dp.active
-        self.model = model.to(self.device)
+        self.lora = lc.lora.rank > 0
+        """LoRA (learner/lora.py): only adapters train; the reference is the adapter-less model."""
+        self.model = (wrap_lora(model, lc.lora) if self.lora else model).to(self.device)
         self.model.train()
         if lc.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad and with FSDP (torch's advice).
@@ -102,7 +105,9 @@ class Trainer:
         # The reference is the policy as it is now (the initial model); a resume loads checkpoint
         # weights into the policy only, so the reference stays the initial model.
         self.ref_model: torch.nn.Module | None = None
-        if lc.kl_coef > 0:
+        if lc.kl_coef > 0 and self.lora:
+            self.ref_model = BaseModelView(self.model)
+        elif lc.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
@@ -370,7 +375,12 @@ class Trainer:
 
     def export_weights(self, dtype: str = "float32") -> list[RawTensor]:
         """The current weights as raw named tensors (HF names, as vLLM's loaders expect); with
-        fsdp, ranks 1.. take part in the gather (the ``export`` command) and return []."""
+        fsdp, ranks 1.. take part in the gather (the ``export`` command) and return [].
+        With LoRA: the adapter's tensors only (peft names), in the engine's dtype (model.dtype),
+        which is what the engine computes the adapter in (learner/lora.py)."""
+        if self.lora:
+            with self._collective:
+                return export_adapter(self.model, self.cfg.model.dtype)
         with self._collective:
             if self.fsdp and self.dp.rank == 0:
                 self.dp.send_command("export")
@@ -427,7 +437,9 @@ class Trainer:
         with self._collective:
             if self.dp.rank == 0:
                 self.dp.send_command("load", str(path))
-            state, extra = load_checkpoint_files(path, None if self.fsdp else self.model)
+            state, extra = load_checkpoint_files(path, None if self.fsdp or self.lora else self.model)
+            if self.lora:
+                load_adapter(self.model, path)
             if (state["value_head"] is None) != (self.value_head is None):
                 raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
                                  f"it cannot resume learner.algorithm = {self.cfg.learner.algorithm!r} "

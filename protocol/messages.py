@@ -66,6 +66,15 @@ class RolloutSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     system_prompt: Text | None = None
 
 
+class LoraSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The learner trains LoRA adapters of this shape; every weight version is one adapter
+    (peft names, ``...lora_A.weight`` / ``...lora_B.weight``) on the base model."""
+
+    rank: Positive
+    alpha: Annotated[float, Meta(gt=0.0)]
+    target_modules: list[ShortStr]
+
+
 class Welcome(Message):
     """The learner accepts an actor: its index, where to fetch weights, how to play."""
 
@@ -79,6 +88,8 @@ class Welcome(Message):
     heartbeat_interval_s: Annotated[float, Meta(gt=0)]
     actor_timeout_s: Annotated[float, Meta(gt=0)]
     rollout: RolloutSpec
+    lora: LoraSpec | None = None
+    """Set when the learner trains LoRA adapters: the engine must serve them (docs/adr/0012)."""
 
 
 class Reject(Message):
@@ -234,6 +245,8 @@ class WeightsReady(Message):
     chunk_versions: list[NonNeg] = []
     """Per chunk, the newest version in which any of its tensors changed (empty: unknown, all
     changed). An actor that holds version v may skip chunks at <= v (protocol/weights.py)."""
+    adapter: bool = False
+    """The version is a LoRA adapter (Welcome.lora), not the model's weights."""
 
 
 class WeightRequest(Message):

@@ -1,0 +1,177 @@
+"""LoRA at a real size on this CPU: a Qwen2.5-1.5B-shape model trains a few LoRA steps end to end.
+
+    flock /work/wt/bigmem.lock flock /work/wt/bench.lock .venv/bin/python bench/lora_bench.py --out /tmp/agentgym_lora_bench
+
+What runs: ``agentgym train`` (the launcher) with one learner and one vLLM-CPU actor over ZeroMQ,
+on guess_number, with ``learner.lora`` on a randomly initialised model of Qwen2.5-1.5B's shape
+(hidden 1536, 28 layers, 12 heads, 2 KV heads, intermediate 8960, vocabulary 151,936, tied
+embeddings) and the project's own tokenizer, in bfloat16. Full AdamW state for 1.5B parameters
+(weights + gradients + two moments in float32, ~25 GB) does not fit this 24 GiB machine; LoRA's does.
+
+Measured, from the run's own logs (docs/benchmarks.md, "LoRA at 1.5B shape"):
+- update bytes: the adapter each version ships (the learner's ``adapter_exported``) against a
+  full update of the same model in bfloat16 (and float32), counted from its parameters;
+- adapter sync: learner export + actor fetch + engine load (``adapter_exported.seconds`` +
+  ``weights_updated.fetch_s`` + ``weights_updated.load_s``), and the engine's pause inside it
+  (``engine_weights_loaded.drain_s + load_s``), against the learner's step time (``train_time_s``);
+- peak RSS of the learner process and of the actor's process tree (the vLLM engine core
+  included), sampled every 0.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_qwen25_1p5b_shape(out_dir: Path, seed: int = 0) -> Path:
+    """A random-init model with Qwen2.5-1.5B's exact shape (bfloat16) and the project's tokenizer.
+
+    Placeholder until ``agentgym make-model --arch qwen2.5-1.5b`` exists: replace this function
+    by a call to it."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from agentgym.tiny_model import make_default_tiny_model
+
+    if (out_dir / "config.json").exists():
+        return out_dir
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    make_default_tiny_model(tmp / "tok", seed=seed)  # the project's tokenizer (ids < 151,936)
+    tok = AutoTokenizer.from_pretrained(tmp / "tok")
+    tok.save_pretrained(tmp)
+    config = Qwen2Config(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, max_window_layers=28,
+        use_sliding_window=False, tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, dtype="bfloat16",
+    )  # fmt: skip
+    config.architectures = ["Qwen2ForCausalLM"]
+    torch.manual_seed(seed)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.save_pretrained(tmp, safe_serialization=True)
+    GenerationConfig(eos_token_id=[tok.eos_token_id], pad_token_id=tok.pad_token_id, do_sample=True).save_pretrained(tmp)
+    shutil.rmtree(tmp / "tok")
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def _tree_rss(p) -> int:  # noqa: ANN001
+    import psutil
+
+    total = 0
+    for q in [p, *p.children(recursive=True)]:
+        try:
+            total += q.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/agentgym_lora_bench"))
+    ap.add_argument("--model-dir", type=Path, default=REPO / "models" / "qwen2.5-1.5b-shape")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rank", type=int, default=8)
+    args = ap.parse_args()
+    import psutil
+
+    t0 = time.monotonic()
+    model = make_qwen25_1p5b_shape(args.model_dir)
+    print(f"model ready in {time.monotonic() - t0:.0f} s: {model}", flush=True)
+    from safetensors import safe_open
+
+    with safe_open(str(model / "model.safetensors"), "pt") as f:  # tied embeddings are stored once
+        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+    run_dir = args.out / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from agentgym.netutil import free_port_pair
+
+    port = free_port_pair()
+    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
+           "--run-dir", str(run_dir), "--actors", "1", "--max-steps", str(args.steps),
+           "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{model}"', "-o", "model.create_tiny=false",
+           "-o", 'model.dtype="bfloat16"', "-o", f"learner.lora.rank={args.rank}", "-o", f"learner.lora.alpha={2 * args.rank}",
+           "-o", "learner.lr=1e-4", "-o", "learner.batch_groups=1", "-o", "rollout.group_size=2",
+           "-o", "rollout.max_episode_tokens=160", "-o", "actor.max_groups=1", "-o", "actor.kv_cache_gib=0.5",
+           "-o", "schedule.turn_limits=[[0, 2]]", "-o", "eval.at_start=false", "-o", "eval.at_end=false",
+           "-o", "learner.threads=2"]  # fmt: skip
+    t_run = time.monotonic()
+    console = open(args.out / "launcher.log", "w")  # noqa: SIM115 - closed when the run ends
+    launcher = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=console,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    me = psutil.Process(launcher.pid)
+    peak = {"learner": 0, "actor": 0}
+    while launcher.poll() is None:
+        for child in me.children():
+            try:
+                line = " ".join(child.cmdline())
+            except psutil.Error:
+                continue
+            role = "learner" if "agentgym.learner" in line else "actor" if "agentgym.actors" in line else None
+            if role:
+                rss = child.memory_info().rss if role == "learner" else _tree_rss(child)
+                peak[role] = max(peak[role], rss)
+        time.sleep(0.5)
+    wall = time.monotonic() - t_run
+    console.close()
+    if launcher.returncode != 0:
+        print(f"the run failed (exit {launcher.returncode}); see {args.out / 'launcher.log'}", file=sys.stderr)
+        return 1
+
+    learner = _events(run_dir / "logs" / "learner.jsonl")
+    (actor_log,) = [p for p in (run_dir / "logs").glob("actor-*.jsonl") if "console" not in p.name]
+    actor = _events(actor_log)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    exports = [e for e in learner if e.get("event") == "adapter_exported"]
+    updates = [e for e in actor if e.get("event") == "weights_updated"]
+    loads = [e for e in actor if e.get("event") == "engine_weights_loaded"]
+    started = [e for e in actor if e.get("event") == "engine_started" and e.get("engine") == "vllm"]
+    export_s = {i: e["seconds"] for i, e in enumerate(exports)}  # version i was the i-th export
+    syncs = [export_s.get(u["version"], 0.0) + u["fetch_s"] + u["load_s"] for u in updates]
+    pauses = [e["drain_s"] + e["load_s"] for e in loads]
+    steps = [m["train_time_s"] for m in metrics]
+    adapter_bytes = exports[-1]["bytes"]
+    res = {
+        "model": "Qwen2.5-1.5B shape (random init), bfloat16", "params": n_params, "lora_rank": args.rank,
+        "steps": len(metrics), "adapter_bytes": adapter_bytes, "full_bytes_bf16": 2 * n_params,
+        "full_bytes_fp32": 4 * n_params, "adapter_frac_of_bf16": adapter_bytes / (2 * n_params),
+        "adapter_frac_of_fp32": adapter_bytes / (4 * n_params),
+        "sync_s": syncs, "engine_pause_s": pauses, "export_s": list(export_s.values()), "step_s": steps,
+        "sync_over_step": (sum(syncs) / len(syncs)) / (sum(steps) / len(steps)) if syncs and steps else None,
+        "peak_rss_learner_gib": peak["learner"] / 2**30, "peak_rss_actor_gib": peak["actor"] / 2**30,
+        "engine_start_s": started[0]["seconds"] if started else None, "wall_s": wall,
+        "rewards": [m["reward_mean"] for m in metrics],
+    }  # fmt: skip
+    (args.out / "lora_bench.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
+    print(f"""
+| model | LoRA rank | update bytes (adapter) | full update bf16 | ratio | adapter sync (mean) | engine pause (mean) | learner step (mean) | sync / step | peak RSS learner | peak RSS actor (+vLLM) |
+|---|---|---|---|---|---|---|---|---|---|---|
+| Qwen2.5-1.5B shape, bf16 | {args.rank} | {adapter_bytes / 2**20:.1f} MiB | {2 * n_params / 2**30:.2f} GiB | {100 * res['adapter_frac_of_bf16']:.2f} % | {sum(syncs) / max(len(syncs), 1):.2f} s | {sum(pauses) / max(len(pauses), 1):.3f} s | {sum(steps) / len(steps):.1f} s | {100 * (res['sync_over_step'] or 0):.2f} % | {res['peak_rss_learner_gib']:.1f} GiB | {res['peak_rss_actor_gib']:.1f} GiB |""")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,6 +3,7 @@
     agentgym train [--config F] [--actors N] [-o KEY=VALUE ...]   learner + N local actors
     agentgym envs                                                 registered environments
     agentgym config [--config F] [-o ...]                         print the resolved config
+    agentgym eval --model DIR [--env E] [--tasks N] [-k K] [--temperature T]   avg@k, pass@k (cmd_eval.py)
     agentgym view RUN_DIR [-o FILE]                               a page of the run's episodes and curves
 """
 
@@ -43,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
+    from agentgym import cmd_eval
+
+    cmd_eval.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "eval":
+        return cmd_eval.run(args)
 
     if args.cmd == "view":
         from agentgym.viewer import write_page

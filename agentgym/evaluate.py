@@ -54,6 +54,13 @@ def summarize(results: dict[str, Sequence[Sequence[bool]]], k: int) -> dict[str,
     return out
 
 
+def summarize_groups(groups: Sequence[Sequence[bool]], k: int) -> dict[str, float]:
+    """avg@k and pass@k over groups (one group = one task) for the learner's ``eval.jsonl``;
+    groups that lost samples to env failures (fewer than ``k``) are left out."""
+    full = [g for g in groups if len(g) >= k]
+    return summarize({"all": full}, k)["all"] if full else {}
+
+
 def episode_seed(seed: int, env: str, task: int, sample: int) -> int:
     """A 31-bit seed from the episode's identity only (vLLM takes a signed 32-bit seed)."""
     h = hashlib.blake2b(f"{seed}:{env}:{task}:{sample}".encode(), digest_size=8).digest()

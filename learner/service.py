@@ -25,6 +25,7 @@ import structlog
 import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.evaluate import summarize_groups
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
@@ -318,6 +319,10 @@ class Learner:
             "reward_mean": sum(e.reward for e in eps) / n,
             "env_failures": sum(len(x.episodes) for x in rnd.rollouts) - len(eps),
             "versions_used": [min(used, default=-1), max(used, default=-1)],
+            # Same definitions as `agentgym eval` (agentgym/evaluate.py), k = group_size; `pinned`:
+            # every sampled token came from the evaluated version (docs/adr/0015-evaluation.md).
+            **summarize_groups([[e.success for e in trainable_episodes(x)] for x in rnd.rollouts], self.cfg.rollout.group_size),
+            "pinned": bool(used) and set(used) == {rnd.version},
             "seconds": time.monotonic() - rnd.started,
             **env_stats(rnd.rollouts),
         }  # fmt: skip

@@ -84,3 +84,11 @@ def test_eval_rejects_bad_input(tiny: Path, tmp_path: Path, capsys: pytest.Captu
     assert "no_such_env" in capsys.readouterr().err
     assert main(["eval", "--model", str(tiny), "-k", "0"]) == 2
     assert "-k must be >= 1" in capsys.readouterr().err
+
+
+def test_summarize_groups_is_what_the_learner_writes() -> None:
+    from agentgym.evaluate import summarize_groups
+
+    out = summarize_groups([[True, False], [False, False], [True]], k=2)  # the short group is left out
+    assert (out["tasks"], out["avg@2"], out["pass@2"]) == (2, 0.25, 0.5)
+    assert summarize_groups([[True]], k=2) == {}

@@ -31,6 +31,7 @@ from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.logs import MetricsWriter
+from agentgym.sinks import with_sinks
 from agentgym.protocol import (
     Ack,
     AckStatus,
@@ -134,8 +135,9 @@ class Learner:
         self.version = 0
         self.step = 0
         self.weights_msg: WeightsReady | None = None
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
-        self.eval_metrics = MetricsWriter(run_dir / "eval.jsonl")
+        sinks = cfg.metrics.sinks  # agentgym/sinks.py: TensorBoard / W&B beside the JSONL files
+        self.metrics = with_sinks(MetricsWriter(run_dir / "metrics.jsonl"), sinks, run_dir, "train")
+        self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval")
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
         self.evals: dict[str, EvalRound] = {}
         """Evaluation groups in flight -> their round."""

@@ -31,6 +31,7 @@ from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.logs import MetricsWriter
+from agentgym.progress import StepClock
 from agentgym.sinks import with_sinks
 from agentgym.protocol import (
     Ack,
@@ -143,6 +144,7 @@ class Learner:
         """Evaluation groups in flight -> their round."""
         self.eval_by_version: dict[int, EvalRound] = {}
         self.eval_results: list[dict[str, object]] = []
+        self.clock = StepClock(cfg.run.max_steps)  # console: step N/total and time left
         self._rate_window: deque[tuple[float, int, int]] = deque([(time.monotonic(), 0, 0)])
         """(time, accepted episodes, agent tokens) of recent steps: rates over the last ~10 s."""
 
@@ -427,6 +429,7 @@ class Learner:
             success=round(stats["success_rate"], 3), traj_per_s=round(rec["trajectories_per_s"], 1),
             tok_per_s=round(rec["tokens_per_s"], 1), staleness=round(stats["staleness_mean"], 2),
             turn_limit=rec["turn_limit"], loss=round(stats["loss"], 4), actors=rec["actors"],
+            **self.clock.fields(self.step),
             **({"success_by_env": {e.name: round(stats[f"env/{e.name}/success_rate"], 3)
                                    for e in self.cfg.env.specs if f"env/{e.name}/success_rate" in stats}}
                if len(self.cfg.env.specs) > 1 else {}),

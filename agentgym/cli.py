@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="log level of the actors' console files (their JSON logs get everything)")
     c = sub.add_parser("config", help="print the resolved config as TOML")
     add_config_args(c)
+    c.add_argument("--explain", action="store_true", help="every field: type, default, bounds, docstring")
     sub.add_parser("envs", help="list registered environments")
     v = sub.add_parser(
         "view", help="write a page of what the agent did (episodes, success over steps)",
@@ -70,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "config":
         from agentgym.config import to_toml
 
+        if args.explain:
+            from agentgym.config import Config
+            from agentgym.explain import explain
+
+            print(explain(Config))
+            return 0
         print(to_toml(resolve_config(args, [])))
         return 0
 

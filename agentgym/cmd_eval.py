@@ -79,12 +79,14 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
-    from agentgym.envpool.registry import known_envs
+    from agentgym.envpool.registry import UnknownEnvError, env_target
 
     envs = args.env or [e.name for e in cfg.env.specs]
-    unknown = [e for e in envs if e not in known_envs()]
-    if unknown:
-        print(f"error: --env {unknown}: unknown environment (agentgym envs lists them)", file=sys.stderr)
+    try:
+        for env in envs:
+            env_target(env, "--env")
+    except UnknownEnvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         model = resolve_model(args.model)

@@ -70,7 +70,9 @@ async def play_episode(
                     break
                 gen = await engine.generate(
                     f"{ticket.group_id}/{index}/{turn}", conv.prompt_ids,
-                    replace(sampling, max_tokens=min(spec.max_tokens_per_turn, room)),
+                    # Each turn its own seed: the same seed every turn would correlate the turns.
+                    replace(sampling, max_tokens=min(spec.max_tokens_per_turn, room),
+                            seed=None if seed is None else seed + turn),
                 )  # fmt: skip
                 conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                 action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)

@@ -118,6 +118,7 @@ class Actor:
 
     async def start_engine(self) -> None:
         model_dir = self._model_dir()
+        log.info("engine_starting", engine=self.cfg.actor.engine, model=str(model_dir))  # vLLM takes a minute or more
         # Importing torch/transformers and loading a tokenizer take seconds: off the loop, so
         # heartbeats go on meanwhile.
         self.tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)

@@ -3,6 +3,7 @@
     agentgym train [--config F] [--actors N] [-o KEY=VALUE ...]   learner + N local actors
     agentgym envs                                                 registered environments
     agentgym config [--config F] [-o ...]                         print the resolved config
+    agentgym eval --model DIR [--env E] [--tasks N] [-k K] [--temperature T]   avg@k, pass@k (cmd_eval.py)
     agentgym view RUN_DIR [-o FILE]                               a page of the run's episodes and curves
     agentgym keys DIR [--actors N]                                CURVE key pairs for learner and actors
     agentgym chaos [--minutes M] [--seed S]                       train under random failures, print the accounting
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                    "and the first actor pair for the local actors")
     c = sub.add_parser("config", help="print the resolved config as TOML")
     add_config_args(c)
+    c.add_argument("--explain", action="store_true", help="every field: type, default, bounds, docstring")
     sub.add_parser("envs", help="list registered environments")
     v = sub.add_parser(
         "view", help="write a page of what the agent did (episodes, success over steps)",
@@ -52,13 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
-    from agentgym import cmd_chaos, cmd_make_model
+    from agentgym import cmd_chaos, cmd_eval, cmd_make_model
 
     cmd_bench.add_parser(sub)
     cmd_keys.add_parser(sub)
     cmd_chaos.add_parser(sub)
     cmd_make_model.add_parser(sub)
+    cmd_eval.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "eval":
+        return cmd_eval.run(args)
     if args.cmd == "make-model":
         return cmd_make_model.run(args)
     if args.cmd == "keys":
@@ -87,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "config":
         from agentgym.config import to_toml
 
+        if args.explain:
+            from agentgym.config import Config
+            from agentgym.explain import explain
+
+            print(explain(Config))
+            return 0
         print(to_toml(resolve_config(args, [])))
         return 0
 

@@ -396,6 +396,14 @@ class LaunchConfig(Section):
     """Local actor processes started by ``agentgym train`` (0: learner only)."""
 
 
+class MetricsConfig(Section):
+    """Where metric records go besides ``metrics.jsonl`` / ``eval.jsonl`` (always written)."""
+
+    sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = ["jsonl"]
+    """Also "tensorboard" (event files in RUN_DIR/tensorboard; extra ``agentgym[tensorboard]``) and
+    "wandb" (offline run in RUN_DIR/wandb, ``wandb sync`` uploads it later; extra ``agentgym[wandb]``)."""
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -406,6 +414,7 @@ class Config(Section):
     schedule: ScheduleConfig = ScheduleConfig()
     eval: EvalConfig = EvalConfig()
     launch: LaunchConfig = LaunchConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
 
 class ConfigError(ValueError):

@@ -22,8 +22,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-METRIC_KEYS = ("step", "success_rate", "reward_mean", "turn_limit", "staleness_mean", "trajectories_per_s")
-EVAL_KEYS = ("step", "version", "success_rate", "reward_mean", "split", "episodes")
+METRIC_KEYS = ("step", "success_rate", "reward_mean", "turn_limit", "staleness_mean", "trajectories_per_s",
+               "loss", "entropy", "kl_ref", "kl_penalty", "is_weight_mean", "is_weight_max", "is_truncated_frac",
+               "is_rejected_frac", "learner_utilisation", "learner_export_s")  # the page's curves (MORE below)
+EVAL_KEYS = ("step", "version", "success_rate", "reward_mean", "split", "episodes", "pinned")
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -104,6 +106,7 @@ pre.config{background:#fff;border:1px solid #ddd;padding:.5em;max-height:20em;ov
   <div class="chart"><div>success rate (training <span style="color:#3466c2">&#9632;</span>, held-out <span style="color:#d9822b">&#9632;</span>)</div><svg id="c-success" width="420" height="160"></svg></div>
   <div class="chart"><div>mean reward (training)</div><svg id="c-reward" width="420" height="160"></svg></div>
 </div>
+<div class="charts" id="more"></div>
 <h2>Episodes</h2>
 <div class="filters">
   <label>kind <select id="f-kind"><option value="">all</option><option>train</option><option>eval</option></select></label>
@@ -128,7 +131,7 @@ $("config").textContent = D.config || "(no config.toml)";
 $("counts").textContent = `${D.metrics.length} optimizer steps, ${D.evals.length} evaluations, ` +
   `${D.episodes_total} logged episodes` + (D.episodes_total > D.episodes.length ? ` (newest ${D.episodes.length} shown)` : "");
 
-function chart(svg, series) {
+function chart(svg, series, ylabel) {
   const W = +svg.getAttribute("width"), H = +svg.getAttribute("height"), P = 28, NS = "http://www.w3.org/2000/svg";
   const pts = series.flatMap(s => s.points);
   if (!pts.length) { const t = document.createElementNS(NS, "text"); t.setAttribute("x", 10); t.setAttribute("y", 20); t.textContent = "no data yet"; svg.appendChild(t); return; }
@@ -140,8 +143,18 @@ function chart(svg, series) {
   for (const [v, x, y, anchor] of [[fmt(y1), 2, P / 2 + 4, "start"], [fmt(y0), 2, H - P, "start"], [x0, P, H - 8, "start"], [x1, W - P, H - 8, "end"]]) {
     const t = document.createElementNS(NS, "text"); t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "10"); t.setAttribute("text-anchor", anchor); t.textContent = v; svg.appendChild(t);
   }
+  // Axis titles: x is always the optimizer step; y names the quantity.
+  for (const [v, x, y, rot] of [["step", W / 2, H - 2, ""], [ylabel || "", 10, H / 2, `rotate(-90 10 ${H / 2})`]]) {
+    const t = document.createElementNS(NS, "text"); t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "10");
+    t.setAttribute("text-anchor", "middle"); t.setAttribute("class", "axis-label"); if (rot) t.setAttribute("transform", rot); t.textContent = v; svg.appendChild(t);
+  }
   for (const s of series) {
     if (!s.points.length) continue;
+    // A marker per point, so that a single evaluation is visible (a one-point line draws nothing).
+    for (const p of s.points) {
+      const c = document.createElementNS(NS, "circle"); c.setAttribute("cx", X(p[0]).toFixed(1)); c.setAttribute("cy", Y(p[1]).toFixed(1));
+      c.setAttribute("r", "2.5"); c.setAttribute("fill", s.color); c.setAttribute("class", "point"); c.dataset.name = s.name; svg.appendChild(c);
+    }
     const line = document.createElementNS(NS, "polyline");
     line.setAttribute("points", s.points.map(p => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" "));
     line.setAttribute("fill", "none"); line.setAttribute("stroke", s.color); line.setAttribute("stroke-width", "1.5");
@@ -151,8 +164,22 @@ function chart(svg, series) {
 const num = (r, k) => typeof r[k] === "number" ? [[r.step, r[k]]] : [];
 chart($("c-success"), [
   {name: "train", color: "#3466c2", points: D.metrics.flatMap(r => num(r, "success_rate"))},
-  {name: "eval", color: "#d9822b", points: D.evals.flatMap(r => num(r, "success_rate"))}]);
-chart($("c-reward"), [{name: "train", color: "#3466c2", points: D.metrics.flatMap(r => num(r, "reward_mean"))}]);
+  {name: "eval", color: "#d9822b", points: D.evals.flatMap(r => num(r, "success_rate"))}], "success rate");
+chart($("c-reward"), [{name: "train", color: "#3466c2", points: D.metrics.flatMap(r => num(r, "reward_mean"))}], "reward");
+// Training-health curves, each drawn only when the run's metrics carry the key.
+const MORE = [["loss", "loss"], ["entropy", "entropy"], ["kl_ref", "KL to reference"], ["kl_penalty", "KL penalty"],
+  ["is_weight_mean", "importance weight (mean)"], ["is_weight_max", "importance weight (max)"],
+  ["is_truncated_frac", "importance weights truncated"], ["is_rejected_frac", "importance weights rejected"],
+  ["staleness_mean", "staleness (versions)"], ["learner_utilisation", "learner utilisation"],
+  ["learner_export_s", "weight export (s)"]];
+for (const [key, label] of MORE) {
+  const points = D.metrics.flatMap(r => num(r, key));
+  if (!points.length) continue;
+  const box = el("div", "chart"); box.appendChild(el("div", "", label));
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg"); svg.setAttribute("width", "420"); svg.setAttribute("height", "160"); svg.id = "c-" + key;
+  box.appendChild(svg); $("more").appendChild(box);
+  chart(svg, [{name: key, color: "#3466c2", points}], label);
+}
 
 for (const env of [...new Set(D.episodes.map(e => e.env))].sort()) $("f-env").appendChild(el("option", "", env));
 const params = new URLSearchParams(location.search);

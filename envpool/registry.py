@@ -3,6 +3,7 @@
     register_env("coin", "my_pkg.coin:Coin")
     cls = resolve_env("coin")          # imports my_pkg.coin, checks Coin is an Env
     known_envs()                       # ["chaos", "coin", "guess_number"]
+    env_target("my_pkg.coin:Coin")     # a config may name the class itself
 
 Registration stores only the ``"module.path:ClassName"`` string: naming an env costs no import,
 so the actor can validate a config without loading an env's dependencies (a JVM, a browser),
@@ -43,12 +44,28 @@ def register_env(name: str, target: str) -> None:
     _REGISTRY[name] = target
 
 
+ENTRY_POINT_GROUP = "agentgym.envs"
+"""Packages register envs without an edit here: ``[project.entry-points."agentgym.envs"]``
+``coin = "my_pkg.coin:Coin"`` in their pyproject.toml."""
+
+
+def _entry_points() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def env_target(name: str, where: str = "") -> str:
-    """The import path registered for ``name`` (no import); ``UnknownEnvError`` if none."""
-    try:
+    """The import path for ``name`` (no import): a registered name, a package's entry point in
+    ``agentgym.envs``, or ``"module.path:ClassName"`` itself; ``UnknownEnvError`` if none."""
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        raise UnknownEnvError(name, where) from None
+    if _TARGET.match(name):
+        return name
+    target = _entry_points().get(name)
+    if target is None or not _TARGET.match(target):
+        raise UnknownEnvError(name, where)
+    return target
 
 
 def load_target(target: str, name: str = "") -> type[Env]:
@@ -71,8 +88,8 @@ def resolve_env(name: str) -> type[Env]:
 
 
 def known_envs() -> list[str]:
-    """Registered env names, sorted."""
-    return sorted(_REGISTRY)
+    """Registered env names and those of installed packages' entry points, sorted."""
+    return sorted(set(_REGISTRY) | set(_entry_points()))
 
 
 # Built-ins. Test-only envs are registered too: a pool can be pointed at them from a config.

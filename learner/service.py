@@ -26,6 +26,7 @@ import structlog
 import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.evaluate import summarize_groups
 from agentgym.learner.accounting import TicketLedger
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
@@ -37,6 +38,8 @@ from agentgym.learner.staleness import StalenessRule, TrainBuffer
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.learner.validate import Guard, vocab_size
 from agentgym.logs import MetricsWriter
+from agentgym.progress import StepClock
+from agentgym.sinks import with_sinks
 from agentgym.protocol import (
     Ack,
     AckStatus,
@@ -151,8 +154,9 @@ class Learner:
         self.exporter = WeightExporter(cfg.learner.weight_chunk_mib * 1024 * 1024)
         self.actor_memory: dict[str, dict[str, float | int | bool | str]] = {}
         """Each actor's memory figures from its latest heartbeat (for summary.json)."""
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
-        self.eval_metrics = MetricsWriter(run_dir / "eval.jsonl")
+        sinks = cfg.metrics.sinks  # agentgym/sinks.py: TensorBoard / W&B beside the JSONL files
+        self.metrics = with_sinks(MetricsWriter(run_dir / "metrics.jsonl"), sinks, run_dir, "train")
+        self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval")
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
         self.evals: dict[str, EvalRound] = {}
         """Evaluation groups in flight -> their round."""
@@ -163,6 +167,7 @@ class Learner:
         self.last_checkpoint = (self.step, time.monotonic())
         self.mid_step = False
         """True while a training step runs: its state is not consistent enough to checkpoint."""
+        self.progress = StepClock(cfg.run.max_steps)  # console: step N/total and time left
         self._rate_window: deque[tuple[float, int, int]] = deque([(time.monotonic(), 0, 0)])
         """(time, accepted episodes, agent tokens) of recent steps: rates over the last ~10 s."""
 
@@ -374,6 +379,10 @@ class Learner:
             "reward_mean": sum(e.reward for e in eps) / n,
             "env_failures": sum(len(x.episodes) for x in rnd.rollouts) - len(eps),
             "versions_used": [min(used, default=-1), max(used, default=-1)],
+            # Same definitions as `agentgym eval` (agentgym/evaluate.py), k = group_size; `pinned`:
+            # every sampled token came from the evaluated version (docs/adr/0015-evaluation.md).
+            **summarize_groups([[e.success for e in trainable_episodes(x)] for x in rnd.rollouts], self.cfg.rollout.group_size),
+            "pinned": bool(used) and set(used) == {rnd.version},
             "seconds": time.monotonic() - rnd.started,
             **env_stats(rnd.rollouts),
         }  # fmt: skip
@@ -484,6 +493,7 @@ class Learner:
             success=round(stats["success_rate"], 3), traj_per_s=round(rec["trajectories_per_s"], 1),
             tok_per_s=round(rec["tokens_per_s"], 1), staleness=round(stats["staleness_mean"], 2),
             turn_limit=rec["turn_limit"], loss=round(stats["loss"], 4), actors=rec["actors"],
+            **self.progress.fields(self.step),
             **({"success_by_env": {e.name: round(stats[f"env/{e.name}/success_rate"], 3)
                                    for e in self.cfg.env.specs if f"env/{e.name}/success_rate" in stats}}
                if len(self.cfg.env.specs) > 1 else {}),

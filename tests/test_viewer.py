@@ -94,9 +94,9 @@ def test_agentgym_view_writes_a_page_chromium_renders_with_filters_and_curves(mo
     log.close()
     metrics, evals = MetricsWriter(run / "metrics.jsonl"), MetricsWriter(run / "eval.jsonl")
     for step in (1, 2, 3):
-        metrics.write({"step": step, "success_rate": 0.1 * step, "reward_mean": 0.2 * step, "loss": 1.0})
-    evals.write({"step": 0, "version": 0, "success_rate": 0.05, "split": "test", "episodes": 8})
-    evals.write({"step": 3, "version": 3, "success_rate": 0.3, "split": "test", "episodes": 8})
+        metrics.write({"step": step, "success_rate": 0.1 * step, "reward_mean": 0.2 * step, "loss": 1.0,
+                       "entropy": 2.0 - step * 0.1, "is_weight_max": 1.5, "staleness_mean": 0.5})
+    evals.write({"step": 3, "version": 3, "success_rate": 0.3, "split": "test", "episodes": 8})  # one point
     metrics.close()
     evals.close()
     (run / "metrics.jsonl").open("a").write('{"step": 4, "succ')  # a run still writing: torn last line
@@ -110,10 +110,16 @@ def test_agentgym_view_writes_a_page_chromium_renders_with_filters_and_curves(mo
 
     dom = _chromium_dom(page, "", tmp_path / "profile")
     assert dom.count('class="ep"') == 8  # 3 steps x 2 + the best and the worst of 1 eval group
-    assert "8 of 8 episodes" in dom and "3 optimizer steps, 2 evaluations, 8 logged episodes" in dom
+    assert "8 of 8 episodes" in dom and "3 optimizer steps, 1 evaluations, 8 logged episodes" in dom
     # the environment's HTML shows as text, and made no element
     assert 'id="injected"' not in dom and "&lt;/script&gt;&lt;b id=injected&gt;bold&lt;/b&gt;" in dom
-    assert dom.count('class="series"') == 3  # training and held-out success, training reward
+    # success (training, held-out), reward, and loss, entropy, importance weight max, staleness
+    assert dom.count('class="series"') == 7
+    assert dom.count('class="point"') == 3 * 6 + 1  # the single evaluation is drawn as a point
+    assert 'class="point" data-name="eval"' in dom
+    for label in ("success rate", "reward", "loss", "entropy", "importance weight (max)", "staleness (versions)"):
+        assert f'class="axis-label">{label}<' in dom or f'class="axis-label" transform="rotate(-90 10 80)">{label}<' in dom, label
+    assert 'id="c-kl_ref"' not in dom  # absent from the metrics: no empty chart
     assert "agent, turn 2 · reward 1 · version 3 · mean logprob 0 · 1 tokens" in dom
 
     failures = _chromium_dom(page, "?outcome=failure&kind=train", tmp_path / "profile")

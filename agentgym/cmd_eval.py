@@ -1,0 +1,125 @@
+"""``agentgym eval``: evaluate a checkpoint, an HF model or a remote endpoint on held-out tasks.
+
+    agentgym eval --model runs/quickstart/checkpoints/step-000100 --env guess_number --tasks 32 -k 4
+    agentgym eval --model runs/quickstart --engine vllm --temperature 0 -k 1      # latest checkpoint
+    agentgym eval --model models/tiny --engine remote --url http://host:8000 --served-model tiny
+
+No learner is started: the command loads one engine, starts one env pool per env and plays
+``tasks`` tasks of ``split`` ``k`` times each with the rollout code actors use
+(actors/rollout.py). It prints a table (avg@k, pass@k per env; agentgym/evaluate.py defines them)
+and writes the report as JSON (``--out``, default stdout's table only). Every request is seeded
+from (seed, env, task, sample, turn), so the same command gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from agentgym.cli_common import add_config_args, resolve_config
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser(
+        "eval", help="evaluate a checkpoint or model on held-out tasks (avg@k, pass@k)",
+        description="Play TASKS held-out tasks of each env K times with one engine (no learner) and report "
+        "avg@k and pass@k per env. Greedy with --temperature 0. Seeded per request: the same command gives "
+        "the same numbers. Env options and token budgets come from the config.",
+    )  # fmt: skip
+    add_config_args(e)
+    e.add_argument("--model", type=Path, required=True,
+                   help="HF model directory, a checkpoint directory, or a run directory (its latest checkpoint); "
+                   "with --engine remote: the tokenizer's directory")  # fmt: skip
+    e.add_argument("--engine", choices=["hf", "vllm", "remote"], help="overrides actor.engine")
+    e.add_argument("--url", help="OpenAI-compatible server (with --engine remote)")
+    e.add_argument("--served-model", default="", help="model name the remote server serves")
+    e.add_argument("--env", action="append", default=[], help="env to evaluate, repeatable (default: the config's envs)")
+    e.add_argument("--split", choices=["test", "dev"], help="held-out split (default: eval.split)")
+    e.add_argument("--tasks", type=int, help="tasks per env (default: eval.tasks)")
+    e.add_argument("-k", type=int, default=1, help="samples per task (pass@k, avg@k)")
+    e.add_argument("--temperature", type=float, help="0: greedy (default: rollout.temperature)")
+    e.add_argument("--seed", type=int, help="base seed of every request (default: run.seed)")
+    e.add_argument("--turn-limit", type=int, help="turns per episode (default: the schedule's last limit)")
+    e.add_argument("--concurrency", type=int, default=8, help="episodes played at once")
+    e.add_argument("--out", type=Path, help="write the JSON report here")
+
+
+def resolve_model(path: Path) -> Path:
+    """An HF directory as given; a checkpoint root or a run directory: its newest checkpoint."""
+    if (path / "config.json").is_file():
+        return path
+    from agentgym.learner.checkpoint import latest_checkpoint
+
+    for root in (path, path / "checkpoints"):
+        if root.is_dir():
+            found = latest_checkpoint(root)
+            if found is not None:
+                return found
+    raise FileNotFoundError(f"--model {path}: no config.json there and no checkpoint under it or {path / 'checkpoints'}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentgym.logs import setup_logging
+
+    # Console at warning unless asked: the progress lines below are what a user reads.
+    setup_logging("eval", None, args.log_level if args.log_level != "info" else "warning")
+    flags = [f'actor.engine="{args.engine}"'] if args.engine else []
+    if args.url:
+        flags += [f'actor.remote.url="{args.url}"', f'actor.remote.model="{args.served_model}"']
+    cfg = resolve_config(args, flags)
+    k = args.k
+    tasks = args.tasks if args.tasks is not None else cfg.eval.tasks
+    temperature = args.temperature if args.temperature is not None else cfg.rollout.temperature
+    problems = [m for ok, m in ((k >= 1, f"-k must be >= 1, got {k}"), (tasks >= 1, f"--tasks must be >= 1, got {tasks}"),
+                                (temperature >= 0, f"--temperature must be >= 0, got {temperature}"),
+                                (args.concurrency >= 1, f"--concurrency must be >= 1, got {args.concurrency}")) if not ok]  # fmt: skip
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    from agentgym.envpool.registry import UnknownEnvError, env_target
+
+    envs = args.env or [e.name for e in cfg.env.specs]
+    try:
+        for env in envs:
+            env_target(env, "--env")
+    except UnknownEnvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        model = resolve_model(args.model)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report = asyncio.run(_run(cfg, model, envs, args, tasks, k, temperature))
+    report["model"] = str(model)
+    from agentgym.evaluate import table
+
+    print(table(report))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+        print(f"report: {args.out}")
+    return 0
+
+
+async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float) -> dict:
+    from agentgym.actors.engines import make_engine
+    from agentgym.actors.runtime import _load_tokenizer
+    from agentgym.evaluate import evaluate
+
+    seed = args.seed if args.seed is not None else cfg.run.seed
+    turn_limit = args.turn_limit or cfg.schedule.turn_limits[-1][1]
+    print(f"eval: starting the {cfg.actor.engine} engine on {model}", file=sys.stderr, flush=True)
+    tokenizer = await asyncio.to_thread(_load_tokenizer, model)
+    engine = make_engine(cfg, model)
+    await engine.start()
+    print(f"eval: engine ready; {len(envs)} env(s) x {tasks} tasks x k={k}", file=sys.stderr, flush=True)
+    try:
+        return await evaluate(engine, tokenizer, cfg, envs, split=args.split or cfg.eval.split, tasks=tasks, k=k,
+                              temperature=temperature, seed=seed, turn_limit=turn_limit,
+                              concurrency=args.concurrency)  # fmt: skip
+    finally:
+        await engine.close()

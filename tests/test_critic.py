@@ -1,0 +1,135 @@
+"""Critique in the loop, on real actors' parts: a real guess_number pool (worker subprocesses),
+the reference engine on the tiny model, the oracle critic on the env's ``expert_action`` and an
+LM critic on the policy's own engine.
+
+The checks are on the ``Episode`` the learner receives: critique messages are masked
+non-agent tokens (mask 0, version -1, logprob 0) and are recorded in ``Episode.critiques``; the
+learner's recomputation of the agent tokens' logprobs over the token list (critiques in context)
+matches the behaviour logprobs, so the revised turns are trained on-policy w.r.t. the context
+they were sampled in; evaluation tickets are
+played without the critic unless ``at_eval``; the episode log shows critiques as segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agentgym.actors.critic import LmCritic, OracleCritic, shared_critic  # noqa: E402
+from agentgym.actors.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.rollout import play_episode  # noqa: E402
+from agentgym.envpool.pool import EnvPool  # noqa: E402
+from agentgym.learner.episode_log import segments  # noqa: E402
+from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.protocol import CriticSpec, Episode, Rollout, RolloutSpec, Ticket, decode, encode  # noqa: E402
+from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
+from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = make_default_tiny_model(tmp_path_factory.mktemp("critic") / "tiny", seed=0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model_dir, tok, model
+
+
+def play(model_dir: Path, tok, critic_spec: CriticSpec | None, n: int, turn_limit: int, lm: bool = False,
+         split: str = "train") -> list[Episode]:  # fmt: skip
+    spec = RolloutSpec(group_size=n, max_tokens_per_turn=6, max_episode_tokens=1024, temperature=1.0, top_p=1.0,
+                       critic=critic_spec)  # fmt: skip
+
+    async def go():
+        engine = HfEngine(model_dir, seed=0)
+        pool = EnvPool("guess_number", {}, 2)
+        await engine.start()
+        await pool.start()
+        try:
+            critic = await shared_critic(critic_spec, engine, tok)
+            assert critic_spec is None or isinstance(critic, LmCritic if lm else OracleCritic)
+            eps = []
+            for task in range(n):  # a few at a time: the tiny model is fast, the machine is small
+                ticket = Ticket(group_id=f"g{task}", env="guess_number", task_id=task if split == "train" else 0, split=split)
+                eps.append(await play_episode(engine, tok, pool, ticket, 0, spec, turn_limit, seed=task, critic=critic))
+            return eps
+        finally:
+            await pool.close()
+            await engine.close()
+
+    return asyncio.run(asyncio.wait_for(go(), 120))
+
+
+def check_masked_and_on_policy(ep: Episode, model, tok) -> int:
+    """Critique spans are masked non-agent tokens; agent logprobs match the learner's recomputation."""
+    ids, logps = unpack(ep.token_ids, I32), unpack(ep.logprobs, F32)
+    mask, vers = unpack(ep.loss_mask, U8), unpack(ep.versions, I32)
+    spans = unpack(ep.critiques, I32).reshape(-1, 2)
+    for a, b in spans:
+        assert 0 <= a < b <= ids.size
+        assert not mask[a:b].any() and (vers[a:b] == -1).all() and not logps[a:b].any()
+        assert "Critique:" in tok.decode(ids[a:b].tolist())
+    with torch.no_grad():
+        t = torch.from_numpy(ids.astype(np.int64))[None]
+        ref = sequence_logprobs(model, t, torch.ones_like(t))[0].numpy()
+    assert np.abs(ref[mask == 1] - logps[mask == 1]).max() < 1e-3
+    assert np.isfinite(logps).all() and (logps[mask == 1] <= 0).all() and (vers[mask == 0] == -1).all()
+    return len(spans)
+
+
+def test_oracle_every_turn_critiques_are_masked_and_revisions_on_policy_and_help(setup) -> None:
+    model_dir, tok, model = setup
+    n, limit = 3, 2
+    plain = play(model_dir, tok, None, n, limit)
+    spec = CriticSpec(kind="oracle", when="every_turn", max_revisions=2)
+    guided = play(model_dir, tok, spec, n, limit)
+    critiques = sum(check_masked_and_on_policy(ep, model, tok) for ep in guided)
+    assert critiques > 0
+    assert all(not ep.critiques for ep in plain)
+    # Drafts are extra sampled turns with reward 0: turns and rewards stay aligned.
+    assert all(ep.num_turns == unpack(ep.turn_rewards, F32).size for ep in guided)
+    # Every critique is followed by a revised (sampled) turn.
+    assert sum(ep.num_turns for ep in guided) >= critiques
+    # The episode log shows the critiques as segments of their own.
+    ep = next(e for e in guided if e.critiques)
+    segs = segments(ep, lambda ids: tok.decode(ids))
+    assert sum(s["role"] == "critique" for s in segs) == len(unpack(ep.critiques, I32)) // 2
+    # The critique spans survive the wire.
+    r = Rollout(group_id="g", actor_id="a", env="guess_number", task_id=0, episodes=[ep])
+    assert decode(encode(r)).episodes[0].critiques == ep.critiques
+
+
+def test_episode_end_retry_and_after_failure_and_eval_without_critic(setup) -> None:
+    model_dir, tok, model = setup
+    retry = play(model_dir, tok, CriticSpec(kind="oracle", when="episode_end", max_revisions=2), 2, 1)
+    for ep in retry:
+        k = check_masked_and_on_policy(ep, model, tok)
+        assert ep.num_turns == 1 + k  # one turn per attempt; a critique opens each retry
+        assert ep.success or k == 2
+    assert any(ep.critiques for ep in retry)
+    after = play(model_dir, tok, CriticSpec(kind="oracle", when="after_failure"), 1, 2)
+    assert sum(check_masked_and_on_policy(ep, model, tok) for ep in after) > 0
+    # Evaluation tickets: no critic unless at_eval.
+    evals = play(model_dir, tok, CriticSpec(kind="oracle", when="every_turn"), 1, 1, split="test")
+    assert not evals[0].critiques
+    evals = play(model_dir, tok, CriticSpec(kind="oracle", when="every_turn", at_eval=True), 1, 1, split="test")
+    assert evals[0].critiques
+
+
+def test_lm_critic_on_the_policy_engine_speaks_and_stays_masked(setup) -> None:
+    model_dir, tok, model = setup
+    spec = CriticSpec(kind="lm", engine="policy", when="after_failure", max_tokens=8)
+    eps = play(model_dir, tok, spec, 1, 2, lm=True)
+    assert sum(check_masked_and_on_policy(ep, model, tok) for ep in eps) > 0
+
+
+def test_lm_critic_with_a_missing_model_dir_says_so(setup, tmp_path: Path) -> None:
+    spec = CriticSpec(kind="lm", engine="hf", model=str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="critic.model"):
+        asyncio.run(shared_critic(spec, object(), None))

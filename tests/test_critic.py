@@ -102,7 +102,7 @@ def test_oracle_every_turn_critiques_are_masked_and_revisions_on_policy_and_help
     assert sum(s["role"] == "critique" for s in segs) == len(unpack(ep.critiques, I32)) // 2
     # The critique spans survive the wire.
     r = Rollout(group_id="g", actor_id="a", env="guess_number", task_id=0, episodes=[ep])
-    assert decode(encode(r)).episodes[0].critiques == ep.critiques
+    assert decode(encode(r))[0].episodes[0].critiques == ep.critiques
 
 
 def test_episode_end_retry_and_after_failure_and_eval_without_critic(setup) -> None:
@@ -133,3 +133,33 @@ def test_lm_critic_with_a_missing_model_dir_says_so(setup, tmp_path: Path) -> No
     spec = CriticSpec(kind="lm", engine="hf", model=str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="critic.model"):
         asyncio.run(shared_critic(spec, object(), None))
+
+
+def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
+    """``agentgym train``: a learner and one actor (hf engine) over ZeroMQ, the oracle critic
+    speaking every turn; the learner trains on the critiqued groups (its validation accepts them)
+    and the episode log shows the critiques."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from agentgym.netutil import free_port_pair
+
+    model_dir = setup[0]
+    run_dir, steps = tmp_path / "run", 3
+    args = ["train", "--config", str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"),
+            "--run-dir", str(run_dir), "--actors", "1", "--max-steps", str(steps),
+            "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"', "-o", f'model.path="{model_dir}"',
+            "-o", "model.create_tiny=false", "-o", 'actor.engine="hf"', "-o", "rollout.group_size=2",
+            "-o", "learner.batch_groups=2", "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0",
+            "-o", "critic.enabled=true", "-o", 'critic.kind="oracle"', "-o", 'critic.when="every_turn"']  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "agentgym.cli", *args], cwd=tmp_path, text=True, capture_output=True,
+                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    logged = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    critiqued = [e for e in logged if e["critiques"]]
+    assert critiqued, "no logged episode had a critique"
+    assert all(any(s["role"] == "critique" and "Critique:" in s["text"] for s in e["segments"]) for e in critiqued)

@@ -163,3 +163,25 @@ def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
     critiqued = [e for e in logged if e["critiques"]]
     assert critiqued, "no logged episode had a critique"
     assert all(any(s["role"] == "critique" and "Critique:" in s["text"] for s in e["segments"]) for e in critiqued)
+
+
+def test_critic_config_travels_in_the_rollout_spec_and_typos_are_named() -> None:
+    from agentgym.config import ConfigError, load_config
+    from agentgym.learner.service import rollout_spec
+
+    assert rollout_spec(load_config(None)).critic is None  # off by default
+    cfg = load_config(None, ["critic.enabled=true", 'critic.when="episode_end"', "critic.max_revisions=3"])
+    spec = rollout_spec(cfg)
+    assert spec.critic == CriticSpec(kind="oracle", when="episode_end", max_revisions=3)
+    assert decode(encode(welcome_with(spec)))[0].rollout.critic == spec.critic
+    with pytest.raises(ConfigError, match="critic"):
+        load_config(None, ['critic.when="sometimes"'])
+    with pytest.raises(ConfigError, match="critic"):
+        load_config(None, ["critic.max_revision=2"])
+
+
+def welcome_with(spec: RolloutSpec):
+    from agentgym.protocol import Welcome
+
+    return Welcome(run_id="r", actor_index=0, weights_port=1, model_path="m", model_fingerprint="f", mode="async",
+                   heartbeat_interval_s=1.0, actor_timeout_s=1.0, rollout=spec)  # fmt: skip

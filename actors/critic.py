@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -121,8 +122,9 @@ class LmCritic:
         return f"Critique: {text}"
 
 
-_critics: dict[tuple[int, bytes], Critic] = {}
-_lock = asyncio.Lock()
+# Per policy engine (weakly: a closed engine's critics go with it) and spec.
+_critics: weakref.WeakKeyDictionary[Any, dict[bytes, Critic]] = weakref.WeakKeyDictionary()
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
 async def shared_critic(spec: CriticSpec | None, engine: Any, tokenizer: Any, seed: int = 0) -> Critic | None:
@@ -132,12 +134,13 @@ async def shared_critic(spec: CriticSpec | None, engine: Any, tokenizer: Any, se
         return None
     import msgspec
 
-    key = (id(engine), msgspec.json.encode(spec))
-    async with _lock:
-        if key not in _critics:
-            _critics[key] = await _make(spec, engine, tokenizer, seed)
+    key = msgspec.json.encode(spec)
+    async with _locks.setdefault(asyncio.get_running_loop(), asyncio.Lock()):  # players ask at once
+        mine = _critics.setdefault(engine, {})
+        if key not in mine:
+            mine[key] = await _make(spec, engine, tokenizer, seed)
             log.info("critic_ready", kind=spec.kind, when=spec.when, engine=spec.engine, model=spec.model)
-        return _critics[key]
+        return mine[key]
 
 
 async def _make(spec: CriticSpec, engine: Any, tokenizer: Any, seed: int) -> Critic:

@@ -132,7 +132,7 @@ def test_lm_critic_on_the_policy_engine_speaks_and_stays_masked(setup) -> None:
 def test_lm_critic_with_a_missing_model_dir_says_so(setup, tmp_path: Path) -> None:
     spec = CriticSpec(kind="lm", engine="hf", model=str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="critic.model"):
-        asyncio.run(shared_critic(spec, object(), None))
+        asyncio.run(shared_critic(spec, type("NoEngine", (), {})(), None))
 
 
 def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:

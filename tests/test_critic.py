@@ -163,6 +163,11 @@ def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
     critiqued = [e for e in logged if e["critiques"]]
     assert critiqued, "no logged episode had a critique"
     assert all(any(s["role"] == "critique" and "Critique:" in s["text"] for s in e["segments"]) for e in critiqued)
+    from agentgym.viewer import build_page, run_data
+
+    shown = run_data(run_dir)["episodes"]
+    assert any(e["critiques"] and any(s["role"] == "critique" for s in e["segments"]) for e in shown)
+    assert "Critique:" in build_page(run_dir)
 
 
 def test_critic_config_travels_in_the_rollout_spec_and_typos_are_named() -> None:

@@ -32,8 +32,8 @@ from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.logs import MetricsWriter
 from agentgym.protocol import (
     Ack,
-    CriticSpec,
     AckStatus,
+    CriticSpec,
     Grant,
     Heartbeat,
     Hello,

@@ -15,6 +15,7 @@ import numpy as np
 import structlog
 
 from agentgym.actors.conversation import Conversation
+from agentgym.actors.critic import Critic, CritiqueLoop
 from agentgym.actors.engine import InferenceEngine, SamplingSpec
 from agentgym.envpool.pool import EnvFailure, EnvPool
 from agentgym.protocol import Episode, RolloutSpec, Ticket
@@ -36,6 +37,7 @@ async def play_episode(
     spec: RolloutSpec,
     turn_limit: int,
     seed: int | None = None,
+    critic: Critic | None = None,
 ) -> Episode:
     eos = getattr(tokenizer, "eos_token_id", None)
     sampling = SamplingSpec(
@@ -51,54 +53,109 @@ async def play_episode(
     conv: Conversation | None = None
     turn_rewards: list[float] = []
     finish, failure, success = "turn_limit", "", False
+    # Critique in the loop (actors/critic.py): off unless the spec has a critic; evaluation
+    # tickets are played without it unless critic.at_eval.
+    cs = spec.critic
+    loop = CritiqueLoop(critic, cs) if critic and cs and (ticket.split == "train" or cs.at_eval) else None
+    attempts = 1 + (cs.max_revisions if loop and loop.wants("retry") else 0)
+    critique = pending = None
     try:
         task_id = ticket.task_id if ticket.split == "train" else _eval_task(pool, ticket)
-        async with pool.episode(task_id) as ep:
-            obs = await ep.reset()
-            # The config's system prompt wins; "" means none; None means the env's instructions.
-            system = spec.system_prompt if spec.system_prompt is not None else (ep.instructions or None)
-            conv = Conversation.start(tokenizer, system or None, obs[: MAX_CHARS_PER_TOKEN * budget])
-            if len(conv) > budget - conv.closing_tokens - 1:  # no room for even one sampled token
-                conv.truncate(budget)  # the loop below ends it at once as token_limit
-            # Token budgets: a turn samples at most max_tokens_per_turn, and no more than leaves
-            # room for its end-of-turn tokens within max_episode_tokens; an observation that
-            # does not fit ends the episode. The episode never exceeds its budget.
-            for turn in range(turn_limit):
-                room = budget - len(conv) - conv.closing_tokens
-                if room < 1:
-                    finish = "token_limit"
-                    break
-                gen = await engine.generate(
-                    f"{ticket.group_id}/{index}/{turn}", conv.prompt_ids,
-                    # Each turn its own seed: the same seed every turn would correlate the turns.
-                    replace(sampling, max_tokens=min(spec.max_tokens_per_turn, room),
-                            seed=None if seed is None else seed + turn),
-                )  # fmt: skip
-                conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
-                action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                result = await ep.step(action)
-                turn_rewards.append(float(result.reward))
-                if result.done:
-                    finish = "done"
-                    success = bool(result.info.get("success", result.reward > 0))
-                    break
-                if len(result.observation) > MAX_CHARS_PER_TOKEN * budget:  # cannot fit: not even tokenized
-                    finish = "token_limit"
-                    break
-                if turn + 1 < turn_limit:
-                    # Room for the observation and at least one sampled token plus its closing.
-                    if not conv.add_observation(result.observation, budget - 1 - conv.closing_tokens):
+        for _attempt in range(attempts):
+            async with pool.episode(task_id) as ep:
+                obs = await ep.reset()
+                # The config's system prompt wins; "" means none; None means the env's instructions.
+                system = spec.system_prompt if spec.system_prompt is not None else (ep.instructions or None)
+                if conv is None:
+                    conv = Conversation.start(tokenizer, system or None, obs[: MAX_CHARS_PER_TOKEN * budget])
+                    if len(conv) > budget - conv.closing_tokens - 1:  # no room for even one sampled token
+                        conv.truncate(budget)  # the loop below ends it at once as token_limit
+                else:  # a retry after a failed attempt: the critique, then the task again, in one message
+                    critique = await loop.ask("retry", loop.last_action, ep) if loop else None
+                    mark = len(conv)
+                    text = "\n\n".join(t for t in (pending, critique, obs[: MAX_CHARS_PER_TOKEN * budget]) if t)
+                    pending = None
+                    if not conv.add_observation(text, budget - 1 - conv.closing_tokens):
                         finish = "token_limit"
                         break
-                elif not conv.add_observation(result.observation, budget):
-                    # At the turn limit the episode ends in the state the agent would act in next
-                    # (the last observation and the generation prompt, masked): PPO reads its
-                    # bootstrap value V(s_end) there. No room for it: the token budget ended it.
-                    finish = "token_limit"
+                    if critique:
+                        loop.mark(mark, len(conv))
+                if loop:
+                    loop.transcript.append(("env", obs))
+                finish = "turn_limit"
+                # Token budgets: a turn samples at most max_tokens_per_turn, and no more than leaves
+                # room for its end-of-turn tokens within max_episode_tokens; an observation that
+                # does not fit ends the episode. The episode never exceeds its budget.
+                for turn in range(turn_limit):
+                    room = budget - len(conv) - conv.closing_tokens
+                    if room < 1:
+                        finish = "token_limit"
+                        break
+                    gen = await engine.generate(
+                        f"{ticket.group_id}/{index}/{turn}", conv.prompt_ids,
+                        # Each turn its own seed: the same seed every turn would correlate the turns.
+                        replace(sampling, max_tokens=min(spec.max_tokens_per_turn, room),
+                                seed=None if seed is None else seed + turn),
+                    )  # fmt: skip
+                    conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
+                    action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+                    for rnd in range(cs.max_revisions if loop and loop.wants("draft") else 0):
+                        # The critic reviews the proposal before it runs; on an objection the agent
+                        # sees the critique (a masked observation) and proposes again. The draft
+                        # stays a sampled turn with reward 0; only the last proposal is executed.
+                        critique = await loop.ask("draft", action, ep)
+                        mark = len(conv)
+                        if critique is None or not conv.add_observation(critique, budget - 1 - conv.closing_tokens):
+                            break
+                        loop.mark(mark, len(conv))
+                        turn_rewards.append(0.0)
+                        gen = await engine.generate(
+                            f"{ticket.group_id}/{index}/{turn}/r{rnd}", conv.prompt_ids,
+                            replace(sampling, max_tokens=max(1, min(spec.max_tokens_per_turn, budget - len(conv) - conv.closing_tokens))),
+                        )  # fmt: skip
+                        conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
+                        action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+                    result = await ep.step(action)
+                    turn_rewards.append(float(result.reward))
+                    if loop:
+                        loop.last_action = action
+                        loop.transcript += [("agent", action), ("env", result.observation)]
+                    if result.done:
+                        finish = "done"
+                        success = bool(result.info.get("success", result.reward > 0))
+                        break
+                    if len(result.observation) > MAX_CHARS_PER_TOKEN * budget:  # cannot fit: not even tokenized
+                        finish = "token_limit"
+                        break
+                    critique = None
+                    if loop and loop.wants("after_step") and result.reward <= 0:
+                        critique = await loop.ask("after_step", action, ep)
+                        if critique:
+                            result = replace(result, observation=f"{result.observation}\n\n{critique}")
+                    mark = len(conv)
+                    if turn + 1 < turn_limit:
+                        # Room for the observation and at least one sampled token plus its closing.
+                        if not conv.add_observation(result.observation, budget - 1 - conv.closing_tokens):
+                            finish = "token_limit"
+                            break
+                    elif _attempt + 1 < attempts:  # a retry follows: this observation opens its message
+                        pending = result.observation
+                    elif not conv.add_observation(result.observation, budget):
+                        # At the turn limit the episode ends in the state the agent would act in next
+                        # (the last observation and the generation prompt, masked): PPO reads its
+                        # bootstrap value V(s_end) there. No room for it: the token budget ended it.
+                        finish = "token_limit"
+                    if critique and len(conv) > mark:
+                        loop.mark(mark, len(conv))
+            if success or finish == "token_limit":
+                break
     except EnvFailure as exc:
         finish, failure = "env_failure", str(exc)
         log.warning("episode_env_failure", group=ticket.group_id, task=ticket.task_id, error=failure)
-    return _to_episode(conv, turn_rewards, finish, failure, success, turn_limit)
+    episode = _to_episode(conv, turn_rewards, finish, failure, success, turn_limit)
+    if loop and loop.spans:
+        episode.critiques = pack([x for span in loop.spans for x in span], I32)
+    return episode
 
 
 def _eval_task(pool: EnvPool, ticket: Ticket) -> int:

@@ -271,9 +271,11 @@ class Actor:
             )
 
     async def player(self, n: int) -> None:
+        from agentgym.actors.critic import shared_critic
         from agentgym.actors.rollout import play_episode
 
         spec = self.welcome.rollout
+        critic = await shared_critic(spec.critic, self.engine, self.tokenizer, self.cfg.run.seed)  # None: off
         while True:
             while n >= self.concurrency.target:  # this player is beyond the current capacity: idle
                 await self.capacity_changed.wait()
@@ -284,7 +286,7 @@ class Actor:
             t0 = time.monotonic()
             turn_limit = self.turn_limit
             episodes = await asyncio.gather(*(
-                play_episode(self.engine, self.tokenizer, pool, ticket, i, spec, turn_limit)
+                play_episode(self.engine, self.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic)
                 for i in range(spec.group_size)
             ))  # fmt: skip
             self.running_groups -= 1

@@ -404,6 +404,32 @@ class MetricsConfig(Section):
     "wandb" (offline run in RUN_DIR/wandb, ``wandb sync`` uploads it later; extra ``agentgym[wandb]``)."""
 
 
+class CriticConfig(Section):
+    """Critique in the loop (docs/adr/0016-critique-in-the-loop.md, docs/critique.md); off by default."""
+
+    enabled: bool = False
+    kind: Literal["oracle", "lm"] = "oracle"
+    """"oracle": scripted feedback from the env's privileged ``expert_action`` (testing, and envs
+    where such feedback is legitimate); "lm": a language-model critic prompted with the episode."""
+    when: Literal["every_turn", "after_failure", "episode_end"] = "after_failure"
+    """every_turn: review each proposed action before it runs, the agent revises; after_failure:
+    speak after an invalid or unrewarded step; episode_end: after a failed episode, retry it."""
+    max_revisions: Annotated[int, Field(ge=1, le=16)] = 1
+    """Critique rounds per turn (every_turn) or retries per episode (episode_end)."""
+    engine: Literal["hf", "vllm", "remote", "policy"] = "policy"
+    """LM critic's engine: policy (the actor's own), hf/vllm (load ``model``), remote (``url``)."""
+    model: str = ""
+    """LM critic: a local model dir (hf, vllm) or the served model's name (remote)."""
+    url: str = ""
+    """LM critic with engine "remote": the OpenAI-compatible server's base URL."""
+    max_tokens: Annotated[int, Field(ge=1, le=4096)] = 48
+    """Most tokens of one LM critique."""
+    temperature: Annotated[float, Field(gt=0)] = 0.7
+    """LM critic's sampling temperature."""
+    at_eval: bool = False
+    """Critique evaluation episodes too (off: evaluation measures the agent alone)."""
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -415,6 +441,7 @@ class Config(Section):
     eval: EvalConfig = EvalConfig()
     launch: LaunchConfig = LaunchConfig()
     metrics: MetricsConfig = MetricsConfig()
+    critic: CriticConfig = CriticConfig()
 
 
 class ConfigError(ValueError):

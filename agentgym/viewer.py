@@ -95,6 +95,7 @@ h1{font-size:1.3em;margin:0 0 .4em} h2{font-size:1.05em;margin:1.2em 0 .4em}
 .badge{background:#eee;border-radius:3px;padding:0 .4em;font-size:.9em}
 .conv{padding:.3em .6em .6em}
 .seg{white-space:pre-wrap;font:12.5px/1.35 ui-monospace,monospace;padding:.35em .5em;margin:.25em 0;border-radius:3px}
+.seg.critique{background:#fff3d6;border-left:3px solid #d08a00}
 .seg .who{font:600 11px system-ui,sans-serif;display:block;color:#555;margin-bottom:.15em}
 .prompt{background:#f0f0f0} .env{background:#e8f4ea} .agent{background:#e6eefb;border-left:3px solid #3466c2}
 pre.config{background:#fff;border:1px solid #ddd;padding:.5em;max-height:20em;overflow:auto}
@@ -192,6 +193,7 @@ function episodeNode(e, n) {
   s.append(el("span", "badge", e.kind), el("span", "", `step ${e.step}`), el("span", "", `${e.env} #${e.task_id}`),
            el("span", e.success ? "ok" : "bad", e.success ? "success" : "failure"), el("span", "", `reward ${fmt(e.reward)}`),
            el("span", "", `${e.turns}/${e.turn_limit} turns`), el("span", "badge", e.finish),
+           ...(e.critiques ? [el("span", "badge", `${e.critiques} critique${e.critiques > 1 ? "s" : ""}`)] : []),
            el("span", "muted", `${e.tokens} tokens · episode ${e.episode + 1}/${e.group_size} of ${e.group_id} (group mean ${fmt(e.group_reward_mean)}) · ${e.actor_id}`));
   d.appendChild(s);
   const c = el("div", "conv");

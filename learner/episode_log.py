@@ -58,6 +58,10 @@ def segments(ep: Episode, decode: Any) -> list[dict[str, Any]]:
     if ids.size == 0:
         return out
     cuts = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
+    # Messages that carry a critique (critique in the loop) are segments of their own.
+    spans = unpack(ep.critiques, I32).reshape(-1, 2).tolist()
+    bounds = {b for span in spans for b in span if 0 < b < ids.size}
+    cuts = np.unique(np.concatenate([cuts, np.asarray(sorted(bounds), dtype=cuts.dtype)]))
     for start, end in zip([0, *cuts.tolist()], [*cuts.tolist(), ids.size], strict=True):
         seg: dict[str, Any] = {"text": decode(ids[start:end].tolist()), "tokens": end - start}
         if mask[start]:
@@ -68,7 +72,8 @@ def segments(ep: Episode, decode: Any) -> list[dict[str, Any]]:
             seg["versions"] = [int(vers[start:end].min()), int(vers[start:end].max())]
             seg["logprob_mean"] = float(behav[start:end].mean())
         else:
-            seg["role"] = "prompt" if start == 0 else "env"
+            critique = any(a <= start and end <= b for a, b in spans)
+            seg["role"] = "critique" if critique else "prompt" if start == 0 else "env"
         out.append(seg)
     return out
 
@@ -82,6 +87,7 @@ def episode_record(kind: str, step: int, version: int, r: Rollout, i: int, decod
         "reward": ep.reward, "success": ep.success, "finish": ep.finish, "failure": ep.failure,
         "turns": len(unpack(ep.turn_ends, I32)), "turn_limit": ep.turn_limit,
         "tokens": len(unpack(ep.token_ids, I32)), "segments": segments(ep, decode),
+        "critiques": len(unpack(ep.critiques, I32)) // 2,
     }  # fmt: skip
 
 

@@ -43,6 +43,7 @@ from agentgym.sinks import with_sinks
 from agentgym.protocol import (
     Ack,
     AckStatus,
+    CriticSpec,
     Grant,
     Heartbeat,
     Hello,
@@ -70,6 +71,7 @@ def rollout_spec(cfg: Config) -> RolloutSpec:
         group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn, max_episode_tokens=rc.max_episode_tokens,
         temperature=rc.temperature, top_p=rc.top_p, env_kwargs={e.name: dict(e.kwargs) for e in cfg.env.specs},
         system_prompt=rc.system_prompt,
+        critic=CriticSpec(**cfg.critic.model_dump(exclude={"enabled"})) if cfg.critic.enabled else None,
     )  # fmt: skip
 
 

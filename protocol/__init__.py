@@ -18,6 +18,7 @@ from agentgym.protocol.messages import (
     Reject,
     Rollout,
     RolloutSpec,
+    CriticSpec,
     Shutdown,
     TensorMeta,
     Ticket,
@@ -31,7 +32,7 @@ from agentgym.protocol.wire import PROTOCOL_VERSION, decode, encode, max_frame_b
 
 __all__ = [
     "MESSAGE_TYPES", "PROTOCOL_VERSION", "Ack", "AckStatus", "Episode", "Grant", "Heartbeat",
-    "Hello", "Leave", "Message", "ProtocolError", "Reject", "Rollout", "RolloutSpec", "Shutdown",
+    "Hello", "Leave", "Message", "ProtocolError", "Reject", "Rollout", "RolloutSpec", "CriticSpec", "Shutdown",
     "TensorMeta", "Ticket", "VersionMismatch", "WeightChunk", "WeightGone", "WeightRequest",
     "WeightsReady", "Welcome", "decode", "encode", "max_frame_bytes", "peek_kind",
 ]  # fmt: skip

@@ -53,6 +53,28 @@ class Hello(Message):
     """How many groups (tickets) the actor can play at once."""
 
 
+class CriticSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Critique in the loop (``[critic]`` in the config; docs/adr/0016-critique-in-the-loop.md)."""
+
+    kind: Literal["oracle", "lm"] = "oracle"
+    """"oracle": scripted from the env's privileged ``expert_action``; "lm": a language model."""
+    when: Literal["every_turn", "after_failure", "episode_end"] = "after_failure"
+    """"every_turn": reviews each proposed action before it is executed and the agent revises;
+    "after_failure": speaks after an invalid or unrewarded step; "episode_end": after a failed
+    episode the agent retries the task from the start with the critique in context."""
+    max_revisions: Annotated[int, Meta(ge=1, le=16)] = 1
+    """Critiques per turn ("every_turn"), or retries per episode ("episode_end")."""
+    engine: Literal["hf", "vllm", "remote", "policy"] = "policy"
+    """LM critic: "policy" critiques with the actor's own engine; hf/vllm load ``model``;
+    remote asks the OpenAI-compatible server at ``url``."""
+    model: Text = ""
+    url: Text = ""
+    max_tokens: Annotated[int, Meta(ge=1, le=4096)] = 48
+    temperature: Annotated[float, Meta(gt=0.0)] = 0.7
+    at_eval: bool = False
+    """Also critique evaluation ("dev"/"test") tickets; off: evaluation measures the agent alone."""
+
+
 class RolloutSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How actors play episodes; owned by the learner's config, sent in Welcome."""
 
@@ -64,6 +86,8 @@ class RolloutSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     env_kwargs: dict[ShortStr, ScalarMap] = {}
     """Options per environment name."""
     system_prompt: Text | None = None
+    critic: CriticSpec | None = None
+    """Critique in the loop; None: off."""
 
 
 class LoraSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -169,9 +193,13 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     finish: Literal["done", "turn_limit", "token_limit", "env_failure", "aborted"]
     turn_limit: Positive
     failure: Text = ""
+    critiques: bytes = b""
+    """int32 ``(start, end)`` token spans of the messages that carry a critique (loss mask 0)."""
 
     def __post_init__(self) -> None:
         n = count(self.token_ids, I32)
+        if len(self.critiques) % (2 * I32.itemsize):
+            raise ValueError(f"critiques has {len(self.critiques)} bytes, not a whole number of int32 (start, end) pairs")
         for name, data, dtype in (
             ("token_ids", self.token_ids, I32),
             ("logprobs", self.logprobs, F32),

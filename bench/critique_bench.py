@@ -1,0 +1,148 @@
+"""Critique in the loop, measured (figures in docs/critique.md).
+
+    python bench/critique_bench.py --out OUT [--episodes 24] [--train-steps 20] [--seeds 1]
+
+1. Test time, equal samples: the same number of episodes (same tasks, same sampling seeds,
+   same turn limit) played by the tiny model alone, with the oracle critic (every_turn,
+   after_failure, episode_end) and with an LM critic (the policy's own engine, for the plumbing);
+   success rate, episodes/s and sampled agent tokens per episode. The throughput cost of a
+   critic is the episodes/s ratio against the plain run, measured in the same process.
+2. Training, equal steps: ``agentgym train`` (learner + one hf actor over ZeroMQ) without and
+   with the oracle critic in the loop, then held-out success on the test split, evaluated
+   without the critic (``critic.at_eval = false``).
+
+Writes OUT/critique.json and prints a markdown table. Run under ``flock /work/wt/bench.lock``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn_limit: int) -> dict:
+    from agentgym.actors.critic import shared_critic
+    from agentgym.actors.hf_engine import HfEngine
+    from agentgym.actors.rollout import play_episode
+    from agentgym.envpool.pool import EnvPool
+    from agentgym.protocol import RolloutSpec, Ticket
+    from agentgym.protocol.arrays import I32, U8, unpack
+
+    spec = RolloutSpec(group_size=1, max_tokens_per_turn=4, max_episode_tokens=512, temperature=1.0, top_p=1.0,
+                       critic=critic_spec)  # fmt: skip
+    engine = HfEngine(model_dir, seed=0)
+    pool = EnvPool(env, {}, 4)
+    await engine.start()
+    await pool.start()
+    try:
+        critic = await shared_critic(critic_spec, engine, tok)
+        t0 = time.perf_counter()
+        eps = []
+        for start in range(0, episodes, 4):  # 4 at a time, as an actor plays a group
+            eps += await asyncio.gather(*(
+                play_episode(engine, tok, pool, Ticket(group_id=f"g{k}", env=env, task_id=k), 0, spec, turn_limit,
+                             seed=k, critic=critic)
+                for k in range(start, min(start + 4, episodes))
+            ))  # fmt: skip
+        dt = time.perf_counter() - t0
+    finally:
+        await pool.close()
+        await engine.close()
+    return {
+        "episodes": len(eps), "success_rate": float(np.mean([e.success for e in eps])),
+        "episodes_per_s": len(eps) / dt,
+        "agent_tokens_per_episode": float(np.mean([unpack(e.loss_mask, U8).sum() for e in eps])),
+        "critiques_per_episode": float(np.mean([unpack(e.critiques, I32).size // 2 for e in eps])),
+    }  # fmt: skip
+
+
+def test_time(model_dir: Path, episodes: int, turn_limit: int) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from agentgym.protocol import CriticSpec
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    arms = [
+        ("none", None),
+        ("oracle every_turn x2", CriticSpec(kind="oracle", when="every_turn", max_revisions=2)),
+        ("oracle after_failure", CriticSpec(kind="oracle", when="after_failure")),
+        ("oracle episode_end x1", CriticSpec(kind="oracle", when="episode_end", max_revisions=1)),
+        ("lm (policy) after_failure", CriticSpec(kind="lm", engine="policy", when="after_failure", max_tokens=8)),
+    ]
+    rows = []
+    for env in ("guess_number", "maze"):
+        for name, spec in arms:
+            r = asyncio.run(_play(model_dir, tok, env, spec, episodes, turn_limit))
+            rows.append({"env": env, "critic": name, **r})
+            print(f"test_time env={env} critic={name} {json.dumps(r)}", flush=True)
+    return rows
+
+
+def train(model_dir: Path, out: Path, steps: int, seed: int, critic: bool) -> dict:
+    run_dir = out / f"train_{'critic' if critic else 'plain'}_s{seed}"
+    from agentgym.netutil import free_port_pair
+
+    args = ["train", "--config", str(REPO / "configs" / "quickstart.toml"), "--run-dir", str(run_dir),
+            "--actors", "1", "--max-steps", str(steps), "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',
+            "-o", f'model.path="{model_dir}"', "-o", "model.create_tiny=false", "-o", 'actor.engine="hf"',
+            "-o", f"run.seed={seed}", "-o", "eval.at_start=false", "-o", "eval.every=0", "-o", "eval.at_end=true",
+            "-o", "eval.tasks=16", "-o", "learner.batch_groups=2", "-o", "rollout.group_size=4"]  # fmt: skip
+    if critic:
+        args += ["-o", "critic.enabled=true", "-o", 'critic.kind="oracle"', "-o", 'critic.when="every_turn"']
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "agentgym.cli", *args], text=True, capture_output=True, cwd=out,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=1800)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"train failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"critic": critic, "seed": seed, "steps": steps, "seconds": time.perf_counter() - t0,
+            "train_success_last5": float(np.mean([m["success_rate"] for m in metrics[-5:]])),
+            "heldout_success": evals[-1]["success_rate"], "heldout_episodes": evals[-1]["episodes"]}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--episodes", type=int, default=24)
+    p.add_argument("--turn-limit", type=int, default=4)
+    p.add_argument("--train-steps", type=int, default=20)
+    p.add_argument("--seeds", type=int, default=1)
+    a = p.parse_args()
+    from agentgym.tiny_model import make_default_tiny_model
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    model_dir = make_default_tiny_model(a.out / "tiny", seed=0)
+    result: dict = {"test_time": test_time(model_dir, a.episodes, a.turn_limit), "train": []}
+    (a.out / "critique.json").write_text(json.dumps(result, indent=1))
+    for seed in range(a.seeds):
+        for critic in (False, True):
+            if a.train_steps:
+                r = train(model_dir, a.out, a.train_steps, seed, critic)
+                print(f"train {json.dumps(r)}", flush=True)
+                result["train"].append(r)
+                (a.out / "critique.json").write_text(json.dumps(result, indent=1))
+    print("| env | critic | success | episodes/s (ratio to none) | agent tokens/ep | critiques/ep |")
+    print("|---|---|---|---|---|---|")
+    base = {r["env"]: r["episodes_per_s"] for r in result["test_time"] if r["critic"] == "none"}
+    for r in result["test_time"]:
+        print(f"| {r['env']} | {r['critic']} | {r['success_rate']:.3f} | {r['episodes_per_s']:.2f} "
+              f"({r['episodes_per_s'] / base[r['env']]:.2f}) | {r['agent_tokens_per_episode']:.1f} | {r['critiques_per_episode']:.2f} |")  # fmt: skip
+    for r in result["train"]:
+        print(f"train critic={r['critic']} seed={r['seed']} steps={r['steps']} held-out success {r['heldout_success']:.3f} "
+              f"(last-5-step train success {r['train_success_last5']:.3f})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

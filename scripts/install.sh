@@ -55,7 +55,7 @@ fi
 # vLLM pulls PyPI's torchvision/torchaudio/torchcodec, built against another torch: they break
 # `transformers` model imports ("operator torchvision::nms does not exist"). Text models need none.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$PIP" install -q -e ".[test,plot]"
+"$PIP" install -q -e ".[test,tensorboard]"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

@@ -335,6 +335,13 @@ class GatedEngine:
         name = type(self).__name__
         if version < self.version:
             raise ValueError(f"{name}.update_weights: version {version} is older than the loaded {self.version}")
+        if isinstance(tensors, Mapping) and not tensors and self.partial_updates:
+            # A changed-only fetch of a version in which no tensor changed (a zero-gradient step,
+            # every advantage 0): the weights held are that version's, so only the number moves.
+            self.version = version
+            self.last_update = {"prepare_s": 0.0, "drain_s": 0.0, "load_s": 0.0}
+            log.info("engine_weights_unchanged", engine=name, version=version)
+            return
         t0 = time.monotonic()
         prepared = await self._prepare_weights(tensors)
         t1 = time.monotonic()

@@ -275,6 +275,18 @@ def test_update_weights_from_tensors_and_from_a_directory(h: Harness) -> None:
         h.run(h.engine.update_weights(h.dirs["w0"] / "missing", v0 + 3))
     assert h.engine.version == v0 + 2
 
+    # A changed-only fetch of a version in which nothing changed (a zero-gradient step) is empty:
+    # an engine that loads subsets serves the new number on the same weights; others refuse it.
+    if h.engine.partial_updates:
+        h.run(h.engine.update_weights({}, v0 + 3))
+        g = h.run(h.engine.generate("after-3", PROMPTS[0], spec))
+        assert g.version == v0 + 3
+        assert max_abs_diff(h.models["w0"], PROMPTS[0], g.token_ids, g.logprobs, 1.0) < LOGPROB_TOL
+    else:
+        with pytest.raises(ValueError, match="no tensors"):
+            h.run(h.engine.update_weights({}, v0 + 3))
+        assert h.engine.version == v0 + 2
+
 
 @pytest.fixture(scope="module")
 def endless(h: Harness) -> tuple[list[int], list[int]]:

@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol
 
 import structlog
 
+from agentgym.chat_templates import CHATML_TEMPLATE
 from agentgym.protocol import CriticSpec
 
 log = structlog.get_logger(__name__)
@@ -93,8 +94,6 @@ class LmCritic:
         self._n = 0
 
     def prompt_ids(self, view: CritiqueView) -> list[int]:
-        from agentgym.tiny_model import CHATML_TEMPLATE
-
         lines = [f"{'Agent' if role == 'agent' else 'Environment'}: {text}" for role, text in view.transcript]
         ask = {"draft": "The agent proposes this move", "after_step": "The agent's last move did not help",
                "retry": "The agent's attempt failed; its last move"}[view.moment]  # fmt: skip

@@ -33,43 +33,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_qwen25_1p5b_shape(out_dir: Path, seed: int = 0) -> Path:
-    """A random-init model with Qwen2.5-1.5B's exact shape (bfloat16) and the project's tokenizer.
-
-    Placeholder until ``agentgym make-model --arch qwen2.5-1.5b`` exists: replace this function
-    by a call to it."""
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from agentgym.tiny_model import make_default_tiny_model
-
-    if (out_dir / "config.json").exists():
-        return out_dir
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    make_default_tiny_model(tmp / "tok", seed=seed)  # the project's tokenizer (ids < 151,936)
-    tok = AutoTokenizer.from_pretrained(tmp / "tok")
-    tok.save_pretrained(tmp)
-    config = Qwen2Config(
-        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, max_window_layers=28,
-        use_sliding_window=False, tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
-        bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, dtype="bfloat16",
-    )  # fmt: skip
-    config.architectures = ["Qwen2ForCausalLM"]
-    torch.manual_seed(seed)
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = Qwen2ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(torch.float32)
-    model.save_pretrained(tmp, safe_serialization=True)
-    GenerationConfig(eos_token_id=[tok.eos_token_id], pad_token_id=tok.pad_token_id, do_sample=True).save_pretrained(tmp)
-    shutil.rmtree(tmp / "tok")
-    tmp.rename(out_dir)
-    return out_dir
-
-
 def _tree_rss(p) -> int:  # noqa: ANN001
     import psutil
 
@@ -96,7 +59,9 @@ def main() -> int:
     import psutil
 
     t0 = time.monotonic()
-    model = make_qwen25_1p5b_shape(args.model_dir)
+    from agentgym.cmd_make_model import make_model
+
+    model = args.model_dir if (args.model_dir / "config.json").exists() else make_model("qwen2.5-1.5b", args.model_dir)
     print(f"model ready in {time.monotonic() - t0:.0f} s: {model}", flush=True)
     from safetensors import safe_open
 

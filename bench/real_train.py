@@ -1,19 +1,23 @@
-"""LoRA at a real size on this CPU: a Qwen2.5-1.5B-shape model trains a few LoRA steps end to end.
+"""A real model shape trains a few steps end to end on this CPU: LoRA or full fine-tuning.
 
-    flock /work/wt/bigmem.lock flock /work/wt/bench.lock .venv/bin/python bench/lora_bench.py --out /tmp/agentgym_lora_bench
+    flock /work/wt/bench.lock .venv/bin/python bench/real_train.py --arch qwen2.5-1.5b --rank 8
+    flock /work/wt/bench.lock .venv/bin/python bench/real_train.py --arch qwen2.5-0.5b --rank 0
 
 What runs: ``agentgym train`` (the launcher) with one learner and one vLLM-CPU actor over ZeroMQ,
-on guess_number, with ``learner.lora`` on a randomly initialised model of Qwen2.5-1.5B's shape
-(hidden 1536, 28 layers, 12 heads, 2 KV heads, intermediate 8960, vocabulary 151,936, tied
-embeddings) and the project's own tokenizer, in bfloat16. Full AdamW state for 1.5B parameters
-(weights + gradients + two moments in float32, ~25 GB) does not fit this 24 GiB machine; LoRA's does.
+on guess_number, with a randomly initialised model of the named architecture's exact shape
+(``agentgym make-model --arch``: Qwen2.5-0.5B/1.5B, Llama-3.2-1B) and the project's own
+tokenizer, in bfloat16. ``--rank R`` trains LoRA adapters of rank R (``learner.lora``: each
+version ships the adapter); ``--rank 0`` fine-tunes every parameter (each version ships the
+whole model in bf16). Full AdamW state for 1.5B parameters (weights + gradients + two moments,
+~25 GB in float32) does not fit this 24 GiB machine; LoRA's does, and 0.5B's full state does.
 
-Measured, from the run's own logs (docs/benchmarks.md, "LoRA at 1.5B shape"):
-- update bytes: the adapter each version ships (the learner's ``adapter_exported``) against a
-  full update of the same model in bfloat16 (and float32), counted from its parameters;
-- adapter sync: learner export + actor fetch + engine load (``adapter_exported.seconds`` +
-  ``weights_updated.fetch_s`` + ``weights_updated.load_s``), and the engine's pause inside it
-  (``engine_weights_loaded.drain_s + load_s``), against the learner's step time (``train_time_s``);
+Measured, from the run's own logs (docs/benchmarks.md, "Real shapes end to end"):
+- update bytes: what each version ships (the actor's ``weights_updated.mib``) against a full
+  update of the same model in bfloat16 (and float32), counted from its parameters;
+- weight sync: learner export + actor fetch + engine load (the learner's ``adapter_exported``
+  seconds or the step's ``learner_export_s``, + ``weights_updated.fetch_s`` + ``load_s``), and
+  the engine's pause inside it (``engine_weights_loaded.drain_s + load_s``), against the
+  learner's step time (``train_time_s``);
 - peak RSS of the learner process and of the actor's process tree (the vLLM engine core
   included), sampled every 0.5 s.
 """
@@ -51,17 +55,19 @@ def _events(path: Path) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("/tmp/agentgym_lora_bench"))
-    ap.add_argument("--model-dir", type=Path, default=REPO / "models" / "qwen2.5-1.5b-shape")
+    ap.add_argument("--arch", default="qwen2.5-1.5b", help="a shape of agentgym make-model (default: qwen2.5-1.5b)")
+    ap.add_argument("--rank", type=int, default=8, help="LoRA rank; 0 = full fine-tuning (default: 8)")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/agentgym_real_train"))
+    ap.add_argument("--model-dir", type=Path, default=None, help="default: models/ARCH-shape")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--rank", type=int, default=8)
     args = ap.parse_args()
+    args.model_dir = args.model_dir or REPO / "models" / f"{args.arch}-shape"
     import psutil
 
     t0 = time.monotonic()
     from agentgym.cmd_make_model import make_model
 
-    model = args.model_dir if (args.model_dir / "config.json").exists() else make_model("qwen2.5-1.5b", args.model_dir)
+    model = args.model_dir if (args.model_dir / "config.json").exists() else make_model(args.arch, args.model_dir)
     print(f"model ready in {time.monotonic() - t0:.0f} s: {model}", flush=True)
     from safetensors import safe_open
 
@@ -77,8 +83,8 @@ def main() -> int:
     cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
            "--run-dir", str(run_dir), "--actors", "1", "--max-steps", str(args.steps),
            "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{model}"', "-o", "model.create_tiny=false",
-           "-o", 'model.dtype="bfloat16"', "-o", f"learner.lora.rank={args.rank}", "-o", f"learner.lora.alpha={2 * args.rank}",
-           "-o", "learner.lr=1e-4", "-o", "learner.batch_groups=1", "-o", "rollout.group_size=2",
+           "-o", 'model.dtype="bfloat16"', "-o", f"learner.lora.rank={args.rank}", "-o", f"learner.lora.alpha={2 * max(args.rank, 1)}",
+           "-o", f"learner.lr={1e-4 if args.rank else 1e-5}", "-o", "learner.batch_groups=1", "-o", "rollout.group_size=2",
            "-o", "rollout.max_episode_tokens=160", "-o", "actor.max_groups=1", "-o", "actor.kv_cache_gib=0.5",
            "-o", "schedule.turn_limits=[[0, 2]]", "-o", "eval.at_start=false", "-o", "eval.at_end=false",
            "-o", "learner.threads=2"]  # fmt: skip
@@ -109,32 +115,35 @@ def main() -> int:
     (actor_log,) = [p for p in (run_dir / "logs").glob("actor-*.jsonl") if "console" not in p.name]
     actor = _events(actor_log)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    exports = [e for e in learner if e.get("event") == "adapter_exported"]
     updates = [e for e in actor if e.get("event") == "weights_updated"]
     loads = [e for e in actor if e.get("event") == "engine_weights_loaded"]
     started = [e for e in actor if e.get("event") == "engine_started" and e.get("engine") == "vllm"]
-    export_s = {i: e["seconds"] for i, e in enumerate(exports)}  # version i was the i-th export
+    if args.rank:  # version i was the i-th adapter export
+        export_s = {i: e["seconds"] for i, e in enumerate(e for e in learner if e.get("event") == "adapter_exported")}
+    else:  # step i's record times the export of version i (version 0's, at start, is not timed)
+        export_s = {m["step"]: m["learner_export_s"] for m in metrics if "learner_export_s" in m}
     syncs = [export_s.get(u["version"], 0.0) + u["fetch_s"] + u["load_s"] for u in updates]
     pauses = [e["drain_s"] + e["load_s"] for e in loads]
     steps = [m["train_time_s"] for m in metrics]
-    adapter_bytes = exports[-1]["bytes"]
+    update_bytes = round(updates[-1]["mib"] * 2**20)
+    what = f"LoRA rank {args.rank}" if args.rank else "full fine-tuning"
     res = {
-        "model": "Qwen2.5-1.5B shape (random init), bfloat16", "params": n_params, "lora_rank": args.rank,
-        "steps": len(metrics), "adapter_bytes": adapter_bytes, "full_bytes_bf16": 2 * n_params,
-        "full_bytes_fp32": 4 * n_params, "adapter_frac_of_bf16": adapter_bytes / (2 * n_params),
-        "adapter_frac_of_fp32": adapter_bytes / (4 * n_params),
+        "model": f"{args.arch} shape (random init), bfloat16", "params": n_params, "training": what,
+        "steps": len(metrics), "update_bytes": update_bytes, "full_bytes_bf16": 2 * n_params,
+        "full_bytes_fp32": 4 * n_params, "update_frac_of_bf16": update_bytes / (2 * n_params),
+        "update_frac_of_fp32": update_bytes / (4 * n_params),
         "sync_s": syncs, "engine_pause_s": pauses, "export_s": list(export_s.values()), "step_s": steps,
         "sync_over_step": (sum(syncs) / len(syncs)) / (sum(steps) / len(steps)) if syncs and steps else None,
         "peak_rss_learner_gib": peak["learner"] / 2**30, "peak_rss_actor_gib": peak["actor"] / 2**30,
         "engine_start_s": started[0]["seconds"] if started else None, "wall_s": wall,
         "rewards": [m["reward_mean"] for m in metrics],
     }  # fmt: skip
-    (args.out / "lora_bench.json").write_text(json.dumps(res, indent=1))
+    (args.out / "real_train.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
     print(f"""
-| model | LoRA rank | update bytes (adapter) | full update bf16 | ratio | adapter sync (mean) | engine pause (mean) | learner step (mean) | sync / step | peak RSS learner | peak RSS actor (+vLLM) |
+| model | training | update bytes | full update bf16 | ratio | weight sync (mean) | engine pause (mean) | learner step (mean) | sync / step | peak RSS learner | peak RSS actor (+vLLM) |
 |---|---|---|---|---|---|---|---|---|---|---|
-| Qwen2.5-1.5B shape, bf16 | {args.rank} | {adapter_bytes / 2**20:.1f} MiB | {2 * n_params / 2**30:.2f} GiB | {100 * res['adapter_frac_of_bf16']:.2f} % | {sum(syncs) / max(len(syncs), 1):.2f} s | {sum(pauses) / max(len(pauses), 1):.3f} s | {sum(steps) / len(steps):.1f} s | {100 * (res['sync_over_step'] or 0):.2f} % | {res['peak_rss_learner_gib']:.1f} GiB | {res['peak_rss_actor_gib']:.1f} GiB |""")  # fmt: skip
+| {args.arch} shape, bf16 | {what} | {update_bytes / 2**20:.1f} MiB | {2 * n_params / 2**30:.2f} GiB | {100 * res['update_frac_of_bf16']:.2f} % | {sum(syncs) / max(len(syncs), 1):.2f} s | {sum(pauses) / max(len(pauses), 1):.3f} s | {sum(steps) / len(steps):.1f} s | {100 * (res['sync_over_step'] or 0):.2f} % | {res['peak_rss_learner_gib']:.1f} GiB | {res['peak_rss_actor_gib']:.1f} GiB |""")  # fmt: skip
     return 0
 
 

@@ -250,10 +250,44 @@ def _check_world(cfg: Config, le: LaunchEnv) -> None:
                          "torchrun way take their number from WORLD_SIZE (leave dp_size at 1 or make them equal)")  # fmt: skip
 
 
+def route_interface(host: str) -> str | None:
+    """The name of this host's network interface that traffic to ``host`` leaves by (None:
+    loopback, or not found). No packet is sent: a UDP connect only asks the routing table."""
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    if local.startswith("127."):
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name
+    return None
+
+
+def _gloo_interface(init_method: str) -> None:
+    """Gloo announces the address its host name resolves to, often 127.0.x.1 or one the other
+    hosts cannot reach ("connectFullMesh failed ... remote=[127.0.0.1]"). Unless the user chose
+    one (GLOO_SOCKET_IFNAME), use the interface that routes to the rendezvous host."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    host = os.environ.get("MASTER_ADDR", "") if init_method == "env://" else init_method.removeprefix("tcp://").rsplit(":", 1)[0]
+    name = route_interface(host) if host else None
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+        log.info("gloo_interface_chosen", interface=name, rendezvous=host)
+
+
 def _init_group(cfg: Config, rank: int, world: int, init_method: str, device: torch.device) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:
+        _gloo_interface(init_method)
     dist.init_process_group(
         backend,
         init_method=init_method,

@@ -8,6 +8,7 @@ tests/test_learner_dp.py covers."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from learner_fixtures import bandit_rollouts, make_cfg
+from netns import Cluster, netns_unavailable
 
 from agentgym.config import to_toml
 from agentgym.learner.distributed import free_port, launch_env, rendezvous
@@ -28,6 +30,8 @@ COMMON = ("learner.algorithm=ppo", "learner.minibatches=2", "learner.micro_batch
           "learner.entropy_coef=0.01", "learner.lr=3e-3", "learner.dist_timeout_s=120", "learner.lora.rank=4")  # fmt: skip
 METRICS = ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "clip_frac", "approx_kl", "is_weight_mean")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+HERE = Path(__file__).resolve().parent
+NO_NETNS = netns_unavailable()
 
 
 def _steps(tr: Trainer, n: int) -> list[dict[str, float]]:
@@ -98,3 +102,62 @@ def test_launch_environment_is_checked(tmp_path: Path) -> None:
     assert rendezvous(make_cfg(tmp_path, 'learner.dist_init_addr="tcp://10.0.0.1:29500"'), {}) == "tcp://10.0.0.1:29500"
     with pytest.raises(ValueError, match="dist_init_addr must be tcp://HOST:PORT"):
         make_cfg(tmp_path, 'learner.dist_init_addr="10.0.0.1"')
+
+
+RANK0 = """
+import json, sys
+sys.path.insert(0, sys.argv[3])
+from learner_fixtures import make_cfg, bandit_rollouts
+from agentgym.config import load_config
+from agentgym.learner.trainer import Trainer
+from safetensors.torch import save_file
+tr = Trainer.load(load_config(sys.argv[1], []))
+ms = [tr.train_step(bandit_rollouts(version=tr.version, group_size=3)) for _ in range(2)]
+assert tr.rank_divergence() == 0.0, "rank 1 does not hold rank 0's weights"
+save_file({k: v.contiguous() for k, v in tr.model.state_dict().items()}, sys.argv[2] + ".safetensors")
+json.dump({"metrics": ms, "world": tr.dp.world}, open(sys.argv[2] + ".json", "w"))
+tr.close()
+"""
+
+
+@pytest.mark.skipif(NO_NETNS is not None, reason=f"no network namespaces: {NO_NETNS}")
+@pytest.mark.timeout(600)
+def test_two_ranks_on_two_hosts_train_like_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 and rank 1 in two network namespaces (their own addresses, no loopback between
+    them), started the torchrun way with the rendezvous on rank 0's host: the same steps as one
+    rank in this process."""
+    from safetensors.torch import load_file
+
+    for k in TORCHRUN_VARS:
+        monkeypatch.delenv(k, raising=False)
+    model_dir = make_tiny_model(tmp_path / "m", corpus=FALLBACK_CORPUS, seed=0)
+    one = Trainer.load(make_cfg(model_dir, *COMMON))
+    m_one = _steps(one, 2)
+
+    with Cluster(["r0", "r1"]) as net:
+        cfg = make_cfg(model_dir, *COMMON, f'learner.dist_init_addr="tcp://{net.addr("r0")}:29511"')
+        (tmp_path / "config.toml").write_text(to_toml(cfg))
+        base = {**os.environ, "WORLD_SIZE": "2", "LOCAL_RANK": "0", "PYTHONUNBUFFERED": "1"}
+        out = tmp_path / "rank0"
+        r0 = net.spawn("r0", [sys.executable, "-c", RANK0, str(tmp_path / "config.toml"), str(out), str(HERE)],
+                       tmp_path, tmp_path / "r0.log", {**base, "RANK": "0"})  # fmt: skip
+        r1 = net.spawn("r1", [sys.executable, "-m", "agentgym.learner.main", "--config", str(tmp_path / "config.toml"),
+                              "--run-dir", str(tmp_path / "rank1")], tmp_path, tmp_path / "r1.log", {**base, "RANK": "1"})  # fmt: skip
+        for p, name in ((r0, "r0"), (r1, "r1")):
+            try:
+                p.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rank {name} did not finish:\n{(tmp_path / f'{name}.log').read_text()[-3000:]}")
+            assert p.returncode == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+
+    res = json.loads((tmp_path / "rank0.json").read_text())
+    assert res["world"] == 2
+    log = (tmp_path / "rank1" / "logs" / "learner-rank1.jsonl").read_text()
+    assert '"dp_worker_stopped"' in log and '"learner_listening"' not in log
+    for a, b in zip(m_one, res["metrics"], strict=True):
+        assert (a["trained_tokens"], a["optimizer_steps"]) == (b["trained_tokens"], b["optimizer_steps"]) == (6.0, 2.0)
+        for k in METRICS:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+    two = load_file(str(tmp_path / "rank0.safetensors"))
+    for k, p in one.model.state_dict().items():
+        torch.testing.assert_close(p, two[k], rtol=1e-4, atol=1e-5, msg=k)

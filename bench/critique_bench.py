@@ -30,7 +30,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn_limit: int) -> dict:
+async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn_limit: int, max_tokens: int = 4,
+                split: str = "train") -> dict:  # fmt: skip
     from agentgym.actors.critic import shared_critic
     from agentgym.actors.hf_engine import HfEngine
     from agentgym.actors.rollout import play_episode
@@ -38,7 +39,7 @@ async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn
     from agentgym.protocol import RolloutSpec, Ticket
     from agentgym.protocol.arrays import I32, U8, unpack
 
-    spec = RolloutSpec(group_size=1, max_tokens_per_turn=4, max_episode_tokens=512, temperature=1.0, top_p=1.0,
+    spec = RolloutSpec(group_size=1, max_tokens_per_turn=max_tokens, max_episode_tokens=512, temperature=1.0, top_p=1.0,
                        critic=critic_spec)  # fmt: skip
     engine = HfEngine(model_dir, seed=0)
     pool = EnvPool(env, {}, 4)
@@ -50,7 +51,7 @@ async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn
         eps = []
         for start in range(0, episodes, 4):  # 4 at a time, as an actor plays a group
             eps += await asyncio.gather(*(
-                play_episode(engine, tok, pool, Ticket(group_id=f"g{k}", env=env, task_id=k), 0, spec, turn_limit,
+                play_episode(engine, tok, pool, Ticket(group_id=f"g{k}", env=env, task_id=k, split=split), 0, spec, turn_limit,
                              seed=k, critic=critic)
                 for k in range(start, min(start + 4, episodes))
             ))  # fmt: skip
@@ -66,13 +67,14 @@ async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn
     }  # fmt: skip
 
 
-def test_time(model_dir: Path, episodes: int, turn_limit: int) -> list[dict]:
+def test_time(model_dir: Path, episodes: int, turn_limit: int, envs: tuple[str, ...] = ("guess_number", "maze"),
+              arms: list[str] | None = None, max_tokens: int = 4, split: str = "train") -> list[dict]:  # fmt: skip
     from transformers import AutoTokenizer
 
     from agentgym.protocol import CriticSpec
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    arms = [
+    every = [
         ("none", None),
         ("oracle every_turn x2", CriticSpec(kind="oracle", when="every_turn", max_revisions=2)),
         ("oracle after_failure", CriticSpec(kind="oracle", when="after_failure")),
@@ -80,9 +82,9 @@ def test_time(model_dir: Path, episodes: int, turn_limit: int) -> list[dict]:
         ("lm (policy) after_failure", CriticSpec(kind="lm", engine="policy", when="after_failure", max_tokens=8)),
     ]
     rows = []
-    for env in ("guess_number", "maze"):
-        for name, spec in arms:
-            r = asyncio.run(_play(model_dir, tok, env, spec, episodes, turn_limit))
+    for env in envs:
+        for name, spec in (a for a in every if arms is None or a[0] in arms):
+            r = asyncio.run(_play(model_dir, tok, env, spec, episodes, turn_limit, max_tokens, split))
             rows.append({"env": env, "critic": name, **r})
             print(f"test_time env={env} critic={name} {json.dumps(r)}", flush=True)
     return rows
@@ -106,7 +108,9 @@ def train(model_dir: Path, out: Path, steps: int, seed: int, critic: bool) -> di
         raise RuntimeError(f"train failed ({proc.returncode}): {proc.stderr[-2000:]}")
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
     return {"critic": critic, "seed": seed, "steps": steps, "seconds": time.perf_counter() - t0,
+            "checkpoint": str(ckpts[-1]) if ckpts else None,
             "train_success_last5": float(np.mean([m["success_rate"] for m in metrics[-5:]])),
             "heldout_success": evals[-1]["success_rate"], "heldout_episodes": evals[-1]["episodes"]}  # fmt: skip
 
@@ -118,6 +122,8 @@ def main() -> int:
     p.add_argument("--turn-limit", type=int, default=4)
     p.add_argument("--train-steps", type=int, default=20)
     p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--trained-episodes", type=int, default=64,
+                   help="test-time episodes on each trained policy, with and without the oracle (0: skip)")
     a = p.parse_args()
     from agentgym.tiny_model import make_default_tiny_model
 
@@ -130,6 +136,11 @@ def main() -> int:
             if a.train_steps:
                 r = train(model_dir, a.out, a.train_steps, seed, critic)
                 print(f"train {json.dumps(r)}", flush=True)
+                if a.trained_episodes and r["checkpoint"]:
+                    # Does a policy trained with critiques in its context use them at test time?
+                    r["test_time"] = test_time(Path(r["checkpoint"]), a.trained_episodes, a.turn_limit,
+                                               ("guess_number",), ["none", "oracle every_turn x2"],
+                                               max_tokens=1, split="test")  # one token per turn, as trained
                 result["train"].append(r)
                 (a.out / "critique.json").write_text(json.dumps(result, indent=1))
     print("| env | critic | success | episodes/s (ratio to none) | agent tokens/ep | critiques/ep |")
@@ -139,8 +150,9 @@ def main() -> int:
         print(f"| {r['env']} | {r['critic']} | {r['success_rate']:.3f} | {r['episodes_per_s']:.2f} "
               f"({r['episodes_per_s'] / base[r['env']]:.2f}) | {r['agent_tokens_per_episode']:.1f} | {r['critiques_per_episode']:.2f} |")  # fmt: skip
     for r in result["train"]:
+        tt = " ".join(f"test-time[{x['critic']}]={x['success_rate']:.3f}" for x in r.get("test_time", []))
         print(f"train critic={r['critic']} seed={r['seed']} steps={r['steps']} held-out success {r['heldout_success']:.3f} "
-              f"(last-5-step train success {r['train_success_last5']:.3f})")  # fmt: skip
+              f"(last-5-step train success {r['train_success_last5']:.3f}) {tt}")  # fmt: skip
     return 0
 
 

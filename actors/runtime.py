@@ -75,6 +75,8 @@ class Actor:
         self.weights_wanted = asyncio.Event()
         self.version_changed = asyncio.Condition()
         self.turn_limit = 1
+        self.turn_limits: dict[str, int] = {}
+        """Per-env limits of the latest WeightsReady (an env not in it plays ``turn_limit``)."""
         self.running_groups = 0
         self.concurrency = Concurrency(cfg.actor.max_groups, cfg.actor.start_groups)
         self.capacity_changed = asyncio.Event()
@@ -260,7 +262,11 @@ class Actor:
                 self.stats["weight_updates"] += 1
                 log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
                          mib=round(sum(len(t.data) for t in raw) / 2**20, 2), tensors=len(raw))  # fmt: skip
-            self.turn_limit = ready.turn_limit
+            if (ready.turn_limit, ready.turn_limits) != (self.turn_limit, self.turn_limits):
+                log.info("turn_limits_changed", version=ready.version, turn_limit=ready.turn_limit,
+                         per_env=dict(ready.turn_limits), previous=self.turn_limit)  # fmt: skip
+            # Episodes that start from now on play these; those running keep the limit they began with.
+            self.turn_limit, self.turn_limits = ready.turn_limit, dict(ready.turn_limits)
             async with self.version_changed:
                 self.version_changed.notify_all()
 
@@ -284,7 +290,7 @@ class Actor:
             pool = await self.pool_for(ticket.env)
             self.running_groups += 1
             t0 = time.monotonic()
-            turn_limit = self.turn_limit
+            turn_limit = self.turn_limits.get(ticket.env, self.turn_limit)
             episodes = await asyncio.gather(*(
                 play_episode(self.engine, self.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic)
                 for i in range(spec.group_size)

@@ -247,6 +247,12 @@ class Actor:
             await self.weights_wanted.wait()
             self.weights_wanted.clear()
             ready = self.latest_ready
+            if (ready.turn_limit, ready.turn_limits) != (self.turn_limit, self.turn_limits):
+                log.info("turn_limits_changed", version=ready.version, turn_limit=ready.turn_limit,
+                         per_env=dict(ready.turn_limits), previous=self.turn_limit)  # fmt: skip
+            # Episodes that start from now on play these (set before the engine's version moves, so
+            # a player waiting for this version starts with them); running ones keep theirs.
+            self.turn_limit, self.turn_limits = ready.turn_limit, dict(ready.turn_limits)
             if ready.version > self.engine.version or not self.weights_synced:
                 t0 = time.monotonic()
                 # An engine that loads a subset of tensors fetches only what changed since its version.
@@ -262,11 +268,6 @@ class Actor:
                 self.stats["weight_updates"] += 1
                 log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
                          mib=round(sum(len(t.data) for t in raw) / 2**20, 2), tensors=len(raw))  # fmt: skip
-            if (ready.turn_limit, ready.turn_limits) != (self.turn_limit, self.turn_limits):
-                log.info("turn_limits_changed", version=ready.version, turn_limit=ready.turn_limit,
-                         per_env=dict(ready.turn_limits), previous=self.turn_limit)  # fmt: skip
-            # Episodes that start from now on play these; those running keep the limit they began with.
-            self.turn_limit, self.turn_limits = ready.turn_limit, dict(ready.turn_limits)
             async with self.version_changed:
                 self.version_changed.notify_all()
 

@@ -432,8 +432,9 @@ class Learner:
                 # checkpoint (which then holds the state after this step): see learner/curriculum.py.
                 played = self.curriculum.limits()
                 for adv in self.curriculum.observe(self.step, success_counts(per_env)):
+                    extra = {} if adv.success is None else {"success": adv.success}
                     log.info("turn_limit_advanced", env=adv.env, from_limit=adv.from_limit, to_limit=adv.to_limit,
-                             step=adv.step, reason=adv.reason, **({"success": adv.success} if adv.success is not None else {}))
+                             step=adv.step, reason=adv.reason, **extra)  # fmt: skip
             for r in batch:
                 self.mix.add("trained", r)
             stats = {**stats, **per_env, **self.mix.step_record(), **self.curriculum.metrics(played)}

@@ -75,6 +75,8 @@ class Actor:
         self.weights_wanted = asyncio.Event()
         self.version_changed = asyncio.Condition()
         self.turn_limit = 1
+        self.turn_limits: dict[str, int] = {}
+        """Per-env limits of the latest WeightsReady (an env not in it plays ``turn_limit``)."""
         self.running_groups = 0
         self.concurrency = Concurrency(cfg.actor.max_groups, cfg.actor.start_groups)
         self.capacity_changed = asyncio.Event()
@@ -245,6 +247,12 @@ class Actor:
             await self.weights_wanted.wait()
             self.weights_wanted.clear()
             ready = self.latest_ready
+            if (ready.turn_limit, ready.turn_limits) != (self.turn_limit, self.turn_limits):
+                log.info("turn_limits_changed", version=ready.version, turn_limit=ready.turn_limit,
+                         per_env=dict(ready.turn_limits), previous=self.turn_limit)  # fmt: skip
+            # Episodes that start from now on play these (set before the engine's version moves, so
+            # a player waiting for this version starts with them); running ones keep theirs.
+            self.turn_limit, self.turn_limits = ready.turn_limit, dict(ready.turn_limits)
             if ready.version > self.engine.version or not self.weights_synced:
                 t0 = time.monotonic()
                 # An engine that loads a subset of tensors fetches only what changed since its version.
@@ -260,7 +268,6 @@ class Actor:
                 self.stats["weight_updates"] += 1
                 log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
                          mib=round(sum(len(t.data) for t in raw) / 2**20, 2), tensors=len(raw))  # fmt: skip
-            self.turn_limit = ready.turn_limit
             async with self.version_changed:
                 self.version_changed.notify_all()
 
@@ -284,7 +291,7 @@ class Actor:
             pool = await self.pool_for(ticket.env)
             self.running_groups += 1
             t0 = time.monotonic()
-            turn_limit = self.turn_limit
+            turn_limit = self.turn_limits.get(ticket.env, self.turn_limit)
             episodes = await asyncio.gather(*(
                 play_episode(self.engine, self.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic)
                 for i in range(spec.group_size)

@@ -111,7 +111,8 @@ async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, task
     from agentgym.evaluate import evaluate
 
     seed = args.seed if args.seed is not None else cfg.run.seed
-    turn_limit = args.turn_limit or cfg.schedule.turn_limits[-1][1]
+    # the last stage's limit (the longest among the envs when they have their own schedules)
+    turn_limit = args.turn_limit or max(cfg.schedule.for_env(e).final_limit for e in envs)
     print(f"eval: starting the {cfg.actor.engine} engine on {model}", file=sys.stderr, flush=True)
     tokenizer = await asyncio.to_thread(_load_tokenizer, model)
     engine = make_engine(cfg, model)

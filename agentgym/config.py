@@ -349,10 +349,32 @@ class ActorConfig(Section):
         return self
 
 
-class ScheduleConfig(Section):
-    turn_limits: list[tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=1)]]] = [(0, 6)]
+TurnStep = tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=1)]]
+DEFAULT_TURN_LIMITS: list[tuple[int, int]] = [(0, 6)]
+
+
+class TurnSchedule(Section):
+    """Turn-limit stages of an environment (docs/off_policy.md, "Turn-limit curriculum"): by
+    optimizer step (``turn_limits``) or, with ``stages``, by the env's training success."""
+
+    turn_limits: list[TurnStep] = DEFAULT_TURN_LIMITS
     """ScalingInter-RL: [[from_step, max_turns], ...]; the limit at step s is the last entry whose
     from_step <= s. Must start at step 0 with strictly increasing steps."""
+    stages: list[Annotated[int, Field(ge=1)]] = []
+    """Success-driven stages instead: the turn limits in order, e.g. [6, 13, 20]. The env starts
+    at the first and moves to the next when its training success reaches ``threshold`` or
+    plateaus (``patience``); the stage is saved in checkpoints. Empty: ``turn_limits`` by step."""
+    window: Annotated[int, Field(ge=1, le=10_000)] = 10
+    """stages: training success is the env's success rate over its episodes of its last
+    ``window`` optimizer steps that trained on it, within the current stage; nothing advances
+    before the window is full."""
+    threshold: Annotated[float, Field(gt=0, le=1)] | None = None
+    """stages: advance when the windowed success reaches this (None: not by threshold)."""
+    patience: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    """stages: advance when the windowed success has not improved by ``min_delta`` on the best of
+    the stage for this many steps that trained on the env (None: not by plateau)."""
+    min_delta: Annotated[float, Field(ge=0, le=1)] = 0.01
+    """stages: the least rise of the windowed success that counts as an improvement (plateau)."""
 
     @field_validator("turn_limits")
     @classmethod
@@ -364,8 +386,53 @@ class ScheduleConfig(Section):
             raise ValueError(f"steps must be strictly increasing, got {steps}")
         return v
 
+    @model_validator(mode="after")
+    def _one_kind(self) -> TurnSchedule:
+        if self.stages:
+            if [tuple(x) for x in self.turn_limits] != DEFAULT_TURN_LIMITS:
+                raise ValueError("set either turn_limits (stages by step) or stages (by success), not both")
+            if self.threshold is None and self.patience is None:
+                raise ValueError(f"stages {self.stages} never advance: set threshold and/or patience")
+        elif self.threshold is not None or self.patience is not None:
+            raise ValueError("threshold and patience act on success-driven stages: set stages, e.g. [6, 13, 20]")
+        return self
+
+    @property
+    def by_success(self) -> bool:
+        return bool(self.stages)
+
+    @property
+    def final_limit(self) -> int:
+        """The limit of the last stage."""
+        return self.stages[-1] if self.stages else self.turn_limits[-1][1]
+
     def turn_limit(self, step: int) -> int:
+        """The step-driven limit at ``step`` (success-driven stages: learner/curriculum.py)."""
+        if self.stages:
+            raise ValueError("this schedule advances by training success, not by step: the learner's "
+                             "curriculum (learner/curriculum.py) knows its stage")  # fmt: skip
         return [t for s, t in self.turn_limits if s <= step][-1]
+
+
+class ScheduleConfig(TurnSchedule):
+    """The turn-limit schedule of every env of the run; ``envs`` gives an env of a mix its own:
+
+        [schedule]
+        turn_limits = [[0, 4], [40, 6]]      # every env without an entry below
+        [schedule.envs.babyai]
+        turn_limits = [[0, 6], [100, 13], [200, 20]]
+        [schedule.envs.sciworld]
+        stages = [10, 20, 30]                # advance on success
+        threshold = 0.6
+        patience = 50
+    """
+
+    envs: dict[str, TurnSchedule] = {}
+    """Per-environment schedules (keys: env names of the run); an env without one follows the
+    fields above, with its own stage and success when they are success-driven."""
+
+    def for_env(self, name: str) -> TurnSchedule:
+        return self.envs.get(name, self)
 
 
 class EvalConfig(Section):
@@ -442,6 +509,14 @@ class Config(Section):
     launch: LaunchConfig = LaunchConfig()
     metrics: MetricsConfig = MetricsConfig()
     critic: CriticConfig = CriticConfig()
+
+    @model_validator(mode="after")
+    def _schedule_envs(self) -> Config:
+        names = [e.name for e in self.env.specs]
+        unknown = sorted(set(self.schedule.envs) - set(names))
+        if unknown:
+            raise ValueError(f"schedule.envs: {unknown} not among the run's environments {names}")
+        return self
 
 
 class ConfigError(ValueError):

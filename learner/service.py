@@ -30,6 +30,7 @@ from agentgym.evaluate import summarize_groups
 from agentgym.learner.accounting import TicketLedger
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
+from agentgym.learner.curriculum import Curriculum, success_counts
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
 from agentgym.learner.lora import lora_spec
@@ -145,6 +146,8 @@ class Learner:
                            vocab_size=vocab_size(cfg.model.path))  # fmt: skip
         """Which tickets are whose, and what a rollout must be to be judged (learner/validate.py)."""
         self.buffer = TrainBuffer(self.rule)
+        self.curriculum = Curriculum(cfg.schedule, [e.name for e in cfg.env.specs])
+        """Each env's turn limit (learner/curriculum.py); checkpointed with the service state."""
         self.clock = LearnerClock()
         self.mix = EpisodeMix()
         self.seen: set[str] = set()
@@ -183,13 +186,16 @@ class Learner:
         # chunks have copied them.
         chunks, chunk_versions = await trio.to_thread.run_sync(
             lambda: self.exporter.build(version, self.trainer.export_weights(dtype)))
-        turn_limit = self.cfg.schedule.turn_limit(self.step)
+        limits = self.curriculum.limits()
+        turn_limit = max(limits.values())
         snap = WeightSnapshot.build(self.version, self.step, turn_limit, chunks)
         self.hub.publish_weights(snap)
         self.weights_msg = WeightsReady(
             version=self.version, step=self.step, turn_limit=turn_limit,
             num_chunks=len(chunks), total_bytes=snap.total_bytes, chunk_versions=chunk_versions,
             adapter=self.cfg.learner.lora.rank > 0,
+            # per env only when the envs differ: one limit for all keeps the message as it was
+            turn_limits=limits if len(set(limits.values())) > 1 else {},
         )  # fmt: skip
         for a in self.sched.actors.values():
             self.hub.send(a.peer, self.weights_msg)
@@ -422,9 +428,16 @@ class Learner:
                 self.mid_step = False
                 self.step, self.version = self.trainer.step, self.trainer.version
                 self.ledger.trained([r.group_id for r in batch], self.step)
+                # Before publish (version `step` carries the new limits) and before the step's
+                # checkpoint (which then holds the state after this step): see learner/curriculum.py.
+                played = self.curriculum.limits()
+                for adv in self.curriculum.observe(self.step, success_counts(per_env)):
+                    extra = {} if adv.success is None else {"success": adv.success}
+                    log.info("turn_limit_advanced", env=adv.env, from_limit=adv.from_limit, to_limit=adv.to_limit,
+                             step=adv.step, reason=adv.reason, **extra)  # fmt: skip
             for r in batch:
                 self.mix.add("trained", r)
-            stats = {**stats, **per_env, **self.mix.step_record()}
+            stats = {**stats, **per_env, **self.mix.step_record(), **self.curriculum.metrics(played)}
             with self.clock.part("export"):
                 await self.publish()
             self.sched.on_version(self.version)
@@ -477,7 +490,6 @@ class Learner:
         self._rate_window.append((now, eps, toks))
         rec = {
             "step": self.step, "version": self.version,
-            "turn_limit": self.cfg.schedule.turn_limit(self.step - 1),
             "trajectories_per_s": (eps - eps0) / dt,
             "tokens_per_s": (toks - toks0) / dt,
             "actors": len(self.sched.actors), "buffered_groups": len(self.buffer),
@@ -494,7 +506,7 @@ class Learner:
             "step", step=self.step, version=self.version, reward=round(stats["reward_mean"], 3),
             success=round(stats["success_rate"], 3), traj_per_s=round(rec["trajectories_per_s"], 1),
             tok_per_s=round(rec["tokens_per_s"], 1), staleness=round(stats["staleness_mean"], 2),
-            turn_limit=rec["turn_limit"], loss=round(stats["loss"], 4), actors=rec["actors"],
+            turn_limit=int(rec["turn_limit"]), loss=round(stats["loss"], 4), actors=rec["actors"],
             **self.progress.fields(self.step),
             **({"success_by_env": {e.name: round(stats[f"env/{e.name}/success_rate"], 3)
                                    for e in self.cfg.env.specs if f"env/{e.name}/success_rate" in stats}}
@@ -510,15 +522,19 @@ class Learner:
         log.info("checkpoint_saved", step=self.step, path=str(path), reason=reason)
 
     def checkpoint_state(self) -> dict[str, object]:
-        """What the service needs after a resume (step, version and the turn-limit stage come
-        from the trainer's step): the dedupe set, the ticket counter and the open tickets."""
-        return {"seen": sorted(self.seen), "issued": self.sched.issued, "open_tickets": self.guard.state()}
+        """What the service needs after a resume (step and version come from the trainer's step):
+        the dedupe set, the ticket counter, the open tickets and the turn-limit curriculum."""
+        return {"seen": sorted(self.seen), "issued": self.sched.issued, "open_tickets": self.guard.state(),
+                "curriculum": self.curriculum.state()}  # fmt: skip
 
     def restore(self, extra: dict[str, object]) -> None:
         self.step, self.version = self.trainer.step, self.trainer.version
         self.seen = set(extra.get("seen", []))  # type: ignore[arg-type]
         self.sched.issued = int(extra.get("issued", 0))  # type: ignore[arg-type]
         self.guard.restore(extra.get("open_tickets", []))  # type: ignore[arg-type]  # their late rollouts still count
+        fresh = self.curriculum.restore(extra.get("curriculum"), self.step)  # type: ignore[arg-type]
+        if fresh:
+            log.warning("curriculum_state_missing", envs=fresh, step=self.step, stage=0)
         # Tickets issued but not trained before the checkpoint: buffered groups died with the
         # old learner and actors may be gone too. Count them all as forfeited so the admission
         # rule starts with a full pipeline (a late rollout of one of them is still judged).

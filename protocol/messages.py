@@ -262,7 +262,7 @@ class Ack(Message):
 
 
 class WeightsReady(Message):
-    """A new weight version (and the turn limit that goes with it) can be fetched."""
+    """A new weight version (and the turn limits that go with it) can be fetched."""
 
     KIND: ClassVar[int] = 8
     version: NonNeg
@@ -275,6 +275,10 @@ class WeightsReady(Message):
     changed). An actor that holds version v may skip chunks at <= v (protocol/weights.py)."""
     adapter: bool = False
     """The version is a LoRA adapter (Welcome.lora), not the model's weights."""
+    turn_limits: dict[ShortStr, Positive] = {}
+    """Per-env turn limits when the envs of a mix have different ones (``[schedule.envs]``, or
+    success-driven stages); an env not listed plays ``turn_limit``. Empty: every env plays
+    ``turn_limit`` (docs/adr/0017-curriculum.md)."""
 
 
 class WeightRequest(Message):

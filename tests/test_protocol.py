@@ -69,7 +69,7 @@ spec = st.builds(
     max_episode_tokens=st.integers(1, 2**20),
     temperature=st.floats(0.01, 5),
     top_p=st.floats(0.01, 1),
-    env_kwargs=st.dictionaries(names, st.dictionaries(names, st.integers() | st.booleans() | names, max_size=3), max_size=2),
+    env_kwargs=st.dictionaries(names, st.dictionaries(names, st.integers(-(2**63), 2**63 - 1) | st.booleans() | names, max_size=3), max_size=2),
     system_prompt=st.none() | names,
 )
 messages = st.one_of(
@@ -85,7 +85,8 @@ messages = st.one_of(
               elapsed_s=st.floats(0, 1e6)),
     st.integers(0, 5).flatmap(lambda n: st.builds(Ack, group_ids=st.lists(names, min_size=n, max_size=n),
                                                   statuses=st.lists(st.sampled_from(["accepted", "stale", "duplicate", "invalid", "failed"]), min_size=n, max_size=n))),
-    st.builds(WeightsReady, version=ints, step=ints, turn_limit=st.integers(1, 100), num_chunks=st.integers(1, 100), total_bytes=ints),
+    st.builds(WeightsReady, version=ints, step=ints, turn_limit=st.integers(1, 100), num_chunks=st.integers(1, 100), total_bytes=ints,
+              turn_limits=st.dictionaries(names, st.integers(1, 100), max_size=4)),
     st.builds(Leave, actor_id=names, reason=names),
     st.builds(Shutdown, reason=names),
     st.builds(WeightRequest, version=ints, chunk=ints),

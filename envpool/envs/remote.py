@@ -22,11 +22,20 @@ serves any registered env through the same API.
 
 Dialects (from AgentGym's env servers and clients):
 
-    agentgym  id "id", reset {"data_idx"}            SciWorld, BabyAI, TextCraft, Maze, Wordle, ours
-    alfworld  id "id", reset {"game", "world_type"}
-    webshop   id "env_idx", reset {"session_id"}; the step reply's text is "state"
-    searchqa  id "env_idx", create {"id": 0}, reset {"id"}
-    webarena  id "env_idx", reset {"seed": 0, "idx"}; done = "terminated" or "truncated"
+    agentgym        id "id", reset {"data_idx"}            SciWorld, BabyAI, TextCraft, ours
+    alfworld        id "id", reset {"game", "world_type"}
+    webshop         id "env_idx", reset {"session_id"}; the step reply's text is "state"
+    searchqa        id "env_idx", create {"id": 0}, reset {"id"}
+    webarena        id "env_idx", reset {"seed": 0, "idx"}; done = "terminated" or "truncated"
+    lmrlgym_maze    agentenv-lmrlgym's Maze: routes under /maze, create without a body, reset
+                    {"id", "game"} (game: one of the maze's 26 start positions, task ids 0..25)
+    lmrlgym_wordle  agentenv-lmrlgym's Wordle: routes under /wordle, reset {"id", "seed"} (any
+                    seed picks a word); a guess is five space-separated letters
+
+The LMRL-Gym servers have no /close, /tasks or /expert route and send no instructions: a server-side
+env lives as long as the server (one per env instance, reused by every reset), ``splits`` is
+required, and the dialect brings short instructions of its own (``instructions`` replaces them).
+``url`` may name the server (``http://host:36001``) or the game's routes (``.../maze``).
 
 A server that is down, slow past ``timeout_s``, or answering an error (an HTTP error status or
 AgentGym's ``{"error": ...}``) raises ``RemoteEnvError`` naming the server, the route and the
@@ -57,7 +66,14 @@ class Dialect:
     id_key: str
     reset_key: str
     reset_extra: dict[str, Any] = field(default_factory=dict)
-    create_body: dict[str, Any] = field(default_factory=dict)
+    create_body: dict[str, Any] | None = field(default_factory=dict)
+    """JSON body of POST /create (None: no body)."""
+    prefix: str = ""
+    """Path the server's routes sit under (LMRL-Gym serves two games, /maze/... and /wordle/...)."""
+    server_routes: bool = True
+    """The server has agentgym's own /close, /tasks and /expert (the LMRL-Gym servers do not)."""
+    instructions: str = ""
+    """Instructions when the server sends none and the ``instructions`` option is empty."""
 
 
 DIALECTS = {
@@ -66,7 +82,28 @@ DIALECTS = {
     "webshop": Dialect("env_idx", "session_id"),
     "searchqa": Dialect("env_idx", "id", create_body={"id": 0}),
     "webarena": Dialect("env_idx", "idx", reset_extra={"seed": 0}),
-}
+    "lmrlgym_maze": Dialect(
+        "id", "game", create_body=None, prefix="/maze", server_routes=False,
+        instructions='Reach the goal of the maze. Each observation gives the goal\'s position, yours and the '
+                     'walls around you; moving down adds 1 to your first coordinate, moving right to your '
+                     'second. Answer with one action: "move up", "move down", "move left" or "move right".',
+    ),
+    "lmrlgym_wordle": Dialect(
+        "id", "seed", create_body=None, prefix="/wordle", server_routes=False,
+        instructions='Guess the hidden five-letter word in at most 6 guesses. Write each guess as five '
+                     'space-separated letters, e.g. "s h i r e". The feedback has one letter per position: '
+                     '"g" right letter in the right place, "y" in the word but elsewhere, "b" not in the word; '
+                     'a word outside the game\'s vocabulary gets "invalid word".',
+    ),
+}  # fmt: skip
+
+
+def base_url(url: str, dialect: Dialect) -> str:
+    """The URL the dialect's routes hang off: ``url``, plus the dialect's prefix unless it has it."""
+    url = url.rstrip("/")
+    if dialect.prefix and not urllib.parse.urlsplit(url).path.rstrip("/").endswith(dialect.prefix):
+        url += dialect.prefix
+    return url
 
 
 class Connection:
@@ -195,7 +232,8 @@ class Remote(Env):
         if not timeout_s > 0:
             raise ValueError(f"remote: option timeout_s must be > 0, got {timeout_s!r}")
         parse_splits(splits)  # a typo is an error now, not at the first evaluation
-        self.url, self.dialect, self.timeout_s = url.rstrip("/"), DIALECTS[dialect], float(timeout_s)
+        self.dialect, self.timeout_s = DIALECTS[dialect], float(timeout_s)
+        self.url = base_url(url, self.dialect)
         self._http = Connection(self.url)
         self.reward_scale, self.score_key, self.success_at = float(reward_scale), score_key, float(success_at)
         self.world_type = world_type
@@ -215,6 +253,10 @@ class Remote(Env):
             if split not in spans:
                 raise ValueError(f"env remote: option splits has no {split!r} part: {options.get('splits')!r}")
             return spans[split]
+        dialect = DIALECTS.get(str(options.get("dialect", "agentgym")))
+        if dialect is not None and not dialect.server_routes:
+            raise ValueError(f"env remote: dialect {options.get('dialect')!r}: the server has no GET /tasks; set "
+                             "option splits, e.g. 'train=0:26,test=0:26'")  # fmt: skip
         url = str(options.get("url", "")).rstrip("/")
         # Called by the actor's pool once per split (then cached), outside the env workers: keep
         # the wait short; the ``splits`` option avoids the call.
@@ -239,7 +281,8 @@ class Remote(Env):
 
     def reset(self, task_id: int) -> str:
         if self._id is None:
-            reply = self._http.request("POST", "/create", dict(self.dialect.create_body), self.timeout_s)
+            create = self.dialect.create_body
+            reply = self._http.request("POST", "/create", None if create is None else dict(create), self.timeout_s)
             env_id = reply.get(self.dialect.id_key, reply.get("id")) if isinstance(reply, dict) else reply
             if not isinstance(env_id, int) or isinstance(env_id, bool):
                 raise RemoteEnvError(f"remote env server {self.url}: POST /create answered {reply!r:.200}, no env id")
@@ -254,7 +297,7 @@ class Remote(Env):
         return _text(reply, f"remote env server {self.url}: POST /reset")
 
     def instructions(self) -> str:
-        return self._instructions or str(self._server_instructions or "")
+        return self._instructions or str(self._server_instructions or "") or self.dialect.instructions
 
     def step(self, action: str) -> StepResult:
         if self._id is None:
@@ -289,12 +332,16 @@ class Remote(Env):
     def expert_action(self) -> str:
         if self._id is None:
             raise RemoteEnvError(f"remote env server {self.url}: expert before reset")
+        if not self.dialect.server_routes:
+            raise RemoteEnvError(f"remote env server {self.url}: this server has no expert (GET /expert)")
         reply = self._http.request("GET", f"/expert?{self.dialect.id_key}={self._id}", None, self.timeout_s)
         if not isinstance(reply, dict) or not isinstance(reply.get("action"), str):
             raise RemoteEnvError(f"remote env server {self.url}: GET /expert answered {reply!r:.200}")
         return reply["action"]
 
     def close(self) -> None:
+        if self._id is not None and not self.dialect.server_routes:
+            self._id = None  # no /close there: the server-side env stays until the server stops
         if self._id is not None:
             try:
                 self._http.request("POST", "/close", {self.dialect.id_key: self._id}, min(self.timeout_s, 5))

@@ -153,8 +153,8 @@ class Learner:
         self.seen: set[str] = set()
         self.counters = Counters()
         self.new_data = trio.Event()
-        self.version = 0
         self.step = 0
+        """Steps trained (the trainer's, copied after each step and on restore); ``version`` is it."""
         self.weights_msg: WeightsReady | None = None
         self.exporter = WeightExporter(cfg.learner.weight_chunk_mib * 1024 * 1024)
         self.actor_memory: dict[str, dict[str, float | int | bool | str]] = {}
@@ -175,6 +175,11 @@ class Learner:
         self.progress = StepClock(cfg.run.max_steps)  # console: step N/total and time left
         self._rate_window: deque[tuple[float, int, int]] = deque([(time.monotonic(), 0, 0)])
         """(time, accepted episodes, agent tokens) of recent steps: rates over the last ~10 s."""
+
+    @property
+    def version(self) -> int:
+        """The weight version being served: weights after ``step`` steps are version ``step``."""
+        return self.step
 
     # ------------------------------------------------------------------ weights
     async def publish(self) -> None:
@@ -426,7 +431,7 @@ class Learner:
                 with self.clock.part("train"):
                     stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
                 self.mid_step = False
-                self.step, self.version = self.trainer.step, self.trainer.version
+                self.step = self.trainer.step
                 self.ledger.trained([r.group_id for r in batch], self.step)
                 # Before publish (version `step` carries the new limits) and before the step's
                 # checkpoint (which then holds the state after this step): see learner/curriculum.py.
@@ -528,7 +533,7 @@ class Learner:
                 "curriculum": self.curriculum.state()}  # fmt: skip
 
     def restore(self, extra: dict[str, object]) -> None:
-        self.step, self.version = self.trainer.step, self.trainer.version
+        self.step = self.trainer.step
         self.seen = set(extra.get("seen", []))  # type: ignore[arg-type]
         self.sched.issued = int(extra.get("issued", 0))  # type: ignore[arg-type]
         self.guard.restore(extra.get("open_tickets", []))  # type: ignore[arg-type]  # their late rollouts still count

@@ -127,8 +127,8 @@ class Trainer:
         self._collective = threading.Lock()
         """Held by rank 0 around a command and its collectives: the service exports weights and
         trains from different threads, and the other ranks must see the commands in order."""
-        self.version = 0
         self.step = 0
+        """Optimizer steps taken; the weights after step s are weight version s (``version``)."""
 
     @classmethod
     def build(cls, cfg: Config, dp: DataParallel) -> Trainer:
@@ -162,6 +162,11 @@ class Trainer:
             return self.dp.max_divergence(self.params)
 
     # ------------------------------------------------------------------ training
+    @property
+    def version(self) -> int:
+        """The weight version these weights are: the number of optimizer steps that made them."""
+        return self.step
+
     def train_step(self, rollouts: list[Rollout]) -> dict[str, float]:
         """One learner step on a batch of groups (rank 0; the batch goes to every rank)."""
         batch = collate(rollouts, self.pad_id)
@@ -333,7 +338,6 @@ class Trainer:
 
         staleness = (self.version - b.versions[agent]).float()
         self.step += 1
-        self.version += 1
         n_tok = max(tot["tokens"], 1.0)
         steps = max(len(grad_norms), 1)
         out = {k: tot[k] / n_tok for k in _TOKEN_METRICS}
@@ -453,7 +457,7 @@ class Trainer:
                 set_model_state_dict(self.value_head, state["value_head"], options=StateDictOptions(full_state_dict=True))
             set_optimizer_state_dict(self.trained_modules, self.optimizer, state["optimizer"],
                                      options=StateDictOptions(full_state_dict=True))  # fmt: skip
-        self.step, self.version = int(state["step"]), int(state["version"])
+        self.step = int(state["step"])
         if self.dp.rank == 0:
             set_rng_state(state["rng"])
         else:

@@ -32,7 +32,7 @@ def test_a_group_is_refused_or_expired_only_when_none_of_its_tokens_is_within_th
     tiny_model: Path, tmp_path: Path
 ) -> None:
     ln = learner(tiny_model, tmp_path)
-    ln.version = 4
+    ln.step = 4
     assert ln.judge(group("old", [1, 1])) == "stale"  # every token 3 versions old on arrival
     # A long episode started 3 versions ago is trained on what it sampled later, not dropped.
     assert ln.judge(group("long", [1, 4])) == "accepted"
@@ -42,7 +42,7 @@ def test_a_group_is_refused_or_expired_only_when_none_of_its_tokens_is_within_th
         ln.buffer.add(r, *version_span(r, ln.version))
     ln.expire_stale()
     assert len(ln.buffer) == 2  # exactly K old still trains
-    ln.version = 5  # a step was trained while they waited
+    ln.step = 5  # a step was trained while they waited
     ln.expire_stale()
     assert [r.group_id for r in ln.buffer] == ["fresh"]
     assert ln.counters.expired == {"groups": 1, "episodes": 2}
@@ -50,7 +50,7 @@ def test_a_group_is_refused_or_expired_only_when_none_of_its_tokens_is_within_th
 
 def test_the_buffer_trains_the_group_with_the_oldest_tokens_first(tiny_model: Path, tmp_path: Path) -> None:
     ln = learner(tiny_model, tmp_path)
-    ln.version = 4
+    ln.step = 4
     for gid, versions in (("new", [4, 4]), ("old", [2, 4]), ("mid", [3, 3]), ("new2", [4, 4])):
         r = group(gid, versions)
         ln.buffer.add(r, *version_span(r, ln.version))
@@ -60,7 +60,7 @@ def test_the_buffer_trains_the_group_with_the_oldest_tokens_first(tiny_model: Pa
 
 def test_nothing_expires_when_stale_tokens_are_down_weighted(tiny_model: Path, tmp_path: Path) -> None:
     ln = learner(tiny_model, tmp_path, 'learner.staleness_mode="downweight"')
-    ln.version = 9
+    ln.step = 9
     ln.buffer.add(group("g", [0, 0]), 0, 0)
     ln.expire_stale()
     assert len(ln.buffer) == 1 and ln.counters.expired["groups"] == 0
@@ -72,12 +72,12 @@ def test_rejected_and_expired_groups_are_forfeited_and_a_resume_starts_with_a_fu
     ln = learner(tiny_model, tmp_path)
     ln.sched.issued = 3
     run = ln.sched.run_id
-    ln.version = 4
+    ln.step = 4
     ln.hub = type("Hub", (), {"send": lambda self, peer, msg: None})()  # acks go nowhere here
     ln.guard.issue("a", [Ticket(group_id=f"{run}:{i}", env="guess_number", task_id=0) for i in range(2)])
     ln.on_rollout(b"p", group(f"{run}:0", [1, 1]))  # stale on arrival
     ln.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # accepted ...
-    ln.version = 5
+    ln.step = 5
     ln.expire_stale()  # ... then too old in the buffer
     ln.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # a duplicate forfeits nothing more
     assert ln.sched.forfeited == 2 and ln.counters.groups["duplicate"] == 1

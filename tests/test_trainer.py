@@ -89,7 +89,7 @@ def test_stale_tokens_are_weighted_per_token(model_dir: Path, mode: str) -> None
     cfg = make_cfg(model_dir, f"learner.staleness_mode={mode}", "learner.max_staleness=1",
                    "learner.staleness_decay=0.5", "learner.std_normalize=false", "learner.tis_cap=2.0")  # fmt: skip
     tr = Trainer.load(cfg)
-    tr.version = 3
+    tr.step = 3
     prompt = PROMPTS[0]
     # rewards 1, 1, 0, 0 -> A = +0.5, +0.5, -0.5, -0.5 (no std); versions 3, 3, 0, 0 -> staleness 0, 0, 3, 3
     eps = [episode(prompt, [[t]], [r], version=v) for t, r, v in ((GOOD, 1.0, 3), (GOOD, 1.0, 3), (BAD, 0.0, 0), (BAD, 0.0, 0))]

@@ -58,7 +58,7 @@ class Acks:
 def make_learner(model: Path, run_dir: Path) -> Learner:
     cfg = make_cfg(model, f"rollout.group_size={GROUP}", "learner.max_staleness=8")
     ln = Learner(cfg, run_dir, trainer=None, hub=Acks())
-    ln.version = 3
+    ln.step = ln.curriculum.step = 3  # as after three trained steps
     return ln
 
 
@@ -264,7 +264,7 @@ def test_tickets_open_at_a_checkpoint_are_admitted_after_a_resume(tiny_model: Pa
     ln.on_rollout(b"a", rollout_for(done))
     state = msgspec.json.decode(msgspec.json.encode(ln.checkpoint_state()))  # as the checkpoint stores it
     resumed = make_learner(tiny_model, tmp_path / "resumed")
-    resumed.trainer = type("T", (), {"step": 0, "version": 3})()
+    resumed.trainer = type("T", (), {"step": 3})()  # only its step is read
     resumed.restore(state)
     resumed.on_rollout(b"a", rollout_for(done))
     assert resumed.hub.last_status() == "duplicate"

@@ -1,0 +1,117 @@
+"""Weight relays across hosts (agentgym/relay.py), with a relay killed mid-transfer.
+
+Three network-namespace hosts (tests/netns.py), real processes throughout:
+  learner: the learner's weight side (``agentgym.fleet source``: the learner's own Hub)
+  h1:      relay r1 (upstream: the learner) and 2 simulated actors fetching from r1
+  h2:      relay r2 (upstream: r1, then the learner) and 2 simulated actors fetching from r2
+so r1 -> r2 is a two-level tree and the learner sends each version once. h1's loopback is rate
+limited (tc tbf), so r1's transfer to its actors takes seconds, and r1 is SIGKILLed while it is
+serving version 2 to them.
+
+Asserted: version 1 left the learner exactly once for 4 actors; r1's actors noticed its silence
+mid-version and finished version 2 from the learner, keeping the chunks already verified; r2
+moved to its next upstream; every actor ended up serving every version with the learner's
+bytes (the source checks each actor's crc32 digest); and versions 2 and 3 cost the learner
+fewer copies than actors. Never a timing. Skipped where namespaces cannot be made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from netns import Cluster, netns_unavailable
+
+NO_NETNS = netns_unavailable()
+ROOT = Path(__file__).resolve().parents[1]
+CHUNKS = 64  # 8 MiB in 128 KiB chunks
+
+
+def events(path: Path, name: str) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == name:
+            out.append(rec)
+    return out
+
+
+def wait(ok, seconds: float, what: str, logs: list[Path]) -> None:
+    deadline = time.monotonic() + seconds
+    while not ok():
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}\n" + (p.read_text()[-2000:] if p.exists() else "(none)") for p in logs)
+            raise AssertionError(f"timed out waiting for {what}\n{tails}")
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(NO_NETNS is not None, reason=f"no network namespaces: {NO_NETNS}")
+@pytest.mark.timeout(600)
+def test_relay_tree_survives_a_relay_killed_mid_transfer(tmp_path: Path) -> None:
+    py = sys.executable
+    with Cluster(["learner", "h1", "h2"]) as net:
+        L, H1 = net.addr("learner"), net.addr("h1")
+        # Relay -> local actor traffic on h1 goes over its loopback: slow it, so a kill lands mid-version.
+        subprocess.run(["ip", "netns", "exec", net.ns("h1"), "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
+                        "rate", "24mbit", "burst", "256kb", "latency", "2s"], check=True)  # fmt: skip
+        logs = {n: tmp_path / f"{n}.log" for n in ("source", "r1", "r2", "f1", "f2")}
+        js = {n: tmp_path / f"{n}.jsonl" for n in logs}
+        out = tmp_path / "result.json"
+        source = net.spawn("learner", [py, "-m", "agentgym.fleet", "--log-json", str(js["source"]), "source",
+                           "--bind", f"tcp://{L}:5555", "--actors", "4", "--versions", "3", "--mib", "8",
+                           "--chunk-kib", "128", "--gap", "1", "--timeout", "240", "--out", str(out)], ROOT, logs["source"])  # fmt: skip
+        r1_stats = tmp_path / "r1.json"
+        r1 = net.spawn("h1", [py, "-m", "agentgym.relay", "--bind", f"tcp://{H1}:5560", "--insecure",
+                       "--upstream", f"tcp://{L}:5556", "--stats", str(r1_stats), "--stats-every", "0.05",
+                       "--log-json", str(js["r1"])], ROOT, logs["r1"])  # fmt: skip
+        net.spawn("h2", [py, "-m", "agentgym.relay", "--bind", "tcp://127.0.0.1:5560", "--upstream", f"tcp://{H1}:5560",
+                  "--upstream", f"tcp://{L}:5556", "--stall", "1.5", "--log-json", str(js["r2"])], ROOT, logs["r2"])  # fmt: skip
+        fleets = [
+            net.spawn(host, [py, "-m", "agentgym.fleet", "--log-json", str(js[f]), "actors", "--learner", f"tcp://{L}:5555",
+                      "--count", "2", "--prefix", host, "--relay", relay, "--stall", "4"], ROOT, logs[f])
+            for host, f, relay in (("h1", "f1", f"tcp://{H1}:5560"), ("h2", "f2", "tcp://127.0.0.1:5560"))
+        ]  # fmt: skip
+        all_logs = list(logs.values())
+
+        def r1_out() -> dict:
+            try:
+                return json.loads(r1_stats.read_text())
+            except (OSError, ValueError):
+                return {}
+
+        # Version 1 goes through the tree whole: r1 serves its 2 actors and r2, CHUNKS each; then
+        # r2 (fast link) and r1's actors (slow loopback) get version 2 chunks from it.
+        wait(lambda: r1_out().get("newest") == 2 and r1_out().get("chunks_out", 0) >= 3 * CHUNKS + 32,
+             120, "r1 to serve part of version 2", all_logs)  # fmt: skip
+        os.killpg(r1.pid, signal.SIGKILL)  # `ip netns exec` execs the relay: its own process group
+        killed_at = r1_out()
+        wait(lambda: source.poll() is not None, 300, "the source to see every version served", all_logs)
+        assert source.returncode == 0, logs["source"].read_text()[-3000:]
+        for f in fleets:
+            assert f.wait(timeout=60) == 0
+
+    result = json.loads(out.read_text())["versions"]
+    assert [r["version"] for r in result] == [1, 2, 3] and all(r["actors"] == 4 for r in result)
+    v1, v2, v3 = result
+    assert v1["egress_chunks"] == CHUNKS  # once for 4 actors on 2 hosts
+    assert killed_at["chunks_out"] < 3 * CHUNKS + 2 * CHUNKS  # r1 died before serving all of v2 to its actors
+    # r1's actors fell back to the learner in the middle of version 2, keeping what they had.
+    stalls = [e for e in events(js["f1"], "weights_source_stalled") if e["version"] == 2]
+    assert len(stalls) == 2, events(js["f1"], "weights_source_stalled")
+    assert all(e["chunks_done"] < e["chunks"] == CHUNKS for e in stalls), stalls
+    assert max(e["chunks_done"] for e in stalls) > 0, stalls  # mid-transfer: verified chunks kept
+    # r2 moved to the learner when r1 went silent (at version 2 or 3, whichever it still needed).
+    assert events(js["r2"], "relay_upstream_stalled"), logs["r2"].read_text()[-2000:]
+    # The learner sent fewer copies than actors even with a relay dead: r2 still fans out on h2.
+    assert v2["egress_chunks"] < 4 * CHUNKS and v3["egress_chunks"] <= 3 * CHUNKS

@@ -115,3 +115,99 @@ def test_relay_tree_survives_a_relay_killed_mid_transfer(tmp_path: Path) -> None
     assert events(js["r2"], "relay_upstream_stalled"), logs["r2"].read_text()[-2000:]
     # The learner sent fewer copies than actors even with a relay dead: r2 still fans out on h2.
     assert v2["egress_chunks"] < 4 * CHUNKS and v3["egress_chunks"] <= 3 * CHUNKS
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_path: Path) -> None:
+    """The learner and the relay both with CURVE keys (ADR 0009): the relay connects upstream
+    with its own pair (in the learner's allow-list) and serves only keys in its own directory.
+    An admitted actor gets a version through the relay alone; an actor the relay refuses stalls
+    there and gets the same bytes from the learner; a keyless non-loopback relay will not start."""
+    import asyncio
+    import shutil
+    import threading
+    import zlib
+
+    import trio
+    import zmq.asyncio
+
+    from agentgym.actors.transport import fetch_weights
+    from agentgym.fleet import make_version
+    from agentgym.keys import ClientKeys, load_keypair, load_public, write_keys
+    from agentgym.learner.auth import ServerKeys
+    from agentgym.learner.transport import WeightSnapshot, open_hub
+    from agentgym.protocol import WeightsReady
+    from agentgym.protocol.weights import RawTensor, make_chunks
+
+    keys = tmp_path / "keys"
+    write_keys(keys, ["relay", "actor-0", "actor-1"])
+    relay_allow = tmp_path / "relay-allow"
+    relay_allow.mkdir()
+    shutil.copy(keys / "authorized" / "actor-0.key", relay_allow)  # actor-1 is the learner's, not the relay's
+
+    raw = make_version(1, 1.0)
+    chunks = make_chunks(1, [RawTensor(n, "bfloat16", (len(d) // 2,), d) for n, d in raw], 128 * 1024)
+    ready = WeightsReady(version=1, step=1, turn_limit=1, num_chunks=len(chunks), total_bytes=sum(len(d) for _, d in chunks))
+    control = _free_port()
+    while _free_port() == control + 1:  # the weights port is control + 1: it must be free too
+        control = _free_port()
+    learner_addr = f"tcp://127.0.0.1:{control + 1}"
+    hub_box: dict = {}
+    started, done = threading.Event(), threading.Event()
+
+    async def learner() -> None:
+        async with open_hub(f"tcp://127.0.0.1:{control}", keys=ServerKeys.load(keys / "learner.key_secret", keys / "authorized")) as hub:
+            hub.publish_weights(WeightSnapshot.build(1, 1, 1, chunks))
+            hub_box["hub"] = hub
+            started.set()
+            while not done.is_set():
+                await trio.sleep(0.05)
+
+    t = threading.Thread(target=trio.run, args=(learner,), daemon=True)
+    t.start()
+    assert started.wait(30)
+    hub = hub_box["hub"]
+    relay_port = _free_port()
+    relay_addr = f"tcp://127.0.0.1:{relay_port}"
+    relay = subprocess.Popen([sys.executable, "-m", "agentgym.relay", "--bind", relay_addr, "--upstream", learner_addr,
+                              "--upstream-key", str(keys / "learner.key"), "--secret-key", str(keys / "actors" / "relay.key_secret"),
+                              "--authorized-keys", str(relay_allow), "--log-json", str(tmp_path / "relay.jsonl")],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+    relay_pub = load_public(keys / "authorized" / "relay.key")
+    learner_pub = load_public(keys / "learner.key")
+
+    def client(name: str, server: bytes) -> ClientKeys:
+        pub, sec = load_keypair(keys / "actors" / f"{name}.key_secret")
+        return ClientKeys(pub, sec, server)
+
+    async def fetch(name: str) -> dict[str, int]:
+        ctx = zmq.asyncio.Context()
+        try:
+            _, got = await fetch_weights(ctx, [relay_addr, learner_addr], ready, keys=[client(name, relay_pub), client(name, learner_pub)],
+                                         stall_s=3.0, timeout_s=60)  # fmt: skip
+        finally:
+            ctx.term()
+        return {t.name: zlib.crc32(t.data) for t in got}
+
+    want = {n: zlib.crc32(d) for n, d in raw}
+    try:
+        assert asyncio.run(fetch("actor-0")) == want
+        assert hub.weight_chunks_served == len(chunks)  # all of it through the relay, once
+        assert asyncio.run(fetch("actor-1")) == want
+        assert hub.weight_chunks_served == 2 * len(chunks)  # refused by the relay: straight from the learner
+        assert events(tmp_path / "relay.jsonl", "peer_refused_unknown_key")
+        open_bind = subprocess.run([sys.executable, "-m", "agentgym.relay", "--bind", "tcp://0.0.0.0:1", "--upstream", learner_addr],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert open_bind.returncode == 2 and "--insecure" in open_bind.stderr
+    finally:
+        relay.terminate()
+        relay.wait(timeout=30)
+        done.set()
+        t.join(10)

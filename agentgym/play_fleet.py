@@ -12,7 +12,7 @@ real update path with an empty changed-only update (no weight bytes are fetched:
 of bytes is measured by bench/scale_out.py, this measures the control messages).
 
 Writes counts (rollouts sent, tickets granted, acks per status, heartbeats) to ``--out`` on exit
-(the learner's Shutdown, or SIGTERM). Used by bench/control_plane.py.
+(the learner's Shutdown, or SIGTERM, on which every identity sends Leave). Used by bench/control_plane.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
     from agentgym.actors.sim_engine import SimEngine
     from agentgym.actors.transport import ControlLink
     from agentgym.config import model_fingerprint
-    from agentgym.protocol import Ack, Episode, Grant, Heartbeat, Hello, Rollout, Shutdown, WeightsReady
+    from agentgym.protocol import Ack, Episode, Grant, Heartbeat, Hello, Leave, Rollout, Shutdown, WeightsReady
 
     fingerprint = model_fingerprint(Path(args.model))
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
@@ -109,6 +109,12 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
                         await engine.update_weights({}, msg.version)  # the gate and version, no bytes
                 elif isinstance(msg, Shutdown):
                     stop.set()
+        except asyncio.CancelledError:  # SIGTERM: leave as an actor does, so the learner re-issues at once
+            try:
+                await asyncio.wait_for(link.send(Leave(actor_id=actor_id, reason="SIGTERM")), 1.0)
+            except (TimeoutError, OSError):
+                pass
+            raise
         finally:
             beat.cancel()
             for t in tasks:

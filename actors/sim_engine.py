@@ -32,6 +32,9 @@ from typing import Any
 
 from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode
 
+TICK_S = 0.02
+"""Least time between a request's wake-ups: tokens due meanwhile come out together."""
+
 
 def tensor_crc32(value: Any) -> int:
     """crc32 of a tensor's raw bytes: a torch tensor (any dtype, bfloat16 included), or a
@@ -100,17 +103,24 @@ class SimEngine(GatedEngine):
         try:
             if await self._wait(stop, self.latency_s):
                 return Generation(ids, logprobs, self.version, "abort")
-            step = 1.0 / self.tokens_per_s
-            while len(ids) < spec.max_tokens:
-                if await self._wait(stop, step):
-                    finish = "abort"
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            while True:
+                # Every token due by now at tokens_per_s, then one wait: at most TICK_S apart, so
+                # hundreds of requests cost tens of wake-ups a second each, not one per token.
+                due = min(spec.max_tokens, int((loop.time() - t0) * self.tokens_per_s))
+                while len(ids) < due and finish == "length":
+                    rng = self._draw(base, len(prompt_ids) + len(ids))
+                    stops = bool(spec.stop_token_ids) and rng.random() < self.stop_p
+                    ids.append(spec.stop_token_ids[0] if stops else rng.randrange(self.vocab_size))
+                    logprobs.append(math.log(0.02 + 0.98 * rng.random()))
+                    if stops:
+                        finish = "stop"
+                if finish == "stop" or len(ids) >= spec.max_tokens:
                     break
-                rng = self._draw(base, len(prompt_ids) + len(ids))
-                stops = bool(spec.stop_token_ids) and rng.random() < self.stop_p
-                ids.append(spec.stop_token_ids[0] if stops else rng.randrange(self.vocab_size))
-                logprobs.append(math.log(0.02 + 0.98 * rng.random()))
-                if stops:
-                    finish = "stop"
+                next_at = t0 + (len(ids) + 1) / self.tokens_per_s
+                if await self._wait(stop, max(next_at - loop.time(), TICK_S)):
+                    finish = "abort"
                     break
         finally:
             self._stop.pop(segment_id, None)

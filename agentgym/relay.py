@@ -276,7 +276,13 @@ def main(argv: list[str] | None = None) -> int:
             public, secret = load_keypair(args.secret_key)
             up_keys = [ClientKeys(public, secret, load_public(k)) for k in args.upstream_key]
         server = ServerKeys.load(args.secret_key, args.authorized_keys) if args.authorized_keys else None
-        check_bind(args.bind, server, args.insecure)
+        try:
+            check_bind(args.bind, server, args.insecure)
+        except InsecureBind:
+            raise InsecureBind(
+                f"--bind {args.bind} is reachable from other hosts but the relay has no CURVE keys: anyone who "
+                "reaches it could download the weights. Give it --secret-key and --authorized-keys, or accept the "
+                "risk with --insecure") from None
         relay = Relay(args.bind, args.upstream, upstream_keys=up_keys, server_keys=server,
                       stall_s=args.stall, keep=args.keep)  # fmt: skip
     except (KeyFileError, InsecureBind, ValueError, zmq.ZMQError) as exc:

@@ -16,6 +16,8 @@ Modes: ``direct`` (every actor fetches from the learner, as before relays) and `
 ``agentgym-relay`` per actor host, arranged as a binary tree: host 0's relay fetches from the
 learner, host i's from host (i-1)//2's; actors fetch from their host's relay, the learner as
 fallback). Versions after the first are reported (the first includes connection setup).
+``--link-mbit`` limits every host's outgoing link (tc tbf on its veth), so the network rather
+than the CPU bounds the transfer, as between real machines.
 Writes OUT/scale_out.json, prints a markdown table, and plots time and egress against N.
 Figures depend on the machine: a shared 2-core box is CPU-bound (every actor still checks and
 assembles its own copy), so time to all measures CPU there as much as distribution.
@@ -44,6 +46,10 @@ def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
     out = work / "result.json"
     with Cluster(["learner", *hosts]) as net:
         L = net.addr("learner")
+        if args.link_mbit:  # every host's NIC sends at most this fast: the network, not the CPU, is the limit
+            for h in ["learner", *hosts]:
+                subprocess.run(["ip", "netns", "exec", net.ns(h), "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+                                "rate", f"{args.link_mbit}mbit", "burst", "256kb", "latency", "2s"], check=True)  # fmt: skip
         source = net.spawn("learner", [py, "-m", "agentgym.fleet", "source", "--bind", f"tcp://{L}:5555", "--actors", str(n),
                            "--versions", str(args.versions), "--mib", str(args.mib), "--chunk-kib", str(args.chunk_kib),
                            "--timeout", "600", "--out", str(out)], ROOT, work / "source.log")  # fmt: skip
@@ -108,6 +114,7 @@ def main() -> int:
     p.add_argument("--versions", type=int, default=3)
     p.add_argument("--mib", type=float, default=8.0)
     p.add_argument("--chunk-kib", type=int, default=512)
+    p.add_argument("--link-mbit", type=float, default=0, help="limit every host's outgoing link to this (tc tbf; 0: no limit)")
     p.add_argument("--out", type=Path, default=Path("/tmp/scale_out"))
     p.add_argument("--plot", type=Path, help="also write the plot here (e.g. docs/img/scale_out.png)")
     args = p.parse_args()
@@ -118,7 +125,7 @@ def main() -> int:
             row = run_one(n, mode, args, args.out / f"{mode}-{n}")
             rows.append(row)
             print(f"{mode:6s} N={n:4d}: time to all {row['time_to_all_s']:.2f} s, egress {row['egress_copies']:.2f} copies", flush=True)
-    result = {"rows": rows, "mib": args.mib, "chunk_kib": args.chunk_kib, "hosts": args.hosts,
+    result = {"rows": rows, "mib": args.mib, "chunk_kib": args.chunk_kib, "hosts": args.hosts, "link_mbit": args.link_mbit,
               "loadavg_before": load, "loadavg_after": os.getloadavg(), "cpus": os.cpu_count(),
               "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """The engine an actor uses, chosen by ``actor.engine`` in the config.
 
-    engine = make_engine(cfg, model_dir)     # VllmEngine | RemoteEngine | HfEngine, not started
+    engine = make_engine(cfg, model_dir)     # VllmEngine | RemoteEngine | HfEngine | SimEngine, not started
     engine = make_engine(cfg, model_dir, lora=welcome.lora)   # serving the learner's LoRA adapters
 
 Each engine module imports its heavy library (vLLM, transformers, httpx) only when used.
@@ -68,4 +68,18 @@ def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> G
             r.url, server=r.server, model=r.model or None, weights_dir=Path(r.weights_dir) if r.weights_dir else None, api_key=key,
             update_mode=a.weight_update,
         )  # fmt: skip
-    raise ValueError(f"actor.engine: unknown engine {a.engine!r} (vllm, remote, hf)")
+    if a.engine == "sim":
+        from agentgym.actors.sim_engine import SimEngine
+
+        vocab = a.sim.vocab_size or _vocab_size(model_dir)
+        return SimEngine(vocab_size=vocab, tokens_per_s=a.sim.tokens_per_s, latency_s=a.sim.latency_s,
+                         stop_p=a.sim.stop_p, seed=cfg.run.seed, update_mode=a.weight_update)  # fmt: skip
+    raise ValueError(f"actor.engine: unknown engine {a.engine!r} (vllm, remote, hf, sim)")
+
+
+def _vocab_size(model_dir: Path) -> int:
+    path = Path(model_dir) / "config.json"
+    try:
+        return int(json.loads(path.read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"actor.sim.vocab_size is unset and {path} has no vocab_size: {exc}") from None

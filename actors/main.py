@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(overrides actor.secret_key; see `agentgym keys`)")
     p.add_argument("--learner-key", type=Path, help="the learner's public key file, DIR/learner.key "
                    "(overrides actor.learner_key)")
+    p.add_argument("--weights-relay", help="fetch weights from this relay, tcp://HOST:PORT (agentgym-relay; "
+                   "overrides actor.weights_relay); the learner stays the fallback")
     p.add_argument("--connect-timeout", type=float, help="seconds to wait for the learner (overrides actor.connect_timeout_s)")
     return p
 
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         flags.append(f"actor.max_groups={args.max_groups}")
     if args.connect_timeout is not None:
         flags.append(f"actor.connect_timeout_s={args.connect_timeout}")
-    flags += [f'actor.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("learner_key", args.learner_key)) if v]
+    flags += [f'actor.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("learner_key", args.learner_key),
+                                               ("weights_relay", args.weights_relay)) if v]  # fmt: skip
     cfg = resolve_config(args, flags)
     run_dir = args.run_dir or cfg.run.path
 

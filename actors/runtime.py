@@ -6,7 +6,8 @@ Links (made in ``Actor.run``):
   learner --Welcome/Grant/Ack/WeightsReady/Heartbeat/Shutdown--> receive_loop
   receive_loop --tickets--> ticket queue --> players (concurrency.target of them) --> engine + env pools
   players --Rollout--> learner; kept in ``unacked`` until the learner's Ack (re-sent after a re-hello)
-  receive_loop --WeightsReady--> weight_loop --pull chunks--> engine.update_weights (version bump)
+  receive_loop --WeightsReady--> weight_loop --pull chunks (this host's relay if any, else or on its
+                 silence the learner)--> engine.update_weights (version bump)
   heartbeat_loop --Heartbeat--> learner; a learner silent past actor_timeout_s gets a new Hello;
                  each tick re-sizes the players (actors/concurrency.py) and reports the capacity
 """
@@ -29,7 +30,7 @@ from agentgym.config import Config, model_fingerprint
 from agentgym.actors.concurrency import Concurrency, Signals
 from agentgym.memstats import peak_memory
 from agentgym.actors.transport import ControlLink, fetch_weights, weights_addr
-from agentgym.keys import ClientKeys
+from agentgym.keys import ClientKeys, KeyFileError, load_public
 from agentgym.protocol import (
     Ack,
     Grant,
@@ -63,6 +64,11 @@ class Actor:
         self.ctx = zmq.asyncio.Context()
         self.keys = ClientKeys.load(cfg.actor.secret_key, cfg.actor.learner_key)  # None: plain TCP
         self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id, self.keys)
+        self.relay_keys = None  # CURVE to this host's weight relay: this actor's pair, the relay's public key
+        if cfg.actor.relay_key is not None:
+            if self.keys is None:
+                raise KeyFileError("actor.relay_key needs actor.secret_key (the relay admits this actor by its key pair)")
+            self.relay_keys = ClientKeys(self.keys.public, self.keys.secret, load_public(cfg.actor.relay_key))
         self.welcome: Welcome | None = None
         self.engine = None
         self.tokenizer = None
@@ -241,8 +247,17 @@ class Actor:
             if self.unacked:
                 log.info("rollouts_resent", count=len(self.unacked))
 
+    def weight_sources(self) -> tuple[list[str], list[ClientKeys | None]]:
+        """Where weights come from, best first: this host's relay if configured (agentgym/relay.py),
+        then the learner's weights port; with the CURVE keys for each."""
+        a = self.cfg.actor
+        learner = weights_addr(a.learner, self.welcome.weights_port)
+        if a.weights_relay is None:
+            return [learner], [self.keys]
+        return [a.weights_relay, learner], [self.relay_keys, self.keys]
+
     async def weight_loop(self) -> None:
-        addr = weights_addr(self.cfg.actor.learner, self.welcome.weights_port)
+        sources, source_keys = self.weight_sources()
         while True:
             await self.weights_wanted.wait()
             self.weights_wanted.clear()
@@ -257,7 +272,8 @@ class Actor:
                 t0 = time.monotonic()
                 # An engine that loads a subset of tensors fetches only what changed since its version.
                 have = self.engine.version if self.weights_synced and self.engine.partial_updates else -1
-                version, raw = await fetch_weights(self.ctx, addr, ready, have_version=have, keys=self.keys)
+                version, raw = await fetch_weights(self.ctx, sources, ready, have_version=have, keys=source_keys,
+                                                   stall_s=self.cfg.actor.relay_stall_s)  # fmt: skip
                 tensors = _to_torch(raw)
                 t1 = time.monotonic()
                 if version < self.engine.version:  # a restarted learner resumed an older checkpoint

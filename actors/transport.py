@@ -170,8 +170,8 @@ def weights_addr(control_addr: str, port: int) -> str:
 
 
 async def fetch_weights(
-    ctx: zmq.asyncio.Context, addr: str, ready: WeightsReady, *, have_version: int = -1, window: int = 4,
-    timeout_s: float = 120.0, keys: ClientKeys | None = None,
+    ctx: zmq.asyncio.Context, addr: str | list[str], ready: WeightsReady, *, have_version: int = -1, window: int = 4,
+    timeout_s: float = 120.0, keys: ClientKeys | None | list[ClientKeys | None] = None, stall_s: float = 5.0,
 ) -> tuple[int, list[RawTensor]]:
     """Pull ``ready.version`` (``window`` requests in flight), each chunk checked by crc32 and
     copied once, from the received frame into its tensors' buffers (protocol/weights.py).
@@ -180,47 +180,74 @@ async def fetch_weights(
     chunks unchanged since (``ready.chunk_versions``) are skipped and only the changed tensors
     are returned. Returns (version, tensors). If the version is superseded while fetching,
     starts over on the latest one, whole, so the result may be newer than asked for.
+
+    ``addr`` may list sources, best first (a relay, then the learner), with ``keys`` one per
+    source: a source that sends nothing for ``stall_s`` while others remain is abandoned for the
+    next; the chunks already verified are kept, and the rest are asked of the next source for
+    the same version (a chunk is accepted only for the version being assembled, so sources never
+    mix versions). The last source gets the whole ``timeout_s``.
     """
-    sock = _socket(ctx, addr, keys=keys)
+    sources = [addr] if isinstance(addr, str) else list(addr)
+    source_keys = keys if isinstance(keys, list) else [keys] * len(sources)
+    if not sources or len(source_keys) != len(sources):
+        raise ValueError(f"fetch_weights: {len(sources)} sources but {len(source_keys)} keys")
+    at = 0
+    sock = _socket(ctx, sources[at], keys=source_keys[at])
     try:
         version, num_chunks = ready.version, ready.num_chunks
         wanted = list(range(num_chunks))
         if have_version >= 0 and len(ready.chunk_versions) == num_chunks:
             wanted = [i for i, v in enumerate(ready.chunk_versions) if v > have_version]
         while True:
-            asm, done, next_req = Assembler(), 0, 0
+            asm, got, in_flight = Assembler(), set(), []
+            todo = list(reversed(wanted))  # popped from the end: ascending
             deadline = time.monotonic() + timeout_s
             restart = None
-            while done < len(wanted) and restart is None:
-                left = deadline - time.monotonic()
+            while len(got) < len(wanted) and restart is None:
+                last = at == len(sources) - 1
+                left = deadline - time.monotonic() if last else stall_s
                 try:
                     if left <= 0:
                         raise TimeoutError
                     async with asyncio.timeout(left):  # sends too: no peer (refused by CURVE) blocks them
-                        while next_req < len(wanted) and next_req - done < window:
-                            await sock.send_multipart(encode(WeightRequest(version=version, chunk=wanted[next_req])))
-                            next_req += 1
+                        while todo and len(in_flight) < window:
+                            chunk = todo.pop()
+                            await sock.send_multipart(encode(WeightRequest(version=version, chunk=chunk)))
+                            in_flight.append(chunk)
                         frames = await sock.recv_multipart(copy=False)  # no copy: the assembler copies once
                 except TimeoutError:
-                    raise TimeoutError(
-                        f"weights v{version}: {done}/{len(wanted)} chunks from {addr} after {timeout_s:.0f} s"
-                    ) from None
+                    if last:
+                        raise TimeoutError(
+                            f"weights v{version}: {len(got)}/{len(wanted)} chunks from {sources[at]} after {timeout_s:.0f} s"
+                        ) from None
+                    log.warning("weights_source_stalled", source=sources[at], next=sources[at + 1], version=version,
+                                chunks_done=len(got), chunks=len(wanted), stall_s=stall_s)  # fmt: skip
+                    sock.close(linger=0)
+                    at += 1
+                    sock = _socket(ctx, sources[at], keys=source_keys[at])
+                    todo += sorted(in_flight, reverse=True)  # asked again of the next source, first
+                    in_flight = []
+                    deadline = time.monotonic() + timeout_s
+                    continue
                 msg, data = decode([f.buffer for f in frames])
                 if isinstance(msg, WeightGone):
                     restart = msg.latest
-                elif isinstance(msg, WeightChunk) and msg.version == version:
+                elif isinstance(msg, WeightChunk) and msg.version == version and msg.chunk not in got:
                     verify_chunk(msg, data[0])
                     asm.add(msg, data[0])
-                    done += 1
+                    got.add(msg.chunk)
+                    if msg.chunk in in_flight:
+                        in_flight.remove(msg.chunk)
                     if msg.num_chunks != num_chunks:  # learned the size of a version we restarted on
                         num_chunks = msg.num_chunks
                         wanted = list(range(num_chunks))
+                        todo = sorted(set(wanted) - got - set(in_flight), reverse=True)
             if restart is None:
                 return version, asm.finish()
             log.info("weights_superseded", wanted=version, latest=restart)
             # Drain replies of the abandoned version, then ask for the new one's first chunk to learn its size.
             sock.close(linger=0)
-            sock = _socket(ctx, addr, keys=keys)
+            sock = _socket(ctx, sources[at], keys=source_keys[at])
             version, num_chunks, wanted = restart, 1, [0]
     finally:
         sock.close(linger=0)

@@ -308,16 +308,41 @@ class RemoteEngineConfig(Section):
         return v
 
 
+class SimEngineConfig(Section):
+    """The simulated engine (``actor.engine = "sim"``, actors/sim_engine.py): no model, tokens at
+    a rate, weight updates, pauses and versions as a real engine; for many actors on few cores."""
+
+    tokens_per_s: Annotated[float, Field(gt=0, le=1e6)] = 200.0
+    """Tokens each request produces per second after its first."""
+    latency_s: Annotated[float, Field(ge=0, le=60)] = 0.05
+    """Time to the first token of a request."""
+    stop_p: Annotated[float, Field(ge=0, le=1)] = 0.02
+    """Chance that a token is the turn's stop token (when the turn has one)."""
+    vocab_size: Annotated[int, Field(ge=1)] | None = None
+    """Token ids are drawn below this (None: the tokenizer's vocabulary size)."""
+
+
 class ActorConfig(Section):
     learner: str = "tcp://127.0.0.1:5555"
     """Learner control address to connect to."""
-    engine: Literal["vllm", "remote", "hf"] = "vllm"
-    """Inference engine: vLLM in the actor, a remote OpenAI-compatible server, or plain transformers."""
+    engine: Literal["vllm", "remote", "hf", "sim"] = "vllm"
+    """Inference engine: vLLM in the actor, a remote OpenAI-compatible server, plain transformers,
+    or a simulation without a model (``actor.sim``; for scale tests)."""
     weight_update: Literal["resume", "drain"] = "resume"
     """resume: an update aborts requests in flight and continues them with the new weights (each
     token tagged with its version); drain: the update waits for requests in flight to finish."""
     remote: RemoteEngineConfig = RemoteEngineConfig()
     """Options of ``engine = "remote"``."""
+    sim: SimEngineConfig = SimEngineConfig()
+    """Options of ``engine = "sim"``."""
+    weights_relay: str | None = None
+    """Fetch weights from this relay (``agentgym-relay``, e.g. ``tcp://127.0.0.1:5560`` on this
+    host) instead of the learner's weights port; the learner stays the fallback."""
+    relay_key: Path | None = None
+    """CURVE: the relay's public key file (its key pair's ``.key``), when the relay uses keys."""
+    relay_stall_s: Annotated[float, Field(gt=0, le=600)] = 5.0
+    """A relay that sends no chunk for this long is abandoned for the learner (chunks already
+    verified are kept)."""
     max_groups: Annotated[int, Field(ge=1, le=1024)] = 16
     """Cap on the groups played at once (concurrent episodes = groups x group_size). The actor
     sizes itself below it (actors/concurrency.py): it plays more at once while its engine has

@@ -89,6 +89,8 @@ class Hub:
         self._error: BaseException | None = None
         self.bad_messages = 0
         self.weight_chunks_served = 0
+        self.weight_bytes_served = 0
+        """Weight payload bytes sent (the learner's weight egress, chunk data without headers)."""
         self.version_rejects = 0
         self.allow = None
         """The CURVE allow-list (with its refusal count) when keys are configured."""
@@ -223,6 +225,7 @@ class Hub:
                 continue
             weights.send_multipart([peer, *snap.frames[req.chunk]], copy=False)
             self.weight_chunks_served += 1
+            self.weight_bytes_served += len(snap.frames[req.chunk][-1])
 
     def stop(self) -> None:
         self._outbox.put(None)

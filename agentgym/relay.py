@@ -1,0 +1,298 @@
+"""``agentgym-relay``: a weight relay, so the learner's egress per update does not grow with actors.
+
+    agentgym-relay --bind tcp://0.0.0.0:5560 --upstream tcp://LEARNER:5556 [--upstream tcp://OTHER_RELAY:5560]
+    agentgym-actor ... -o actor.weights_relay=\\"tcp://127.0.0.1:5560\\"
+
+A pull-through cache that speaks the learner's weights protocol on both sides
+(protocol/messages.py: WeightRequest in, WeightChunk or WeightGone out). An actor's request for
+chunk c of version v is answered from the cache, or asked of the upstream once, however many
+actors want it meanwhile; the reply goes to every one of them. Upstream is the learner's
+weights port or another relay, so relays form a tree (one per host, each host's relay fed by a
+parent): the learner sends each chunk of each version about once per child, whatever the
+number of actors (docs/adr/0018-weight-fan-out.md).
+
+Integrity: every chunk from upstream is checked (size and crc32, protocol/weights.py) before it
+is cached or forwarded; a bad one is dropped and asked for again. The cache is keyed by
+(version, chunk) and forwards the upstream's frames unchanged, so an actor assembling version v
+only ever receives chunks of v, and checks them again itself. Versions older than the newest
+``keep`` are evicted.
+
+Failure: an upstream that answers nothing for ``stall_s`` while requests are out is abandoned
+for the next ``--upstream`` (round robin), and the outstanding requests are asked again there.
+Actors fall back to the learner themselves when their relay goes silent (actors/transport.py).
+
+CURVE (docs/adr/0009-authentication.md): with ``--secret-key`` the relay connects upstream as a
+client with that pair (its public half goes in the upstream's allow-list, like an actor's),
+and with ``--authorized-keys`` it serves only clients whose public keys are in that directory,
+with the same key pair as server (actors set ``actor.relay_key`` to its public half). Without
+keys a non-loopback bind is refused unless ``--insecure``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import structlog
+import zmq
+
+from agentgym.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
+from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode, max_frame_bytes
+from agentgym.protocol.weights import verify_chunk
+
+log = structlog.get_logger(__name__)
+Key = tuple[int, int]  # (version, chunk)
+
+
+class Relay:
+    """One thread, two sockets: a ROUTER for actors (or child relays), a DEALER upstream."""
+
+    def __init__(
+        self, bind: str, upstreams: list[str], *, upstream_keys: list[ClientKeys | None] | None = None,
+        server_keys: object | None = None, stall_s: float = 5.0, keep: int = 2, max_in_flight: int = 64,
+    ) -> None:  # fmt: skip
+        if not upstreams:
+            raise ValueError("relay: at least one --upstream address is needed")
+        self.upstreams = upstreams
+        self.upstream_keys = upstream_keys or [None] * len(upstreams)
+        if len(self.upstream_keys) != len(upstreams):
+            raise ValueError(f"relay: {len(upstreams)} upstreams but {len(self.upstream_keys)} upstream keys")
+        self.stall_s, self.keep, self.max_in_flight = stall_s, keep, max_in_flight
+        self.ctx = zmq.Context()
+        self.auth = None
+        self.down = self.ctx.socket(zmq.ROUTER)
+        self.down.setsockopt(zmq.MAXMSGSIZE, 4096)  # only requests come in
+        self.down.setsockopt(zmq.SNDHWM, 100_000)  # a ROUTER drops past its high-water mark
+        self.down.setsockopt(zmq.LINGER, 0)
+        if server_keys is not None:
+            from agentgym.learner.auth import make_server, start_authenticator
+
+            self.auth, self.allow = start_authenticator(self.ctx, server_keys)  # type: ignore[arg-type]
+            make_server(self.down, server_keys)  # type: ignore[arg-type]
+        self.down.bind(bind)
+        self.at = 0
+        self.up = self._connect_up()
+        self.cache: dict[Key, list[bytes]] = {}
+        self.waiting: dict[Key, list[bytes]] = {}  # peers waiting for a chunk asked upstream
+        self.asked: dict[Key, float] = {}  # asked upstream, when
+        self.backlog: deque[Key] = deque()  # to ask once fewer are in flight
+        self.gone: dict[int, int] = {}  # version -> the upstream's latest, for versions it no longer serves
+        self.newest = -1
+        self.last_heard = time.monotonic()
+        self.stats = {"requests": 0, "hits": 0, "chunks_in": 0, "bytes_in": 0, "chunks_out": 0, "bytes_out": 0,
+                      "bad_chunks": 0, "bad_requests": 0, "upstream_switches": 0, "gone": 0}  # fmt: skip
+        self.running = True
+
+    def _connect_up(self) -> zmq.Socket:
+        s = self.ctx.socket(zmq.DEALER)
+        apply_client(s, self.upstream_keys[self.at])  # CURVE: the upstream admits us like an actor
+        s.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes())
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, 100_000)
+        s.connect(self.upstreams[self.at])
+        log.info("relay_upstream", upstream=self.upstreams[self.at])
+        return s
+
+    # ------------------------------------------------------------------ downstream
+    def _on_request(self, peer: bytes, frames: list[bytes]) -> None:
+        self.stats["requests"] += 1
+        try:
+            req, _ = decode(frames)
+            if not isinstance(req, WeightRequest):
+                raise ProtocolError(f"a relay serves WeightRequest only, got {type(req).__name__}")
+        except ProtocolError as exc:
+            self.stats["bad_requests"] += 1
+            if self.stats["bad_requests"] <= 20:
+                log.error("bad_weight_request", peer=peer.hex(), error=str(exc)[:300])
+            return
+        key = (req.version, req.chunk)
+        if key in self.cache:
+            self.stats["hits"] += 1
+            self._send(peer, self.cache[key])
+        elif req.version in self.gone:
+            self.stats["gone"] += 1
+            self._send(peer, encode(WeightGone(version=req.version, latest=self.gone[req.version])))  # type: ignore[arg-type]
+        else:
+            waiters = self.waiting.setdefault(key, [])
+            waiters.append(peer)
+            if len(waiters) == 1:  # the first to want it: ask upstream once for all of them
+                self.backlog.append(key)
+
+    def _send(self, peer: bytes, frames: list[bytes]) -> None:
+        try:
+            self.down.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            log.warning("relay_send_dropped", peer=peer.hex())
+            return
+        if len(frames) > 1:
+            self.stats["chunks_out"] += 1
+            self.stats["bytes_out"] += len(frames[-1])
+
+    # ------------------------------------------------------------------ upstream
+    def _ask(self) -> None:
+        while self.backlog and len(self.asked) < self.max_in_flight:
+            key = self.backlog.popleft()
+            if key in self.asked or key in self.cache or key not in self.waiting:
+                continue
+            self.up.send_multipart(encode(WeightRequest(version=key[0], chunk=key[1])))
+            self.asked[key] = time.monotonic()
+
+    def _on_upstream(self, frames: list[bytes]) -> None:
+        self.last_heard = time.monotonic()
+        try:
+            msg, data = decode(frames)
+            if isinstance(msg, WeightChunk):
+                verify_chunk(msg, data[0] if data else b"")
+        except ProtocolError as exc:  # a corrupted chunk: dropped, asked again below
+            self.stats["bad_chunks"] += 1
+            log.error("relay_bad_chunk", upstream=self.upstreams[self.at], error=str(exc)[:300])
+            self._reask_all()
+            return
+        if isinstance(msg, WeightChunk):
+            key = (msg.version, msg.chunk)
+            self.asked.pop(key, None)
+            self.stats["chunks_in"] += 1
+            self.stats["bytes_in"] += msg.nbytes
+            self.cache[key] = frames
+            if msg.version > self.newest:
+                self._evict(msg.version)
+            for peer in self.waiting.pop(key, []):
+                self._send(peer, frames)
+        elif isinstance(msg, WeightGone):
+            self.gone[msg.version] = msg.latest
+            self.stats["gone"] += 1
+            for key in [k for k in self.waiting if k[0] == msg.version]:
+                self.asked.pop(key, None)
+                for peer in self.waiting.pop(key):
+                    self._send(peer, encode(msg))  # type: ignore[arg-type]
+
+    def _evict(self, version: int) -> None:
+        self.newest = version
+        floor = version - self.keep + 1
+        for key in [k for k in self.cache if k[0] < floor]:
+            del self.cache[key]
+        for v in [v for v in self.gone if v < floor]:
+            del self.gone[v]
+
+    def _reask_all(self) -> None:
+        """Everything outstanding goes back to the front of the backlog (after a bad chunk or
+        on a new upstream)."""
+        self.backlog.extendleft(sorted(self.asked, reverse=True))
+        self.asked.clear()
+
+    def _check_stall(self) -> None:
+        now = time.monotonic()
+        if not self.asked or now - self.last_heard < self.stall_s or now - min(self.asked.values()) < self.stall_s:
+            return
+        old = self.upstreams[self.at]
+        self.up.close(linger=0)
+        self.at = (self.at + 1) % len(self.upstreams)
+        self.up = self._connect_up()
+        self.stats["upstream_switches"] += 1
+        log.warning("relay_upstream_stalled", upstream=old, next=self.upstreams[self.at], outstanding=len(self.asked))
+        self._reask_all()
+        self.last_heard = now
+
+    # ------------------------------------------------------------------ loop
+    def run(self, stats_path: Path | None = None, stats_every_s: float = 10.0) -> None:
+        next_log = time.monotonic() + stats_every_s
+        try:
+            while self.running:
+                poller = zmq.Poller()  # the upstream socket changes on a switch
+                poller.register(self.down, zmq.POLLIN)
+                poller.register(self.up, zmq.POLLIN)
+                events = dict(poller.poll(200))
+                if self.up in events:
+                    for _ in range(256):
+                        try:
+                            self._on_upstream(self.up.recv_multipart(zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
+                if self.down in events:
+                    for _ in range(1024):
+                        try:
+                            peer, *frames = self.down.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._on_request(peer, frames)
+                self._ask()
+                self._check_stall()
+                if time.monotonic() >= next_log:
+                    next_log += stats_every_s
+                    log.debug("relay_stats", cached=len(self.cache), newest=self.newest, **self.stats)
+                    if stats_path is not None:
+                        self._write_stats(stats_path)
+        finally:
+            log.info("relay_stopped", **self.stats)
+            if stats_path is not None:
+                self._write_stats(stats_path)
+            self.close()
+
+    def _write_stats(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**self.stats, "newest": self.newest, "cached": len(self.cache)}))
+        tmp.replace(path)  # readers see a whole file
+
+    def close(self) -> None:
+        self.down.close(linger=0)
+        self.up.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
+        self.ctx.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="agentgym-relay", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument("--bind", default="tcp://127.0.0.1:5560", help="where actors (or child relays) connect")
+    p.add_argument("--upstream", action="append", required=True,
+                   help="the learner's weights address tcp://HOST:PORT+1, or another relay's; repeat for fallbacks, in order")
+    p.add_argument("--upstream-key", action="append", type=Path, default=[],
+                   help="CURVE: each upstream's public key file, in the order of --upstream")
+    p.add_argument("--secret-key", type=Path, help="CURVE: this relay's key pair file (an actor pair: see `agentgym keys`)")
+    p.add_argument("--authorized-keys", type=Path, help="CURVE: directory of the public keys this relay serves")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without CURVE keys")
+    p.add_argument("--stall", type=float, default=5.0, help="seconds of upstream silence before the next upstream")
+    p.add_argument("--keep", type=int, default=2, help="versions kept in the cache")
+    p.add_argument("--stats", type=Path, help="write the relay's counters here (JSON) every --stats-every s and on exit")
+    p.add_argument("--stats-every", type=float, default=10.0, help="seconds between counter writes (and debug logs)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-json", type=Path, help="JSON log file")
+    args = p.parse_args(argv)
+
+    from agentgym.learner.auth import InsecureBind, ServerKeys, check_bind
+    from agentgym.logs import setup_logging
+
+    setup_logging("relay", args.log_json, args.log_level)
+    try:
+        up_keys: list[ClientKeys | None] = [None] * len(args.upstream)
+        if args.upstream_key:
+            if args.secret_key is None or len(args.upstream_key) != len(args.upstream):
+                raise KeyFileError("relay: --upstream-key needs --secret-key and one key per --upstream")
+            public, secret = load_keypair(args.secret_key)
+            up_keys = [ClientKeys(public, secret, load_public(k)) for k in args.upstream_key]
+        server = ServerKeys.load(args.secret_key, args.authorized_keys) if args.authorized_keys else None
+        try:
+            check_bind(args.bind, server, args.insecure)
+        except InsecureBind:
+            raise InsecureBind(
+                f"--bind {args.bind} is reachable from other hosts but the relay has no CURVE keys: anyone who "
+                "reaches it could download the weights. Give it --secret-key and --authorized-keys, or accept the "
+                "risk with --insecure") from None
+        relay = Relay(args.bind, args.upstream, upstream_keys=up_keys, server_keys=server,
+                      stall_s=args.stall, keep=args.keep)  # fmt: skip
+    except (KeyFileError, InsecureBind, ValueError, zmq.ZMQError) as exc:
+        print(f"agentgym-relay: {exc}", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: setattr(relay, "running", False))
+    relay.run(args.stats, args.stats_every)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -623,6 +623,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
             "invalid_reasons": dict(learner.guard.invalid), "dropped_messages": dict(learner.guard.dropped),
             "auth_refused": hub.allow.refused if hub.allow else 0,
+            "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},
             "tickets": tickets,
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
             "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),

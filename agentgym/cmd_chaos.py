@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agentgym.logs import read_events
 from agentgym.netns import Cluster, Loopback, netns_unavailable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,18 +116,7 @@ class Scenario:
         return 0
 
     def events(self, name: str) -> list[dict]:  # type: ignore[type-arg]
-        path = self.run_dir / "logs" / "learner.jsonl"
-        out = []
-        if path.exists():
-            for line in path.read_text(errors="replace").splitlines():
-                if f'"{name}"' in line:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if rec.get("event") == name:
-                        out.append(rec)
-        return out
+        return read_events(self.run_dir / "logs" / "learner.jsonl", name)
 
     def checkpoints(self) -> list[int]:
         return sorted(int(p.parent.parent.name.split("_")[1]) for p in self.run_dir.glob("checkpoints/step_*/trainer/state.pt"))

@@ -97,3 +97,22 @@ class MetricsWriter:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a metrics file (for tests, plots and reports)."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def read_events(path: Path, name: str) -> list[dict[str, Any]]:
+    """The records of one event in a JSON log file (a file still being written, or missing, is
+    fine: an unfinished or unreadable line is skipped)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if f'"{name}"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == name:
+            out.append(rec)
+    return out

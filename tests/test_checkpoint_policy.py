@@ -22,6 +22,7 @@ from test_learner_resume import BATCH, GROUP_SIZE, REPO, ScriptedActor, _learner
 
 from agentgym.config import to_toml
 from agentgym.learner.checkpoint import latest_checkpoint
+from agentgym.logs import read_events
 from agentgym.netutil import free_port_pair
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
@@ -41,12 +42,7 @@ def _config(model_dir: Path, tmp_path: Path, *extra: str) -> tuple[Path, str, ob
 
 
 def _events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
-    out = []
-    for line in (run_dir / "logs" / "learner.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("event") == name:
-            out.append(rec)
-    return out
+    return read_events(run_dir / "logs" / "learner.jsonl", name)
 
 
 def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, tmp_path: Path) -> None:

@@ -28,23 +28,11 @@ from pathlib import Path
 import pytest
 from netns import Cluster, netns_unavailable
 
+from agentgym.logs import read_events
+
 NO_NETNS = netns_unavailable()
 ROOT = Path(__file__).resolve().parents[1]
 CHUNKS = 64  # 8 MiB in 128 KiB chunks
-
-
-def events(path: Path, name: str) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("event") == name:
-            out.append(rec)
-    return out
 
 
 def wait(ok, seconds: float, what: str, logs: list[Path]) -> None:
@@ -107,12 +95,12 @@ def test_relay_tree_survives_a_relay_killed_mid_transfer(tmp_path: Path) -> None
     assert v1["egress_chunks"] == CHUNKS  # once for 4 actors on 2 hosts
     assert killed_at["chunks_out"] < 3 * CHUNKS + 2 * CHUNKS  # r1 died before serving all of v2 to its actors
     # r1's actors fell back to the learner in the middle of version 2, keeping what they had.
-    stalls = [e for e in events(js["f1"], "weights_source_stalled") if e["version"] == 2]
-    assert len(stalls) == 2, events(js["f1"], "weights_source_stalled")
+    stalls = [e for e in read_events(js["f1"], "weights_source_stalled") if e["version"] == 2]
+    assert len(stalls) == 2, read_events(js["f1"], "weights_source_stalled")
     assert all(e["chunks_done"] < e["chunks"] == CHUNKS for e in stalls), stalls
     assert max(e["chunks_done"] for e in stalls) > 0, stalls  # mid-transfer: verified chunks kept
     # r2 moved to the learner when r1 went silent (at version 2 or 3, whichever it still needed).
-    assert events(js["r2"], "relay_upstream_stalled"), logs["r2"].read_text()[-2000:]
+    assert read_events(js["r2"], "relay_upstream_stalled"), logs["r2"].read_text()[-2000:]
     # The learner sent fewer copies than actors even with a relay dead: r2 still fans out on h2.
     assert v2["egress_chunks"] < 4 * CHUNKS and v3["egress_chunks"] <= 3 * CHUNKS
 
@@ -202,7 +190,7 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
         assert hub.weight_chunks_served == len(chunks)  # all of it through the relay, once
         assert asyncio.run(fetch("actor-1")) == want
         assert hub.weight_chunks_served == 2 * len(chunks)  # refused by the relay: straight from the learner
-        assert events(tmp_path / "relay.jsonl", "peer_refused_unknown_key")
+        assert read_events(tmp_path / "relay.jsonl", "peer_refused_unknown_key")
         open_bind = subprocess.run([sys.executable, "-m", "agentgym.relay", "--bind", "tcp://0.0.0.0:1", "--upstream", learner_addr],
                                    cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
         assert open_bind.returncode == 2 and "--insecure" in open_bind.stderr

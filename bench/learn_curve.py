@@ -11,7 +11,8 @@ learner's own float32 model, so π_prox/μ = 1): what it measures is the optimis
 (learning rate, clip, loss), not the off-policy correction. Held-out success is measured every
 ``--eval-every`` steps on ``--eval-tasks`` test tasks x 4 samples at the step's turn limit.
 
-Writes ``OUT/TAG/seed<S>.json`` (the config overrides, the held-out curve, every step's metrics)
+Writes ``OUT/TAG/seed<S>.json`` (the config overrides, the held-out curve, every step's metrics,
+the decoded actions of the first episode of each held-out task at each evaluation: ``plays``)
 and, with ``--plot``, ``OUT/TAG.png``. ``bench/plot_curves.py`` plots several tags together.
 """
 

@@ -11,7 +11,8 @@ learner's own float32 model, so π_prox/μ = 1): what it measures is the optimis
 (learning rate, clip, loss), not the off-policy correction. Held-out success is measured every
 ``--eval-every`` steps on ``--eval-tasks`` test tasks x 4 samples at the step's turn limit.
 
-Writes ``OUT/TAG/seed<S>.json`` (the config overrides, the held-out curve, every step's metrics)
+Writes ``OUT/TAG/seed<S>.json`` (the config overrides, the held-out curve, every step's metrics,
+the decoded actions of the first episode of each held-out task at each evaluation: ``plays``)
 and, with ``--plot``, ``OUT/TAG.png``. ``bench/plot_curves.py`` plots several tags together.
 """
 
@@ -26,6 +27,8 @@ import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -78,6 +81,7 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
     pool = EnvPool(env.name, dict(env.kwargs), 8)
     held_out = [Ticket(group_id=f"eval:{i}", env=env.name, task_id=i, split="test") for i in range(eval_tasks)]
     curve: list[tuple[int, float]] = []
+    plays: list[tuple[int, list[str]]] = []
     metrics: list[dict[str, float]] = []
     t0 = time.time()
 
@@ -86,9 +90,12 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
         groups = await play_groups(engine, tokenizer, pool, spec, held_out, EVAL_EPISODES, limit)
         eps = [e for g in groups for e in g.episodes]
         curve.append((step, sum(e.success for e in eps) / len(eps)))
+        # What the policy plays: the guesses of each held-out task's first episode.
+        plays.append((step, [tokenizer.decode(np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0])
+                             for e in (g.episodes[0] for g in groups)]))  # fmt: skip
         if partial is not None:
             partial.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps({"curve": curve, "metrics": metrics, "partial": True}))
+            partial.write_text(json.dumps({"curve": curve, "metrics": metrics, "plays": plays, "partial": True}))
         if log:
             m = metrics[-1] if metrics else {}
             print(f"  step {step:4d} held_out {curve[-1][1]:.3f} train {m.get('success_rate', float('nan')):.3f} "
@@ -111,7 +118,7 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
         await pool.close()
         await engine.close()
         trainer.close()
-    return {"curve": curve, "metrics": metrics, "wall_s": time.time() - t0}
+    return {"curve": curve, "metrics": metrics, "plays": plays, "wall_s": time.time() - t0}
 
 
 def main() -> int:

@@ -55,6 +55,8 @@ MIN_RISE = 0.06
 SETTINGS = (
     "env.kwargs={ low = 1, high = 4 }", "schedule.turn_limits=[[0, 2]]", "rollout.max_tokens_per_turn=2",
     "rollout.group_size=8", "learner.batch_groups=4", "learner.lr=1e-2", f"run.max_steps={STEPS}",
+    # The loss and schedule the figures above were measured with (the quickstart's may change).
+    'learner.loss_agg="token_mean"', 'learner.lr_schedule="constant"',
     # The turn limit is fixed and success within it is what counts: PPO's cut episodes are
     # terminal (docs/off_policy.md: bootstrapping them with gamma = 1 leaves PPO no signal).
     # The other algorithms have no critic and ignore it.

@@ -72,6 +72,24 @@ def test_guess_number_contract() -> None:
     assert (after.observation, after.reward, after.done) == ("game over", 0.0, True)
 
 
+def test_guess_number_show_range_says_what_the_hints_allow() -> None:
+    # Target 5 (task 5): each hint carries the interval that the hints so far leave, and it
+    # only narrows (a guess outside it changes nothing); the rest of the game is unchanged.
+    env = GuessNumber(show_range=True)
+    env.reset(5)
+    assert env._target == 5
+    seen = [env.step(a).observation for a in ["4", "7", "2", "x", "6", "5"]]
+    assert seen == ["higher, 5 to 8", "lower, 5 to 6", "higher, 5 to 6", "invalid, say a number from 1 to 8",
+                    "lower, 5 to 5", "correct"]  # fmt: skip
+    plain = GuessNumber()
+    plain.reset(5)
+    assert [plain.step(a).observation for a in ["4", "7"]] == ["higher", "lower"]
+    # Every word and digit of the hints is one the tiny model's tokenizer was trained on.
+    assert {"higher", "lower", "to", "5", "8"} <= {w for t in CORPUS for w in t.replace(",", " ").split()}
+    with pytest.raises(TypeError, match="show_range"):
+        GuessNumber(show_range="yes")
+
+
 def test_guess_number_is_deterministic_in_task_id() -> None:
     actions = ["4", "x", "6", "2", "7", "1", "3", "5", "8"]
 

@@ -8,10 +8,17 @@ number, and a good policy (binary search) needs only a few turns.
     options:  low: int = 1, high: int = 8          (env.kwargs in the config)
               step_latency_s: float = 0             each step first waits this long (the median)
               latency_sigma: float = 0              spread of that wait: log-normal, sigma of its log
+              show_range: bool = False              hints also say what the hints so far allow:
+                                                    "higher, 5 to 8" instead of "higher"
     target:   random.Random(task_id).randint(low, high)
     reset ->  "guess a number from 1 to 8"
     step  ->  "correct" (reward 1, done, success) | "higher" | "lower"
               | "invalid, say a number from 1 to 8" (no integer, or out of range; still a turn)
+
+``show_range`` makes the game Markov: the observation carries the interval, so the policy need
+not reconstruct it from the whole history of guesses and hints. The tiny model learns the game
+by RL far faster and further with it (docs/off_policy.md, "Stability"); without it, it settles on
+guesses that ignore the hints. Its words and digits are already in ``CORPUS``.
 
 The instructions repeat the rules for agents that get a system message; the first observation
 alone is enough to play. The env has no turn limit of its own: the actor applies the learner's.
@@ -75,8 +82,11 @@ class GuessNumber(Env):
     name = "guess_number"
 
     def __init__(self, low: int = 1, high: int = 8, step_latency_s: float = 0.0, latency_sigma: float = 0.0,
-                 **kwargs: object) -> None:
+                 show_range: bool = False, **kwargs: object) -> None:
         super().__init__(**kwargs)
+        if not isinstance(show_range, bool):
+            raise TypeError(f"guess_number: option show_range must be true or false, got {show_range!r}")
+        self.show_range = show_range
         for key, value in (("low", low), ("high", high)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"guess_number: option {key} must be an integer, got {value!r}")
@@ -120,9 +130,12 @@ class GuessNumber(Env):
             return StepResult(CORRECT, 1.0, True, {"turns": self._turns, "success": True})
         if guess < self._target:
             self._lo = max(self._lo, guess + 1)
-            return StepResult(HIGHER, 0.0, False, {"turns": self._turns})
+            return StepResult(self._hint(HIGHER), 0.0, False, {"turns": self._turns})
         self._hi = min(self._hi, guess - 1)
-        return StepResult(LOWER, 0.0, False, {"turns": self._turns})
+        return StepResult(self._hint(LOWER), 0.0, False, {"turns": self._turns})
+
+    def _hint(self, word: str) -> str:
+        return f"{word}, {self._lo} to {self._hi}" if self.show_range else word
 
     def latency(self, task_id: int, turn: int) -> float:
         """Seconds step ``turn`` (from 1) of task ``task_id`` waits (0 unless ``step_latency_s``)."""

@@ -90,6 +90,31 @@ def test_guess_number_show_range_says_what_the_hints_allow() -> None:
         GuessNumber(show_range="yes")
 
 
+def test_guess_number_shaping_rewards_narrowing_and_telescopes() -> None:
+    # Target 5 (task 5), shaping 0.3 over N = 8 (3 bits): a guess halving the interval earns
+    # 0.3 / 3; one outside it, an invalid reply and a repeat earn 0; the last bit comes with the win.
+    env = GuessNumber(shaping=0.3)
+    env.reset(5)
+    got = [(r.observation, r.reward, r.done) for r in (env.step(a) for a in ["4", "4", "7", "2", "x", "6", "5"])]
+    assert [o for o, _, _ in got] == ["higher", "higher", "lower", "higher", "invalid, say a number from 1 to 8",
+                                      "lower", "correct"]  # fmt: skip
+    assert [r for _, r, _ in got] == pytest.approx([0.1, 0.0, 0.1, 0.0, 0.0, 0.1, 1.0])
+    # A first-guess win earns the whole shaping at once; over any episode the shaping sums to
+    # shaping * (bits found / bits needed), so a win is worth 1 + shaping however it was reached.
+    lucky = GuessNumber(shaping=0.3)
+    lucky.reset(5)
+    assert lucky.step("5").reward == pytest.approx(1.3)
+    failed = GuessNumber(shaping=0.3)
+    failed.reset(5)
+    assert sum(failed.step(a).reward for a in ["1", "8", "3"]) == pytest.approx(0.3 * (3 - 2) / 3)  # 1..8 -> 4..7
+    plain = GuessNumber()
+    plain.reset(5)
+    assert [plain.step(a).reward for a in ["4", "5"]] == [0.0, 1.0]  # off by default
+    for bad in (-0.1, "0.5", True, float("inf")):
+        with pytest.raises(ValueError, match="shaping"):
+            GuessNumber(shaping=bad)
+
+
 def test_guess_number_is_deterministic_in_task_id() -> None:
     actions = ["4", "x", "6", "2", "7", "1", "3", "5", "8"]
 

@@ -10,15 +10,27 @@ number, and a good policy (binary search) needs only a few turns.
               latency_sigma: float = 0              spread of that wait: log-normal, sigma of its log
               show_range: bool = False              hints also say what the hints so far allow:
                                                     "higher, 5 to 8" instead of "higher"
+              shaping: float = 0                    weight of a potential-based reward for narrowing
+                                                    the interval the hints allow (below)
     target:   random.Random(task_id).randint(low, high)
     reset ->  "guess a number from 1 to 8"
     step  ->  "correct" (reward 1, done, success) | "higher" | "lower"
               | "invalid, say a number from 1 to 8" (no integer, or out of range; still a turn)
 
 ``show_range`` makes the game Markov: the observation carries the interval, so the policy need
-not reconstruct it from the whole history of guesses and hints. The tiny model learns the game
-by RL far faster and further with it (docs/off_policy.md, "Stability"); without it, it settles on
-guesses that ignore the hints. Its words and digits are already in ``CORPUS``.
+not reconstruct it from the whole history of guesses and hints. Its words and digits are already
+in ``CORPUS``.
+
+``shaping`` adds potential-based reward shaping (Ng, Harada & Russell, "Policy invariance under
+reward transformations", ICML 1999) with the potential Φ(s) = −log2|I| / log2 N, I the interval
+the hints so far allow (a solved game: |I| = 1) and N = high − low + 1: each turn earns
+``shaping * (Φ(s') − Φ(s))``, the share of the bits still missing that the guess found. A guess
+that halves the interval earns ``shaping / log2 N``; one outside it, a repeat or an invalid reply
+earns 0. Over an episode the shaping telescopes to ``shaping * (Φ(end) − Φ(start))``, so it
+changes no optimal policy; what it adds is a per-turn signal that says which guess used the
+hints, which a 0/1 reward at the end spreads over every turn (docs/off_policy.md, "What holds
+guess_number near 0.6"). ``success`` stays "found the number"; held-out success ignores the
+shaping.
 
 The instructions repeat the rules for agents that get a system message; the first observation
 alone is enough to play. The env has no turn limit of its own: the actor applies the learner's.
@@ -82,11 +94,14 @@ class GuessNumber(Env):
     name = "guess_number"
 
     def __init__(self, low: int = 1, high: int = 8, step_latency_s: float = 0.0, latency_sigma: float = 0.0,
-                 show_range: bool = False, **kwargs: object) -> None:
+                 show_range: bool = False, shaping: float = 0.0, **kwargs: object) -> None:
         super().__init__(**kwargs)
         if not isinstance(show_range, bool):
             raise TypeError(f"guess_number: option show_range must be true or false, got {show_range!r}")
         self.show_range = show_range
+        if not isinstance(shaping, (int, float)) or isinstance(shaping, bool) or not 0 <= shaping < math.inf:
+            raise ValueError(f"guess_number: option shaping must be a number >= 0, got {shaping!r}")
+        self.shaping = float(shaping)
         for key, value in (("low", low), ("high", high)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"guess_number: option {key} must be an integer, got {value!r}")
@@ -125,14 +140,22 @@ class GuessNumber(Env):
         guess = _parse(action)
         if guess is None or not self.low <= guess <= self.high:
             return StepResult(invalid(self.low, self.high), 0.0, False, {"turns": self._turns, "valid": False})
+        before = self._potential()
         if guess == self._target:
             self._done = True
-            return StepResult(CORRECT, 1.0, True, {"turns": self._turns, "success": True})
+            return StepResult(CORRECT, 1.0 + self.shaping * (0.0 - before), True, {"turns": self._turns, "success": True})
         if guess < self._target:
             self._lo = max(self._lo, guess + 1)
-            return StepResult(self._hint(HIGHER), 0.0, False, {"turns": self._turns})
-        self._hi = min(self._hi, guess - 1)
-        return StepResult(self._hint(LOWER), 0.0, False, {"turns": self._turns})
+            word = HIGHER
+        else:
+            self._hi = min(self._hi, guess - 1)
+            word = LOWER
+        return StepResult(self._hint(word), self.shaping * (self._potential() - before), False, {"turns": self._turns})
+
+    def _potential(self) -> float:
+        """Φ = −log2|I| / log2 N of the interval the hints allow: −1 at the start, 0 when one number is left."""
+        n = self.high - self.low + 1
+        return -math.log2(self._hi - self._lo + 1) / math.log2(n) if n > 1 else 0.0
 
     def _hint(self, word: str) -> str:
         return f"{word}, {self._lo} to {self._hi}" if self.show_range else word

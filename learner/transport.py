@@ -7,8 +7,9 @@
 
 Why a thread (docs/adr/0003-concurrency.md): pyzmq has no trio integration and its edge-triggered
 FD is easy to get subtly wrong. The I/O thread polls the control ROUTER, the weights ROUTER and
-an inproc wake-up socket; inbound messages cross to trio through a bounded memory channel (the
-thread blocks when trio falls behind, so ZeroMQ's high-water marks push back on actors);
+an inproc wake-up socket; inbound messages cross to trio through a bounded queue (``Inbox``: the
+thread never waits for trio unless the queue is full, and then ZeroMQ's high-water marks push
+back on actors);
 outbound messages cross through a queue plus a wake-up frame. Weight chunks are served entirely
 in the thread from the latest immutable snapshot.
 
@@ -49,6 +50,70 @@ log = structlog.get_logger(__name__)
 _ids = itertools.count()
 
 
+class Inbox:
+    """Decoded messages from the I/O thread to trio: a bounded thread-safe queue plus a wake-up.
+
+    The thread puts and, only when trio may be asleep on an empty queue, schedules one wake-up
+    (``run_sync_soon``: no round trip, the thread goes straight back to its sockets). A full
+    queue blocks the thread, so ZeroMQ's high-water marks push back on actors. Iterate it from
+    the trio thread: ``async for peer, msg in hub.inbox``.
+    """
+
+    def __init__(self, token: trio.lowlevel.TrioToken, size: int) -> None:
+        self._q: queue.Queue[tuple[bytes, Message]] = queue.Queue(size)
+        self._token = token
+        self._event = trio.Event()
+        self._asleep = False  # trio found the queue empty and waits (or is about to) on _event
+        self.closed = False
+
+    # I/O thread
+    def put(self, items: list[tuple[bytes, Message]]) -> None:
+        for item in items:
+            while not self.closed:
+                try:
+                    self._q.put(item, timeout=0.5)
+                    break
+                except queue.Full:
+                    self._wake_trio()  # trio may be asleep on a race: make sure it drains
+        self._wake_trio()
+
+    def _wake_trio(self) -> None:
+        if self._asleep:
+            self._asleep = False
+            try:
+                self._token.run_sync_soon(self._set)
+            except trio.RunFinishedError:
+                self.closed = True
+
+    def _set(self) -> None:
+        self._event.set()
+
+    # trio thread
+    def __aiter__(self) -> Inbox:
+        return self
+
+    async def __anext__(self) -> tuple[bytes, Message]:
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                if self.closed:
+                    raise StopAsyncIteration from None
+            else:
+                await trio.lowlevel.checkpoint()  # a busy inbox must not starve the other tasks
+                return item
+            # Announce sleep *before* the last look: a put after that look sees _asleep and wakes us.
+            self._event = trio.Event()
+            self._asleep = True
+            if self._q.empty() and not self.closed:
+                await self._event.wait()
+            self._asleep = False
+
+    def close(self) -> None:
+        self.closed = True
+        self._event.set()
+
+
 @dataclass(frozen=True)
 class WeightSnapshot:
     """One weight version, its chunks pre-encoded as ZeroMQ frames."""
@@ -79,7 +144,7 @@ class Hub:
         self.bind = bind
         self.keys = keys
         self.max_msg_bytes = max_msg_bytes or max_frame_bytes()
-        self._send_in, self.inbox = trio.open_memory_channel[tuple[bytes, Message]](inbox_size)
+        self.inbox = Inbox(trio.lowlevel.current_trio_token(), inbox_size)
         self._outbox: queue.SimpleQueue[tuple[bytes, list[bytes]] | None] = queue.SimpleQueue()
         self._snapshot: WeightSnapshot | None = None
         self._ctx = zmq.Context()
@@ -114,7 +179,7 @@ class Hub:
         s.bind(addr)
         return s
 
-    def _run(self, token: trio.lowlevel.TrioToken) -> None:
+    def _run(self) -> None:
         try:
             control = self._make_router(self.bind)
             weights = self._make_router(weights_address(self.bind))
@@ -141,11 +206,9 @@ class Hub:
                             break
                     running = self._flush_outbox(control)
                 if control in events:
-                    self._drain_control(control, token)
+                    self._drain_control(control)
                 if weights in events:
                     self._serve_weights(weights)
-        except (trio.RunFinishedError, trio.ClosedResourceError, trio.Cancelled):
-            pass
         finally:
             self._flush_outbox(control)
             for s in (control, weights, wake):
@@ -165,8 +228,8 @@ class Hub:
             except zmq.Again:
                 log.warning("send_dropped_hwm", peer=peer.hex())
 
-    def _drain_control(self, control: zmq.Socket, token: trio.lowlevel.TrioToken) -> None:
-        # Decoded here; handed to trio in one thread round trip per drain, not one per message.
+    def _drain_control(self, control: zmq.Socket) -> None:
+        # Decoded here; handed to trio in one put per drain, without waiting for trio.
         batch: list[tuple[bytes, Message]] = []
         for _ in range(256):  # bounded, so weights and the outbox get their turn
             try:
@@ -191,11 +254,7 @@ class Hub:
                 continue
             batch.append((peer, msg))
         if batch:
-            trio.from_thread.run(self._deliver, batch, trio_token=token)
-
-    async def _deliver(self, batch: list[tuple[bytes, Message]]) -> None:
-        for item in batch:  # blocks while the inbox is full: backpressure reaches ZeroMQ's HWM
-            await self._send_in.send(item)
+            self.inbox.put(batch)  # blocks only while the inbox is full: backpressure reaches ZeroMQ's HWM
 
     def _send_now(self, sock: zmq.Socket, peer: bytes, frames: list) -> None:  # type: ignore[type-arg]
         try:
@@ -248,7 +307,7 @@ async def open_hub(
     auth = None
     if keys is not None:
         auth, hub.allow = start_authenticator(hub._ctx, keys)
-    thread = threading.Thread(target=hub._run, args=(trio.lowlevel.current_trio_token(),), name="zmq-hub", daemon=True)
+    thread = threading.Thread(target=hub._run, name="zmq-hub", daemon=True)
     thread.start()
     await trio.to_thread.run_sync(hub._ready.wait)
     if hub._error is not None:
@@ -260,7 +319,7 @@ async def open_hub(
     finally:
         hub.stop()
         with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await hub._send_in.aclose()
+            hub.inbox.close()
             await trio.to_thread.run_sync(thread.join, 5.0)
         hub._wake.close(linger=0)
         if auth is not None:

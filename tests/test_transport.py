@@ -192,3 +192,42 @@ def test_oversized_frame_is_refused_by_the_socket_and_the_hub_goes_on() -> None:
         big.close(0)
         ok.close(0)
         ctx.term()
+
+
+def test_inbox_hands_every_message_to_trio_in_order_and_pushes_back_when_full() -> None:
+    # A real producer thread (as the I/O thread) against a slow trio consumer: nothing is lost
+    # or reordered, the queue never holds more than its bound (the producer blocks instead), and
+    # closing the inbox ends the consumer's loop.
+    from agentgym.learner.transport import Inbox
+
+    n, size = 300, 8
+    got: list[int] = []
+    most = 0
+
+    async def main() -> None:
+        nonlocal most
+        inbox = Inbox(trio.lowlevel.current_trio_token(), size)
+
+        def produce() -> None:
+            for start in range(0, n, 7):  # batches, as drained from the socket
+                inbox.put([(b"peer", i) for i in range(start, min(start + 7, n))])  # type: ignore[misc]
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        async with trio.open_nursery() as nursery:
+            async def consume() -> None:
+                nonlocal most
+                async for _, i in inbox:
+                    most = max(most, inbox._q.qsize())
+                    got.append(i)  # type: ignore[arg-type]
+                    if len(got) % 50 == 0:
+                        await trio.sleep(0.05)  # fall behind: the producer must wait, not drop
+            nursery.start_soon(consume)
+            while len(got) < n:
+                await trio.sleep(0.01)
+            inbox.close()
+        await trio.to_thread.run_sync(thread.join, 5)
+
+    trio.run(main)
+    assert got == list(range(n))
+    assert most <= size

@@ -134,6 +134,10 @@ def figures_of(recs: list[dict], evals: list[dict], summary: dict, t0: float) ->
         # partial loss that keeps whole groups from being lost (ADR 0013).
         "tokens_past_bound_frac": sum(r.get(gt, 0.0) * r["agent_tokens"] for r in recs) / max(sum(r["agent_tokens"] for r in recs), 1)
         if (gt := next((k for k in recs[0] if k.startswith("staleness_frac_gt")), None)) else float("nan"),
+        # What those tokens lost: 1 - the mean staleness weight over the agent tokens of trained
+        # groups (equal to tokens_past_bound_frac under "drop", less under "downweight").
+        "token_weight_lost_frac": 1 - sum(r.get("staleness_weight_mean", 1.0) * r["agent_tokens"] for r in recs)
+        / max(sum(r["agent_tokens"] for r in recs), 1),
         "turns_mean_ratio": mix.get("turns_mean_ratio", float("nan")),
         "final_eval_success": evals[-1]["success_rate"] if evals else float("nan"),
     }

@@ -151,9 +151,10 @@ class LearnerConfig(Section):
     max_staleness: Annotated[int, Field(ge=0)] = 4
     """Largest allowed (learner version - token version). Tickets are issued so that it is rarely
     exceeded; rollouts beyond it are handled by ``staleness_mode``."""
-    staleness_mode: Literal["drop", "downweight"] = "drop"
-    """What happens to tokens more than max_staleness versions old: drop (weight 0; whole rollouts
-    are refused) or downweight (weight staleness_decay^(s - max_staleness))."""
+    staleness_mode: Literal["drop", "downweight"] = "downweight"
+    """What happens to tokens more than max_staleness versions old: downweight (weight
+    staleness_decay^(s - max_staleness); nothing played is thrown away) or drop (weight 0; a
+    rollout with no token within the bound is refused). ADR 0013, addendum."""
     std_normalize: bool = True
     """GRPO: divide group-centred rewards by the group's std (False: Dr. GRPO)."""
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 1.0

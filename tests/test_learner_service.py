@@ -31,7 +31,7 @@ def learner(model: Path, tmp_path: Path, *overrides: str) -> Learner:
 def test_a_group_is_refused_or_expired_only_when_none_of_its_tokens_is_within_the_bound(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    ln = learner(tiny_model, tmp_path)
+    ln = learner(tiny_model, tmp_path, 'learner.staleness_mode="drop"')
     ln.step = 4
     assert ln.judge(group("old", [1, 1])) == "stale"  # every token 3 versions old on arrival
     # A long episode started 3 versions ago is trained on what it sampled later, not dropped.
@@ -59,8 +59,10 @@ def test_the_buffer_trains_the_group_with_the_oldest_tokens_first(tiny_model: Pa
 
 
 def test_nothing_expires_when_stale_tokens_are_down_weighted(tiny_model: Path, tmp_path: Path) -> None:
-    ln = learner(tiny_model, tmp_path, 'learner.staleness_mode="downweight"')
+    ln = learner(tiny_model, tmp_path)  # the default
+    assert ln.cfg.learner.staleness_mode == "downweight"
     ln.step = 9
+    assert ln.judge(group("old", [0, 0])) == "accepted"  # 9 versions old: trained at weight 0.5^7
     ln.buffer.add(group("g", [0, 0]), 0, 0)
     ln.expire_stale()
     assert len(ln.buffer) == 1 and ln.counters.expired["groups"] == 0
@@ -69,7 +71,7 @@ def test_nothing_expires_when_stale_tokens_are_down_weighted(tiny_model: Path, t
 def test_rejected_and_expired_groups_are_forfeited_and_a_resume_starts_with_a_full_pipeline(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    ln = learner(tiny_model, tmp_path)
+    ln = learner(tiny_model, tmp_path, 'learner.staleness_mode="drop"')
     ln.sched.issued = 3
     run = ln.sched.run_id
     ln.step = 4

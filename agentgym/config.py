@@ -205,6 +205,9 @@ class LearnerConfig(Section):
     """ppo: whiten the GAE advantages over the batch's agent tokens."""
     value_coef: Annotated[float, Field(ge=0)] = 0.5
     """ppo: weight of the value loss in the total loss."""
+    value_lr: Annotated[float, Field(gt=0)] | None = None
+    """ppo: learning rate of the value head (None: learner.lr), scaled by the same schedule. The
+    head reads a representation every policy step moves; a faster head keeps up with it."""
     value_clip: Annotated[float, Field(gt=0)] | None = 0.2
     """ppo: clip range of the value loss around the values at the start of the step (None: off)."""
     kl_coef: Annotated[float, Field(ge=0)] = 0.0

@@ -120,7 +120,14 @@ class Trainer:
                     fsdp_shard(m, self.dp)
         # Parameters are read after sharding (FSDP replaces them with sharded ones).
         self.params = [p for m in trained for p in m.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lc.lr, weight_decay=lc.weight_decay)
+        # The value head may learn at its own rate (learner.value_lr): the schedule scales each
+        # group's base rate by the same factor.
+        head = {id(p) for p in self.value_head.parameters()} if self.value_head is not None else set()
+        groups = [{"params": [p for p in self.params if id(p) not in head], "lr_scale": 1.0}]
+        if head:
+            groups.append({"params": [p for p in self.params if id(p) in head],
+                           "lr_scale": (lc.value_lr if lc.value_lr is not None else lc.lr) / lc.lr})  # fmt: skip
+        self.optimizer = torch.optim.AdamW(groups, lr=lc.lr, weight_decay=lc.weight_decay)
         self.trained_modules = torch.nn.ModuleDict({"policy": self.model, **({"value_head": self.value_head}
                                                     if self.value_head is not None else {})})  # fmt: skip
         """What the optimizer trains, by name: its checkpointed state is keyed by these names."""
@@ -249,7 +256,7 @@ class Trainer:
         lr = lc.lr * lr_factor(self.step, warmup_steps=lc.warmup_steps, total_steps=cfg.run.max_steps,
                                schedule=lc.lr_schedule, min_ratio=lc.min_lr_ratio)  # fmt: skip
         for g in self.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_scale", 1.0)
         lengths = b.lengths.cpu()
         n_mb = min(lc.minibatches, B)
         minibatches = list(torch.arange(B).chunk(n_mb))

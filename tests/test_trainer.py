@@ -228,3 +228,19 @@ def test_ppo_turn_limit_cut_is_bootstrapped_or_terminal_by_config(model_dir: Pat
         assert params_equal(cut.model, ended.model) and m_cut["value_loss"] == m_ended["value_loss"]
     else:
         assert not params_equal(cut.model, ended.model) and m_cut["value_loss"] != m_ended["value_loss"]
+
+
+def test_the_value_head_learns_at_its_own_rate_on_the_same_schedule(model_dir: Path) -> None:
+    cfg = make_cfg(model_dir, "learner.algorithm=ppo", "learner.lr=1e-3", "learner.value_lr=1e-2",
+                   "learner.warmup_steps=2", "run.max_steps=10")  # fmt: skip
+    tr = Trainer.load(cfg)
+    head = {id(p) for p in tr.value_head.parameters()}
+    policy_group, head_group = tr.optimizer.param_groups
+    assert {id(p) for p in head_group["params"]} == head and not head & {id(p) for p in policy_group["params"]}
+    m = tr.train_step(bandit_rollouts(tr.model, version=tr.version))
+    assert m["lr"] == pytest.approx(0.5e-3)  # warm-up step 1 of 2
+    assert (policy_group["lr"], head_group["lr"]) == (pytest.approx(0.5e-3), pytest.approx(0.5e-2))
+    # Without value_lr the head follows the policy's rate.
+    same = Trainer.load(make_cfg(model_dir, "learner.algorithm=ppo", "learner.lr=1e-3"))
+    same.train_step(bandit_rollouts(same.model, version=same.version))
+    assert [g["lr"] for g in same.optimizer.param_groups] == [pytest.approx(1e-3)] * 2

@@ -51,7 +51,7 @@ class StalenessRule:
     mode: Literal["async", "sync"]
     max_staleness: int
     batch_groups: int
-    token_mode: Literal["drop", "downweight"] = "drop"
+    token_mode: Literal["drop", "downweight"] = "downweight"  # learner.staleness_mode's default
     decay: float = 0.5
     _round_version: int = -1
     _round_left: int = 0

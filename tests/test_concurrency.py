@@ -85,7 +85,7 @@ def test_the_scheduler_grants_each_actor_up_to_its_reported_capacity() -> None:
 
 
 def test_the_staleness_rule_admits_by_the_batch_a_ticket_will_be_trained_in() -> None:
-    rule = StalenessRule(mode="async", max_staleness=2, batch_groups=4)
+    rule = StalenessRule(mode="async", max_staleness=2, batch_groups=4, token_mode="drop")
     assert [rule.min_version(live) for live in (0, 11, 12)] == [-1, -1, None]  # 12 // 4 = 3 > K
     assert rule.headroom(5) == 7 and rule.headroom(20) == 0
     assert rule.verdict(oldest=0, newest=3, version=5) == "accepted"  # its later turns are trainable

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +40,8 @@ async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn
     from agentgym.protocol import RolloutSpec, Ticket
     from agentgym.protocol.arrays import I32, U8, unpack
 
+    if critic_spec is not None and split != "train":
+        critic_spec = msgspec.structs.replace(critic_spec, at_eval=True)  # held-out tasks: the critic speaks too
     spec = RolloutSpec(group_size=1, max_tokens_per_turn=max_tokens, max_episode_tokens=512, temperature=1.0, top_p=1.0,
                        critic=critic_spec)  # fmt: skip
     engine = HfEngine(model_dir, seed=0)

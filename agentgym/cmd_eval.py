@@ -3,6 +3,7 @@
     agentgym eval --model runs/quickstart/checkpoints/step-000100 --env guess_number --tasks 32 -k 4
     agentgym eval --model runs/quickstart --engine vllm --temperature 0 -k 1      # latest checkpoint
     agentgym eval --model models/tiny --engine remote --url http://host:8000 --served-model tiny
+    agentgym eval --model runs/quickstart --critic -o critic.kind=\"oracle\" -o critic.when=\"every_turn\"
 
 No learner is started: the command loads one engine, starts one env pool per env and plays
 ``tasks`` tasks of ``split`` ``k`` times each with the rollout code actors use
@@ -45,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--turn-limit", type=int, help="turns per episode (default: the schedule's last limit)")
     e.add_argument("--concurrency", type=int, default=8, help="episodes played at once")
     e.add_argument("--out", type=Path, help="write the JSON report here")
+    e.add_argument("--critic", action="store_true",
+                   help="play with the config's [critic] (kind, when, max_revisions; set them with -o critic.KEY=...) "
+                   "on every episode; without it the agent plays alone")  # fmt: skip
 
 
 def resolve_model(path: Path) -> Path:
@@ -121,6 +125,6 @@ async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, task
     try:
         return await evaluate(engine, tokenizer, cfg, envs, split=args.split or cfg.eval.split, tasks=tasks, k=k,
                               temperature=temperature, seed=seed, turn_limit=turn_limit,
-                              concurrency=args.concurrency)  # fmt: skip
+                              concurrency=args.concurrency, critic=args.critic)  # fmt: skip
     finally:
         await engine.close()

@@ -81,15 +81,25 @@ async def evaluate(
     turn_limit: int,
     concurrency: int = 8,
     progress: bool = True,
+    critic: bool = False,
 ) -> dict[str, Any]:
     """Play ``tasks`` tasks of ``split`` of every env ``k`` times each; the report ``agentgym eval``
-    prints. ``cfg`` supplies the env options and the rollout's token budgets."""
+    prints. ``cfg`` supplies the env options and the rollout's token budgets. ``critic``: play
+    with the config's ``[critic]`` (kind, when, rounds) on every episode, held-out ones included;
+    without it the agent plays alone, whatever ``critic.enabled`` says."""
+    from agentgym.actors.critic import shared_critic
     from agentgym.actors.rollout import play_episode
     from agentgym.envpool.pool import EnvPool
     from agentgym.learner.service import rollout_spec
-    from agentgym.protocol import Ticket
+    from agentgym.protocol import CriticSpec, Ticket
+    from agentgym.protocol.arrays import I32, unpack
 
-    spec = msgspec.structs.replace(rollout_spec(cfg), temperature=temperature)
+    spec = msgspec.structs.replace(rollout_spec(cfg), temperature=temperature, critic=None)
+    judge = None
+    if critic:
+        cs = CriticSpec(**{**cfg.critic.model_dump(exclude={"enabled"}), "at_eval": True})
+        spec = msgspec.structs.replace(spec, critic=cs)
+        judge = await shared_critic(cs, engine, tokenizer, seed)
     if temperature == 0:
         spec = msgspec.structs.replace(spec, top_p=1.0)
     kwargs = {e.name: dict(e.kwargs) for e in cfg.env.specs}
@@ -106,11 +116,12 @@ async def evaluate(
         async with gate:
             ticket = Ticket(group_id=f"eval:{env}:{task}", env=env, task_id=task, min_version=0, split=split)
             ep = await play_episode(engine, tokenizer, pool, ticket, sample, spec, turn_limit,
-                                    seed=episode_seed(seed, env, task, sample))  # fmt: skip
+                                    seed=episode_seed(seed, env, task, sample), critic=judge)  # fmt: skip
         results[env][task][sample] = bool(ep.success)
         failures[env] += ep.finish == "env_failure"
         episodes.append({"env": env, "task": task, "sample": sample, "success": bool(ep.success),
-                         "reward": float(ep.reward), "finish": ep.finish})  # fmt: skip
+                         "reward": float(ep.reward), "finish": ep.finish,
+                         "critiques": int(unpack(ep.critiques, I32).size // 2)})  # fmt: skip
         done += 1
         if progress and (done == total or done % max(1, total // 20) == 0):
             rate = done / max(time.monotonic() - t0, 1e-9)
@@ -128,6 +139,7 @@ async def evaluate(
     return {
         "split": split, "tasks": tasks, "k": k, "temperature": temperature, "seed": seed,
         "turn_limit": turn_limit, "envs": per_env, "episodes": episodes,
+        "critic": f"{spec.critic.kind} {spec.critic.when}" if spec.critic else None,
         "seconds": round(time.monotonic() - t0, 2),
     }  # fmt: skip
 
@@ -140,4 +152,7 @@ def table(report: dict[str, Any]) -> str:
     for env, r in report["envs"].items():
         rows.append(f"{env:<20} {r['tasks']:>6} {r['samples']:>8} {r[f'avg@{k}']:>8.3f} "
                     f"{r[f'pass@{k}']:>8.3f} {r['env_failures']:>8}")  # fmt: skip
+    if report.get("critic"):
+        n = sum(e.get("critiques", 0) for e in report["episodes"])
+        rows.append(f"with the critic ({report['critic']}): {n} critiques over {len(report['episodes'])} episodes")
     return "\n".join(rows)

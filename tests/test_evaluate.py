@@ -92,3 +92,15 @@ def test_summarize_groups_is_what_the_learner_writes() -> None:
     out = summarize_groups([[True, False], [False, False], [True]], k=2)  # the short group is left out
     assert (out["tasks"], out["avg@2"], out["pass@2"]) == (2, 0.25, 0.5)
     assert summarize_groups([[True]], k=2) == {}
+
+
+def test_eval_with_and_without_the_critic(tiny: Path, tmp_path: Path) -> None:
+    # The same seeded tasks: alone (no critique anywhere, even with critic.enabled in the config)
+    # and with the oracle speaking after each unrewarded step of the held-out episodes.
+    oracle = ("-o", "critic.enabled=true", "-o", 'critic.kind="oracle"', "-o", 'critic.when="after_failure"')
+    alone = _eval(tiny, tmp_path / "alone.json", "--seed", "1", *oracle)
+    helped = _eval(tiny, tmp_path / "helped.json", "--seed", "1", "--critic", *oracle)
+    assert alone["critic"] is None and all(e["critiques"] == 0 for e in alone["episodes"])
+    assert helped["critic"] == "oracle after_failure"
+    failed_steps = [e for e in helped["episodes"] if not e["success"]]
+    assert failed_steps and all(e["critiques"] >= 1 for e in failed_steps)  # 3 turns, none solved: >= 1 critique

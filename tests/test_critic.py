@@ -129,6 +129,14 @@ def test_lm_critic_on_the_policy_engine_speaks_and_stays_masked(setup) -> None:
     assert sum(check_masked_and_on_policy(ep, model, tok) for ep in eps) > 0
 
 
+def test_lm_critic_on_its_own_engine_speaks_and_stays_masked(setup) -> None:
+    # A second model (here another copy of the tiny one) in its own hf engine beside the policy's.
+    model_dir, tok, model = setup
+    spec = CriticSpec(kind="lm", engine="hf", model=str(model_dir), when="after_failure", max_tokens=8)
+    eps = play(model_dir, tok, spec, 1, 2, lm=True)
+    assert sum(check_masked_and_on_policy(ep, model, tok) for ep in eps) > 0
+
+
 def test_lm_critic_with_a_missing_model_dir_says_so(setup, tmp_path: Path) -> None:
     spec = CriticSpec(kind="lm", engine="hf", model=str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="critic.model"):

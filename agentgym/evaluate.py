@@ -90,14 +90,14 @@ async def evaluate(
     from agentgym.actors.critic import shared_critic
     from agentgym.actors.rollout import play_episode
     from agentgym.envpool.pool import EnvPool
-    from agentgym.learner.service import rollout_spec
-    from agentgym.protocol import CriticSpec, Ticket
+    from agentgym.learner.service import critic_spec, rollout_spec
+    from agentgym.protocol import Ticket
     from agentgym.protocol.arrays import I32, unpack
 
     spec = msgspec.structs.replace(rollout_spec(cfg), temperature=temperature, critic=None)
     judge = None
     if critic:
-        cs = CriticSpec(**{**cfg.critic.model_dump(exclude={"enabled"}), "at_eval": True})
+        cs = msgspec.structs.replace(critic_spec(cfg), at_eval=True)
         spec = msgspec.structs.replace(spec, critic=cs)
         judge = await shared_critic(cs, engine, tokenizer, seed)
     if temperature == 0:

@@ -72,8 +72,13 @@ def rollout_spec(cfg: Config) -> RolloutSpec:
         group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn, max_episode_tokens=rc.max_episode_tokens,
         temperature=rc.temperature, top_p=rc.top_p, env_kwargs={e.name: dict(e.kwargs) for e in cfg.env.specs},
         system_prompt=rc.system_prompt,
-        critic=CriticSpec(**cfg.critic.model_dump(exclude={"enabled"})) if cfg.critic.enabled else None,
+        critic=critic_spec(cfg) if cfg.critic.enabled else None,
     )  # fmt: skip
+
+
+def critic_spec(cfg: Config) -> CriticSpec:
+    """The config's ``[critic]`` in its wire form, whether or not it is enabled."""
+    return CriticSpec(**cfg.critic.model_dump(exclude={"enabled"}))
 
 
 def env_stats(batch: list[Rollout]) -> dict[str, float]:

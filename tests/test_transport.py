@@ -203,6 +203,7 @@ def test_inbox_hands_every_message_to_trio_in_order_and_pushes_back_when_full() 
     n, size = 300, 8
     got: list[int] = []
     most = 0
+    full_while_asleep = 0  # times the producer had filled the queue while trio slept: it ran ahead, then waited
 
     async def main() -> None:
         nonlocal most
@@ -216,12 +217,13 @@ def test_inbox_hands_every_message_to_trio_in_order_and_pushes_back_when_full() 
         thread.start()
         async with trio.open_nursery() as nursery:
             async def consume() -> None:
-                nonlocal most
+                nonlocal most, full_while_asleep
                 async for _, i in inbox:
                     most = max(most, inbox._q.qsize())
                     got.append(i)  # type: ignore[arg-type]
-                    if len(got) % 50 == 0:
+                    if len(got) % 50 == 0 and len(got) + size < n:
                         await trio.sleep(0.05)  # fall behind: the producer must wait, not drop
+                        full_while_asleep += inbox._q.full()
             nursery.start_soon(consume)
             while len(got) < n:
                 await trio.sleep(0.01)
@@ -230,4 +232,4 @@ def test_inbox_hands_every_message_to_trio_in_order_and_pushes_back_when_full() 
 
     trio.run(main)
     assert got == list(range(n))
-    assert most <= size
+    assert most <= size and full_while_asleep >= 1

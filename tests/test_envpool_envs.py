@@ -208,6 +208,42 @@ def test_guess_number_rejects_bad_options() -> None:
         GuessNumber(high="8")  # type: ignore[arg-type]
 
 
+# ---------------------------------------------------------------- probe
+
+
+def test_probe_echo_rewards_saying_the_observation_back_and_say_any_number() -> None:
+    env = resolve_env("probe")(kind="echo")
+    seen = set()
+    for task_id in range(40):
+        obs = env.reset(task_id)
+        assert obs == env.expert_action() and 1 <= int(obs) <= 8
+        seen.add(obs)
+        wrong = str(int(obs) % 8 + 1)
+        assert env.step(wrong) == StepResult("game over", 0.0, True, {"turns": 1, "success": False})
+        assert env.step(obs).reward == 0.0  # one turn only: the episode is over
+        env.reset(task_id)
+        assert env.step(f"{obs}!") == StepResult("correct", 1.0, True, {"turns": 1, "success": True})
+    assert len(seen) == 8  # the task ids cover the range
+    say = resolve_env("probe")(kind="say", low=2, high=5)
+    assert say.reset(3) == "guess a number from 2 to 5"
+    assert say.step("4").reward == 1.0
+    say.reset(3)
+    assert say.step("9").reward == 0.0
+    texts = {env.instructions(), "correct", "game over", say.reset(0)} | {env.reset(t) for t in range(40)}
+    words = {w for t in CORPUS + corpus(2, 5) for w in t.split()}
+    assert {w for t in texts for w in t.split()} <= words  # the quickstart's tokenizer knows every word
+
+
+def test_probe_rejects_bad_options() -> None:
+    probe = resolve_env("probe")
+    with pytest.raises(ValueError, match=r"kind must be one of \['say', 'echo'\], got 'ecco'"):
+        probe(kind="ecco")
+    with pytest.raises(ValueError, match="low=9 is greater than high=2"):
+        probe(low=9, high=2)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['hihg'\]"):
+        probe(hihg=9)
+
+
 # ---------------------------------------------------------------- chaos (the parts that run in-process)
 
 

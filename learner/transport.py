@@ -73,6 +73,13 @@ class Inbox:
     # I/O thread
     def put(self, items: list[tuple[bytes, Message]]) -> None:
         for item in items:
+            try:
+                self._q.put_nowait(item)
+                continue
+            except queue.Full:
+                # Full before the batch is in: trio may be asleep with the first items waiting
+                # (the wake-up below comes only after the last); wake it before blocking.
+                self._wake_trio()
             while not self.closed:
                 try:
                     self._q.put(item, timeout=0.5)
@@ -319,14 +326,15 @@ class Hub:
 
 @asynccontextmanager
 async def open_hub(
-    bind: str, max_msg_bytes: int | None = None, *, keys: ServerKeys | None = None, insecure: bool = False
+    bind: str, max_msg_bytes: int | None = None, *, keys: ServerKeys | None = None, insecure: bool = False,
+    inbox_size: int = 1024,
 ) -> AsyncIterator[Hub]:
     """Start the I/O thread, wait until its sockets are bound, stop it on exit.
 
     With ``keys`` both ROUTERs are CURVE servers behind a ZAP authenticator; without them a
     non-loopback ``bind`` is refused unless ``insecure`` (learner/auth.py)."""
     check_bind(bind, keys, insecure)
-    hub = Hub(bind, max_msg_bytes=max_msg_bytes, keys=keys)
+    hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys)
     auth = None
     if keys is not None:
         auth, hub.allow = start_authenticator(hub._ctx, keys)

@@ -10,8 +10,9 @@ FD is easy to get subtly wrong. The I/O thread polls the control ROUTER, the wei
 an inproc wake-up socket; inbound messages cross to trio through a bounded queue (``Inbox``: the
 thread never waits for trio unless the queue is full, and then ZeroMQ's high-water marks push
 back on actors);
-outbound messages cross through a queue plus a wake-up frame. Weight chunks are served entirely
-in the thread from the latest immutable snapshot.
+outbound messages cross through a queue plus a wake-up frame (one per flush, however many
+messages it carries). Weight chunks are served entirely in the thread from the latest immutable
+snapshot.
 
 With CURVE keys (learner/auth.py) ZeroMQ's ZAP handshake admits only allow-listed actors on both
 ports: frames of any other peer never reach this module. A Hello of another protocol version is

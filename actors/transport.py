@@ -82,6 +82,10 @@ def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
     return "the connection handshake failed (is this an agentgym learner of the same release?)"
 
 
+COPY_BELOW = 1024 * 1024
+"""Frames smaller than this are copied into ZeroMQ's buffer when sent (see ControlLink.send)."""
+
+
 class ControlLink:
     def __init__(self, ctx: zmq.asyncio.Context, addr: str, actor_id: str, keys: ClientKeys | None = None) -> None:
         self.addr = addr
@@ -93,6 +97,7 @@ class ControlLink:
 
         self.sock = _socket(ctx, addr, actor_id.encode(), keys, watch)
         self.bad_messages = 0
+        self._sending = 0  # sends under way (awaiting room in the queue): see recv()
 
     async def _handshake_refused(self) -> str | None:
         """Why ZeroMQ's handshake with the learner failed (CURVE key refused, keys on one side
@@ -108,12 +113,31 @@ class ControlLink:
         return problem
 
     async def send(self, msg: Message) -> None:
-        await self.sock.send_multipart(encode(msg), copy=False)
+        # Copied into ZeroMQ's buffer below COPY_BELOW: a zero-copy frame costs a wake-up of
+        # pyzmq's garbage-collector thread (and its turn at the GIL) per message, more than
+        # copying a rollout of a few hundred KiB; larger ones still go without a copy.
+        frames = encode(msg)
+        self._sending += 1
+        try:
+            await self.sock.send_multipart(frames, copy=len(frames[1]) < COPY_BELOW)
+        finally:
+            self._sending -= 1
 
     async def recv(self) -> Message:
         """Next valid message; malformed ones are logged and skipped, never fatal."""
         while True:
-            frames = await self.sock.recv_multipart()
+            # A message already waiting is taken without the Future and event-loop round of a
+            # blocking asyncio recv (the common case: acks queue up behind rollouts in flight).
+            # Not while a send waits for room: this recv could consume the edge of ZeroMQ's FD
+            # that was to wake it; the blocking path below re-checks every event it waits on.
+            frames = None
+            if not self._sending:
+                try:
+                    frames = await self.sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            if frames is None:
+                frames = await self.sock.recv_multipart()
             try:
                 msg, _ = decode(frames)
                 return msg

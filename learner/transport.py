@@ -10,8 +10,9 @@ FD is easy to get subtly wrong. The I/O thread polls the control ROUTER, the wei
 an inproc wake-up socket; inbound messages cross to trio through a bounded queue (``Inbox``: the
 thread never waits for trio unless the queue is full, and then ZeroMQ's high-water marks push
 back on actors);
-outbound messages cross through a queue plus a wake-up frame. Weight chunks are served entirely
-in the thread from the latest immutable snapshot.
+outbound messages cross through a queue plus a wake-up frame (one per flush, however many
+messages it carries). Weight chunks are served entirely in the thread from the latest immutable
+snapshot.
 
 With CURVE keys (learner/auth.py) ZeroMQ's ZAP handshake admits only allow-listed actors on both
 ports: frames of any other peer never reach this module. A Hello of another protocol version is
@@ -59,16 +60,27 @@ class Inbox:
     the trio thread: ``async for peer, msg in hub.inbox``.
     """
 
+    CHECKPOINT_EVERY: int = 32
+    """Items handed out between two trio checkpoints while the queue stays busy."""
+
     def __init__(self, token: trio.lowlevel.TrioToken, size: int) -> None:
         self._q: queue.Queue[tuple[bytes, Message]] = queue.Queue(size)
         self._token = token
         self._event = trio.Event()
         self._asleep = False  # trio found the queue empty and waits (or is about to) on _event
+        self._since_checkpoint = 0
         self.closed = False
 
     # I/O thread
     def put(self, items: list[tuple[bytes, Message]]) -> None:
         for item in items:
+            try:
+                self._q.put_nowait(item)
+                continue
+            except queue.Full:
+                # Full before the batch is in: trio may be asleep with the first items waiting
+                # (the wake-up below comes only after the last); wake it before blocking.
+                self._wake_trio()
             while not self.closed:
                 try:
                     self._q.put(item, timeout=0.5)
@@ -100,13 +112,19 @@ class Inbox:
                 if self.closed:
                     raise StopAsyncIteration from None
             else:
-                await trio.lowlevel.checkpoint()  # a busy inbox must not starve the other tasks
+                # A busy inbox must not starve the other tasks, but a checkpoint per message is a
+                # scheduler pass per message: one every CHECKPOINT_EVERY, and always after a sleep.
+                self._since_checkpoint += 1
+                if self._since_checkpoint >= self.CHECKPOINT_EVERY:
+                    self._since_checkpoint = 0
+                    await trio.lowlevel.checkpoint()
                 return item
             # Announce sleep *before* the last look: a put after that look sees _asleep and wakes us.
             self._event = trio.Event()
             self._asleep = True
             if self._q.empty() and not self.closed:
                 await self._event.wait()
+                self._since_checkpoint = 0
             self._asleep = False
 
     def close(self) -> None:
@@ -150,6 +168,7 @@ class Hub:
         self._ctx = zmq.Context()
         self._wake_addr = f"inproc://agentgym-hub-{next(_ids)}"
         self._wake = self._ctx.socket(zmq.PUSH)  # owned by the trio thread
+        self._wake_pending = False  # a wake-up frame is on its way and the thread has not yet flushed
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.bad_messages = 0
@@ -163,7 +182,16 @@ class Hub:
     # ---------------------------------------------------------------- trio side
     def send(self, peer: bytes, msg: Message) -> None:
         self._outbox.put((peer, encode(msg)))  # type: ignore[arg-type]
-        self._wake.send(b"", zmq.NOBLOCK)
+        # One wake-up frame per flush, not per message: the thread clears the flag *before* it
+        # empties the outbox, so a message put after that look is either flushed by this pass or
+        # finds the flag clear and sends a new frame. (Reads and writes of the flag are atomic.)
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self._wake.send(b"", zmq.NOBLOCK)
+            except BaseException:
+                self._wake_pending = False
+                raise
 
     def publish_weights(self, snapshot: WeightSnapshot) -> None:
         self._snapshot = snapshot  # one reference swap: the I/O thread sees old or new, whole
@@ -198,12 +226,13 @@ class Hub:
             running = True
             while running:
                 events = dict(poller.poll(500))
-                if wake in events:
+                if wake in events or not events:  # and on a quiet pass, whatever may be waiting
                     while True:
                         try:
                             wake.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
+                    self._wake_pending = False  # before the flush: see send()
                     running = self._flush_outbox(control)
                 if control in events:
                     self._drain_control(control)
@@ -233,11 +262,13 @@ class Hub:
         batch: list[tuple[bytes, Message]] = []
         for _ in range(256):  # bounded, so weights and the outbox get their turn
             try:
-                peer, *frames = control.recv_multipart(zmq.NOBLOCK)
+                # No copy: decode reads the body in ZeroMQ's buffer and copies out what it keeps.
+                peer_frame, *frames = control.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            peer = peer_frame.bytes
             try:
-                msg, _ = decode(frames)
+                msg, _ = decode([f.buffer for f in frames])
             except VersionMismatch as exc:
                 # Named, so the actor's operator sees both versions; nothing about the model.
                 self.bad_messages += 1
@@ -296,14 +327,15 @@ class Hub:
 
 @asynccontextmanager
 async def open_hub(
-    bind: str, max_msg_bytes: int | None = None, *, keys: ServerKeys | None = None, insecure: bool = False
+    bind: str, max_msg_bytes: int | None = None, *, keys: ServerKeys | None = None, insecure: bool = False,
+    inbox_size: int = 1024,
 ) -> AsyncIterator[Hub]:
     """Start the I/O thread, wait until its sockets are bound, stop it on exit.
 
     With ``keys`` both ROUTERs are CURVE servers behind a ZAP authenticator; without them a
     non-loopback ``bind`` is refused unless ``insecure`` (learner/auth.py)."""
     check_bind(bind, keys, insecure)
-    hub = Hub(bind, max_msg_bytes=max_msg_bytes, keys=keys)
+    hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys)
     auth = None
     if keys is not None:
         auth, hub.allow = start_authenticator(hub._ctx, keys)

@@ -197,6 +197,14 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """int32 ``(start, end)`` token spans of the messages that carry a critique (loss mask 0)."""
 
     def __post_init__(self) -> None:
+        # Fast path: every rule below as one expression of lengths (the learner decodes every
+        # rollout, so this runs per episode); only a failing episode walks the rules one by one
+        # for the message naming what is wrong.
+        nb = len(self.token_ids)
+        if (not nb % 4 and len(self.logprobs) == nb and len(self.versions) == nb and len(self.loss_mask) * 4 == nb
+                and not len(self.turn_ends) % 4 and len(self.turn_rewards) == len(self.turn_ends)
+                and not len(self.critiques) % 8):  # fmt: skip
+            return
         n = count(self.token_ids, I32)
         if len(self.critiques) % (2 * I32.itemsize):
             raise ValueError(f"critiques has {len(self.critiques)} bytes, not a whole number of int32 (start, end) pairs")

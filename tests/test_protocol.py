@@ -211,6 +211,36 @@ def test_inconsistent_episode_arrays_name_the_episode() -> None:
         decode([header(Rollout.KIND), body])
 
 
+def _episode_body(**over: bytes) -> bytes:
+    ep = {"token_ids": pack([1, 2, 3], I32), "logprobs": pack([0.0] * 3, F32), "loss_mask": pack([0, 1, 1], U8),
+          "versions": pack([0, 0, 0], I32), "turn_ends": pack([3], I32), "turn_rewards": pack([1.0], F32),
+          "critiques": pack([0, 1], I32), "reward": 0.0, "success": False, "finish": "done", "turn_limit": 2}  # fmt: skip
+    ep.update(over)
+    return msgspec.msgpack.encode({"group_id": "g", "actor_id": "a", "env": "e", "task_id": 0, "episodes": [ep]})
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"token_ids": b"\0" * 13}, "token_ids has 13 bytes, not a multiple of 4"),
+        ({"logprobs": b"\0" * 13}, "logprobs has 13 bytes, not a multiple of 4"),
+        ({"logprobs": pack([0.0] * 4, F32)}, "logprobs has 4 items but token_ids has 3"),
+        ({"loss_mask": pack([1, 1], U8)}, "loss_mask has 2 items but token_ids has 3"),
+        ({"versions": pack([0] * 2, I32)}, "versions has 2 items but token_ids has 3"),
+        ({"versions": b"\0" * 14}, "versions has 14 bytes, not a multiple of 4"),
+        ({"turn_ends": b"\0" * 3}, "turn_ends has 3 bytes, not a multiple of 4"),
+        ({"turn_rewards": b"\0" * 6}, "turn_rewards has 6 bytes, not a multiple of 4"),
+        ({"turn_rewards": pack([1.0, 2.0], F32)}, "turn_ends and turn_rewards differ in length"),
+        ({"critiques": pack([0], I32)}, "critiques has 4 bytes, not a whole number of int32"),
+    ],
+)  # fmt: skip
+def test_every_episode_array_rule_is_checked_and_named(over: dict[str, bytes], match: str) -> None:
+    # The checks run as one fast expression first; every broken rule must still reach its message.
+    assert decode([header(Rollout.KIND), _episode_body()])[0].episodes[0].num_turns == 1  # type: ignore[attr-defined]
+    with pytest.raises(ProtocolError, match=match + r".* - at `\$.episodes\[0\]`"):
+        decode([header(Rollout.KIND), _episode_body(**over)])
+
+
 def test_weight_chunk_with_wrong_data_size_is_refused() -> None:
     (msg, data), = make_chunks(0, [RawTensor("w", "float32", (2,), np.zeros(2, np.float32).tobytes())], 1 << 20)
     with pytest.raises(ProtocolError, match="data frame has 4 bytes, header says 8"):

@@ -233,3 +233,121 @@ def test_inbox_hands_every_message_to_trio_in_order_and_pushes_back_when_full() 
     trio.run(main)
     assert got == list(range(n))
     assert most <= size and full_while_asleep >= 1
+
+
+def test_a_burst_of_rollouts_is_all_acked_in_order_through_a_full_inbox() -> None:
+    # Many rollouts in flight from a real actor link into a hub whose inbox holds 4 and whose trio
+    # side falls behind now and then: the I/O thread hands messages over in batches and replies
+    # cross back several per wake-up frame, yet every rollout arrives once, in order, and every
+    # ack comes back once, in order (nothing dropped at the bound: the HWMs push back instead).
+    from agentgym.protocol import Ack, Episode, Rollout
+    from agentgym.protocol.arrays import F32, I32, U8, pack
+
+    n, window = 300, 32
+    port = free_port_pair()
+    addr = f"tcp://127.0.0.1:{port}"
+    ep = Episode(token_ids=pack(range(64), I32), logprobs=pack([0.0] * 64, F32), loss_mask=pack([1] * 64, U8),
+                 versions=pack([0] * 64, I32), turn_ends=pack([64], I32), turn_rewards=pack([1.0], F32),
+                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+    got: list[str] = []
+    most_waiting = 0
+    ready = threading.Event()
+
+    async def learner() -> None:
+        nonlocal most_waiting
+        async with open_hub(addr, inbox_size=4) as hub:
+            ready.set()
+            async for peer, msg in hub.inbox:
+                most_waiting = max(most_waiting, hub.inbox._q.qsize())
+                got.append(msg.group_id)
+                hub.send(peer, Ack(group_ids=[msg.group_id], statuses=["accepted"]))
+                if len(got) % 40 == 0:
+                    await trio.sleep(0.05)  # fall behind: the I/O thread must wait, not drop
+                if len(got) == n:
+                    await trio.sleep(0.3)  # let the last acks leave
+                    return
+
+    thread = threading.Thread(target=trio.run, args=(learner,), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+
+    async def actor() -> list[str]:
+        ctx = zmq.asyncio.Context()
+        link = ControlLink(ctx, addr, "a1")
+        acked: list[str] = []
+        for i in range(n):
+            await link.send(Rollout(group_id=f"g{i}", actor_id="a1", env="e", task_id=i, episodes=[ep]))
+            while i + 1 - len(acked) >= window:
+                msg = await asyncio.wait_for(link.recv(), 10)
+                assert isinstance(msg, Ack) and msg.statuses == ["accepted"]
+                acked += msg.group_ids
+        while len(acked) < n:
+            acked += (await asyncio.wait_for(link.recv(), 10)).group_ids  # type: ignore[attr-defined]
+        link.close()
+        ctx.term()
+        return acked
+
+    acked = asyncio.run(actor())
+    thread.join(10)
+    assert got == [f"g{i}" for i in range(n)]
+    assert acked == [f"g{i}" for i in range(n)]
+    assert most_waiting >= 3  # the inbox filled (less the one just taken): the burst ran into the bound
+
+
+def test_a_busy_inbox_still_lets_other_trio_tasks_run() -> None:
+    # Messages handed out back to back (the consumer never awaits) still pass through trio
+    # checkpoints now and then, so a task beside the consumer runs before the inbox is empty.
+    from agentgym.learner.transport import Inbox
+
+    n = 200
+    consumed = 0
+    ran_at: list[int] = []
+
+    async def main() -> None:
+        nonlocal consumed
+        inbox = Inbox(trio.lowlevel.current_trio_token(), n)
+        inbox.put([(b"peer", i) for i in range(n)])  # type: ignore[misc]
+        inbox.close()  # the loop ends once the queue is empty
+
+        async def other() -> None:
+            ran_at.append(consumed)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            async for _ in inbox:
+                consumed += 1
+
+    trio.run(main)
+    assert consumed == n
+    # (at a checkpoint trio may run the consumer first, up to the next one)
+    assert ran_at and ran_at[0] <= 2 * Inbox.CHECKPOINT_EVERY < n
+
+
+def test_the_actor_link_receives_beside_a_send_and_takes_queued_replies_in_order() -> None:
+    # A receive waiting before the learner is up is woken when it answers; replies that queue up
+    # afterwards are taken without a blocking receive, in order.
+    port = free_port_pair()
+    addr = f"tcp://127.0.0.1:{port}"
+
+    async def actor() -> None:
+        ctx = zmq.asyncio.Context()
+        link = ControlLink(ctx, addr, "a1")
+        sending = asyncio.create_task(link.send(Heartbeat(actor_id="a1", weight_version=1)))
+        receiving = asyncio.create_task(link.recv())
+        await asyncio.sleep(0.3)
+        assert not receiving.done()
+        learner = zmq.Context.instance().socket(zmq.ROUTER)
+        learner.bind(addr)
+        peer, *frames = await asyncio.to_thread(learner.recv_multipart)
+        assert peer == b"a1"
+        await asyncio.wait_for(sending, 10)
+        for v in range(5):
+            learner.send_multipart([peer, *encode(Heartbeat(weight_version=v))])
+        assert (await asyncio.wait_for(receiving, 10)).weight_version == 0  # type: ignore[attr-defined]
+        await asyncio.sleep(0.2)  # the rest are waiting now: taken without a blocking receive
+        assert [(await link.recv()).weight_version for _ in range(4)] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+        learner.close(0)
+        link.close()
+        ctx.term()
+
+    asyncio.run(actor())

@@ -83,7 +83,8 @@ CORPUS: list[str] = corpus()
 """The texts of the default range (1 to 8); ``corpus(low, high)`` for others."""
 
 
-def _parse(action: str) -> int | None:
+def parse_number(action: str) -> int | None:
+    """The first integer in ``action`` (None: none, or too many digits to be in any range)."""
     m = _INT.search(action)
     if m is None or len(m.group().lstrip("+-")) > _MAX_DIGITS:
         return None
@@ -137,7 +138,7 @@ class GuessNumber(Env):
         self._turns += 1
         if self.step_latency_s:
             time.sleep(self.latency(self._task_id, self._turns))
-        guess = _parse(action)
+        guess = parse_number(action)
         if guess is None or not self.low <= guess <= self.high:
             return StepResult(invalid(self.low, self.high), 0.0, False, {"turns": self._turns, "valid": False})
         before = self._potential()

@@ -27,7 +27,7 @@ import random
 from typing import Literal
 
 from agentgym.envpool.base import Env, StepResult
-from agentgym.envpool.envs.guess_number import CORRECT, GAME_OVER, _parse, prompt
+from agentgym.envpool.envs.guess_number import CORRECT, GAME_OVER, parse_number, prompt
 
 KINDS = ("say", "echo")
 
@@ -67,7 +67,7 @@ class Probe(Env):
         if self._target is None or self._done:
             return StepResult(GAME_OVER, 0.0, True, {"turns": 1, "success": False})
         self._done = True
-        ok = self._right(_parse(action))
+        ok = self._right(parse_number(action))
         return StepResult(CORRECT if ok else GAME_OVER, float(ok), True, {"turns": 1, "success": ok})
 
     def expert_action(self) -> str:

@@ -490,6 +490,10 @@ class EvalConfig(Section):
 class LaunchConfig(Section):
     actors: Annotated[int, Field(ge=0)] = 2
     """Local actor processes started by ``agentgym train`` (0: learner only)."""
+    actor_nice: Annotated[int, Field(ge=0, le=19)] = 0
+    """CPU niceness added to the local actors (and their engines and env workers): on a host
+    where they share cores with the learner, a higher value lets the learner's step take the CPU
+    it needs first, so an asynchronous learner is not slowed by the generation it overlaps."""
 
 
 class MetricsConfig(Section):

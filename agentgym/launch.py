@@ -9,6 +9,7 @@ Ctrl-C, and reaps them: the run ends when the learner ends.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -23,13 +24,16 @@ from agentgym.config import Config
 log = structlog.get_logger(__name__)
 
 
-def _spawn(module: str, args: list[str], console: Path | None = None) -> subprocess.Popen:
-    """Start ``python -m module``; with ``console``, its stdout and stderr go to that file."""
+def _spawn(module: str, args: list[str], console: Path | None = None, nice: int = 0) -> subprocess.Popen:
+    """Start ``python -m module``; with ``console``, its stdout and stderr go to that file; ``nice``
+    is added to the child's niceness (inherited by everything it starts)."""
+    cmd = [sys.executable, "-m", module, *args]
+    preexec = (lambda: os.nice(nice)) if nice else None
     if console is None:
-        return subprocess.Popen([sys.executable, "-m", module, *args])
+        return subprocess.Popen(cmd, preexec_fn=preexec)
     console.parent.mkdir(parents=True, exist_ok=True)
     with console.open("ab") as out:  # the child keeps its own handle
-        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec)
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -61,7 +65,8 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
     learner_addr = re.sub(r"//(\*|0\.0\.0\.0)(?=:)", "//127.0.0.1", cfg.learner.bind)
     for i in range(actors):
         procs.append(_spawn("agentgym.actors.main", [*common, "--learner", learner_addr, "--run-dir", str(run_dir), "--log-level",
-                                                     actor_log_level, "--actor-id", f"local-{i}"], consoles[i]))
+                                                     actor_log_level, "--actor-id", f"local-{i}"], consoles[i],
+                            nice=cfg.launch.actor_nice))
     log.info("launched", learner_pid=learner.pid, actor_pids=[p.pid for p in procs[1:]], run_dir=str(run_dir),
              actor_consoles=str(run_dir / "logs"))  # fmt: skip
     reported: set[int] = set()

@@ -188,7 +188,8 @@ class Hub:
         self.inbox: Inbox  # set by open() once the control socket is bound
         self._snapshot: WeightSnapshot | None = None
         self._stop_addr = f"inproc://agentgym-hub-stop-{next(_ids)}"
-        self._stop = self._ctx.socket(zmq.PUSH)  # owned by the trio thread
+        self._stop = self._ctx.socket(zmq.PUSH)  # owned by the trio thread; tells the weights thread to end
+        self._stop.connect(self._stop_addr)  # inproc may connect before the thread binds
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.bad_weight_requests = 0
@@ -233,7 +234,7 @@ class Hub:
         except zmq.ZMQError:
             pass
 
-    # ---------------------------------------------------------------- weights thread
+    # ---------------------------------------------------------------- both sockets
     def _make_router(self, addr: str, rcvhwm: int = 10_000) -> zmq.Socket:
         s = self._ctx.socket(zmq.ROUTER)
         s.setsockopt(zmq.MAXMSGSIZE, self.max_msg_bytes)  # refuse oversized frames before reading them
@@ -248,6 +249,7 @@ class Hub:
             raise
         return s
 
+    # ---------------------------------------------------------------- weights thread
     def _run(self) -> None:
         try:
             weights = self._make_router(weights_address(self.bind))
@@ -257,7 +259,6 @@ class Hub:
             return
         stop = self._ctx.socket(zmq.PULL)
         stop.bind(self._stop_addr)
-        self._stop.connect(self._stop_addr)
         self._ready.set()
         poller = zmq.Poller()
         poller.register(weights, zmq.POLLIN)

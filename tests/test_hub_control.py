@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 
+import pytest
 import trio
 import zmq
 import zmq.asyncio
@@ -235,3 +236,25 @@ def test_a_busy_inbox_still_lets_other_trio_tasks_run() -> None:
     assert consumed == n
     # (at a checkpoint trio may run the consumer first, up to the next one)
     assert ran_at and ran_at[0] <= 2 * Inbox.CHECKPOINT_EVERY < n
+
+
+def test_a_port_in_use_is_named_and_nothing_stays_bound() -> None:
+    # The control socket is bound on the trio thread and the weights socket in its thread: a
+    # failure of either is an OSError naming the address, and the other socket is released.
+    port = free_port_pair()
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.ROUTER)
+
+    async def open_and_close() -> None:
+        async with open_hub(f"tcp://127.0.0.1:{port}"):
+            pass
+
+    for taken, words in ((port + 1, "weights port"), (port, "cannot bind")):
+        squatter.bind(f"tcp://127.0.0.1:{taken}")
+        with pytest.raises(OSError, match=f"{words}.*127.0.0.1:{taken}"):
+            trio.run(open_and_close)
+        squatter.unbind(f"tcp://127.0.0.1:{taken}")
+        time.sleep(0.1)  # unbind is asynchronous in ZeroMQ
+    trio.run(open_and_close)  # both ports free again: nothing of the failed tries holds them
+    squatter.close(0)
+    ctx.term()

@@ -33,7 +33,7 @@ def test_a_learner_that_does_not_read_pushes_back_on_the_actor_and_loses_nothing
     from agentgym.protocol import Episode, Rollout
     from agentgym.protocol.arrays import F32, I32, U8, pack
 
-    n, t = 400, 25_000  # 400 rollouts of ~200 KB: more than the HWMs and loopback TCP buffers hold
+    n, t = 400, 25_000  # 400 rollouts of ~325 KB: more than the HWMs and loopback TCP buffers hold
     ep = Episode(token_ids=pack(range(t), I32), logprobs=pack([0.0] * t, F32), loss_mask=pack([1] * t, U8),
                  versions=pack([0] * t, I32), turn_ends=pack([t], I32), turn_rewards=pack([1.0], F32),
                  reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip

@@ -6,15 +6,16 @@
    arrays as packed bytes) through ``protocol.wire`` (msgspec, typed, validated) vs raw
    ``msgpack`` packb + unpackb of a plain dict holding the same bytes.
 2. transport: ``--n`` such rollouts from an actor's ``ControlLink`` (asyncio DEALER on uvloop, as
-   the actor runs) to a learner ``Hub`` (ROUTER in its I/O thread, decoded, handed to trio) in
-   another process, each acked from trio, vs raw pyzmq DEALER -> ROUTER between two processes
+   the actor runs) to a learner ``Hub`` (ROUTER read, decoded and validated on the trio thread)
+   in another process, each acked from trio, vs raw pyzmq DEALER -> ROUTER between two processes
    re-sending one pre-encoded copy of the same frames, acked the same way (window of 8 in flight
    in both). The project's figure includes what the raw one does not: encoding each rollout
-   afresh, the learner's validating decode, and the hops to trio and back. For reference, a third
+   afresh, the learner's validating decode, and both sides' event loops (asyncio, trio). For reference, a third
    run is raw pyzmq copying the body into a fresh buffer per message (what building each
    message costs in allocation alone; not the bound). Best of
    ``--repeats`` for each side, alternated; CPU seconds per rollout (both processes, all their
-   threads) are reported too, being less at the mercy of other work on a shared machine.
+   threads, and each process apart) are reported too, being less at the mercy of other work on
+   a shared machine.
 3. env pool: per-step time of guess_number through a one-worker ``EnvPool`` (a request/reply
    over the worker's pipes) vs calling the env in this process; the overhead is the difference,
    compared with a typical env step (the waiting env's median, 0.3 s, and a 10 ms one).
@@ -101,7 +102,7 @@ def _hub_server(addr: str, n: int, ready, cpu) -> None:
                 got += 1
                 hub.send(peer, Ack(group_ids=[msg.group_id], statuses=["accepted"]))
                 if got == n:
-                    await trio.sleep(0.5)  # let the I/O thread flush the last ack
+                    await trio.sleep(0.5)  # let ZeroMQ send the last ack
                     cpu.value = time.process_time() - c0
                     return
 
@@ -188,23 +189,25 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
         ctx.term()
         return dt
 
-    def run(side: str, addr: str) -> tuple[float, float]:
+    def run(side: str, addr: str) -> tuple[float, float, float, float]:
         p, server_cpu = serve(_hub_server if side == "project" else _raw_server, addr)
         c0 = time.process_time()  # the client's, counted from its first send
         dt = uvloop.run(project(addr)) if side == "project" else raw(addr, side == "raw_fresh")
         client_cpu = time.process_time() - c0
         p.join(10)
-        return dt, client_cpu + server_cpu.value  # type: ignore[attr-defined]
+        return dt, client_cpu + server_cpu.value, client_cpu, server_cpu.value  # type: ignore[attr-defined]
 
-    best: dict[str, tuple[float, float]] = {}
+    # per side, the best of each figure: (seconds, CPU of both, actor/client CPU, learner/server CPU)
+    best: dict[str, tuple[float, ...]] = {}
     for i in range(repeats):
         for j, side in enumerate(("project", "raw", "raw_fresh")):
-            dt, cpu = run(side, f"tcp://127.0.0.1:{port + 6 * i + 2 * j}")
-            old = best.get(side, (float("inf"), float("inf")))
-            best[side] = (min(old[0], dt), min(old[1], cpu))
-    (tp, cp), (tr, cr), (tf, cf) = best["project"], best["raw"], best["raw_fresh"]
+            got = run(side, f"tcp://127.0.0.1:{port + 6 * i + 2 * j}")
+            best[side] = tuple(min(a, b) for a, b in zip(best.get(side, (float("inf"),) * 4), got))
+    (tp, cp, ap, lp), (tr, cr, ar, lr), (tf, cf, _, _) = best["project"], best["raw"], best["raw_fresh"]
     return {"project_per_s": n / tp, "raw_per_s": n / tr, "ratio": tr / tp,
             "project_cpu_us": cp / n * 1e6, "raw_cpu_us": cr / n * 1e6, "cpu_ratio": cr / cp,
+            "project_actor_cpu_us": ap / n * 1e6, "project_learner_cpu_us": lp / n * 1e6,
+            "raw_client_cpu_us": ar / n * 1e6, "raw_server_cpu_us": lr / n * 1e6,
             "raw_fresh_per_s": n / tf, "raw_fresh_cpu_us": cf / n * 1e6, "ratio_to_fresh": tf / tp}  # fmt: skip
 
 
@@ -275,6 +278,8 @@ def main() -> int:
           f"| {tr['ratio']:.2f} |")  # fmt: skip
     print(f"| the same, CPU per rollout (both processes) | {tr['project_cpu_us']:.0f} µs | {tr['raw_cpu_us']:.0f} µs "
           f"| {tr['cpu_ratio']:.2f} |")  # fmt: skip
+    print(f"| of which the sender (actor) / the receiver (learner) | {tr['project_actor_cpu_us']:.0f} / "
+          f"{tr['project_learner_cpu_us']:.0f} µs | {tr['raw_client_cpu_us']:.0f} / {tr['raw_server_cpu_us']:.0f} µs | |")  # fmt: skip
     print(f"| (reference: raw pyzmq with a fresh copy of the body per message) | | {tr['raw_fresh_per_s']:.0f} "
           f"rollouts/s, {tr['raw_fresh_cpu_us']:.0f} µs CPU | project at {tr['ratio_to_fresh']:.2f} of it |")  # fmt: skip
     print(f"| env pool step | {ev['pool_step_us']:.0f} µs | {ev['raw_step_us']:.1f} µs (in-process) | "

@@ -3,7 +3,7 @@
     trio.run(run_learner, cfg, run_dir)
 
 Links (one comment each where they are made in ``run_learner``):
-  hub.inbox        -> control_loop   actors' Hello/Heartbeat/Rollout/Leave, decoded in the I/O thread
+  hub.inbox        -> control_loop   actors' Hello/Heartbeat/Rollout/Leave, read and decoded on the trio thread
   control_loop     -> buffer         accepted rollouts (after dedupe, validation and staleness checks)
   buffer           -> train_loop     batch_groups groups per optimizer step (torch runs in a thread)
   train_loop       -> hub            new weight snapshot (pull-served) + WeightsReady to every actor
@@ -560,7 +560,7 @@ class Learner:
     async def shutdown_actors(self, reason: str) -> None:
         for a in self.sched.actors.values():
             self.hub.send(a.peer, Shutdown(reason=reason))
-        await trio.sleep(0.2)  # let the I/O thread flush before the sockets close
+        await trio.sleep(0.2)  # let ZeroMQ put them on the wire (the socket's LINGER covers the rest)
 
 
 async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:

@@ -1,4 +1,4 @@
-"""The learner's torch side: the policy (and value head), one learner step per batch of groups.
+"""The learner's torch side: the policy (and PPO's critic), one learner step per batch of groups.
 
     trainer = Trainer.load(cfg)                 # any HF causal-LM directory; starts dp ranks
     metrics = trainer.train_step(groups)        # blocking; the trio loop runs it in a thread
@@ -17,7 +17,8 @@ One learner step (docs/off_policy.md, docs/adr/0007-learner-algorithms.md):
   4. per minibatch: for each micro-batch of this rank's rows, the decoupled PPO loss
      −w·min(r·A, clip(r)·A) (r = π_θ/π_prox, w = min(π_prox/μ, C)), + KL, − entropy, + value loss,
      each scaled by its share of the minibatch's normaliser so that micro-batches and ranks add up
-     to the loss of the whole minibatch; backward; gradients summed over ranks, clipped, one step.
+     to the loss of the whole minibatch; backward; gradients summed over ranks, clipped (a
+     separate critic's on its own: learner/value_model.py), one step.
 With one minibatch π_prox is π_θ detached, so r = 1 and the step is REINFORCE with truncated
 importance weights (exactly, not approximately).
 
@@ -54,6 +55,7 @@ from agentgym.learner.algorithms import bootstrap_values, compute_advantages, ex
 from agentgym.learner.batch import Batch, collate, micro_batches, shard_rows, trainable_episodes
 from agentgym.learner.checkpoint import (
     check_loaded,
+    check_same_critic,
     load_checkpoint_files,
     prune_checkpoints,
     read_model_weights,
@@ -460,14 +462,7 @@ class Trainer:
             state, extra = load_checkpoint_files(path, None if self.fsdp or self.lora else self.model)
             if self.lora:
                 load_adapter(self.model, path)
-            if (state["value_head"] is None) != (self.value_head is None):
-                raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
-                                 f"it cannot resume learner.algorithm = {self.cfg.learner.algorithm!r} "
-                                 f"(the value head and optimizer state differ)")  # fmt: skip
-            kind = state.get("value_model", "shared") if state["value_head"] is not None else None
-            if self.value_head is not None and kind != self.cfg.learner.value_model:
-                raise ValueError(f"checkpoint {path} was written with learner.value_model = {kind!r}; it cannot "
-                                 f"resume learner.value_model = {self.cfg.learner.value_model!r} (the critics differ)")
+            check_same_critic(path, state, self.cfg.learner.algorithm, self.cfg.learner.value_model)
             full = StateDictOptions(full_state_dict=True, strict=False)
             if self.fsdp:  # every rank reads the whole weights and keeps its shard
                 weights = read_model_weights(path)

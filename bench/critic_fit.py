@@ -222,7 +222,8 @@ def main() -> int:
     for name, b in (("train", train), ("test", test)):
         g = mc_returns(b)[b.loss_mask != 0]
         print(f"{name}: {b.size} episodes, success {float(b.success.mean()):.3f}, turns {float(b.turns.mean()):.2f}, "
-              f"agent tokens {int((b.loss_mask != 0).sum())}, return mean {float(g.mean()):.3f} var {float(g.var()):.3f}")  # fmt: skip
+              f"agent tokens {int((b.loss_mask != 0).sum())}, return mean {float(g.mean()):.3f} "
+              f"var {float(g.var()):.3f}")  # fmt: skip
     keys_tr, keys_te = state_keys(train, targets[: train.size], tok), state_keys(test, targets[train.size :], tok)
     for kname, k in (("turn", 1), ("turn, interval", 3), ("turn, interval, guesses", 4), ("exact prefix", 5)):
         for shrink in (0.0, 5.0):

@@ -4,11 +4,12 @@
     out = forward_tokens(model, ids, attn, temperature, value_head=critic)
     out.logp, out.entropy, out.values, out.last_value      # [B, T], [B, T], [B, T], [B]
 
-With ``learner.value_model = "shared"`` the value head is one linear layer on the policy's last hidden
-state (post final norm), so V shares the transformer with π; with ``"separate"`` the critic
-runs its own transformer on the same tokens (learner/value_model.py; docs/adr/0007 says why). Values are aligned like logprobs: ``values[b, t]`` is V of the state in which token t
-is chosen, read from the hidden state at t − 1 (position 0 and padding: 0); ``last_value[b]`` is
-V after the row's last real token, the bootstrap of a truncated episode.
+With ``learner.value_model = "shared"`` the value head is one linear layer on the policy's last
+hidden state (post final norm), so V shares the transformer with π; with ``"separate"`` the
+critic runs its own transformer on the same tokens (learner/value_model.py; docs/adr/0007 says
+why). Values are aligned like logprobs: ``values[b, t]`` is V of the state in which token t is
+chosen, read from the hidden state at t − 1 (position 0 and padding: 0); ``last_value[b]`` is V
+after the row's last real token, the bootstrap of a truncated episode.
 """
 
 from __future__ import annotations

@@ -22,8 +22,11 @@ from __future__ import annotations
 import copy
 from typing import Literal
 
+import structlog
 import torch
 from torch import Tensor
+
+log = structlog.get_logger(__name__)
 
 ValueModelKind = Literal["shared", "separate"]
 
@@ -83,14 +86,18 @@ def build_value_model(kind: ValueModelKind, model: torch.nn.Module) -> ValueHead
     """PPO's critic for ``learner.value_model``; ``model`` is the policy as loaded (before LoRA or
     sharding), whose body a ``"separate"`` critic copies."""
     hidden = int(model.config.hidden_size)  # type: ignore[union-attr]
+    critic: ValueHead | SeparateValueModel
     if kind == "shared":
-        return ValueHead(hidden)
-    if kind == "separate":
+        critic = ValueHead(hidden)
+    elif kind == "separate":
         body = copy.deepcopy(policy_body(model))
         for p in body.parameters():
             p.requires_grad_(True)
-        return SeparateValueModel(body, hidden)
-    raise ValueError(f"learner.value_model must be 'shared' or 'separate', got {kind!r}")
+        critic = SeparateValueModel(body, hidden)
+    else:
+        raise ValueError(f"learner.value_model must be 'shared' or 'separate', got {kind!r}")
+    log.info("value_model_built", kind=kind, params=sum(p.numel() for p in critic.parameters()))
+    return critic
 
 
 def align_values(v_state: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -74,6 +74,15 @@ def test_the_actors_get_the_policy_weights_only(model_dir: Path) -> None:
     exported = {t.name for t in tr.export_weights()}
     plain = {t.name for t in Trainer.load(make_cfg(model_dir, "learner.algorithm=grpo")).export_weights()}
     assert exported == plain
+    # With LoRA the critic is a full copy of the body (taken before the adapters wrap the policy)
+    # and trains; the actors still get the adapters only.
+    lora = Trainer.load(make_cfg(model_dir, *SEPARATE, "learner.lora.rank=4"))
+    body_before = [p.detach().clone() for p in lora.value_head.body.parameters()]
+    for _ in range(2):  # the zero-initialised head first, then the body below it
+        lora.train_step(bandit_rollouts(version=lora.version))
+    changed = [not torch.equal(a, b) for a, b in zip(body_before, lora.value_head.body.parameters(), strict=True)]
+    assert all(changed), changed
+    assert all("lora_" in t.name for t in lora.export_weights())
 
 
 def test_a_checkpoint_restores_the_separate_critic(model_dir: Path, tmp_path: Path) -> None:

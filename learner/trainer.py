@@ -95,16 +95,13 @@ class Trainer:
         self.lora = lc.lora.rank > 0
         """LoRA (learner/lora.py): only adapters train; the reference is the adapter-less model."""
         # PPO's critic (learner/value_model.py); a separate one copies the body before LoRA wraps it.
-        self.value_head: ValueHead | SeparateValueModel | None = None
-        if lc.algorithm == "ppo":
-            self.value_head = build_value_model(lc.value_model, model).to(self.device).train()
+        self.value_head: ValueHead | SeparateValueModel | None = (build_value_model(
+            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if lc.algorithm == "ppo" else None)  # fmt: skip
         self.model = (wrap_lora(model, lc.lora) if self.lora else model).to(self.device)
         self.model.train()
         if lc.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad and with FSDP (torch's advice).
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if isinstance(self.value_head, SeparateValueModel):
-                self.value_head.body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = pad_id
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(cfg.model.path)
         # The reference is the policy as it is now (the initial model); a resume loads checkpoint

@@ -82,9 +82,12 @@ def policy_body(model: torch.nn.Module) -> torch.nn.Module:
     return body
 
 
-def build_value_model(kind: ValueModelKind, model: torch.nn.Module) -> ValueHead | SeparateValueModel:
-    """PPO's critic for ``learner.value_model``; ``model`` is the policy as loaded (before LoRA or
-    sharding), whose body a ``"separate"`` critic copies."""
+def build_value_model(
+    kind: ValueModelKind, model: torch.nn.Module, gradient_checkpointing: bool = False
+) -> ValueHead | SeparateValueModel:
+    """PPO's critic for ``learner.value_model``, in train mode; ``model`` is the policy as loaded
+    (before LoRA or sharding), whose body a ``"separate"`` critic copies (recomputing activations
+    in the backward pass with ``gradient_checkpointing``, as the policy does)."""
     hidden = int(model.config.hidden_size)  # type: ignore[union-attr]
     critic: ValueHead | SeparateValueModel
     if kind == "shared":
@@ -93,11 +96,13 @@ def build_value_model(kind: ValueModelKind, model: torch.nn.Module) -> ValueHead
         body = copy.deepcopy(policy_body(model))
         for p in body.parameters():
             p.requires_grad_(True)
+        if gradient_checkpointing:  # non-reentrant, as the policy's (learner/trainer.py)
+            body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         critic = SeparateValueModel(body, hidden)
     else:
         raise ValueError(f"learner.value_model must be 'shared' or 'separate', got {kind!r}")
     log.info("value_model_built", kind=kind, params=sum(p.numel() for p in critic.parameters()))
-    return critic
+    return critic.train()
 
 
 def align_values(v_state: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -179,7 +179,7 @@ class LearnerConfig(Section):
     algorithm: Literal["grpo", "ppo", "reinforce_pp", "rloo"] = "grpo"
     """Advantage estimator. grpo: group-normalised episode reward; rloo: leave-one-out group
     baseline; reinforce_pp: return-to-go whitened over the batch (REINFORCE++); ppo: GAE with a
-    linear value head on the policy's last hidden state."""
+    learned critic (value_model)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     """How per-token losses become one number: token_mean (every agent token weighs the same),
     seq_mean_token_mean (DeepSeekMath GRPO), seq_mean_token_sum_norm (Dr. GRPO: token sums over a
@@ -206,8 +206,14 @@ class LearnerConfig(Section):
     value_coef: Annotated[float, Field(ge=0)] = 0.5
     """ppo: weight of the value loss in the total loss."""
     value_lr: Annotated[float, Field(gt=0)] | None = None
-    """ppo: learning rate of the value head (None: learner.lr), scaled by the same schedule. The
+    """ppo: learning rate of the critic (None: learner.lr), scaled by the same schedule. A shared
     head reads a representation every policy step moves; a faster head keeps up with it."""
+    value_model: Literal["shared", "separate"] = "shared"
+    """ppo: the critic. shared: a linear value head on the policy's last hidden state (the value
+    loss also trains the policy's body). separate: a copy of the policy's transformer body from
+    model.path with its own value head, trained only by the value loss at value_lr, its gradient
+    clipped on its own, never sent to actors, saved in checkpoints; one more forward and backward
+    per micro-batch and a second model's memory (learner/value_model.py, docs/off_policy.md)."""
     value_clip: Annotated[float, Field(gt=0)] | None = 0.2
     """ppo: clip range of the value loss around the values at the start of the step (None: off)."""
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
@@ -275,6 +281,9 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _lora_and_ranks(self) -> LearnerConfig:
+        if self.algorithm == "ppo" and self.value_model == "separate" and self.dp_mode == "fsdp":
+            raise ValueError("learner.value_model = 'separate' needs learner.dp_mode = 'replicate' "
+                             "(sharding the separate critic with fsdp is not supported)")  # fmt: skip
         if self.lora.rank > 0 and self.dp_mode == "fsdp":
             raise ValueError("learner.lora needs learner.dp_mode = 'replicate' (the adapters are small; "
                              "sharding them is not supported)")  # fmt: skip

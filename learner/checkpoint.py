@@ -8,7 +8,8 @@
 Layout of ``checkpoints/step_000120/``::
 
     config.json, generation_config.json, model.safetensors, tokenizer files   # HF / vLLM loadable
-    trainer/state.pt          optimizer (keyed by parameter name), value head, step, version,
+    trainer/state.pt          optimizer (keyed by parameter name), PPO's critic (the value head, or
+                              the separate value model: learner.value_model), step, version,
                               RNG states (tensors + plain data)
     trainer/extra_state.json  the service's state (turn-limit position, dedupe state, ...), JSON
     trainer/meta.json         what wrote it, for a human
@@ -126,6 +127,20 @@ def check_loaded(
     if missing or unexpected:
         raise ValueError(f"checkpoint {path}: weights do not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")  # fmt: skip
+
+
+def check_same_critic(path: Path, state: dict[str, Any], algorithm: str, value_model: str) -> None:
+    """Raise unless the checkpoint's critic (none, a shared head or a separate value model; its
+    weights and optimizer state) is the one ``learner.algorithm`` and ``learner.value_model`` build."""
+    if (state["value_head"] is None) != (algorithm != "ppo"):
+        raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
+                         f"it cannot resume learner.algorithm = {algorithm!r} "
+                         f"(the value head and optimizer state differ)")  # fmt: skip
+    # Checkpoints from before learner.value_model existed hold a shared head.
+    kind = state.get("value_model") or "shared"
+    if algorithm == "ppo" and kind != value_model:
+        raise ValueError(f"checkpoint {path} was written with learner.value_model = {kind!r}; it cannot "
+                         f"resume learner.value_model = {value_model!r} (the critics differ)")  # fmt: skip
 
 
 def _load_model_weights(path: Path, model: torch.nn.Module) -> None:

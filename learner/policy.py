@@ -1,14 +1,15 @@
 """The policy's forward pass as the losses need it: per-token logprobs, entropies and values.
 
-    head = ValueHead(model.config.hidden_size)             # PPO only
-    out = forward_tokens(model, ids, attn, temperature, value_head=head)
+    critic = build_value_model("shared", model)            # PPO only (learner/value_model.py)
+    out = forward_tokens(model, ids, attn, temperature, value_head=critic)
     out.logp, out.entropy, out.values, out.last_value      # [B, T], [B, T], [B, T], [B]
 
-The value head is one linear layer on the policy's last hidden state (post final norm), so
-V shares the transformer with π (docs/adr/0007-learner-algorithms.md says why). Values are
-aligned like logprobs: ``values[b, t]`` is V of the state in which token t is chosen, read from
-the hidden state at t − 1 (position 0 and padding: 0); ``last_value[b]`` is V after the row's
-last real token, the bootstrap of a truncated episode.
+With ``learner.value_model = "shared"`` the value head is one linear layer on the policy's last
+hidden state (post final norm), so V shares the transformer with π; with ``"separate"`` the
+critic runs its own transformer on the same tokens (learner/value_model.py; docs/adr/0007 says
+why). Values are aligned like logprobs: ``values[b, t]`` is V of the state in which token t is
+chosen, read from the hidden state at t − 1 (position 0 and padding: 0); ``last_value[b]`` is V
+after the row's last real token, the bootstrap of a truncated episode.
 """
 
 from __future__ import annotations
@@ -19,21 +20,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from agentgym.learner.value_model import SeparateValueModel, ValueHead, align_values
 from agentgym.learner.logprobs import sequence_logprobs
 
-
-class ValueHead(torch.nn.Module):
-    """V(s) = w·h + b on the last hidden state h; zero-initialised, so V starts at 0 everywhere
-    (the GAE advantages of the first steps are then the returns themselves)."""
-
-    def __init__(self, hidden_size: int) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(hidden_size, 1)
-        torch.nn.init.zeros_(self.linear.weight)
-        torch.nn.init.zeros_(self.linear.bias)
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
+__all__ = ["Forward", "ValueHead", "forward_tokens", "load_causal_lm", "load_reference"]
 
 
 @dataclass
@@ -64,21 +54,19 @@ def forward_tokens(
     attention_mask: Tensor,
     temperature: float,
     *,
-    value_head: ValueHead | None = None,
+    value_head: ValueHead | SeparateValueModel | None = None,
 ) -> Forward:
     """One forward pass of right-padded rows: logprobs and entropies at ``temperature``, values."""
-    if value_head is None:
+    if value_head is None or value_head.own_body:
         logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True)
-        return Forward(logp, ent, None, None)
-    keep = _KeepHidden(model)
-    logp, ent = sequence_logprobs(keep, input_ids, attention_mask, temperature, return_entropy=True)
-    assert keep.hidden is not None
-    v_state = value_head(keep.hidden)  # [B, T]: V of the state after token t
-    real = attention_mask != 0
-    values = torch.cat([v_state.new_zeros(v_state.shape[0], 1), v_state[:, :-1]], dim=1)
-    values = torch.where(real, values, 0.0)
-    last = (real.sum(-1) - 1).clamp(min=0)
-    last_value = v_state.gather(1, last[:, None]).squeeze(1)
+        if value_head is None:
+            return Forward(logp, ent, None, None)
+        v_state = value_head.state_values(None, input_ids, attention_mask)
+    else:
+        keep = _KeepHidden(model)
+        logp, ent = sequence_logprobs(keep, input_ids, attention_mask, temperature, return_entropy=True)
+        v_state = value_head.state_values(keep.hidden, input_ids, attention_mask)  # [B, T]: V after token t
+    values, last_value = align_values(v_state, attention_mask)
     return Forward(logp, ent, values, last_value)
 
 

@@ -1,4 +1,4 @@
-"""The learner's torch side: the policy (and value head), one learner step per batch of groups.
+"""The learner's torch side: the policy (and PPO's critic), one learner step per batch of groups.
 
     trainer = Trainer.load(cfg)                 # any HF causal-LM directory; starts dp ranks
     metrics = trainer.train_step(groups)        # blocking; the trio loop runs it in a thread
@@ -17,7 +17,8 @@ One learner step (docs/off_policy.md, docs/adr/0007-learner-algorithms.md):
   4. per minibatch: for each micro-batch of this rank's rows, the decoupled PPO loss
      −w·min(r·A, clip(r)·A) (r = π_θ/π_prox, w = min(π_prox/μ, C)), + KL, − entropy, + value loss,
      each scaled by its share of the minibatch's normaliser so that micro-batches and ranks add up
-     to the loss of the whole minibatch; backward; gradients summed over ranks, clipped, one step.
+     to the loss of the whole minibatch; backward; gradients summed over ranks, clipped (a
+     separate critic's on its own: learner/value_model.py), one step.
 With one minibatch π_prox is π_θ detached, so r = 1 and the step is REINFORCE with truncated
 importance weights (exactly, not approximately).
 
@@ -54,6 +55,7 @@ from agentgym.learner.algorithms import bootstrap_values, compute_advantages, ex
 from agentgym.learner.batch import Batch, collate, micro_batches, shard_rows, trainable_episodes
 from agentgym.learner.checkpoint import (
     check_loaded,
+    check_same_critic,
     load_checkpoint_files,
     prune_checkpoints,
     read_model_weights,
@@ -67,7 +69,8 @@ from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.lora import BaseModelView, export_adapter, load_adapter, wrap_lora
 from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, value_loss
 from agentgym.learner.staleness import StalenessRule
-from agentgym.learner.policy import ValueHead, forward_tokens, load_causal_lm
+from agentgym.learner.policy import forward_tokens, load_causal_lm
+from agentgym.learner.value_model import SeparateValueModel, ValueHead, build_value_model
 from agentgym.protocol import Rollout
 from agentgym.protocol.weights import RawTensor
 
@@ -91,6 +94,9 @@ class Trainer:
         self.fsdp = lc.dp_mode == "fsdp" and self.dp.active
         self.lora = lc.lora.rank > 0
         """LoRA (learner/lora.py): only adapters train; the reference is the adapter-less model."""
+        # PPO's critic (learner/value_model.py); a separate one copies the body before LoRA wraps it.
+        self.value_head: ValueHead | SeparateValueModel | None = (build_value_model(
+            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if lc.algorithm == "ppo" else None)  # fmt: skip
         self.model = (wrap_lora(model, lc.lora) if self.lora else model).to(self.device)
         self.model.train()
         if lc.gradient_checkpointing:
@@ -98,10 +104,6 @@ class Trainer:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = pad_id
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(cfg.model.path)
-        self.value_head: ValueHead | None = None
-        if lc.algorithm == "ppo":
-            hidden = model.config.hidden_size  # type: ignore[union-attr]
-            self.value_head = ValueHead(hidden).to(self.device)
         # The reference is the policy as it is now (the initial model); a resume loads checkpoint
         # weights into the policy only, so the reference stays the initial model.
         self.ref_model: torch.nn.Module | None = None
@@ -128,6 +130,9 @@ class Trainer:
             groups.append({"params": [p for p in self.params if id(p) in head],
                            "lr_scale": (lc.value_lr if lc.value_lr is not None else lc.lr) / lc.lr})  # fmt: skip
         self.optimizer = torch.optim.AdamW(groups, lr=lc.lr, weight_decay=lc.weight_decay)
+        # Gradients clipped together, or policy and separate critic each on its own: a critic's
+        # large early gradient must not shrink the policy's step.
+        self.clip_sets = [g["params"] for g in groups] if isinstance(self.value_head, SeparateValueModel) else [self.params]
         self.trained_modules = torch.nn.ModuleDict({"policy": self.model, **({"value_head": self.value_head}
                                                     if self.value_head is not None else {})})  # fmt: skip
         """What the optimizer trains, by name: its checkpointed state is keyed by these names."""
@@ -284,7 +289,7 @@ class Trainer:
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in
                 (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "micro")}  # fmt: skip
         w_max = torch.zeros((), device=self.device)
-        grad_norms: list[float] = []
+        grad_norms: list[list[float]] = []
         for mb, mb_micros in zip(minibatches, micros, strict=True):
             tok_total = keep[mb].sum()
             seq_total = keep[mb].any(-1).sum()
@@ -334,9 +339,9 @@ class Trainer:
                 sums["micro"] += 1
             if not self.fsdp:  # fsdp has summed them (reduce-scatter) in each backward
                 self.dp.all_reduce_grads(self.params)
-            gn = torch.nn.utils.clip_grad_norm_(self.params, lc.max_grad_norm)
+            gns = [torch.nn.utils.clip_grad_norm_(ps, lc.max_grad_norm) for ps in self.clip_sets]
             self.optimizer.step()
-            grad_norms.append(float(gn.full_tensor() if isinstance(gn, DTensor) else gn))
+            grad_norms.append([float(gn.full_tensor() if isinstance(gn, DTensor) else gn) for gn in gns])
         self.optimizer.zero_grad(set_to_none=True)
         keys = list(sums)
         vec = self.dp.all_reduce_(torch.stack([sums[k] for k in keys]))
@@ -350,7 +355,7 @@ class Trainer:
         out = {k: tot[k] / n_tok for k in _TOKEN_METRICS}
         out.update(
             loss=tot["loss"] / steps, pg_loss=tot["pg_loss"] / steps, entropy=tot["entropy"] / n_tok,
-            is_weight_max=w_max, grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
+            is_weight_max=w_max, grad_norm=float(np.mean([g[0] for g in grad_norms])) if grad_norms else 0.0,
             optimizer_steps=float(len(grad_norms)), lr=lr,
             reward_mean=float(b.rewards.mean()), success_rate=float(b.success.mean()),
             episodes=float(B), agent_tokens=float(agent.sum()), trained_tokens=tot["tokens"],
@@ -374,6 +379,8 @@ class Trainer:
             out["value_loss"] = tot["value_loss"] / n_tok
             out["value_mean"] = float(pre["values"][agent].mean()) if agent.any() else 0.0
             out["explained_variance"] = explained_variance(pre["values"], returns, agent.float())
+            if len(self.clip_sets) > 1:  # the separate critic's own gradient norm
+                out["value_grad_norm"] = float(np.mean([g[1] for g in grad_norms])) if grad_norms else 0.0
         return out
 
     # ------------------------------------------------------------------ weights and checkpoints
@@ -436,6 +443,7 @@ class Trainer:
         state = {
             "step": self.step, "version": self.version, "algorithm": self.cfg.learner.algorithm,
             "optimizer": optim_state, "value_head": value_state, "rng": rng_state(),
+            "value_model": self.cfg.learner.value_model if self.value_head is not None else None,
         }  # fmt: skip
         path = Path(path)
         save_checkpoint(path, self.model, self.tokenizer_dir, state, extra_state or {}, model_state)
@@ -451,10 +459,7 @@ class Trainer:
             state, extra = load_checkpoint_files(path, None if self.fsdp or self.lora else self.model)
             if self.lora:
                 load_adapter(self.model, path)
-            if (state["value_head"] is None) != (self.value_head is None):
-                raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
-                                 f"it cannot resume learner.algorithm = {self.cfg.learner.algorithm!r} "
-                                 f"(the value head and optimizer state differ)")  # fmt: skip
+            check_same_critic(path, state, self.cfg.learner.algorithm, self.cfg.learner.value_model)
             full = StateDictOptions(full_state_dict=True, strict=False)
             if self.fsdp:  # every rank reads the whole weights and keeps its shard
                 weights = read_model_weights(path)

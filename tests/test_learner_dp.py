@@ -60,6 +60,25 @@ def test_two_gloo_ranks_update_the_weights_like_one_rank(model_dir: Path, agg: s
     torch.testing.assert_close(one.value_head.linear.weight, two.value_head.linear.weight, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_two_gloo_ranks_train_a_separate_critic_like_one_rank(model_dir: Path) -> None:
+    cfg = (*COMMON, 'learner.value_model="separate"', "learner.value_lr=1e-2")
+    one = Trainer.load(make_cfg(model_dir, *cfg))
+    m_one = _steps(one, 2)
+    two = Trainer.load(make_cfg(model_dir, *cfg, "learner.dp_size=2"))
+    try:
+        m_two = _steps(two, 2)
+        assert two.rank_divergence() == 0.0  # the critic's weights too: they are in two.params
+    finally:
+        two.close()
+    for a, b in zip(m_one, m_two, strict=True):
+        for k in (*METRICS, "value_grad_norm"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+    assert one.value_head is not None and two.value_head is not None
+    for (k, p), q in zip(one.value_head.state_dict().items(), two.value_head.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=k)
+
+
 def _exported(tr: Trainer) -> dict[str, torch.Tensor]:
     return {t.name: torch.frombuffer(bytearray(t.data), dtype=torch.float32).reshape(t.shape) for t in tr.export_weights()}
 

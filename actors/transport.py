@@ -5,14 +5,31 @@
     await link.send(rollout); msg = await link.recv()
     tensors = await fetch_weights(ctx, "tcp://learner:5556", ready_msg)
 
-pyzmq's own asyncio sockets drive both (they work on uvloop's loop). The DEALER's routing id is
-the actor id, so a reconnect keeps the learner's view of who this is.
+The control link drives a plain DEALER from the running loop (``loop.add_reader`` on ZeroMQ's FD,
+which works on uvloop's loop and asyncio's own), without pyzmq's asyncio layer and its Future and
+loop callback per call; the weight fetcher keeps pyzmq's asyncio sockets. The DEALER's routing
+id is the actor id, so a reconnect keeps the learner's view of who this is.
+
+ZeroMQ's FD is edge-triggered and shared by send and receive: it signals that the socket has
+commands to process, and any call on the socket (a send, a receive, a look at ``zmq.EVENTS``)
+processes them and takes the signal with it. The link keeps the learner's two rules
+(docs/adr/0003-concurrency.md), for both directions:
+  - a receive sleeps only right after ``EVENTS`` said no message is waiting, and a send that
+    found the send queue full (HWM, or no learner connected yet) only right after a failed
+    send and a look at ``EVENTS`` said there is still no room; no await between look and sleep;
+  - after every call on the socket made while someone sleeps (a send, a receive, the FD's own
+    callback), ``EVENTS`` is looked at again and whoever it can serve is served: waiting sends
+    go out, in order, and sleeping receives wake.
+Sends are non-blocking: one that finds no room, or others already waiting, waits in line
+(no busy loop, no message lost or reordered), which is how a learner that falls behind pushes
+back on the actor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 
 import structlog
@@ -51,9 +68,9 @@ class ActorRejected(RuntimeError):
 
 
 def _socket(
-    ctx: zmq.asyncio.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
-    before_connect: Callable[[zmq.asyncio.Socket], None] | None = None,
-) -> zmq.asyncio.Socket:
+    ctx: zmq.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
+    before_connect: Callable[[zmq.Socket], None] | None = None,
+) -> zmq.Socket:
     s = ctx.socket(zmq.DEALER)
     if identity is not None:
         s.setsockopt(zmq.ROUTING_ID, identity)
@@ -87,57 +104,154 @@ COPY_BELOW = 1024 * 1024
 
 
 class ControlLink:
-    def __init__(self, ctx: zmq.asyncio.Context, addr: str, actor_id: str, keys: ClientKeys | None = None) -> None:
+    """The actor's control DEALER, driven from the running asyncio loop; see the module docstring
+    for the edge-trigger rules this class keeps."""
+
+    def __init__(self, ctx: zmq.Context, addr: str, actor_id: str, keys: ClientKeys | None = None) -> None:
         self.addr = addr
         self.keys = keys
-        self._monitor: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.Socket | None = None
 
-        def watch(s: zmq.asyncio.Socket) -> None:  # before connect: the first handshake is seen too
+        def watch(s: zmq.Socket) -> None:  # before connect: the first handshake is seen too
             self._monitor = s.get_monitor_socket(_HANDSHAKE_EVENTS)
 
-        self.sock = _socket(ctx, addr, actor_id.encode(), keys, watch)
+        # A plain socket on the caller's context (asyncio or not): no Future per call.
+        self.sock: zmq.Socket = _socket(zmq.Context.shadow(ctx.underlying), addr, actor_id.encode(), keys, watch)
+        self._fd: int = self.sock.getsockopt(zmq.FD)
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
+        self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits
+        self._senders: deque[tuple[list[bytes], bool, asyncio.Future[None]]] = deque()  # sends waiting for room, in order
         self.bad_messages = 0
-        self._sending = 0  # sends under way (awaiting room in the queue): see recv()
 
-    async def _handshake_refused(self) -> str | None:
+    # ------------------------------------------------------------------ the FD
+    def _watch(self) -> asyncio.AbstractEventLoop:
+        """Watch the FD from the running loop (once; again if the link moved to another loop)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._unwatch()
+            loop.add_reader(self._fd, self._serve)
+            self._loop = loop
+        return loop
+
+    def _unwatch(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._loop = None
+
+    def _serve(self) -> None:
+        """Give the waiters what a fresh look at ``EVENTS`` allows. Runs when the FD signals, and
+        after any call on the socket while someone waits: that call may have taken the signal."""
+        events = self.sock.getsockopt(zmq.EVENTS)
+        if self._senders and events & zmq.POLLOUT:
+            self._flush()
+            events = self.sock.getsockopt(zmq.EVENTS)  # the sends may have taken a message's signal
+        if self._readers and events & zmq.POLLIN:
+            readers, self._readers = self._readers, []
+            for fut in readers:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _flush(self) -> bool:
+        """Send what waits for room, in order, until ZeroMQ says again that there is none.
+        True if the line got shorter."""
+        sock, senders = self.sock, self._senders
+        before, retried = len(senders), False
+        while senders:
+            frames, copy, fut = senders[0]
+            if fut.done():  # cancelled while waiting: never sent
+                senders.popleft()
+                continue
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+            except zmq.Again:
+                # Asleep again only after a look at EVENTS found no room (it arms the signal).
+                # (One retry if it did find room: the signal is armed either way, no spin.)
+                if not retried and sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+                    retried = True
+                    continue
+                break
+            senders.popleft()
+            fut.set_result(None)
+        return len(senders) < before
+
+    def _handshake_refused(self) -> str | None:
         """Why ZeroMQ's handshake with the learner failed (CURVE key refused, keys on one side
         only, wrong learner key), if it did and has not succeeded since; None otherwise."""
         problem = None
         while self._monitor is not None:
             try:
-                frames = await self._monitor.recv_multipart(zmq.NOBLOCK)
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             event = parse_monitor_message(frames)["event"]
             problem = None if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else _handshake_problem(event, self.keys)
         return problem
 
+    # ------------------------------------------------------------------ messages
     async def send(self, msg: Message) -> None:
+        """Queue ``msg`` in ZeroMQ; waits only while its send queue is full (or no learner is
+        connected yet). Sends complete in the order they were called; a cancelled one is not sent."""
         # Copied into ZeroMQ's buffer below COPY_BELOW: a zero-copy frame costs a wake-up of
         # pyzmq's garbage-collector thread (and its turn at the GIL) per message, more than
         # copying a rollout of a few hundred KiB; larger ones still go without a copy.
         frames = encode(msg)
-        self._sending += 1
+        await self.send_frames(frames, copy=len(frames[1]) < COPY_BELOW)  # type: ignore[arg-type]
+
+    async def send_frames(self, frames: list[bytes], copy: bool = True) -> None:
+        """Send already-encoded frames, as ``send`` does (tests use it to send malformed ones)."""
+        if not self._senders:  # none waiting before this one: try at once
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+            except zmq.Again:
+                pass
+            else:
+                if self._readers:  # the send may have taken the signal of a message that arrived
+                    self._serve()
+                return
+        loop = self._watch()
+        fut = loop.create_future()
+        self._senders.append((frames, copy, fut))
+        self._serve()  # arms the signal (a look at EVENTS), or sends now if room came meanwhile
         try:
-            await self.sock.send_multipart(frames, copy=len(frames[1]) < COPY_BELOW)
+            await fut
         finally:
-            self._sending -= 1
+            if not fut.done():  # cancelled: out of the line, not sent
+                fut.cancel()
+                for i, waiting in enumerate(self._senders):
+                    if waiting[2] is fut:
+                        del self._senders[i]
+                        break
+
+    async def _recv_frames(self) -> list[bytes]:
+        sock = self.sock
+        while True:
+            events = sock.getsockopt(zmq.EVENTS)
+            if self._senders and events & zmq.POLLOUT and self._flush():  # this look may have taken their signal
+                continue  # the sends may have taken a message's signal: look again
+            if events & zmq.POLLIN:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                if self._senders or self._readers:  # the receive may have taken a signal they wait on
+                    self._serve()
+                return frames
+            # EVENTS just said nothing is waiting, which arms the FD's signal for the next
+            # arrival; nothing touches the socket before this task is listed (no await between).
+            fut = self._watch().create_future()
+            self._readers.append(fut)
+            try:
+                await fut
+            finally:
+                if not fut.done():
+                    fut.cancel()
+                if fut in self._readers:
+                    self._readers.remove(fut)
 
     async def recv(self) -> Message:
         """Next valid message; malformed ones are logged and skipped, never fatal."""
         while True:
-            # A message already waiting is taken without the Future and event-loop round of a
-            # blocking asyncio recv (the common case: acks queue up behind rollouts in flight).
-            # Not while a send waits for room: this recv could consume the edge of ZeroMQ's FD
-            # that was to wake it; the blocking path below re-checks every event it waits on.
-            frames = None
-            if not self._sending:
-                try:
-                    frames = await self.sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-            if frames is None:
-                frames = await self.sock.recv_multipart()
+            frames = await self._recv_frames()
             try:
                 msg, _ = decode(frames)
                 return msg
@@ -176,12 +290,19 @@ class ControlLink:
                         if on_other is not None:
                             on_other(msg)
             except TimeoutError:
-                refused = await self._handshake_refused()
+                refused = self._handshake_refused()
                 if refused is not None:  # a definite answer: waiting longer will not change it
                     raise ActorRejected(f"learner at {self.addr}: {refused}") from None
                 log.info("waiting_for_learner", addr=self.addr, left_s=round(left, 1))
 
     def close(self) -> None:
+        """Close the socket (waiting sends and receives are cancelled; what was sent leaves
+        within the linger)."""
+        self._unwatch()
+        for fut in [*self._readers, *(waiting[2] for waiting in self._senders)]:
+            fut.cancel()
+        self._readers.clear()
+        self._senders.clear()
         if self._monitor is not None:
             self.sock.disable_monitor()
             self._monitor.close(linger=0)

@@ -119,7 +119,7 @@ def test_only_allow_listed_actors_get_a_welcome_weights_or_a_hearing(keydir: Pat
                 await link.handshake(hello(actor_id), timeout_s=30)
             for _ in range(20):  # and anything else it tries to send is never delivered either
                 try:
-                    await link.sock.send_multipart(encode(Heartbeat(actor_id=actor_id, weight_version=7)), zmq.NOBLOCK)
+                    link.sock.send_multipart(encode(Heartbeat(actor_id=actor_id, weight_version=7)), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # nothing to deliver to: the learner never completed its handshake
             with pytest.raises(TimeoutError):

@@ -88,7 +88,7 @@ def test_handshake_messages_and_malformed_frames_over_real_sockets() -> None:
             ctx = zmq.asyncio.Context()
             link = ControlLink(ctx, addr, "a1")
             # garbage first: the hub logs and counts it, and keeps serving
-            await link.sock.send_multipart([b"not", b"agentgym"])
+            await link.send_frames([b"not", b"agentgym"])
             task = asyncio.create_task(link.handshake(hello(), timeout_s=10))
             peer, msg = await asyncio.to_thread(ht.received.get, True, 10)
             assert peer == b"a1" and msg == hello()

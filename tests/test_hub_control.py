@@ -10,6 +10,7 @@ threads; every wait has a deadlock guard, and no test asserts a time.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -238,6 +239,22 @@ def test_a_busy_inbox_still_lets_other_trio_tasks_run() -> None:
     assert ran_at and ran_at[0] <= 2 * Inbox.CHECKPOINT_EVERY < n
 
 
+def _wait_until_free(port: int, deadline_s: float = 10.0) -> None:
+    """Until a listening socket can take ``port`` (as ZeroMQ binds it: SO_REUSEADDR)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+                s.listen()
+                return
+            except OSError:
+                if time.monotonic() > end:
+                    raise
+        time.sleep(0.05)
+
+
 def test_a_port_in_use_is_named_and_nothing_stays_bound() -> None:
     # The control socket is bound on the trio thread and the weights socket in its thread: a
     # failure of either is an OSError naming the address, and the other socket is released.
@@ -254,7 +271,7 @@ def test_a_port_in_use_is_named_and_nothing_stays_bound() -> None:
         with pytest.raises(OSError, match=f"{words}.*127.0.0.1:{taken}"):
             trio.run(open_and_close)
         squatter.unbind(f"tcp://127.0.0.1:{taken}")
-        time.sleep(0.1)  # unbind is asynchronous in ZeroMQ
+        _wait_until_free(taken)  # unbind is asynchronous in ZeroMQ (its I/O thread closes the port)
     trio.run(open_and_close)  # both ports free again: nothing of the failed tries holds them
     squatter.close(0)
     ctx.term()

@@ -69,9 +69,11 @@ class ActorRejected(RuntimeError):
 
 def _socket(
     ctx: zmq.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
-    before_connect: Callable[[zmq.Socket], None] | None = None,
+    before_connect: Callable[[zmq.Socket], None] | None = None, plain: bool = False,
 ) -> zmq.Socket:
-    s = ctx.socket(zmq.DEALER)
+    # plain: a blocking-API socket even on an asyncio context, still made (and so tracked) by
+    # ``ctx``: its destroy() closes it, and a context dropped without close never hangs in term.
+    s = ctx.socket(zmq.DEALER, socket_class=zmq.Socket) if plain else ctx.socket(zmq.DEALER)
     if identity is not None:
         s.setsockopt(zmq.ROUTING_ID, identity)
     apply_client(s, keys)  # CURVE: talk only to the learner holding keys.server's secret
@@ -113,10 +115,14 @@ class ControlLink:
         self._monitor: zmq.Socket | None = None
 
         def watch(s: zmq.Socket) -> None:  # before connect: the first handshake is seen too
-            self._monitor = s.get_monitor_socket(_HANDSHAKE_EVENTS)
+            # get_monitor_socket would make the PAIR with the context's own (asyncio) class.
+            monitor_addr = f"inproc://agentgym-link-monitor-{id(self)}"
+            s.monitor(monitor_addr, _HANDSHAKE_EVENTS)
+            self._monitor = ctx.socket(zmq.PAIR, socket_class=zmq.Socket)
+            self._monitor.connect(monitor_addr)
 
         # A plain socket on the caller's context (asyncio or not): no Future per call.
-        self.sock: zmq.Socket = _socket(zmq.Context.shadow(ctx.underlying), addr, actor_id.encode(), keys, watch)
+        self.sock: zmq.Socket = _socket(ctx, addr, actor_id.encode(), keys, watch, plain=True)
         self._fd: int = self.sock.getsockopt(zmq.FD)
         self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
         self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits

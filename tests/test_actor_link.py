@@ -212,3 +212,24 @@ def test_a_send_waiting_for_room_whose_signal_a_receive_takes_goes_out(run) -> N
     run(actor())
     thread.join(30)
     assert got == list(range(n))
+
+
+def test_a_link_never_closed_does_not_hang_its_context() -> None:
+    # An actor object dropped without close() (a failed start, a test) leaves its link's sockets
+    # open; destroying the asyncio context it was made on must close them, not wait forever in
+    # term() for sockets it does not know about. The DEALER and its handshake monitor are plain
+    # sockets, so this checks they are still made, and tracked, by the caller's context.
+    port = free_port_pair()
+    ctx = zmq.asyncio.Context()
+    link = ControlLink(ctx, f"tcp://127.0.0.1:{port}", "a1")
+    assert link.sock in ctx._sockets and link._monitor in ctx._sockets  # noqa: SLF001
+    done = threading.Event()
+
+    def destroy() -> None:
+        ctx.destroy(linger=0)
+        done.set()
+
+    t = threading.Thread(target=destroy, daemon=True)
+    t.start()
+    assert done.wait(20), "the context's destroy() waited for the link's sockets"
+    assert link.sock.closed

@@ -2,6 +2,7 @@
 
     agentgym make-model --arch qwen2.5-0.5b models/qwen0.5b-shape
     agentgym make-model --arch tiny models/tiny
+    agentgym make-model --arch tiny --pretrain-steps 300 models/tiny-base   # + LM on random play
 
 Writes an ordinary HF model directory (config.json, model.safetensors, tokenizer files,
 generation_config.json) that ``AutoModelForCausalLM.from_pretrained`` and vLLM load like the
@@ -36,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="dtype of the saved weights (default: the real checkpoint's, bfloat16)")
+    p.add_argument("--pretrain-steps", type=int, default=0, metavar="N",
+                   help="then train it N steps as a language model on random play of --pretrain-env "
+                   "(agentgym.base_model: the demo's stand-in for a pretrained checkpoint; float32)")
+    p.add_argument("--pretrain-env", default="guess_number", help="env whose random play it is pretrained on")
     p.add_argument("out", type=Path, help="output directory")
 
 
@@ -87,5 +92,12 @@ def _tokenizer(corpus: list[str], max_length: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    print(make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype))
+    if args.pretrain_steps < 0:
+        raise SystemExit(f"make-model: --pretrain-steps must be >= 0, got {args.pretrain_steps}")
+    out = make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype if not args.pretrain_steps else "float32")
+    if args.pretrain_steps:
+        from agentgym.base_model import pretrain_on_play
+
+        pretrain_on_play(out, out, args.pretrain_env, steps=args.pretrain_steps, seed=args.seed)
+    print(out)
     return 0

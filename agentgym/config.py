@@ -45,6 +45,10 @@ class ModelConfig(Section):
     """HF model directory (config.json, weights, tokenizer): any causal LM checkpoint."""
     create_tiny: bool = False
     """Create a tiny random model at ``path`` if it does not exist (the quickstart does)."""
+    pretrain_steps: Annotated[int, Field(ge=0)] = 0
+    """With ``create_tiny``: train the new model this many steps as a language model on random
+    play of the run's (first) env before the run starts, the demo's stand-in for a pretrained
+    checkpoint (``agentgym.base_model``; 300 steps take about 20 s). 0: the random model as is."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Training and inference dtype (float32 on CPU)."""
 
@@ -142,6 +146,11 @@ class LearnerConfig(Section):
     """Groups (tickets) per optimizer step."""
     minibatches: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per batch (PPO-style minibatching; the proximal policy is the batch start)."""
+    epochs: Annotated[int, Field(ge=1)] = 1
+    """Passes over each batch (PPO's epochs): ``epochs x minibatches`` optimizer steps per learner
+    step, every one clipped against the proximal policy of the batch start. More learning per
+    played episode where the learner would otherwise wait for data; the weight version still
+    moves by one per batch."""
     clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
     """PPO clip: the ratio pi_theta/pi_prox is clipped below at 1 - clip_low."""
     clip_high: Annotated[float, Field(gt=0)] = 0.28
@@ -256,7 +265,7 @@ class LearnerConfig(Section):
     dual_clip: Annotated[float, Field(gt=1)] | None = 3.0
     """Dual-clip PPO's c (verl's and AReaL's clip_ratio_c): a token with a negative advantage
     contributes at most c * |A| however far its ratio pi_theta/pi_prox has grown (None: off).
-    Acts only with minibatches > 1 (with one, the ratio is 1)."""
+    Acts only with several optimizer steps per batch (minibatches or epochs > 1; with one, the ratio is 1)."""
     secret_key: Path | None = None
     """CURVE: the learner's key pair file (DIR/learner.key_secret from ``agentgym keys DIR``). With
     ``authorized_keys``, both ports admit only allow-listed actors, and traffic is encrypted."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import structlog
 
+from agentgym.base_model import ensure_model
 from agentgym.config import Config
 
 log = structlog.get_logger(__name__)
@@ -47,11 +48,7 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
            actor_log_level: str = "warning", resume: bool = False) -> int:
     """Start the learner and ``actors`` actors; return the learner's exit code. ``resume``: the
     learner continues ``run_dir`` from its newest checkpoint (``agentgym train --resume``)."""
-    if cfg.model.create_tiny and not Path(cfg.model.path, "config.json").exists():
-        from agentgym.tiny_model import make_default_tiny_model
-
-        log.info("creating_tiny_model", path=str(cfg.model.path))
-        make_default_tiny_model(Path(cfg.model.path), seed=cfg.run.seed)
+    ensure_model(cfg)  # model.create_tiny (and model.pretrain_steps): the demo's model, made once
     common = [*(["--config", str(config_path)] if config_path else []), *[a for o in overrides for a in ("-o", o)]]
     if resume and not any(run_dir.glob("checkpoints/step_*/trainer/state.pt")):
         log.error("nothing_to_resume", run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"))

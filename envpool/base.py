@@ -35,6 +35,7 @@ Contract:
 from __future__ import annotations
 
 import abc
+import random
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence, Union
 
@@ -86,6 +87,12 @@ class Env(abc.ABC):
         if split not in SPLITS:
             raise ValueError(f"env {cls.__name__}: unknown split {split!r}; splits are {list(SPLITS)}")
         return _PROCEDURAL[split]
+
+    def random_action(self, rng: random.Random) -> str:
+        """A uniformly random action for the current episode (no better than chance, no privileged
+        state), used to write the random-play transcripts a demo base model is pretrained on
+        (``agentgym.base_model``). Optional: the default says the env has none."""
+        raise NotImplementedError(f"env {type(self).__name__} does not define random_action()")
 
     def instructions(self) -> str:
         """Task text shown before the first observation ("" when the observation says it all)."""

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import trio
 
+    from agentgym.base_model import ensure_model
     from agentgym.guardian import start_guardian
     from agentgym.learner.service import run_learner
     from agentgym.logs import quiet_libraries, setup_logging
@@ -85,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = worker_rank()
     role = "learner" if worker is None else f"learner-rank{worker}"
     setup_logging(role, run_dir / "logs" / f"{role}.jsonl", args.log_level)
-    if cfg.model.create_tiny and not Path(cfg.model.path, "config.json").exists():
-        from agentgym.tiny_model import make_default_tiny_model
-
-        make_default_tiny_model(Path(cfg.model.path), seed=cfg.run.seed)
+    ensure_model(cfg)  # model.create_tiny (and model.pretrain_steps): the demo's model, made once
     if worker is not None:  # RANK > 0 (torchrun or by hand): a data-parallel worker of rank 0
         from agentgym.learner.distributed import run_worker
 

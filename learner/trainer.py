@@ -9,17 +9,17 @@
 One learner step (docs/off_policy.md, docs/adr/0007-learner-algorithms.md):
   1. collate the groups (rank 0) and send the batch to every data-parallel rank;
   2. without gradient, on this rank's rows: the proximal logprobs π_prox (the weights at the start
-     of the step; needed with several minibatches or KL in the reward), the values and bootstrap
+     of the step; needed with several minibatches or epochs, or KL in the reward), the values and bootstrap
      values (ppo) and the reference logprobs (kl_coef > 0); summed over ranks so every rank has
      the whole batch's;
   3. advantages of the chosen algorithm on the whole batch; per-token weights from the loss mask
      and the staleness rule;
-  4. per minibatch: for each micro-batch of this rank's rows, the decoupled PPO loss
+  4. per minibatch (``epochs`` passes over them): for each micro-batch of this rank's rows, the decoupled PPO loss
      −w·min(r·A, clip(r)·A) (r = π_θ/π_prox, w = min(π_prox/μ, C)), + KL, − entropy, + value loss,
      each scaled by its share of the minibatch's normaliser so that micro-batches and ranks add up
      to the loss of the whole minibatch; backward; gradients summed over ranks, clipped (a
      separate critic's on its own: learner/value_model.py), one step.
-With one minibatch π_prox is π_θ detached, so r = 1 and the step is REINFORCE with truncated
+With one minibatch and one epoch π_prox is π_θ detached, so r = 1 and the step is REINFORCE with truncated
 importance weights (exactly, not approximately).
 
 Data parallelism (learner/distributed.py): with ``learner.dp_mode = "replicate"`` every rank holds
@@ -268,7 +268,8 @@ class Trainer:
         micros = [self._micro_plan(mb, lengths) for mb in minibatches]
         kl_reward = lc.kl_coef > 0 and lc.kl_mode == "reward"
         kl_loss = lc.kl_coef > 0 and lc.kl_mode == "loss"
-        pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=n_mb > 1 or kl_reward)
+        several = n_mb > 1 or lc.epochs > 1  # several optimizer steps: pi_prox is the batch start's
+        pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=several or kl_reward)
 
         # Advantages on the whole batch: identical on every rank.
         agent = b.loss_mask != 0
@@ -290,7 +291,7 @@ class Trainer:
                 (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "micro")}  # fmt: skip
         w_max = torch.zeros((), device=self.device)
         grad_norms: list[list[float]] = []
-        for mb, mb_micros in zip(minibatches, micros, strict=True):
+        for mb, mb_micros in [pair for _ in range(lc.epochs) for pair in zip(minibatches, micros, strict=True)]:
             tok_total = keep[mb].sum()
             seq_total = keep[mb].any(-1).sum()
             if int(tok_total) == 0:
@@ -307,7 +308,7 @@ class Trainer:
                 scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
                 with self._autocast():
                     f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
-                prox = f.logp.detach() if n_mb == 1 else pre["prox"][rows, :L]
+                prox = pre["prox"][rows, :L] if several else f.logp.detach()
                 pg, m = decoupled_ppo_loss(
                     f.logp, prox, b.behav_logp[rows, :L], adv[rows, :L], w, clip_low=lc.clip_low,
                     clip_high=lc.clip_high, behav_weight_cap=lc.tis_cap, behav_reject_above=lc.tis_reject_above,

@@ -131,6 +131,27 @@ def test_micro_batches_add_up_to_one_pass(model_dir: Path, agg: str) -> None:
         torch.testing.assert_close(p, q, rtol=0, atol=1e-5, msg=k)
 
 
+def test_epochs_pass_over_the_batch_again_against_the_batch_start(model_dir: Path) -> None:
+    """``learner.epochs = 2``: two optimizer steps on the same batch, the second with a ratio
+    pi_theta/pi_prox away from 1 (the proximal policy is the batch start's, not the moving one),
+    the version moving by one; the first pass is exactly the one-epoch step."""
+    common = ("learner.lr=1e-2", "learner.clip_low=0.01", "learner.clip_high=0.01")
+    one = Trainer.load(make_cfg(model_dir, *common))
+    two = Trainer.load(make_cfg(model_dir, *common, "learner.epochs=2"))
+    rollouts = bandit_rollouts(version=0)
+    m1, m2 = one.train_step(rollouts), two.train_step(rollouts)
+    assert (m1["optimizer_steps"], m2["optimizer_steps"]) == (1.0, 2.0)
+    assert one.version == two.version == 1
+    assert m1["approx_kl"] == 0.0 and m1["clip_frac"] == 0.0
+    assert m2["approx_kl"] > 0 and m2["clip_frac"] > 0  # the second pass sees the first one's move
+    assert m2["trained_tokens"] == 2 * m1["trained_tokens"]
+    # one more step of the one-epoch trainer on the same batch is not the same: its proximal
+    # policy would be the moved one (ratio 1 again, no clip)
+    m1b = one.train_step(rollouts)
+    assert m1b["clip_frac"] == 0.0
+    assert not params_equal(one.model, two.model)
+
+
 RESUME = ("learner.algorithm=ppo", "learner.kl_coef=0.05", "learner.entropy_coef=0.01", "learner.minibatches=2",
           "learner.micro_batch_tokens=24", "learner.warmup_steps=2", "learner.lr_schedule=cosine",
           "learner.staleness_mode=downweight", "learner.keep_checkpoints=2", "run.max_steps=4")  # fmt: skip

@@ -168,6 +168,10 @@ class GuessNumber(Env):
         z = random.Random(f"latency {task_id} {turn}").gauss(0.0, 1.0)
         return self.step_latency_s * math.exp(self.latency_sigma * z)
 
+    def random_action(self, rng: random.Random) -> str:
+        # Any number of the range, whatever the hints said (repeats included).
+        return str(rng.randint(self.low, self.high))
+
     def expert_action(self) -> str:
         # Binary search over what the hints allow; it only uses what the agent has seen.
         return str((self._lo + self._hi) // 2)

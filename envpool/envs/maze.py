@@ -152,6 +152,10 @@ class Maze(Env):
             return StepResult(text, 1.0, True, {"turns": self._turns, "success": True})
         return StepResult(f"You moved {d}.\n{self._describe()}", 0.0, False, {"turns": self._turns})
 
+    def random_action(self, rng: random.Random) -> str:
+        # Any of the four moves, walls included.
+        return f"move {rng.choice(sorted(MOVES))}"
+
     def expert_action(self) -> str:
         # Breadth-first distances to the goal were computed at reset: step to a neighbour nearer.
         r, c = self._me

@@ -1,0 +1,151 @@
+"""A base model for the demo: the tiny random model trained as a language model on random play.
+
+    agentgym make-model --arch tiny --pretrain-steps 300 --pretrain-env guess_number models/tiny-base
+    [model] create_tiny = true, pretrain_steps = 300      # the same, when a run creates its model
+
+A real run starts from a pretrained checkpoint, whose hidden state at the generation prompt
+depends on what the prompt says. The tiny random model's does not: its last hidden state there
+is the same vector whatever the observation, up to a few percent of its norm (docs/off_policy.md,
+"The echo probe"), so a policy-gradient step moves every state's logits the same way, and RL
+settles on one unconditional distribution over actions before it learns to read the
+observation. This module gives the demo what a real checkpoint has: it plays the env with
+uniformly random actions (``Env.random_action``: no good move is ever shown) and trains the
+model by next-token cross-entropy on every token of those transcripts, built exactly as actors
+build them (``actors/conversation.Conversation``, the env's instructions as system message). To
+predict the env's replies the model has to read the history (which hint follows a guess depends
+on the hints before it); the actions it learns are the uniform ones. It is a tool for the demo
+and the benchmarks; nothing in the actors or the learner depends on it.
+
+The model is written to a temporary directory beside ``out_dir`` and renamed into place, so a
+process that finds ``out_dir/config.json`` finds a whole model. ``pretrain.json`` in the model
+directory records what it was trained on and its loss before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+PRETRAIN_BATCH = 32
+PRETRAIN_TURNS = 6
+
+
+def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.Random) -> list[int]:
+    """Token ids of one episode of ``env`` played with ``env.random_action``, as an actor builds them."""
+    from agentgym.actors.conversation import Conversation
+
+    conv = Conversation.start(tokenizer, env.instructions() or None, env.reset(task_id))
+    for _ in range(turns):
+        action = env.random_action(rng)
+        conv.add_agent_turn(tokenizer.encode(action, add_special_tokens=False), [0.0], 0)
+        result = env.step(action)
+        if result.done:
+            break
+        conv.add_observation(result.observation)
+    return list(conv.token_ids)
+
+
+def lm_loss(model: Any, episodes: list[list[int]], pad_id: int) -> Any:
+    """Mean next-token cross-entropy over every real token of ``episodes`` (padding excluded)."""
+    import torch
+
+    width = max(len(e) for e in episodes)
+    ids = torch.tensor([e + [pad_id] * (width - len(e)) for e in episodes])
+    real = torch.tensor([[True] * len(e) + [False] * (width - len(e)) for e in episodes])
+    logits = model(ids, attention_mask=real.long()).logits[:, :-1]
+    keep = real[:, 1:]
+    return torch.nn.functional.cross_entropy(logits[keep], ids[:, 1:][keep])
+
+
+def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str, env_kwargs: dict[str, Any] | None = None, *,
+                     steps: int = 300, lr: float = 3e-3, seed: int = 0, turns: int = PRETRAIN_TURNS) -> dict[str, Any]:  # fmt: skip
+    """Train the model at ``model_dir`` on random play of ``env_name``; write it to ``out_dir``.
+
+    Returns the record also written to ``out_dir/pretrain.json``. ``model_dir`` may be ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.envpool.registry import resolve_env
+
+    if steps < 1:
+        raise ValueError(f"pretrain_on_play: steps must be >= 1, got {steps}")
+    env_cls = resolve_env(env_name)
+    env = env_cls(**(env_kwargs or {}))
+    rng = random.Random(seed)
+    try:
+        env.reset(0)
+        env.random_action(rng)
+    except NotImplementedError as e:
+        raise ValueError(f"pretrain_on_play: env {env_name!r} cannot be pretrained on: {e}") from None
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        # Held-out transcripts (task ids the training draw never reaches) measure the loss.
+        probe = [random_play(tokenizer, env, (1 << 40) + i, turns, random.Random(i)) for i in range(64)]
+        with torch.no_grad():
+            before = float(lm_loss(model, probe, pad_id))
+        t0 = time.monotonic()
+        for step in range(1, steps + 1):
+            batch = [random_play(tokenizer, env, rng.randrange(1 << 30), turns, rng) for _ in range(PRETRAIN_BATCH)]
+            loss = lm_loss(model, batch, pad_id)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if step % 100 == 0 or step == steps:
+                log.info("pretrain_progress", step=step, steps=steps, loss=round(loss.item(), 4),
+                         seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+        with torch.no_grad():
+            after = float(lm_loss(model, probe, pad_id))
+    record = {"env": env_name, "env_kwargs": dict(env_kwargs or {}), "steps": steps, "lr": lr, "seed": seed,
+              "turns": turns, "batch": PRETRAIN_BATCH, "heldout_loss_before": round(before, 4),
+              "heldout_loss_after": round(after, 4), "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if Path(model_dir, "generation_config.json").exists():
+        shutil.copy(Path(model_dir, "generation_config.json"), tmp / "generation_config.json")
+    (tmp / "pretrain.json").write_text(json.dumps(record, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    log.info("pretrained_on_play", path=str(out_dir), **record)
+    return record
+
+
+def ensure_model(cfg: Any) -> None:
+    """With ``model.create_tiny``: make the tiny model at ``model.path`` if it has none, then, with
+    ``model.pretrain_steps``, pretrain it on random play of the run's (first) env. A model already
+    there is left alone, whatever made it."""
+    path = Path(cfg.model.path)
+    if not cfg.model.create_tiny or (path / "config.json").exists():
+        return
+    from agentgym.tiny_model import make_default_tiny_model
+
+    log.info("creating_tiny_model", path=str(path), pretrain_steps=cfg.model.pretrain_steps)
+    if not cfg.model.pretrain_steps:
+        make_default_tiny_model(path, seed=cfg.run.seed)
+        return
+    raw = path.with_name(f"{path.name}.random-{os.getpid()}")
+    make_default_tiny_model(raw, seed=cfg.run.seed)
+    spec = cfg.env.specs[0]
+    # The simulated latency of the benchmarks' waiting env would only slow the transcripts down.
+    kwargs = {k: v for k, v in spec.kwargs.items() if k not in ("step_latency_s", "latency_sigma")}
+    try:
+        pretrain_on_play(raw, path, spec.name, kwargs, steps=cfg.model.pretrain_steps, seed=cfg.run.seed)
+    finally:
+        shutil.rmtree(raw, ignore_errors=True)

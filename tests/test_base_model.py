@@ -1,0 +1,139 @@
+"""The demo's base model (agentgym/base_model.py): language-model pretraining on random play
+teaches the tiny model to read the history, never shows a good move, and is made once."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agentgym.actors.conversation import Conversation  # noqa: E402
+from agentgym.base_model import ensure_model, pretrain_on_play, random_play  # noqa: E402
+from agentgym.config import load_config  # noqa: E402
+from agentgym.envpool.envs.guess_number import GuessNumber  # noqa: E402
+from agentgym.envpool.envs.maze import Maze  # noqa: E402
+from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# Histories after which the hint to the last guess is forced: (guesses and hints, guess, the hint).
+FORCED = [([(6, "lower")], 7, "lower"), ([(2, "higher")], 1, "higher"), ([(5, "lower")], 8, "lower"),
+          ([(3, "higher")], 2, "higher"), ([(4, "higher"), (7, "lower")], 8, "lower"), ([(4, "lower")], 6, "lower")]  # fmt: skip
+
+
+def forced_hint_probability(model_dir: Path) -> float:
+    """Mean probability the model gives the forced hint (against the other word) over FORCED."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    env = GuessNumber()
+    probs = []
+    for history, guess, right in FORCED:
+        logp = {}
+        for word in ("higher", "lower"):
+            conv = Conversation.start(tok, env.instructions(), "guess a number from 1 to 8")
+            for g, hint in [*history, (guess, word)]:
+                conv.add_agent_turn(tok.encode(str(g), add_special_tokens=False), [0.0], 0)
+                conv.add_observation(hint)
+            ids = torch.tensor([list(conv.token_ids)])
+            with torch.no_grad():
+                lp = torch.log_softmax(model(ids).logits[0, :-1], -1)
+            logp[word] = float(lp.gather(1, ids[0, 1:, None]).sum())  # the prefixes are the same
+        probs.append(math.exp(logp[right]) / (math.exp(logp["higher"]) + math.exp(logp["lower"])))
+    return sum(probs) / len(probs)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    root = tmp_path_factory.mktemp("base")
+    raw = make_default_tiny_model(root / "random", seed=0)
+    record = pretrain_on_play(raw, root / "base", "guess_number", steps=1000, seed=0)
+    return raw, root / "base", record
+
+
+def test_pretraining_teaches_the_model_to_read_the_history(models: tuple[Path, Path, dict]) -> None:
+    raw, base, record = models
+    # The random model cannot tell which hint a history forces; the base model must have read
+    # the earlier hint to give the forced one (a hint after one guess alone is a coin flip).
+    assert abs(forced_hint_probability(raw) - 0.5) < 0.1
+    assert forced_hint_probability(base) > 0.75
+    saved = json.loads((base / "pretrain.json").read_text())
+    assert saved == record and saved["env"] == "guess_number" and saved["steps"] == 1000
+    assert saved["heldout_loss_after"] < 0.3 * saved["heldout_loss_before"]
+
+
+def test_the_base_model_plays_no_better_than_chance_guesses(models: tuple[Path, Path, dict]) -> None:
+    """Random play shows no good move: the base model's first guess is spread over the range, not
+    the expert's midpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, base, _ = models
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    env = GuessNumber()
+    conv = Conversation.start(tok, env.instructions(), env.reset(0))
+    with torch.no_grad():
+        p = torch.softmax(model(torch.tensor([conv.prompt_ids])).logits[0, -1], -1)
+    digits = torch.tensor([tok.encode(str(n), add_special_tokens=False)[0] for n in range(1, 9)])
+    mass = p[digits]
+    assert float(mass.sum()) > 0.9  # it learned what an action looks like
+    assert float(mass.max()) < 0.3  # and no favourite: uniform would be 0.125 each
+
+
+def test_random_play_is_built_like_an_actor_builds_it(models: tuple[Path, Path, dict]) -> None:
+    from transformers import AutoTokenizer
+
+    raw, _, _ = models
+    tok = AutoTokenizer.from_pretrained(raw)
+    env = GuessNumber()
+    ids = random_play(tok, env, 7, 6, random.Random(0))
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>system\n" + env.instructions())
+    moves = re.findall(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", text)
+    replies = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", text)
+    assert 1 <= len(moves) <= 6 and all(m in "12345678" and len(m) == 1 for m in moves)
+    # The first message is the task; each move but a correct last one has the env's reply after it.
+    assert replies[0] == "guess a number from 1 to 8"
+    assert all(r in ("higher", "lower") for r in replies[1:]) and len(replies) - 1 in (len(moves), len(moves) - 1)
+    assert random_play(tok, env, 7, 6, random.Random(0)) == ids  # deterministic given the seeds
+
+
+def test_env_without_random_action_is_refused_by_name(models: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    raw, _, _ = models
+    with pytest.raises(ValueError, match="env 'probe'.*random_action"):
+        pretrain_on_play(raw, tmp_path / "x", "probe", steps=1)
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        pretrain_on_play(raw, tmp_path / "x", "guess_number", steps=0)
+
+
+def test_maze_random_actions_are_valid_moves() -> None:
+    env, rng = Maze(), random.Random(0)
+    env.reset(3)
+    for _ in range(30):
+        res = env.step(env.random_action(rng))
+        assert "Invalid" not in res.observation
+        if res.done:
+            env.reset(4)
+
+
+def test_ensure_model_makes_the_configured_model_once(tmp_path: Path) -> None:
+    path = tmp_path / "m"
+    cfg = load_config(REPO / "configs" / "quickstart.toml",
+                      [f'model.path="{path}"', "model.create_tiny=true", "model.pretrain_steps=3"])  # fmt: skip
+    ensure_model(cfg)
+    record = json.loads((path / "pretrain.json").read_text())
+    assert record["steps"] == 3 and record["env"] == "guess_number"
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    ensure_model(cfg)  # a model already there is left alone
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary directory left behind
+    plain = load_config(REPO / "configs" / "quickstart.toml", [f'model.path="{tmp_path / "p"}"', "model.create_tiny=true"])
+    ensure_model(plain)
+    assert (tmp_path / "p" / "config.json").exists() and not (tmp_path / "p" / "pretrain.json").exists()

@@ -48,7 +48,8 @@ class ModelConfig(Section):
     pretrain_steps: Annotated[int, Field(ge=0)] = 0
     """With ``create_tiny``: train the new model this many steps as a language model on random
     play of the run's (first) env before the run starts, the demo's stand-in for a pretrained
-    checkpoint (``agentgym.base_model``; 300 steps take about 20 s). 0: the random model as is."""
+    checkpoint (``agentgym.base_model``; 1,000 steps, past the point where the tiny model learns to
+    read the history, take 80-100 s on 2 cores). 0: the random model as is."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Training and inference dtype (float32 on CPU)."""
 

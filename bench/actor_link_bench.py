@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from layers_bench import WINDOW, make_rollout  # noqa: E402
+from layers_bench import make_rollout, windowed, windowed_async  # noqa: E402
 
 
 def _acker(addr: str, ready) -> None:
@@ -46,15 +46,8 @@ async def _link(cls, addr: str, r, n: int) -> float:
     ctx = zmq.asyncio.Context()
     link = cls(ctx, addr, "bench-actor")
     await asyncio.sleep(0.2)  # connected
-    c0, acked = time.process_time(), 0
-    for i in range(n):
-        await link.send(r)
-        if i + 1 - acked >= WINDOW:
-            await link.recv()
-            acked += 1
-    while acked < n:
-        await link.recv()
-        acked += 1
+    c0 = time.process_time()
+    await windowed_async(lambda _: link.send(r), link.recv, n)
     cpu = time.process_time() - c0
     link.close()
     ctx.term()
@@ -68,15 +61,8 @@ def _raw(addr: str, frames: list[bytes], n: int) -> float:
     s = ctx.socket(zmq.DEALER)
     s.connect(addr)
     time.sleep(0.2)
-    c0, acked = time.process_time(), 0
-    for i in range(n):
-        s.send_multipart(frames, copy=False)
-        if i + 1 - acked >= WINDOW:
-            s.recv_multipart()
-            acked += 1
-    while acked < n:
-        s.recv_multipart()
-        acked += 1
+    c0 = time.process_time()
+    windowed(lambda _: s.send_multipart(frames, copy=False), s.recv_multipart, n)
     cpu = time.process_time() - c0
     s.close(linger=0)
     ctx.term()

@@ -38,6 +38,30 @@ import numpy as np
 WINDOW = 8
 
 
+def windowed(send, recv, n: int) -> None:
+    """Send ``n`` messages with at most WINDOW unacknowledged, then wait for the rest of the acks."""
+    acked = 0
+    for i in range(n):
+        send(i)
+        if i + 1 - acked >= WINDOW:
+            recv()
+            acked += 1
+    for _ in range(acked, n):
+        recv()
+
+
+async def windowed_async(send, recv, n: int) -> None:
+    """``windowed`` for coroutine ``send``/``recv`` (the project's asyncio ControlLink)."""
+    acked = 0
+    for i in range(n):
+        await send(i)
+        if i + 1 - acked >= WINDOW:
+            await recv()
+            acked += 1
+    for _ in range(acked, n):
+        await recv()
+
+
 def make_rollout(tokens: int, group: int):
     from agentgym.protocol import Episode, Rollout
     from agentgym.protocol.arrays import F32, I32, U8, pack
@@ -150,15 +174,7 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
         link = ControlLink(ctx, addr, "bench-actor")
         await asyncio.sleep(0.3)  # connected
         t0 = time.perf_counter()
-        acked = 0
-        for i in range(n):
-            await link.send(r)
-            if i + 1 - acked >= WINDOW:
-                await link.recv()
-                acked += 1
-        while acked < n:
-            await link.recv()
-            acked += 1
+        await windowed_async(lambda _: link.send(r), link.recv, n)
         dt = time.perf_counter() - t0
         link.close()
         ctx.term()
@@ -173,17 +189,10 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
         time.sleep(0.3)
         head, body = frames
         t0 = time.perf_counter()
-        acked = 0
-        for i in range(n):
-            # fresh: the body copied into a new buffer per message, as a sender that builds each
-            # message has to (not the bound: a reference for what allocating 106 KiB costs)
-            s.send_multipart([head, bytes(memoryview(body))] if fresh else frames, copy=False)
-            if i + 1 - acked >= WINDOW:
-                s.recv_multipart()
-                acked += 1
-        while acked < n:
-            s.recv_multipart()
-            acked += 1
+        # fresh: the body copied into a new buffer per message, as a sender that builds each
+        # message has to (not the bound: a reference for what allocating 106 KiB costs)
+        windowed(lambda _: s.send_multipart([head, bytes(memoryview(body))] if fresh else frames, copy=False),
+                 s.recv_multipart, n)  # fmt: skip
         dt = time.perf_counter() - t0
         s.close(linger=0)
         ctx.term()

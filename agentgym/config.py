@@ -190,6 +190,15 @@ class LearnerConfig(Section):
     """Advantage estimator. grpo: group-normalised episode reward; rloo: leave-one-out group
     baseline; reinforce_pp: return-to-go whitened over the batch (REINFORCE++); ppo: GAE with a
     learned critic (value_model)."""
+    filter_groups: bool = False
+    """Dynamic sampling (DAPO, arXiv 2503.14476): a group whose episodes all got the same reward
+    has advantage 0 under grpo and rloo, so it is played but not trained (ack and fate
+    ``filtered``; its place under the staleness bound goes to another ticket) and every batch
+    holds groups that carry a signal. Near the end of learning most groups are all-solved; without
+    the filter they still dilute the batch and their KL term pulls the policy back to the
+    reference with nothing against it. After ``FILTER_STREAK_LIMIT`` x ``batch_groups`` filtered
+    groups in a row the next group is trained anyway, so a solved task never stalls the run.
+    grpo and rloo only (other estimators find a signal in such groups)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     """How per-token losses become one number: token_mean (every agent token weighs the same),
     seq_mean_token_mean (DeepSeekMath GRPO), seq_mean_token_sum_norm (Dr. GRPO: token sums over a
@@ -291,6 +300,9 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _lora_and_ranks(self) -> LearnerConfig:
+        if self.filter_groups and self.algorithm not in ("grpo", "rloo"):
+            raise ValueError(f"learner.filter_groups needs learner.algorithm 'grpo' or 'rloo', not {self.algorithm!r} "
+                             "(its advantages are not relative to the group, so an all-equal group still carries a signal)")  # fmt: skip
         if self.algorithm == "ppo" and self.value_model == "separate" and self.dp_mode == "fsdp":
             raise ValueError("learner.value_model = 'separate' needs learner.dp_mode = 'replicate' "
                              "(sharding the separate critic with fsdp is not supported)")  # fmt: skip

@@ -9,7 +9,8 @@
     acc.summary(open_ids)                  # the table: issued = trained + ... + open
 
 A ticket's fate is one of ``trained``, ``expired``, ``stale``, ``invalid``, ``failed`` (every
-episode hit an environment failure), or ``accepted`` (acknowledged, waiting in the buffer). A
+episode hit an environment failure), ``filtered`` (every episode got the same reward, with
+``learner.filter_groups``), or ``accepted`` (acknowledged, waiting in the buffer). A
 ticket with no fate yet is in flight: held by an actor or queued for re-issue. The tickets of
 an actor that dies or goes silent keep no fate: the scheduler re-issues the same ids, so a
 partly played group costs only the work, never the ticket (``reissued`` counts them).
@@ -34,7 +35,7 @@ import msgspec
 
 from agentgym.protocol import Ticket
 
-FATES = ("trained", "expired", "stale", "invalid", "failed")
+FATES = ("trained", "expired", "stale", "invalid", "failed", "filtered")
 """Final fates; ``accepted`` is a waiting state, not a final one."""
 
 
@@ -134,7 +135,7 @@ class TicketLedger:
             fate = self.fate.get(g)
             if fate == "trained" and self.trained_at[g] <= checkpoint_step:
                 continue
-            if fate in ("expired", "stale", "invalid", "failed"):
+            if fate in ("expired", "stale", "invalid", "failed", "filtered"):
                 continue
             reason = {"trained": "trained_after_checkpoint", "accepted": "buffered"}.get(fate or "", "in_flight")
             self.lost_in_restart[reason] += 1

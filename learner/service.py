@@ -33,6 +33,7 @@ from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.curriculum import Curriculum, success_counts
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
+from agentgym.learner.group_filter import GroupFilter
 from agentgym.learner.lora import lora_spec
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.staleness import StalenessRule, TrainBuffer
@@ -42,7 +43,6 @@ from agentgym.logs import MetricsWriter
 from agentgym.progress import StepClock
 from agentgym.sinks import with_sinks
 from agentgym.protocol import (
-    Ack,
     AckStatus,
     CriticSpec,
     Grant,
@@ -100,8 +100,8 @@ def env_stats(batch: list[Rollout]) -> dict[str, float]:
 
 @dataclass
 class Counters:
-    groups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval"), 0))
-    episodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval", "env_failure"), 0))
+    groups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval", "filtered"), 0))
+    episodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval", "filtered", "env_failure"), 0))
     agent_tokens: int = 0
     expired: dict[str, int] = field(default_factory=lambda: {"groups": 0, "episodes": 0})
     """Accepted groups that aged past max_staleness in the buffer and were dropped untrained
@@ -155,6 +155,7 @@ class Learner:
         """Each env's turn limit (learner/curriculum.py); checkpointed with the service state."""
         self.clock = LearnerClock()
         self.mix = EpisodeMix()
+        self.filter = GroupFilter(cfg.learner.batch_groups)  # learner.filter_groups (used in judge)
         self.seen: set[str] = set()
         self.counters = Counters()
         self.new_data = trio.Event()
@@ -277,7 +278,10 @@ class Learner:
         if not usable:
             return "failed"
         self.mix.add("played", r)
-        return self.rule.verdict(*version_span(r, self.version), self.version)
+        verdict = self.rule.verdict(*version_span(r, self.version), self.version)
+        if verdict == "accepted" and self.cfg.learner.filter_groups:
+            return self.filter.judge(usable)
+        return verdict
 
     def on_rollout(self, peer: bytes, r: Rollout) -> None:
         reason = None if r.group_id in self.seen else self.guard.claim(r)
@@ -287,7 +291,7 @@ class Learner:
             self.guard.reject(reason, r)
             self.counters.groups["invalid"] += 1
             self.counters.episodes["invalid"] += len(r.episodes)
-            self.hub.send(peer, Ack(group_ids=[r.group_id], statuses=["invalid"]))
+            self.hub.ack(peer, r.group_id, "invalid")
             return
         status = self.judge(r)
         self.ledger.judged(r.group_id, status)
@@ -302,11 +306,11 @@ class Learner:
             self.on_eval(r)
         elif status != "failed":
             self.counters.episodes[status] += n_eps
-        if status in ("stale", "invalid", "failed"):
+        if status in ("stale", "invalid", "failed", "filtered"):
             self.sched.forfeit(r.group_id)  # never trained: its place under the admission rule is free
-        self.hub.send(peer, Ack(group_ids=[r.group_id], statuses=[status]))
+        self.hub.ack(peer, r.group_id, status)
         self.sched.complete(r.actor_id, r.group_id)
-        if status not in ("accepted", "eval"):
+        if status not in ("accepted", "eval", "filtered"):
             log.info("rollout_not_accepted", group=r.group_id, status=status, actor_id=r.actor_id)
         self.grant()
 

@@ -4,6 +4,7 @@
         hub.publish_weights(snapshot)           # served from the weights thread, no trio round trip
         async for peer, msg in hub.inbox: ...   # decoded, validated messages from actors
         hub.send(peer, Welcome(...))            # non-blocking, from the trio thread only
+        hub.ack(peer, group_id, "accepted")     # coalesced per peer, sent once the burst is read
 
 Control (docs/adr/0003-concurrency.md): the control ROUTER belongs to the trio thread, with no
 thread hop either way. The inbox reads it when asked for the next message and, when none is
@@ -43,6 +44,8 @@ import zmq
 from agentgym.learner.auth import ServerKeys, check_bind, make_server, start_authenticator
 from agentgym.protocol import (
     PROTOCOL_VERSION,
+    Ack,
+    AckStatus,
     Message,
     ProtocolError,
     Reject,
@@ -69,12 +72,15 @@ class Inbox:
 
     CHECKPOINT_EVERY: int = 32
     """Messages handed out back to back, while more keep waiting, between two trio checkpoints."""
+    ACKS_PER_MESSAGE: int = 64
+    """Most group ids one coalesced Ack carries."""
 
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
         self._fd: int = sock.getsockopt(zmq.FD)
         self._sleeping: trio.CancelScope | None = None  # set while the reader waits on the FD
         self._since_checkpoint = 0
+        self._acks: dict[bytes, Ack] = {}  # per peer, not yet sent: see ack()
         self.closed = False
         self.bad_messages = 0
         self.version_rejects = 0
@@ -91,6 +97,7 @@ class Inbox:
                 self._since_checkpoint += 1
                 if self._since_checkpoint >= self.CHECKPOINT_EVERY:
                     self._since_checkpoint = 0
+                    self.flush_acks()
                     await trio.lowlevel.checkpoint()
                     continue  # the socket may have been used meanwhile: look again
                 try:
@@ -102,6 +109,9 @@ class Inbox:
                 msg = self._decode(peer, frames)
                 if msg is not None:
                     return peer, msg
+                continue
+            if self._acks:
+                self.flush_acks()  # the burst is read: answer it, then look again (the sends used the socket)
                 continue
             # EVENTS just said nothing is waiting, which arms the FD's signal for the next arrival;
             # nothing else touches the socket before the wait (one thread, no await in between).
@@ -134,8 +144,33 @@ class Inbox:
                 log.error("bad_message", peer=peer.hex(), error=str(exc)[:500], count=self.bad_messages)
         return None
 
+    def ack(self, peer: bytes, group_id: str, status: AckStatus) -> None:
+        """Acknowledge one rollout. Acks to a peer are coalesced into one Ack message, sent when
+        the inbox has read every message waiting (before it sleeps or yields to other tasks),
+        before any other message to that peer (order is kept), or at ``ACKS_PER_MESSAGE`` ids: a
+        burst of rollouts costs one encode, one send and one actor-side decode instead of one each."""
+        pending = self._acks.get(peer)
+        if pending is None:
+            pending = self._acks[peer] = Ack(group_ids=[], statuses=[])
+        pending.group_ids.append(group_id)
+        pending.statuses.append(status)
+        if len(pending.group_ids) >= self.ACKS_PER_MESSAGE:
+            self._send_now(peer, encode(self._acks.pop(peer)))  # type: ignore[arg-type]
+
+    def flush_acks(self) -> None:
+        """Send every coalesced Ack now."""
+        acks, self._acks = self._acks, {}
+        for peer, a in acks.items():
+            self._send_now(peer, encode(a))  # type: ignore[arg-type]
+
     def send(self, peer: bytes, frames: list[bytes]) -> None:
-        """Queue ``frames`` for ``peer`` without waiting (trio thread only)."""
+        """Queue ``frames`` for ``peer`` without waiting (trio thread only), after its pending acks."""
+        pending = self._acks.pop(peer, None)
+        if pending is not None:
+            self._send_now(peer, encode(pending))  # type: ignore[arg-type]
+        self._send_now(peer, frames)
+
+    def _send_now(self, peer: bytes, frames: list[bytes]) -> None:
         try:
             self._sock.send_multipart([peer, *frames], zmq.NOBLOCK)
         except zmq.Again:
@@ -146,7 +181,9 @@ class Inbox:
             self._sleeping.cancel()
 
     def close(self) -> None:
-        """End the iteration (a reader asleep on the FD wakes and stops)."""
+        """End the iteration (a reader asleep on the FD wakes and stops); pending acks leave first."""
+        if not self.closed:
+            self.flush_acks()
         self.closed = True
         if self._sleeping is not None:
             self._sleeping.cancel()
@@ -218,6 +255,13 @@ class Hub:
 
     def send(self, peer: bytes, msg: Message) -> None:
         self.inbox.send(peer, encode(msg))  # type: ignore[arg-type]
+
+    def ack(self, peer: bytes, group_id: str, status: AckStatus) -> None:
+        self.inbox.ack(peer, group_id, status)
+
+    def flush_acks(self) -> None:
+        """Send coalesced acks now (the inbox does when asked for a message and none is waiting)."""
+        self.inbox.flush_acks()
 
     def publish_weights(self, snapshot: WeightSnapshot) -> None:
         self._snapshot = snapshot  # one reference swap: the weights thread sees old or new, whole

@@ -249,7 +249,7 @@ class Rollout(Message):
     elapsed_s: Annotated[float, Meta(ge=0)] = 0.0
 
 
-AckStatus = Literal["accepted", "stale", "duplicate", "invalid", "failed", "eval"]
+AckStatus = Literal["accepted", "stale", "duplicate", "invalid", "failed", "eval", "filtered"]
 
 
 class Ack(Message):

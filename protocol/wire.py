@@ -19,7 +19,7 @@ import msgspec
 from agentgym.protocol.errors import ProtocolError, VersionMismatch
 from agentgym.protocol.messages import MESSAGE_TYPES, Message, Rollout, WeightChunk
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 MAGIC: Final = b"AG"
 HEADER_LEN: Final = 4
 

@@ -134,6 +134,69 @@ def test_a_burst_of_rollouts_is_all_acked_in_order_while_the_learner_falls_behin
     assert acked == [f"g{i}" for i in range(n)]
 
 
+def test_acks_to_a_burst_are_coalesced_in_order_and_never_overtaken_by_another_message() -> None:
+    # hub.ack (what the learner's control loop uses) holds a peer's acks until the inbox has read
+    # the burst, then sends them as one Ack; a message of another kind to the same peer sends the
+    # pending acks first. A real actor link sends 200 rollouts without waiting; after every 25th
+    # the learner also sends a Heartbeat whose weight_version says how many it had acked by then.
+    from agentgym.protocol import Ack, Episode, Rollout
+    from agentgym.protocol.arrays import F32, I32, U8, pack
+
+    n = 200
+    port = free_port_pair()
+    addr = f"tcp://127.0.0.1:{port}"
+    ep = Episode(token_ids=pack(range(64), I32), logprobs=pack([0.0] * 64, F32), loss_mask=pack([1] * 64, U8),
+                 versions=pack([0] * 64, I32), turn_ends=pack([64], I32), turn_rewards=pack([1.0], F32),
+                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+    ready = threading.Event()
+
+    async def learner() -> None:
+        async with open_hub(addr) as hub:
+            ready.set()
+            got = 0
+            async for peer, msg in hub.inbox:
+                got += 1
+                hub.ack(peer, msg.group_id, "accepted")  # type: ignore[attr-defined]
+                if got % 25 == 0:
+                    hub.send(peer, Heartbeat(weight_version=got))
+                if got == n:
+                    await trio.sleep(0.3)  # let the last ack leave
+                    return
+
+    thread = threading.Thread(target=trio.run, args=(learner,), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+
+    async def actor() -> list[object]:
+        ctx = zmq.asyncio.Context()
+        link = ControlLink(ctx, addr, "a1")
+        for i in range(n):
+            await link.send(Rollout(group_id=f"g{i}", actor_id="a1", env="e", task_id=i, episodes=[ep]))
+        received: list[object] = []
+        acked = 0
+        while acked < n:
+            msg = await asyncio.wait_for(link.recv(), 10)
+            received.append(msg)
+            acked += len(msg.group_ids) if isinstance(msg, Ack) else 0  # type: ignore[attr-defined]
+        link.close()
+        ctx.term()
+        return received
+
+    received = asyncio.run(actor())
+    thread.join(10)
+    acks = [m for m in received if isinstance(m, Ack)]
+    assert [g for a in acks for g in a.group_ids] == [f"g{i}" for i in range(n)]
+    assert all(st == "accepted" for a in acks for st in a.statuses)
+    assert len(acks) < n  # coalesced: fewer messages than rollouts
+    assert max(len(a.group_ids) for a in acks) <= 64  # Inbox.ACKS_PER_MESSAGE
+    acked_before = 0
+    for m in received:  # each heartbeat comes after the acks of every rollout read before it
+        if isinstance(m, Ack):
+            acked_before += len(m.group_ids)
+        else:
+            assert isinstance(m, Heartbeat) and acked_before >= m.weight_version, (acked_before, m)
+
+
 def test_a_burst_that_lands_while_trio_is_busy_and_a_send_takes_its_signal_is_all_acked() -> None:
     # ZeroMQ's FD is edge-triggered and any call on the socket takes its signal. Here the inbox
     # sleeps on the FD; trio is then held up (a task computing without awaiting) while a real

@@ -49,6 +49,9 @@ class Acks:
     def send(self, peer: bytes, msg: object) -> None:
         self.sent.append((peer, msg))
 
+    def ack(self, peer: bytes, group_id: str, status: str) -> None:
+        self.sent.append((peer, Ack(group_ids=[group_id], statuses=[status])))  # type: ignore[list-item]
+
     def last_status(self) -> str:
         msg = self.sent[-1][1]
         assert isinstance(msg, Ack)
@@ -285,3 +288,52 @@ def test_an_eval_ticket_with_bad_content_completes_its_round_without_episodes(ti
     ln.on_rollout(b"a", bad)
     assert ln.hub.last_status() == "invalid" and rnd.done.is_set()
     assert ln.eval_results[-1]["episodes"] == 0
+
+
+# ---------------------------------------------------------------- learner.filter_groups (dynamic sampling)
+
+
+def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_place(tiny_model: Path, tmp_path: Path) -> None:
+    from agentgym.learner.group_filter import STREAK_LIMIT
+
+    B = 2
+    cfg = make_cfg(tiny_model, f"rollout.group_size={GROUP}", "learner.max_staleness=8", "learner.filter_groups=true",
+                   f"learner.batch_groups={B}")  # fmt: skip
+    ln = Learner(cfg, tmp_path, trainer=None, hub=Acks())
+    ln.step = ln.curriculum.step = 3
+    n = itertools.count()
+
+    def send(rewards: list[float]) -> str:
+        t = Ticket(group_id=f"{ln.sched.run_id}:{next(n)}", env="guess_number", task_id=5)
+        ln.ledger.issued([t])
+        ln.guard.issue("a", [t])
+        eps = [episode(PROMPTS[i % 2], [[GOOD]], [rw], version=3, behav=[-0.5]) for i, rw in enumerate(rewards)]
+        ln.on_rollout(b"a", Rollout(group_id=t.group_id, actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
+        return ln.hub.last_status()
+
+    assert send([1.0, 1.0]) == "filtered" and send([0.0, 0.0]) == "filtered"
+    assert send([1.0, 0.0]) == "accepted"
+    assert len(ln.buffer) == 1 and ln.counters.groups["filtered"] == 2 and ln.counters.episodes["filtered"] == 2 * GROUP
+    assert ln.sched.forfeited == 2  # their places under the staleness bound went to new tickets
+    assert sorted(ln.ledger.fate.values()) == ["accepted", "filtered", "filtered"]
+    assert ln.ledger.summary([r.group_id for r in ln.buffer], [])["unaccounted"] == 0
+    # A solved task never stalls the run: after STREAK_LIMIT batches' worth in a row, one is trained.
+    statuses = [send([1.0, 1.0]) for _ in range(STREAK_LIMIT * B + 1)]
+    assert statuses == ["filtered"] * (STREAK_LIMIT * B) + ["accepted"]
+    assert send([1.0, 1.0]) == "filtered"  # and the streak starts over
+
+    # Off (the default): the same group is accepted.
+    plain = make_learner(tiny_model, tmp_path / "plain")
+    t = ticket()
+    plain.guard.issue("a", [t])
+    plain.on_rollout(b"a", rollout_for(t))  # every episode rewarded 1.0
+    assert plain.hub.last_status() == "accepted"
+
+
+def test_filter_groups_with_an_estimator_that_is_not_group_relative_is_refused_by_name(tiny_model: Path) -> None:
+    from agentgym.config import ConfigError
+
+    for algo in ("ppo", "reinforce_pp"):
+        with pytest.raises(ConfigError, match=f"learner.filter_groups needs .* not '{algo}'"):
+            make_cfg(tiny_model, "learner.filter_groups=true", f'learner.algorithm="{algo}"')
+    assert make_cfg(tiny_model, "learner.filter_groups=true", 'learner.algorithm="rloo"').learner.filter_groups

@@ -116,7 +116,7 @@ def figures_of(recs: list[dict], evals: list[dict], summary: dict, t0: float) ->
     span = max(recs[-1]["time"] - recs[0]["time"], 1e-9)
     later = recs[1:]  # rates over the training span: the first step's batch was played during start-up
     groups, expired = summary["groups"], summary["expired"]["groups"]
-    played = groups["accepted"] + groups["stale"]
+    played = groups["accepted"] + groups["stale"] + groups.get("filtered", 0)  # filtered: played on purpose, never trained
     lt = summary.get("learner_time", {})
     mix = summary.get("episode_mix", {})
     return {
@@ -130,6 +130,7 @@ def figures_of(recs: list[dict], evals: list[dict], summary: dict, t0: float) ->
         "learner_export_frac": lt.get("export_frac", float("nan")),
         "staleness_mean": statistics.fmean(r["staleness_mean"] for r in recs),
         "lost_frac": (groups["stale"] + expired) / max(played, 1),
+        "filtered_frac": groups.get("filtered", 0) / max(played, 1),
         # Tokens past the bound in the groups that were trained (weight 0 under "drop"): the
         # partial loss that keeps whole groups from being lost (ADR 0013).
         "tokens_past_bound_frac": sum(r.get(gt, 0.0) * r["agent_tokens"] for r in recs) / max(sum(r["agent_tokens"] for r in recs), 1)

@@ -167,6 +167,16 @@ class LearnerConfig(Section):
     rollout with no token within the bound is refused). ADR 0013, addendum."""
     std_normalize: bool = True
     """GRPO: divide group-centred rewards by the group's std (False: Dr. GRPO)."""
+    baseline: Literal["episode", "turn"] = "turn"
+    """What grpo and rloo subtract from an episode's reward: "turn", for the tokens of turn k, the
+    mean of the group's episodes that reached turn k (learner/advantages.py:
+    turn_baseline_advantages); "episode", the mean of its whole group (every token of the episode
+    gets one advantage, as in GRPO on single-turn tasks, where the two are the same). Late turns are
+    mostly played by episodes that go on to fail: under "episode" their tokens are all pushed down,
+    which moves probability off the actions onto tokens that are not actions; runs from a
+    pretrained base fell that way (docs/off_policy.md, "A baseline per turn"). ppo and reinforce_pp
+    have per-token baselines of their own (the critic, the batch whitening) and ignore it, as
+    grpo ignores ``gamma``."""
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 1.0
     actor_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An actor silent for this long is dropped and its tickets are given to others."""
@@ -190,15 +200,17 @@ class LearnerConfig(Section):
     """Advantage estimator. grpo: group-normalised episode reward; rloo: leave-one-out group
     baseline; reinforce_pp: return-to-go whitened over the batch (REINFORCE++); ppo: GAE with a
     learned critic (value_model)."""
-    filter_groups: bool = False
-    """Dynamic sampling (DAPO, arXiv 2503.14476): a group whose episodes all got the same reward
-    has advantage 0 under grpo and rloo, so it is played but not trained (ack and fate
-    ``filtered``; its place under the staleness bound goes to another ticket) and every batch
-    holds groups that carry a signal. Near the end of learning most groups are all-solved; without
-    the filter they still dilute the batch and their KL term pulls the policy back to the
-    reference with nothing against it. After ``FILTER_STREAK_LIMIT`` x ``batch_groups`` filtered
-    groups in a row the next group is trained anyway, so a solved task never stalls the run.
-    grpo and rloo only (other estimators find a signal in such groups)."""
+    filter_groups: Literal["off", "equal", "solved"] = "off"
+    """Dynamic sampling (DAPO, arXiv 2503.14476; learner/group_filter.py): under grpo and rloo a
+    group whose episodes all got the same reward has advantage 0, so it can be played but not
+    trained (ack and fate ``filtered``; its place under the staleness bound goes to another
+    ticket), leaving every batch to groups that carry a signal. "equal": every such group (DAPO);
+    "solved": only all-solved ones, so that all-failed groups still bring their KL term (which
+    pulls back the tokens that failed). Near the end of learning most groups are all-solved:
+    unfiltered, they dilute the batch and their KL term pulls the policy back to the reference with
+    nothing against it. After ``STREAK_LIMIT`` x ``batch_groups`` filtered groups in a row the
+    next group is trained anyway, so a solved task never stalls the run. grpo and rloo only
+    (other estimators find a signal in such groups)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     """How per-token losses become one number: token_mean (every agent token weighs the same),
     seq_mean_token_mean (DeepSeekMath GRPO), seq_mean_token_sum_norm (Dr. GRPO: token sums over a
@@ -300,7 +312,7 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _lora_and_ranks(self) -> LearnerConfig:
-        if self.filter_groups and self.algorithm not in ("grpo", "rloo"):
+        if self.filter_groups != "off" and self.algorithm not in ("grpo", "rloo"):
             raise ValueError(f"learner.filter_groups needs learner.algorithm 'grpo' or 'rloo', not {self.algorithm!r} "
                              "(its advantages are not relative to the group, so an all-equal group still carries a signal)")  # fmt: skip
         if self.algorithm == "ppo" and self.value_model == "separate" and self.dp_mode == "fsdp":

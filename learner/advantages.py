@@ -2,6 +2,7 @@
 
     token_rewards = episode_rewards_to_tokens(rewards, loss_mask)          # reward on the last agent token
     adv = broadcast_sequence_advantages(grpo_advantages(rewards, group_index), loss_mask)   # GRPO / RLOO
+    adv = turn_baseline_advantages(rewards, group_index, loss_mask)                          # ... a baseline per turn
     adv = reinforce_pp_advantages(token_rewards, loss_mask)                                  # REINFORCE++
     adv, returns = gae(token_rewards, values, loss_mask, gamma=1.0, lam=0.95)               # PPO + critic
 
@@ -84,6 +85,71 @@ def rloo_advantages(rewards: Tensor, group_index: Tensor) -> Tensor:
     n = count[inv]
     adv = x - (total[inv] - x) / (n - 1).clamp(min=1)
     return torch.where(n > 1, adv, 0.0).to(rewards.dtype)
+
+
+def agent_turn_index(loss_mask: Tensor) -> Tensor:
+    """[B, T] index of the agent turn each token belongs to (0, 1, ...), -1 off the agent tokens.
+
+    A turn is a run of agent tokens (loss_mask != 0); the environment's tokens between two runs
+    end a turn. Derived from the mask alone, so it needs nothing the batch does not carry.
+    """
+    if loss_mask.dim() != 2:
+        raise ValueError(f"agent_turn_index: loss_mask must be [B, T], got {tuple(loss_mask.shape)}")
+    agent = loss_mask != 0
+    before = torch.nn.functional.pad(agent[:, :-1], (1, 0), value=False)
+    starts = agent & ~before
+    return torch.where(agent, starts.long().cumsum(-1) - 1, -1)
+
+
+def turn_baseline_advantages(
+    rewards: Tensor, group_index: Tensor, loss_mask: Tensor, *, leave_one_out: bool = False,
+    std_normalize: bool = True, eps: float = 1e-6,
+) -> Tensor:
+    """Group-relative advantages with a baseline per agent turn; [B] rewards, [B] group ids and
+    [B, T] loss mask in, [B, T] out (0 off the agent tokens).
+
+    The tokens of turn k of episode i are credited against the episodes of its group that reached
+    turn k (its cohort C_{g,k}), not against the whole group::
+
+        Â_{i,k} = (R_i − mean_{j ∈ C_{g,k}} R_j) / (std_g(R) + ε)        (grpo; std only with std_normalize)
+        Â_{i,k} = R_i − mean_{j ∈ C_{g,k}, j ≠ i} R_j                     (rloo: leave one out)
+
+    Turn 0's cohort is the whole group, so turn 0 is GRPO's (RLOO's) advantage. Whether an episode
+    reached turn k depends on its earlier actions only, so this is a state-dependent baseline: the
+    policy gradient stays what it was. What it changes in a multi-turn episode with an outcome
+    reward: late turns are reached mostly by episodes that go on to fail, and under the whole
+    group's mean every token of them is pushed down, which moves probability off the sampled
+    actions onto everything else at those turns (tokens that are not actions among them, which no
+    sample pushes back). Against its cohort, a turn's advantages sum to zero among the episodes
+    that played it: a cohort that all fails gets 0, not a push. Like GiGPO's step-level groups
+    (Feng et al., arXiv 2505.10978) with the turn number as the anchor state, used instead of the
+    episode-level advantage rather than added to it. A cohort of one gets 0.
+    """
+    x, inv, count, G = _groups("turn_baseline_advantages", rewards, group_index)
+    if loss_mask.dim() != 2 or loss_mask.shape[0] != x.shape[0]:
+        raise ValueError(f"turn_baseline_advantages: loss_mask must be [B, T] with B = {x.shape[0]}, "
+                         f"got {tuple(loss_mask.shape)}")  # fmt: skip
+    turn = agent_turn_index(loss_mask)
+    played = turn.max(-1).values + 1  # turns per row (0 for a row without agent tokens)
+    scale = torch.ones_like(x)
+    if std_normalize and not leave_one_out:
+        total = x.new_zeros(G).index_add_(0, inv, x)
+        dev = x - (total / count)[inv]
+        std = torch.sqrt(x.new_zeros(G).index_add_(0, inv, dev**2) / (count - 1).clamp(min=1))
+        scale = 1.0 / (std[inv] + eps)
+    out = torch.zeros(loss_mask.shape, dtype=torch.float64, device=loss_mask.device)
+    for k in range(int(played.max()) if played.numel() else 0):
+        member = (played > k).double()
+        n = x.new_zeros(G).index_add_(0, inv, member)[inv]
+        total = x.new_zeros(G).index_add_(0, inv, member * x)[inv]
+        if leave_one_out:
+            adv = torch.where(n > 1, x - (total - x) / (n - 1).clamp(min=1), 0.0)
+        else:
+            adv = (x - total / n.clamp(min=1)) * scale
+        out = torch.where(turn == k, adv[:, None], out)
+    hi = x.new_full((G,), -torch.inf).scatter_reduce(0, inv, x, "amax")
+    lo = x.new_full((G,), torch.inf).scatter_reduce(0, inv, x, "amin")
+    return torch.where((hi == lo)[inv][:, None], 0.0, out).to(rewards.dtype)  # exactly 0, as in grpo
 
 
 def _agent_mask(fn: str, token_rewards: Tensor, loss_mask: Tensor) -> Tensor:

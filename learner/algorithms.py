@@ -24,6 +24,7 @@ from agentgym.learner.advantages import (
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
+    turn_baseline_advantages,
 )
 from agentgym.learner.batch import Batch
 from agentgym.learner.losses import masked_mean, masked_whiten
@@ -44,6 +45,7 @@ def compute_advantages(
     values: Tensor | None = None,
     bootstrap: Tensor | None = None,
     whiten: bool = True,
+    baseline: Literal["episode", "turn"] = "episode",
 ) -> tuple[Tensor, Tensor | None]:
     """Advantages [B, T] (0 off the agent tokens) and, for PPO, the value targets [B, T].
 
@@ -58,6 +60,9 @@ def compute_advantages(
     - ppo: GAE over agent tokens with ``values`` [B, T] and ``bootstrap`` [B] (V after the last
       token for truncated rows, 0 for finished ones), whitened over the batch if ``whiten``;
       returns R_t = Â_t + V_t before whitening (arXiv 1506.02438, 1707.06347).
+
+    ``baseline="turn"`` (grpo, rloo): turn k's tokens are credited against the episodes of the
+    group that reached turn k (learner/advantages.py: turn_baseline_advantages).
     """
     agent = batch.loss_mask != 0
     token_rewards, seq_rewards = batch.token_rewards, batch.rewards
@@ -65,6 +70,11 @@ def compute_advantages(
         kl = torch.where(agent, kl, 0.0)
         token_rewards = token_rewards - kl_coef * kl
         seq_rewards = seq_rewards - kl_coef * kl.sum(-1)
+    if baseline == "turn" and algorithm in ("grpo", "rloo"):
+        return turn_baseline_advantages(seq_rewards, batch.group_index, batch.loss_mask, leave_one_out=algorithm == "rloo",
+                                        std_normalize=std_normalize), None  # fmt: skip
+    if baseline != "episode" and baseline != "turn":
+        raise ValueError(f"compute_advantages: baseline must be 'episode' or 'turn', got {baseline!r}")
     if algorithm == "grpo":
         seq = grpo_advantages(seq_rewards, batch.group_index, std_normalize=std_normalize)
         return broadcast_sequence_advantages(seq, batch.loss_mask), None

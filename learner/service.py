@@ -17,8 +17,6 @@ import os
 import signal
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -26,15 +24,16 @@ import structlog
 import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
-from agentgym.evaluate import summarize_groups
 from agentgym.learner.accounting import TicketLedger
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.curriculum import Curriculum, success_counts
 from agentgym.learner.episode_log import EpisodeLog
+from agentgym.learner.evaluation import EvalRound, Evaluations, env_stats
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
 from agentgym.learner.group_filter import GroupFilter
 from agentgym.learner.lora import lora_spec
+from agentgym.learner.run_stats import Counters
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.staleness import StalenessRule, TrainBuffer
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
@@ -62,9 +61,6 @@ from agentgym.memstats import peak_memory
 
 log = structlog.get_logger(__name__)
 
-RATE_WINDOW_S = 10.0
-
-
 def rollout_spec(cfg: Config) -> RolloutSpec:
     """How actors play, from the learner's config: what every Welcome carries."""
     rc = cfg.rollout
@@ -81,51 +77,12 @@ def critic_spec(cfg: Config) -> CriticSpec:
     return CriticSpec(**cfg.critic.model_dump(exclude={"enabled"}))
 
 
-def env_stats(batch: list[Rollout]) -> dict[str, float]:
-    """Per-environment numbers of a training batch, as flat ``env/<name>/<metric>`` keys: episodes,
-    mean reward, success rate, mean agent turns, and the share of episodes cut by the turn limit."""
-    by_env: dict[str, list] = {}
-    for r in batch:
-        by_env.setdefault(r.env, []).extend(trainable_episodes(r))
-    out: dict[str, float] = {}
-    for name, eps in sorted(by_env.items()):
-        n = max(len(eps), 1)
-        out[f"env/{name}/episodes"] = float(len(eps))
-        out[f"env/{name}/reward_mean"] = sum(e.reward for e in eps) / n
-        out[f"env/{name}/success_rate"] = sum(e.success for e in eps) / n
-        out[f"env/{name}/turns_mean"] = sum(unpack(e.turn_ends, I32).size for e in eps) / n
-        out[f"env/{name}/truncated_rate"] = sum(e.finish == "turn_limit" for e in eps) / n
-    return out
-
-
-@dataclass
-class Counters:
-    groups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval", "filtered"), 0))
-    episodes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("accepted", "stale", "duplicate", "invalid", "failed", "eval", "filtered", "env_failure"), 0))
-    agent_tokens: int = 0
-    expired: dict[str, int] = field(default_factory=lambda: {"groups": 0, "episodes": 0})
-    """Accepted groups that aged past max_staleness in the buffer and were dropped untrained
-    (a subset of ``groups["accepted"]``: the ack had already said accepted)."""
-
-
 def version_span(r: Rollout, default: int) -> tuple[int, int]:
     """(oldest, newest) weight version behind the agent tokens of the group's usable episodes."""
     agent = [v for e in trainable_episodes(r) if (v := unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0]).size]
     if not agent:
         return default, default
     return min(int(v.min()) for v in agent), max(int(v.max()) for v in agent)
-
-
-@dataclass
-class EvalRound:
-    """One evaluation: its groups in flight and those back."""
-
-    step: int
-    version: int
-    pending: set[str]
-    rollouts: list[Rollout] = field(default_factory=list)
-    done: trio.Event = field(default_factory=trio.Event)
-    started: float = field(default_factory=time.monotonic)
 
 
 class Learner:
@@ -155,7 +112,7 @@ class Learner:
         """Each env's turn limit (learner/curriculum.py); checkpointed with the service state."""
         self.clock = LearnerClock()
         self.mix = EpisodeMix()
-        self.filter = GroupFilter(cfg.learner.batch_groups)  # learner.filter_groups (used in judge)
+        self.filter = GroupFilter(cfg.learner.filter_groups, cfg.learner.batch_groups)  # dynamic sampling, in judge
         self.seen: set[str] = set()
         self.counters = Counters()
         self.new_data = trio.Event()
@@ -169,18 +126,14 @@ class Learner:
         self.metrics = with_sinks(MetricsWriter(run_dir / "metrics.jsonl"), sinks, run_dir, "train")
         self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval")
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
-        self.evals: dict[str, EvalRound] = {}
-        """Evaluation groups in flight -> their round."""
-        self.eval_by_version: dict[int, EvalRound] = {}
-        self.eval_results: list[dict[str, object]] = []
+        self.evals = Evaluations(cfg, self.sched, self.eval_metrics, self.episode_log)
+        """Held-out rounds: tickets through the scheduler, records to eval.jsonl (learner/evaluation.py)."""
         self.ledger = TicketLedger(run_dir / "tickets.jsonl")
         """Every training ticket's fate, journaled (learner/accounting.py)."""
         self.last_checkpoint = (self.step, time.monotonic())
         self.mid_step = False
         """True while a training step runs: its state is not consistent enough to checkpoint."""
         self.progress = StepClock(cfg.run.max_steps)  # console: step N/total and time left
-        self._rate_window: deque[tuple[float, int, int]] = deque([(time.monotonic(), 0, 0)])
-        """(time, accepted episodes, agent tokens) of recent steps: rates over the last ~10 s."""
 
     @property
     def version(self) -> int:
@@ -268,10 +221,10 @@ class Learner:
         reason = self.guard.content(r)  # vocabulary, budget, masks, versions, finite numbers
         if reason is not None:
             self.guard.reject(reason, r)
-            if r.group_id in self.evals:  # its round counts it as played, with no usable episode
-                self.on_eval(msgspec.structs.replace(r, episodes=[]))
+            if self.evals.owns(r.group_id):  # its round counts it as played, with no usable episode
+                self.evals.record(msgspec.structs.replace(r, episodes=[]))
             return "invalid"
-        if r.group_id in self.evals:
+        if self.evals.owns(r.group_id):
             return "eval"
         usable = trainable_episodes(r)
         self.counters.episodes["env_failure"] += len(r.episodes) - len(usable)
@@ -279,7 +232,7 @@ class Learner:
             return "failed"
         self.mix.add("played", r)
         verdict = self.rule.verdict(*version_span(r, self.version), self.version)
-        if verdict == "accepted" and self.cfg.learner.filter_groups:
+        if verdict == "accepted":
             return self.filter.judge(usable)
         return verdict
 
@@ -303,7 +256,7 @@ class Learner:
             self.new_data.set()
         elif status == "eval":
             self.counters.episodes["eval"] += n_eps
-            self.on_eval(r)
+            self.evals.record(r)
         elif status != "failed":
             self.counters.episodes[status] += n_eps
         if status in ("stale", "invalid", "failed", "filtered"):
@@ -371,50 +324,10 @@ class Learner:
 
     # ------------------------------------------------------------------ evaluation
     def start_eval(self) -> EvalRound:
-        """Queue an evaluation of the current weights (one per version)."""
-        known = self.eval_by_version.get(self.version)
-        if known is not None:
-            return known
-        ec = self.cfg.eval
-        tickets = self.sched.eval_round(self.version, ec.split, ec.tasks)
-        rnd = EvalRound(self.step, self.version, {t.group_id for t in tickets})
-        self.eval_by_version[self.version] = rnd
-        for t in tickets:
-            self.evals[t.group_id] = rnd
-        log.info("eval_started", step=self.step, version=self.version, split=ec.split, groups=len(tickets))
+        """Queue an evaluation of the current weights (one per version) and hand its tickets out."""
+        rnd = self.evals.start(self.step, self.version)
         self.grant()
         return rnd
-
-    def on_eval(self, r: Rollout) -> None:
-        rnd = self.evals.pop(r.group_id)
-        rnd.pending.discard(r.group_id)
-        rnd.rollouts.append(r)
-        if rnd.pending:
-            return
-        eps = [e for x in rnd.rollouts for e in trainable_episodes(x)]
-        n = max(len(eps), 1)
-        versions = [unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0] for e in eps]
-        used = [int(v.min()) for v in versions if v.size] + [int(v.max()) for v in versions if v.size]
-        rec: dict[str, object] = {
-            "step": rnd.step, "version": rnd.version, "split": self.cfg.eval.split,
-            "episodes": len(eps), "success_rate": sum(e.success for e in eps) / n,
-            "reward_mean": sum(e.reward for e in eps) / n,
-            "env_failures": sum(len(x.episodes) for x in rnd.rollouts) - len(eps),
-            "versions_used": [min(used, default=-1), max(used, default=-1)],
-            # Same definitions as `agentgym eval` (agentgym/evaluate.py), k = group_size; `pinned`:
-            # every sampled token came from the evaluated version (docs/adr/0015-evaluation.md).
-            **summarize_groups([[e.success for e in trainable_episodes(x)] for x in rnd.rollouts], self.cfg.rollout.group_size),
-            "pinned": bool(used) and set(used) == {rnd.version},
-            "seconds": time.monotonic() - rnd.started,
-            **env_stats(rnd.rollouts),
-        }  # fmt: skip
-        self.eval_metrics.write(rec)
-        self.episode_log.write("eval", rnd.step, rnd.version, rnd.rollouts)
-        self.eval_results.append(rec)
-        log.info("eval", step=rnd.step, version=rnd.version, split=rec["split"], episodes=len(eps),
-                 success=round(float(rec["success_rate"]), 3), reward=round(float(rec["reward_mean"]), 3),
-                 seconds=round(float(rec["seconds"]), 1))  # fmt: skip
-        rnd.done.set()
 
     # ------------------------------------------------------------------ training
     async def train_loop(self) -> None:
@@ -492,25 +405,12 @@ class Learner:
             self.grant()  # their places under the admission rule are free: hand them out now
 
     def report(self, stats: dict[str, float]) -> None:
-        now = time.monotonic()
-        self.counters.agent_tokens += int(stats["agent_tokens"])
-        eps, toks = self.counters.episodes["accepted"], self.counters.agent_tokens
-        # Rates over a window of recent steps, not the last step alone: several steps can be
-        # trained back to back from a full buffer, with no new episodes in between.
-        while len(self._rate_window) > 1 and now - self._rate_window[1][0] >= RATE_WINDOW_S:
-            self._rate_window.popleft()
-        t0, eps0, toks0 = self._rate_window[0]
-        dt = max(now - t0, 1e-9)
-        self._rate_window.append((now, eps, toks))
         rec = {
             "step": self.step, "version": self.version,
-            "trajectories_per_s": (eps - eps0) / dt,
-            "tokens_per_s": (toks - toks0) / dt,
+            **self.counters.rates(int(stats["agent_tokens"])),
             "actors": len(self.sched.actors), "buffered_groups": len(self.buffer),
             "tickets_in_flight": self.sched.in_flight,
-            **{f"groups_{k}": v for k, v in self.counters.groups.items()},
-            **{f"episodes_{k}": v for k, v in self.counters.episodes.items()},
-            "groups_expired": self.counters.expired["groups"],
+            **self.counters.step_fields(),
             **self.guard.metrics(),
             **stats,
             **peak_memory(),
@@ -634,7 +534,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "auth_refused": hub.allow.refused if hub.allow else 0,
             "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},
             "tickets": tickets,
-            "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.eval_results],
+            "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.evals.results],
             "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
             "learner_memory": peak_memory(), "actor_memory": learner.actor_memory,
         }, indent=2))  # fmt: skip

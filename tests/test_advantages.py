@@ -15,7 +15,9 @@ from agentgym.learner.advantages import (
     gae,
     grpo_advantages,
     reinforce_pp_advantages,
+    agent_turn_index,
     rloo_advantages,
+    turn_baseline_advantages,
     turn_rewards_to_tokens,
 )
 
@@ -193,3 +195,55 @@ def test_gae_batch_rows_are_independent() -> None:
     for b in range(2):
         one, _ = gae(rewards[b : b + 1], values[b : b + 1], MASK[b : b + 1], gamma=0.99, lam=0.95)
         assert torch.equal(one[0], adv[b])
+
+
+# ---------------------------------------------------------------- a baseline per turn
+# One group of four: prompt tokens, then agent turns separated by env tokens. Rows 1 and 3 solve
+# the task (at turn 0 and turn 1), rows 0 and 2 fail after 3 turns.
+TURNS = torch.tensor([
+    [0, 0, 1, 0, 0, 1, 1, 0, 1, 0],   # turns 0, 1 (two tokens), 2
+    [0, 0, 1, 0, 0, 0, 0, 0, 0, 0],   # turn 0
+    [0, 0, 1, 0, 1, 0, 1, 0, 0, 0],   # turns 0, 1, 2
+    [0, 0, 1, 0, 1, 0, 0, 0, 0, 0],   # turns 0, 1
+])  # fmt: skip
+SOLVED = torch.tensor([0.0, 1.0, 0.0, 1.0])
+ONE_GROUP = torch.zeros(4, dtype=torch.long)
+
+
+def test_agent_turn_index_numbers_runs_of_agent_tokens() -> None:
+    assert agent_turn_index(TURNS)[0].tolist() == [-1, -1, 0, -1, -1, 1, 1, -1, 2, -1]
+    assert agent_turn_index(TURNS)[2].tolist() == [-1, -1, 0, -1, 1, -1, 2, -1, -1, -1]
+    assert agent_turn_index(torch.zeros(1, 3)).tolist() == [[-1, -1, -1]]
+
+
+def test_turn_baseline_credits_each_turn_against_the_episodes_that_reached_it() -> None:
+    adv = turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS)
+    std = math.sqrt(sum((r - 0.5) ** 2 for r in SOLVED.tolist()) / 3) + 1e-6  # the whole group's (Bessel), + eps
+    # Turn 0: all four played it, mean 1/2: GRPO's advantage.
+    assert adv[:, 2].tolist() == pytest.approx(grpo_advantages(SOLVED, ONE_GROUP).tolist())
+    # Turn 1: rows 0, 2, 3 reached it (rewards 0, 0, 1), mean 1/3.
+    assert adv[0, 5].item() == adv[0, 6].item() == pytest.approx(-1 / 3 / std)
+    assert adv[2, 4].item() == pytest.approx(-1 / 3 / std) and adv[3, 4].item() == pytest.approx(2 / 3 / std)
+    # Turn 2: rows 0 and 2, both failed: nothing to push.
+    assert adv[0, 8].item() == 0.0 and adv[2, 6].item() == 0.0
+    # Each turn's advantages sum to zero over the episodes that played it (one token a turn here).
+    assert adv[[0, 2, 3], [5, 4, 4]].sum().item() == pytest.approx(0.0, abs=1e-6)
+    assert (adv[TURNS == 0] == 0).all()
+
+
+def test_turn_baseline_with_rloo_leaves_one_out_per_turn() -> None:
+    adv = turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, leave_one_out=True)
+    assert adv[:, 2].tolist() == pytest.approx(rloo_advantages(SOLVED, ONE_GROUP).tolist())
+    assert adv[3, 4].item() == pytest.approx(1.0)  # the others at turn 1: rows 0, 2, both 0
+    assert adv[0, 5].item() == pytest.approx(-0.5)  # the others: rows 2 (0) and 3 (1)
+    assert adv[0, 8].item() == 0.0
+
+
+def test_turn_baseline_is_grpo_when_every_episode_plays_the_same_turns_and_zero_without_a_signal() -> None:
+    mask = torch.tensor([[1, 0, 1], [1, 0, 1], [1, 0, 1], [1, 0, 1]])
+    r, groups = torch.tensor([0.3, 1.0, 0.1, 0.1]), torch.tensor([0, 0, 1, 1])
+    expected = broadcast_sequence_advantages(grpo_advantages(r, groups), mask)
+    torch.testing.assert_close(turn_baseline_advantages(r, groups, mask), expected)
+    assert (turn_baseline_advantages(r, groups, mask)[2:] == 0).all()  # all-equal group: exactly 0
+    alone = turn_baseline_advantages(torch.tensor([1.0]), torch.tensor([0]), torch.tensor([[1, 0, 1]]))
+    assert (alone == 0).all()  # a group of one has no baseline

@@ -33,11 +33,23 @@ def test_every_config_file_loads_and_round_trips(path: Path) -> None:
         ("schedule.turn_limits=[[0, 3], [0, 4]]", r"strictly increasing"),
         ("learner.bind=tcp://0.0.0.0:*", r"fixed port"),
         ("nonsense", r"is not KEY=VALUE"),
+        ('learner.baseline="step"', r"learner\.baseline: Input should be 'episode' or 'turn'"),
     ],
 )
 def test_bad_keys_and_values_are_named(override: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_config(None, [override])
+
+
+def test_the_baseline_per_turn_is_the_default_and_a_saved_config_of_any_algorithm_loads_again(tmp_path: Path) -> None:
+    from agentgym.config import to_toml
+
+    for algo in ("grpo", "rloo", "ppo", "reinforce_pp"):
+        cfg = load_config(None, [f'learner.algorithm="{algo}"'])
+        assert cfg.learner.baseline == "turn"  # ppo and reinforce_pp ignore it
+        saved = tmp_path / f"{algo}.toml"  # what a run directory keeps, and --resume reads
+        saved.write_text(to_toml(cfg))
+        assert load_config(saved, []).learner == cfg.learner
 
 
 def test_file_errors_name_the_file(tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ def test_rejected_and_expired_groups_are_forfeited_and_a_resume_starts_with_a_fu
     ln.sched.issued = 3
     run = ln.sched.run_id
     ln.step = 4
-    ln.hub = type("Hub", (), {"send": lambda self, peer, msg: None})()  # acks go nowhere here
+    ln.hub = type("Hub", (), {"send": lambda self, peer, msg: None, "ack": lambda self, peer, gid, status: None})()  # acks go nowhere here
     ln.guard.issue("a", [Ticket(group_id=f"{run}:{i}", env="guess_number", task_id=0) for i in range(2)])
     ln.on_rollout(b"p", group(f"{run}:0", [1, 1]))  # stale on arrival
     ln.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # accepted ...

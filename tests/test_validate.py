@@ -58,8 +58,8 @@ class Acks:
         return msg.statuses[0]
 
 
-def make_learner(model: Path, run_dir: Path) -> Learner:
-    cfg = make_cfg(model, f"rollout.group_size={GROUP}", "learner.max_staleness=8")
+def make_learner(model: Path, run_dir: Path, *overrides: str) -> Learner:
+    cfg = make_cfg(model, f"rollout.group_size={GROUP}", "learner.max_staleness=8", *overrides)
     ln = Learner(cfg, run_dir, trainer=None, hub=Acks())
     ln.step = ln.curriculum.step = 3  # as after three trained steps
     return ln
@@ -278,8 +278,7 @@ def test_tickets_open_at_a_checkpoint_are_admitted_after_a_resume(tiny_model: Pa
 
 
 def test_an_eval_ticket_with_bad_content_completes_its_round_without_episodes(tiny_model: Path, tmp_path: Path) -> None:
-    ln = make_learner(tiny_model, tmp_path)
-    ln.cfg = ln.cfg.model_copy(update={"eval": ln.cfg.eval.model_copy(update={"tasks": 1})})
+    ln = make_learner(tiny_model, tmp_path, "eval.tasks=1")
     rnd = ln.start_eval()
     (t,) = [t for batch in ln.sched.fill(ln.version).values() for t in batch] or [ln.sched.eval_queue[0]]
     ln.guard.issue("a", [t])
@@ -287,19 +286,18 @@ def test_an_eval_ticket_with_bad_content_completes_its_round_without_episodes(ti
     bad = msgspec.structs.replace(bad, episodes=[msgspec.structs.replace(e, reward=math.inf) for e in bad.episodes])
     ln.on_rollout(b"a", bad)
     assert ln.hub.last_status() == "invalid" and rnd.done.is_set()
-    assert ln.eval_results[-1]["episodes"] == 0
+    assert ln.evals.results[-1]["episodes"] == 0
 
 
 # ---------------------------------------------------------------- learner.filter_groups (dynamic sampling)
 
 
-def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_place(tiny_model: Path, tmp_path: Path) -> None:
-    from agentgym.learner.group_filter import STREAK_LIMIT
-
-    B = 2
-    cfg = make_cfg(tiny_model, f"rollout.group_size={GROUP}", "learner.max_staleness=8", "learner.filter_groups=true",
-                   f"learner.batch_groups={B}")  # fmt: skip
-    ln = Learner(cfg, tmp_path, trainer=None, hub=Acks())
+def filtering_learner(model: Path, run_dir: Path, mode: str, batch_groups: int):
+    """A learner with ``learner.filter_groups = mode`` and a ``send(rewards)`` that plays one of its
+    tickets with those rewards (a positive reward is a success) and returns the ack's status."""
+    cfg = make_cfg(model, f"rollout.group_size={GROUP}", "learner.max_staleness=8", f'learner.filter_groups="{mode}"',
+                   f"learner.batch_groups={batch_groups}")  # fmt: skip
+    ln = Learner(cfg, run_dir, trainer=None, hub=Acks())
     ln.step = ln.curriculum.step = 3
     n = itertools.count()
 
@@ -311,6 +309,14 @@ def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_p
         ln.on_rollout(b"a", Rollout(group_id=t.group_id, actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
         return ln.hub.last_status()
 
+    return ln, send
+
+
+def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_place(tiny_model: Path, tmp_path: Path) -> None:
+    from agentgym.learner.group_filter import STREAK_LIMIT
+
+    B = 2
+    ln, send = filtering_learner(tiny_model, tmp_path, "equal", B)
     assert send([1.0, 1.0]) == "filtered" and send([0.0, 0.0]) == "filtered"
     assert send([1.0, 0.0]) == "accepted"
     assert len(ln.buffer) == 1 and ln.counters.groups["filtered"] == 2 and ln.counters.episodes["filtered"] == 2 * GROUP
@@ -330,10 +336,21 @@ def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_p
     assert plain.hub.last_status() == "accepted"
 
 
+def test_filter_groups_solved_filters_all_solved_groups_and_trains_all_failed_ones(tiny_model: Path, tmp_path: Path) -> None:
+    ln, send = filtering_learner(tiny_model, tmp_path, "solved", 2)
+    assert send([0.0, 0.0]) == "accepted"  # all failed: advantage 0, but its KL term still pulls
+    assert send([1.0, 1.0]) == "filtered"
+    assert send([1.0, 0.0]) == "accepted"
+    assert ln.counters.groups["filtered"] == 1 and len(ln.buffer) == 2 and ln.sched.forfeited == 1
+
+
 def test_filter_groups_with_an_estimator_that_is_not_group_relative_is_refused_by_name(tiny_model: Path) -> None:
     from agentgym.config import ConfigError
 
     for algo in ("ppo", "reinforce_pp"):
         with pytest.raises(ConfigError, match=f"learner.filter_groups needs .* not '{algo}'"):
-            make_cfg(tiny_model, "learner.filter_groups=true", f'learner.algorithm="{algo}"')
-    assert make_cfg(tiny_model, "learner.filter_groups=true", 'learner.algorithm="rloo"').learner.filter_groups
+            make_cfg(tiny_model, 'learner.filter_groups="solved"', f'learner.algorithm="{algo}"')
+        assert make_cfg(tiny_model, f'learner.algorithm="{algo}"').learner.filter_groups == "off"  # the default
+    assert make_cfg(tiny_model, 'learner.filter_groups="equal"', 'learner.algorithm="rloo"').learner.filter_groups == "equal"
+    with pytest.raises(ConfigError, match="filter_groups"):
+        make_cfg(tiny_model, "learner.filter_groups=true")  # the mode is named, not a switch

@@ -33,6 +33,7 @@ from agentgym.protocol.envworker import (
     decode_reply,
     pack_frame,
 )
+from agentgym.envpool.zygote import ForkedProcess, Zygote, ZygoteError
 from agentgym.protocol.errors import ProtocolError
 
 log = structlog.get_logger(__name__)
@@ -53,10 +54,12 @@ class WorkerError(Exception):
 
 
 class WorkerHandle:
-    def __init__(self, proc: asyncio.subprocess.Process, env: str) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process | ForkedProcess, env: str) -> None:
         self.proc = proc
         self.env = env
         self.pid = proc.pid
+        self.forked = isinstance(proc, ForkedProcess)
+        """Forked by the pool's zygote (its parent is the zygote, not this process)."""
         self.episodes = 0
         self.busy = False
         """True while a request is in flight: if its caller is cancelled, the stream is out of step."""
@@ -66,17 +69,25 @@ class WorkerHandle:
         self._pump = asyncio.get_running_loop().create_task(self._pump_stderr(), name=f"env-worker-{self.pid}-stderr")
 
     @classmethod
-    async def spawn(cls, env: str, target: str, kwargs: dict, timeout: float) -> WorkerHandle:
-        """Start a worker and build the env in it (Open -> Ready) within ``timeout`` seconds."""
+    async def spawn(cls, env: str, target: str, kwargs: dict, timeout: float, zygote: Zygote | None = None) -> WorkerHandle:
+        """Start a worker and build the env in it (Open -> Ready) within ``timeout`` seconds:
+        forked by ``zygote`` while it is usable (envpool/zygote.py), else a new Python process."""
         t0 = time.monotonic()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agentgym.envpool.worker", "--parent-pid", str(os.getpid()),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                limit=_STDOUT_LIMIT,
-            )  # fmt: skip
-        except OSError as exc:
-            raise WorkerError("start", f"cannot start an env worker for {env!r}: {exc}") from exc
+        proc: asyncio.subprocess.Process | ForkedProcess | None = None
+        if zygote is not None and zygote.usable and zygote.alive:
+            try:
+                proc = await zygote.spawn(timeout, limit=_STDOUT_LIMIT)
+            except ZygoteError as exc:
+                log.warning("env_zygote_unusable", env=env, zygote_pid=zygote.pid, error=str(exc))
+        if proc is None:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "agentgym.envpool.worker", "--parent-pid", str(os.getpid()),
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                    limit=_STDOUT_LIMIT,
+                )  # fmt: skip
+            except OSError as exc:
+                raise WorkerError("start", f"cannot start an env worker for {env!r}: {exc}") from exc
         w = cls(proc, env)
         try:
             reply = await w.request(Open(version=ENVWORKER_VERSION, env=env, target=target, kwargs=kwargs), timeout)
@@ -90,7 +101,8 @@ class WorkerHandle:
         if not isinstance(reply, Ready) or reply.version != ENVWORKER_VERSION:
             await w.stop()
             raise WorkerError("protocol", f"env worker pid {w.pid} answered Open with {reply!r:.200}")
-        log.debug("env_worker_started", env=env, pid=w.pid, seconds=round(time.monotonic() - t0, 3))
+        log.debug("env_worker_started", env=env, pid=w.pid, forked=w.forked,
+                  seconds=round(time.monotonic() - t0, 3))  # fmt: skip
         return w
 
     async def request(self, msg: Request, timeout: float) -> Reply:

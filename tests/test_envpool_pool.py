@@ -334,3 +334,69 @@ def test_evaluation_task_ids_come_from_the_envs_split() -> None:
     assert not set(map(int, GuessNumber.tasks("train")[:1000])) & {pool.task_id("test", i) for i in range(100)}
     with pytest.raises(ValueError, match="unknown split 'valid'"):
         pool.task_id("valid", 0)
+
+
+# ---------------------------------------------------------------- workers forked by the zygote
+
+
+def test_workers_are_forked_by_the_zygote_and_die_with_it() -> None:
+    async def main() -> None:
+        async with EnvPool("guess_number", {}, 2) as pool:
+            assert pool.stats()["starts"] == {"forked": 2}
+            async with pool.episode(1) as ep:
+                await ep.reset()
+                zygote = pool._zygote
+                assert zygote is not None and ep.worker_pid is not None
+                with open(f"/proc/{ep.worker_pid}/stat") as f:  # its parent is the zygote, not us
+                    assert int(f.read().rsplit(")", 1)[1].split()[1]) == zygote.pid
+                os.kill(zygote.pid, signal.SIGKILL)
+                with pytest.raises(EnvFailure, match="crash"):
+                    for _ in range(50):  # the worker dies with the zygote (PR_SET_PDEATHSIG)
+                        await ep.step("4")
+                        await asyncio.sleep(0.05)
+            # The pool goes on without it: new workers are started as new processes.
+            _, _, reward = await expert_episode(pool, 2, 10)
+            _, _, reward2 = await expert_episode(pool, 3, 10)
+            assert reward == reward2 == 1.0
+            assert pool.stats()["starts"].get("exec", 0) >= 1
+
+    run(main, use_uvloop=True)
+
+
+def test_a_forked_worker_plays_as_a_started_one_and_costs_less_cpu_to_start() -> None:
+    import resource
+
+    async def main(fork: bool) -> tuple[list, float]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        async with EnvPool("guess_number", {"high": 16}, 8, fork=fork) as pool:
+            played = [await expert_episode(pool, t, 10) for t in range(4)]
+            assert pool.stats()["starts"] == {"forked" if fork else "exec": 8}
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process reaped, the zygote's children too
+        return played, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+    forked, forked_cpu = run(lambda: main(True))
+    started, started_cpu = run(lambda: main(False))
+    assert forked == started  # same moves, same rewards
+    # 8 workers: one Python start (the zygote) and 8 forks against 8 Python starts. Counted in CPU
+    # seconds of the processes themselves, a ratio inside one test, not a wall time.
+    assert forked_cpu < started_cpu / 2, (forked_cpu, started_cpu)
+
+
+def test_an_env_that_starts_threads_at_import_is_not_forked(tmp_path, monkeypatch) -> None:
+    (tmp_path / "threaded_env.py").write_text(
+        "import threading, time\n"
+        "from agentgym.envpool.envs.guess_number import GuessNumber\n"
+        "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()  # a thread would not survive a fork\n"
+        "class Threaded(GuessNumber):\n    pass\n"
+    )  # fmt: skip
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+    async def main() -> None:
+        with structlog.testing.capture_logs() as logs:
+            async with EnvPool("threaded_env:Threaded", {}, 2) as pool:
+                _, _, reward = await expert_episode(pool, 1, 10)
+                assert reward == 1.0 and pool.stats()["starts"] == {"exec": 2}
+        refused = [e for e in logs if e["event"] == "env_zygote_unavailable"]
+        assert refused and "threads" in refused[0]["error"], logs
+
+    run(main)

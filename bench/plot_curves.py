@@ -3,8 +3,9 @@
     python bench/plot_curves.py runs/curves/base runs/curves/stable --out docs/img/stability.png \
         [--title "..."] [--table]
 
-Each argument is a folder of ``seed<S>.json`` files ({"curve": [[step, success], ...], ...});
-one line per folder: the mean over the seeds that reached each step, a band from the lowest to
+Each argument is a folder of ``seed<S>.json`` files ({"curve": [[step, success], ...], ...}), or
+a folder of run directories of ``agentgym train`` (each with ``eval.jsonl`` and ``config.toml``,
+whose ``run.seed`` names the seed); one line per folder: the mean over the seeds that reached each step, a band from the lowest to
 the highest seed, thin lines per seed. ``--table`` also prints a Markdown table of the mean (min-max) at each evaluated step.
 """
 
@@ -20,8 +21,14 @@ def load(folder: Path) -> dict[int, list[tuple[int, float]]]:
     runs = {}
     for f in sorted(folder.glob("seed*.json")):
         runs[int(f.stem[4:])] = [tuple(p) for p in json.loads(f.read_text())["curve"]]
+    for f in sorted(folder.glob("*/eval.jsonl")):  # run directories of `agentgym train`
+        import tomllib
+
+        seed = tomllib.loads((f.parent / "config.toml").read_text())["run"]["seed"]
+        evals = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        runs[seed] = [(e["step"], e["success_rate"]) for e in evals]
     if not runs:
-        raise SystemExit(f"{folder}: no seed*.json files")
+        raise SystemExit(f"{folder}: no seed*.json files and no run directories with eval.jsonl")
     return runs
 
 

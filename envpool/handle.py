@@ -108,8 +108,10 @@ class WorkerHandle:
     async def request(self, msg: Request, timeout: float) -> Reply:
         """Send ``msg`` and wait for its reply; a Failure reply is raised as WorkerError."""
         what = type(msg).__name__
-        if self.dead:
-            raise WorkerError("crash", f"env worker pid {self.pid} is gone ({what} not sent)")
+        if self.dead or self.proc.returncode is not None:  # killed by us, or its exit is known
+            code = "" if self.proc.returncode is None else f", exit code {self.proc.returncode}"
+            self.dead = True
+            raise WorkerError("crash", f"env worker pid {self.pid} is gone{code} ({what} not sent)" + self._tail_text())
         if self.busy:  # a reply is still owed to an earlier request: the stream would be out of step
             raise RuntimeError(
                 f"env worker pid {self.pid}: {what} sent while a request is in flight (concurrent calls on one episode?)"

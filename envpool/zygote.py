@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import selectors
 import signal
@@ -198,13 +199,19 @@ def _threads() -> int:
         return 1  # not Linux: nothing to check with
 
 
-def _child(fds: list[int], zygote_pid: int) -> None:
+def _child(fds: list[int], zygote_pid: int, env: str) -> None:
     """In the forked child: become a worker on the pool's pipes, never return."""
     code = 1
     try:
         for i, fd in enumerate(fds):
             os.dup2(fd, i)
             os.close(fd)
+        try:  # what ps, top and psutil show: a worker, not a second zygote
+            import setproctitle
+
+            setproctitle.setproctitle(f"agentgym.envpool.worker env={env} forked-by={zygote_pid}")
+        except ImportError:
+            pass
         from agentgym.envpool import worker
 
         code = worker.main(["--parent-pid", str(zygote_pid)])
@@ -225,6 +232,8 @@ def serve(sock: socket.socket, parent_pid: int, env: str, target: str) -> int:
     from agentgym.envpool import worker
     from agentgym.envpool.registry import load_target
 
+    with contextlib.suppress(ImportError):
+        import setproctitle  # noqa: F401 - imported once here, used by every child
     worker._die_with_parent(parent_pid)  # noqa: SLF001 - the same rule as a worker's
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -278,7 +287,7 @@ def serve(sock: socket.socket, parent_pid: int, env: str, target: str) -> int:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 os.close(wake_r)
                 os.close(wake_w)
-                _child(fds, me)
+                _child(fds, me, env)
             for fd in fds:
                 os.close(fd)
             sock.send(f"pid {pid}".encode())

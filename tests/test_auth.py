@@ -29,7 +29,7 @@ from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.netutil import free_port_pair
 from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, decode, encode
 from agentgym.protocol.weights import RawTensor, make_chunks
-from agentgym.protocol.wire import MAGIC
+from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -235,7 +235,7 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
         assert sock.poll(10_000)
         msg, _ = decode(sock.recv_multipart())
         assert isinstance(msg, Reject) and msg.field == "protocol_version"
-        assert "version 9" in msg.reason and "speaks 1" in msg.reason and "fp" not in msg.reason
+        assert "version 9" in msg.reason and f"speaks {PROTOCOL_VERSION}" in msg.reason and "fp" not in msg.reason
         sock.close(0)
         ctx.term()
         assert kh.received.empty() and kh.hub.bad_messages == 1
@@ -252,7 +252,7 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
         peer, *_ = await asyncio.to_thread(router.recv_multipart)
         body = encode(Reject(field="x", reason="y"))[1]
         router.send_multipart([peer, MAGIC + bytes((9, Reject.KIND)), body])  # type: ignore[list-item]
-        with pytest.raises(ActorRejected, match="protocol version 9, this actor 1"):
+        with pytest.raises(ActorRejected, match=f"protocol version 9, this actor {PROTOCOL_VERSION}"):
             await task
         link.close()
         ctx.term()

@@ -400,3 +400,16 @@ def test_an_env_that_starts_threads_at_import_is_not_forked(tmp_path, monkeypatc
         assert refused and "threads" in refused[0]["error"], logs
 
     run(main)
+
+
+def test_a_forked_worker_names_itself_a_worker() -> None:
+    import psutil
+
+    async def main() -> None:
+        async with EnvPool("guess_number", {}, 1) as pool:
+            async with pool.episode(1) as ep:
+                await ep.reset()
+                cmdline = " ".join(psutil.Process(ep.worker_pid).cmdline())
+                assert "agentgym.envpool.worker env=guess_number" in cmdline, cmdline
+
+    run(main)

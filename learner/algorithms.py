@@ -70,11 +70,11 @@ def compute_advantages(
         kl = torch.where(agent, kl, 0.0)
         token_rewards = token_rewards - kl_coef * kl
         seq_rewards = seq_rewards - kl_coef * kl.sum(-1)
+    if baseline not in ("episode", "turn"):
+        raise ValueError(f"compute_advantages: baseline must be 'episode' or 'turn', got {baseline!r}")
     if baseline == "turn" and algorithm in ("grpo", "rloo"):
         return turn_baseline_advantages(seq_rewards, batch.group_index, batch.loss_mask, leave_one_out=algorithm == "rloo",
                                         std_normalize=std_normalize), None  # fmt: skip
-    if baseline != "episode" and baseline != "turn":
-        raise ValueError(f"compute_advantages: baseline must be 'episode' or 'turn', got {baseline!r}")
     if algorithm == "grpo":
         seq = grpo_advantages(seq_rewards, batch.group_index, std_normalize=std_normalize)
         return broadcast_sequence_advantages(seq, batch.loss_mask), None

@@ -139,6 +139,26 @@ def test_kl_in_the_reward_by_hand() -> None:
     assert compute_advantages("grpo", b, kl=kl, kl_coef=0.0, std_normalize=False)[0][:, 2].tolist() == pytest.approx([0.5, -0.5])
 
 
+def test_the_baseline_per_turn_through_a_collated_batch() -> None:
+    # Three episodes of one group: solved at turn 0; failed after 2 turns; solved at turn 1.
+    r = Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=[
+        episode([1, 2], [[GOOD]], [1.0]), episode([1, 2], [[BAD], [BAD]], [0.0, 0.0]),
+        episode([1, 2], [[BAD], [GOOD]], [0.0, 1.0])])  # fmt: skip
+    b = collate([r], pad_id=0)
+    turn, _ = compute_advantages("rloo", b, baseline="turn")
+    episode_, _ = compute_advantages("rloo", b, baseline="episode")
+    agent = b.loss_mask != 0
+    first = agent.float().argmax(-1)  # each row's turn-0 token
+    rows = torch.arange(3)
+    assert turn[rows, first].tolist() == pytest.approx(episode_[rows, first].tolist())  # turn 0: RLOO's
+    # turn 1, played by rows 1 (reward 0) and 2 (reward 1): leave-one-out within that cohort
+    second = [int(t) for t in (agent[1].nonzero().flatten()[1], agent[2].nonzero().flatten()[1])]
+    assert turn[1, second[0]].item() == pytest.approx(-1.0) and turn[2, second[1]].item() == pytest.approx(1.0)
+    assert (turn[~agent] == 0).all()
+    with pytest.raises(ValueError, match="baseline must be 'episode' or 'turn'"):
+        compute_advantages("grpo", b, baseline="state")  # type: ignore[arg-type]
+
+
 def test_ppo_advantages_bootstrap_only_truncated_rows() -> None:
     b = collate([_two_rows()], pad_id=0)
     values = torch.zeros(2, 5)

@@ -10,9 +10,12 @@ Console gets readable lines on stderr; the run directory gets the same events as
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -77,6 +80,10 @@ def setup_logging(role: str, json_path: Path | None = None, level: str = "info")
     structlog.contextvars.bind_contextvars(role=role)
     # Libraries that log through stdlib logging (vLLM, transformers) stay on their own handlers.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # `kill -USR1 PID` prints every thread's Python stack to stderr: what a stuck process is doing,
+    # without a debugger (docs/operations.md).
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
 class MetricsWriter:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,10 @@ def test_checkpoint_minutes_saves_without_a_step_interval(model_dir: Path, tmp_p
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
     actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
     try:
+        # The clock starts when the learner is made, before it welcomes anyone: waiting 0.2 s
+        # after the Welcome puts step 1 past the 0.06 s interval however fast the step is.
+        actor.pump(lambda: actor.welcome is not None, proc)
+        time.sleep(0.2)
         actor.play(0, BATCH, proc)
         ckpts = run_dir / "checkpoints"
         actor.pump(lambda: latest_checkpoint(ckpts) is not None, proc)

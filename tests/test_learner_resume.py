@@ -77,7 +77,8 @@ class ScriptedActor:
         deadline = time.monotonic() + timeout_s
         while not until():
             assert proc.poll() is None, f"the learner exited with {proc.returncode} while the script waited"
-            assert time.monotonic() < deadline, "the learner did not answer in time"
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"the learner did not answer in time; its log and stacks:\n{_stacks(proc)}")
             if self.sock.poll(200):
                 self.handle()
 
@@ -118,8 +119,20 @@ class ScriptedActor:
 
 def _learner(args: list[str], log: Path) -> subprocess.Popen:  # type: ignore[type-arg]
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", *args],
                                 cwd=REPO, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
+    proc.log_path = log  # type: ignore[attr-defined]
+    return proc
+
+
+def _stacks(proc: subprocess.Popen) -> str:  # type: ignore[type-arg]
+    """The tail of a live learner's log after it printed its threads' stacks (SIGUSR1)."""
+    log = getattr(proc, "log_path", None)
+    if log is None:
+        return "(no log)"
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    return log.read_text()[-8000:]
 
 
 def _stop(proc: subprocess.Popen, sig: int | None, log: Path) -> int:  # type: ignore[type-arg]

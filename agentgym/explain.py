@@ -3,7 +3,7 @@
     print(explain(Config))          # one block per field, dotted names, sections in order
 
 Read from the pydantic models themselves (annotations, ``Field`` constraints and attribute
-docstrings), so it cannot drift from agentgym/config.py.
+docstrings), so it cannot drift from agentgym/config.py and its section modules.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _constraints(metadata: list[object]) -> list[object]:
 
 
 def _type_name(tp: object, bounds: list[object] | None = None) -> str:
-    """``tp`` as written in config.py, without pydantic's ``Annotated`` wrappers: an ``X | None``
+    """``tp`` as written in the config modules, without pydantic's ``Annotated`` wrappers: an ``X | None``
     member's bounds go to ``bounds`` (shown beside the default), a nested one's inline (``int>=1``)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:

@@ -27,7 +27,7 @@ def test_explain_prints_every_field(capsys) -> None:
     assert "learner.lr: float = 0.001   (> 0)\n    Peak AdamW learning rate" in text
     assert "rollout.top_p: float = 1.0   (> 0, <= 1)" in text
     assert "[metrics]" in text and "run.dir: Path = runs" in text
-    # types as written in config.py: an optional field's bounds beside it, nested bounds inline
+    # types as written in the config modules: an optional field's bounds beside it, nested bounds inline
     assert "schedule.threshold: float | None = None   (> 0, <= 1)" in text
     assert "schedule.turn_limits: list[tuple[int>=0, int>=1]] = [(0, 6)]" in text
     assert "Annotated" not in text and "FieldInfo" not in text

@@ -1,0 +1,229 @@
+"""The ``[learner]`` section of the configuration tree, with its ``[learner.lora]``. Import them
+from ``agentgym.config``, which assembles every section into ``Config``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from agentgym.config_sections import Section
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft): the learner trains only low-rank adapters on the base model and each
+    weight version ships only them; actors serve them as LoRA adapters
+    (docs/adr/0012-lora-and-multinode-learner.md)."""
+
+    rank: Annotated[int, Field(ge=0, le=512)] = 0
+    """Adapter rank r; 0 turns LoRA off (full fine-tuning)."""
+    alpha: Annotated[float, Field(gt=0)] = 16.0
+    """LoRA alpha: the adapter's update is scaled by alpha / rank."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input while training. Anything above 0 makes the learner's
+    forwards stochastic, so pi_prox and the importance weights see noise: keep 0 for RL."""
+    target_modules: Annotated[list[str], Field(min_length=1)] = [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    ]  # fmt: skip
+    """Names of the linear layers that get adapters (peft's target_modules; vLLM serves
+    adapters on the attention and MLP projections of the usual decoder architectures)."""
+
+
+class LearnerConfig(Section):
+    bind: str = "tcp://127.0.0.1:5555"
+    """Control socket address; the weight server binds the next port."""
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    """Peak AdamW learning rate (after warm-up; see lr_schedule)."""
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """AdamW's decoupled weight decay."""
+    max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
+    """Gradient clipping: the global L2 norm of each optimizer step's gradient is cut to this."""
+    batch_groups: Annotated[int, Field(ge=1)] = 8
+    """Groups (tickets) per optimizer step."""
+    minibatches: Annotated[int, Field(ge=1)] = 1
+    """Optimizer steps per batch (PPO-style minibatching; the proximal policy is the batch start)."""
+    epochs: Annotated[int, Field(ge=1)] = 1
+    """Passes over each batch (PPO's epochs): ``epochs x minibatches`` optimizer steps per learner
+    step, every one clipped against the proximal policy of the batch start. More learning per
+    played episode where the learner would otherwise wait for data; the weight version still
+    moves by one per batch."""
+    clip_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """PPO clip: the ratio pi_theta/pi_prox is clipped below at 1 - clip_low."""
+    clip_high: Annotated[float, Field(gt=0)] = 0.28
+    """PPO clip above at 1 + clip_high (> clip_low: DAPO's clip-higher)."""
+    tis_cap: Annotated[float, Field(ge=1)] | None = 2.0
+    """Cap C of the behaviour->proximal importance weight (None: uncapped)."""
+    max_staleness: Annotated[int, Field(ge=0)] = 4
+    """Largest allowed (learner version - token version). Tickets are issued so that it is rarely
+    exceeded; rollouts beyond it are handled by ``staleness_mode``."""
+    staleness_mode: Literal["drop", "downweight"] = "downweight"
+    """What happens to tokens more than max_staleness versions old: downweight (weight
+    staleness_decay^(s - max_staleness); nothing played is thrown away) or drop (weight 0; a
+    rollout with no token within the bound is refused). ADR 0013, addendum."""
+    std_normalize: bool = True
+    """GRPO: divide group-centred rewards by the group's std (False: Dr. GRPO)."""
+    baseline: Literal["episode", "turn"] = "turn"
+    """What grpo and rloo subtract from an episode's reward: "turn", for the tokens of turn k, the
+    mean of the group's episodes that reached turn k (learner/advantages.py:
+    turn_baseline_advantages); "episode", the mean of its whole group (every token of the episode
+    gets one advantage, as in GRPO on single-turn tasks, where the two are the same). Late turns are
+    mostly played by episodes that go on to fail: under "episode" their tokens are all pushed down,
+    which moves probability off the actions onto tokens that are not actions; runs from a
+    pretrained base fell that way (docs/off_policy.md, "A baseline per turn"). ppo and reinforce_pp
+    have per-token baselines of their own (the critic, the batch whitening) and ignore it, as
+    grpo ignores ``gamma``."""
+    heartbeat_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    actor_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    """An actor silent for this long is dropped and its tickets are given to others."""
+    weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 64
+    threads: Annotated[int, Field(ge=0)] = 0
+    """torch threads for training (0: torch's default)."""
+    log_episodes: Annotated[int, Field(ge=0)] = 2
+    """Episodes per optimizer step and per evaluation round decoded into RUN_DIR/episodes.jsonl
+    (best and worst of a group, alternately); ``agentgym view RUN_DIR`` shows them. 0: none."""
+    checkpoint_every: Annotated[int, Field(ge=0)] = 50
+    """Save an HF checkpoint every N steps (0: not by steps). One is also saved at the end, on
+    SIGTERM/SIGINT and when a training step fails (docs/operations.md)."""
+    keep_checkpoints: Annotated[int, Field(ge=1)] = 3
+    """Checkpoints kept in the run directory; older ones are deleted after each save."""
+    checkpoint_minutes: Annotated[float, Field(ge=0, le=24 * 60)] = 10.0
+    """Also save a checkpoint after a step when this many minutes passed since the last one
+    (0: not by time), so a slow run loses at most this much work to a crash."""
+
+    # --- algorithm (docs/off_policy.md, docs/adr/0007-learner-algorithms.md) ---
+    algorithm: Literal["grpo", "ppo", "reinforce_pp", "rloo"] = "grpo"
+    """Advantage estimator. grpo: group-normalised episode reward; rloo: leave-one-out group
+    baseline; reinforce_pp: return-to-go whitened over the batch (REINFORCE++); ppo: GAE with a
+    learned critic (value_model)."""
+    filter_groups: Literal["off", "equal", "solved"] = "off"
+    """Dynamic sampling (DAPO, arXiv 2503.14476; learner/group_filter.py): under grpo and rloo a
+    group whose episodes all got the same reward has advantage 0, so it can be played but not
+    trained (ack and fate ``filtered``; its place under the staleness bound goes to another
+    ticket), leaving every batch to groups that carry a signal. "equal": every such group (DAPO);
+    "solved": only all-solved ones, so that all-failed groups still bring their KL term (which
+    pulls back the tokens that failed). Near the end of learning most groups are all-solved:
+    unfiltered, they dilute the batch and their KL term pulls the policy back to the reference with
+    nothing against it. After ``STREAK_LIMIT`` x ``batch_groups`` filtered groups in a row the
+    next group is trained anyway, so a solved task never stalls the run. grpo and rloo only
+    (other estimators find a signal in such groups)."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    """How per-token losses become one number: token_mean (every agent token weighs the same),
+    seq_mean_token_mean (DeepSeekMath GRPO), seq_mean_token_sum_norm (Dr. GRPO: token sums over a
+    constant, ``loss_norm_const``)."""
+    loss_norm_const: Annotated[float, Field(gt=0)] | None = None
+    """The constant of seq_mean_token_sum_norm (None: rollout.max_episode_tokens)."""
+    tis_reject_above: Annotated[float, Field(gt=0)] | None = None
+    """Tokens whose behaviour->proximal weight exceeds this get weight 0 instead of the cap
+    (AReaL's rejection; None: off)."""
+    staleness_decay: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """staleness_mode=downweight: a token s > max_staleness versions old weighs decay^(s - K)."""
+    gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """Discount per agent token (ppo, reinforce_pp)."""
+    gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
+    """GAE's lambda (ppo)."""
+    truncation: Literal["bootstrap", "terminal"] = "bootstrap"
+    """ppo, for an episode cut by the turn limit: bootstrap (its return after the cut is V of the
+    state it was cut in: the task goes on, as under ScalingInter-RL's growing limit) or terminal
+    (nothing follows the cut, as for an agent judged by success within the limit). With gamma = 1
+    and tasks an agent eventually solves, bootstrap drives V towards 1 everywhere and success
+    within the limit stops paying: use gamma < 1 or terminal (docs/off_policy.md)."""
+    whiten_advantages: bool = True
+    """ppo: whiten the GAE advantages over the batch's agent tokens."""
+    value_coef: Annotated[float, Field(ge=0)] = 0.5
+    """ppo: weight of the value loss in the total loss."""
+    value_lr: Annotated[float, Field(gt=0)] | None = None
+    """ppo: learning rate of the critic (None: learner.lr), scaled by the same schedule. A shared
+    head reads a representation every policy step moves; a faster head keeps up with it."""
+    value_model: Literal["shared", "separate"] = "shared"
+    """ppo: the critic. shared: a linear value head on the policy's last hidden state (the value
+    loss also trains the policy's body). separate: a copy of the policy's transformer body from
+    model.path with its own value head, trained only by the value loss at value_lr, its gradient
+    clipped on its own, never sent to actors, saved in checkpoints; one more forward and backward
+    per micro-batch and a second model's memory (learner/value_model.py, docs/off_policy.md)."""
+    value_clip: Annotated[float, Field(gt=0)] | None = 0.2
+    """ppo: clip range of the value loss around the values at the start of the step (None: off)."""
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Weight of KL(pi_theta || pi_ref) to the frozen initial model (0: no reference is loaded)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (Schulman 2020); k3 is unbiased, low variance and >= 0."""
+    kl_mode: Literal["loss", "reward"] = "loss"
+    """loss: kl_coef * KL is added to the loss; reward: -kl_coef * KL (of the proximal policy) is
+    added to each agent token's reward before the advantages."""
+    entropy_coef: Annotated[float, Field(ge=0)] = 0.0
+    """Entropy bonus: loss -= entropy_coef * entropy of the sampling distribution."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """LR after warm-up, over run.max_steps learner steps, down to lr * min_lr_ratio."""
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Learner steps of linear LR warm-up (step s uses lr * (s + 1) / warmup_steps)."""
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Final LR of the linear/cosine schedule as a fraction of lr."""
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Gradient accumulation: a micro-batch holds rows whose padded size (rows x longest row)
+    stays within this many tokens (a longer row goes alone). None: one pass per minibatch."""
+
+    # --- devices and data parallelism (docs/adr/0007-learner-algorithms.md) ---
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Training device; auto: cuda if available, else cpu."""
+    bf16_autocast: bool = False
+    """Run forward passes under bfloat16 autocast; weights, gradients and the optimizer stay
+    float32 and logprobs are taken in float32. Meant for GPUs; CPUs run it too (slowly without
+    bfloat16 units), which is how CI tests the path."""
+    dp_size: Annotated[int, Field(ge=1)] = 1
+    """Data-parallel ranks. Rank 0 is the learner process; it starts ranks 1.. as local
+    processes (gloo on CPU, NCCL on GPU, one GPU per rank) and sends each step's batch to them."""
+    dp_mode: Literal["replicate", "fsdp"] = "replicate"
+    """How dp ranks hold the model. replicate: every rank holds all weights and optimizer state
+    and the gradients are all-reduced (DDP). fsdp: weights, gradients and optimizer state are
+    sharded over the ranks (torch FSDP2, one shard group per decoder layer), for models whose
+    training state does not fit one device. Both take the same optimizer steps; with
+    dp_size = 1 there is nothing to shard and fsdp trains like replicate."""
+    dist_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Deadline of every collective between data-parallel ranks."""
+    dual_clip: Annotated[float, Field(gt=1)] | None = 3.0
+    """Dual-clip PPO's c (verl's and AReaL's clip_ratio_c): a token with a negative advantage
+    contributes at most c * |A| however far its ratio pi_theta/pi_prox has grown (None: off).
+    Acts only with several optimizer steps per batch (minibatches or epochs > 1; with one, the ratio is 1)."""
+    secret_key: Path | None = None
+    """CURVE: the learner's key pair file (DIR/learner.key_secret from ``agentgym keys DIR``). With
+    ``authorized_keys``, both ports admit only allow-listed actors, and traffic is encrypted."""
+    authorized_keys: Path | None = None
+    """CURVE: directory of the admitted actors' public keys (DIR/authorized); re-read when it
+    changes, so an actor can be added by copying its .key file there."""
+    insecure: bool = False
+    """Allow binding a non-loopback address without CURVE keys (anyone who reaches the ports can register, submit rollouts and download the weights)."""
+    weight_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype the weights travel in to the actors (auto: model.dtype, the engines' dtype; an
+    engine converts anything else on load). bfloat16 halves a float32 model's update bytes at
+    bfloat16 precision (docs/adr/0011-weight-transfer.md)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    less memory for long sequences, about one more forward pass of compute."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters instead of full fine-tuning (off while lora.rank = 0)."""
+    dist_init_addr: str | None = None
+    """Rendezvous of learner ranks started on several hosts (tcp://HOST:PORT of rank 0), with
+    RANK and WORLD_SIZE in each rank's environment as torchrun sets them. None: torchrun's
+    MASTER_ADDR/MASTER_PORT when WORLD_SIZE is set, else ranks are spawned locally (dp_size)."""
+
+    @model_validator(mode="after")
+    def _lora_and_ranks(self) -> LearnerConfig:
+        if self.filter_groups != "off" and self.algorithm not in ("grpo", "rloo"):
+            raise ValueError(f"learner.filter_groups needs learner.algorithm 'grpo' or 'rloo', not {self.algorithm!r} "
+                             "(its advantages are not relative to the group, so an all-equal group still carries a signal)")  # fmt: skip
+        if self.algorithm == "ppo" and self.value_model == "separate" and self.dp_mode == "fsdp":
+            raise ValueError("learner.value_model = 'separate' needs learner.dp_mode = 'replicate' "
+                             "(sharding the separate critic with fsdp is not supported)")  # fmt: skip
+        if self.lora.rank > 0 and self.dp_mode == "fsdp":
+            raise ValueError("learner.lora needs learner.dp_mode = 'replicate' (the adapters are small; "
+                             "sharding them is not supported)")  # fmt: skip
+        a = self.dist_init_addr
+        if a is not None and (not a.startswith("tcp://") or not a.rsplit(":", 1)[-1].isdigit()):
+            raise ValueError(f"learner.dist_init_addr must be tcp://HOST:PORT, got {a!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _ports(self) -> LearnerConfig:
+        if not self.bind.startswith("tcp://") or self.bind.rsplit(":", 1)[-1] in ("*", "0"):
+            raise ValueError(f"learner.bind must be tcp://HOST:PORT with a fixed port, got {self.bind!r}")
+        return self

@@ -83,7 +83,12 @@ def setup_logging(role: str, json_path: Path | None = None, level: str = "info")
     # `kill -USR1 PID` prints every thread's Python stack to stderr: what a stuck process is doing,
     # without a debugger (docs/operations.md).
     if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        for stream in (sys.stderr, sys.__stderr__):  # a replaced stderr (captured) may have no descriptor
+            try:
+                faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
+                break
+            except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both of the last two
+                continue
 
 
 class MetricsWriter:

@@ -18,6 +18,7 @@ Never a timing. Skipped, with the reason, where namespaces cannot be made (not r
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,9 +29,12 @@ from netns import Cluster, Loopback, netns_unavailable
 from agentgym.cmd_chaos import FAST, Scenario
 from agentgym.tiny_model import make_default_tiny_model
 
-AFTER_RESUME = 3
-"""Steps the resumed learner trains past the step it was killed at: the run's end is set then,
-so however fast the machine, the learner is still running when the test kills it."""
+AFTER_RESUME = 30
+"""Steps the resumed learner trains past the step it was killed at (the run's end is set then).
+Enough that both survivors rejoin it before it ends: an actor whose link is in ZeroMQ's
+reconnect back-off (up to 2 s) or whose engine is still starting comes back seconds later, and
+one that missed the end entirely would only stop after its connect timeout (3 steps, ~1 s, was
+once too short under load)."""
 
 NO_NETNS = netns_unavailable()
 
@@ -112,7 +116,11 @@ def test_learner_and_actors_on_three_hosts_survive_cuts_and_kills(tmp_path: Path
         sc.wait(lambda: sc.learner.poll() is not None, 600, "the resumed learner to finish")  # type: ignore[union-attr]
         assert sc.learner.returncode == 0, sc.tail("learner")
         for actor_id in (a1, a3):
-            assert sc.actors[actor_id].wait(timeout=60) == 0, sc.tail(actor_id)
+            try:
+                code = sc.actors[actor_id].wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{actor_id} did not stop after the learner finished:\n{sc.tail(actor_id)}") from None
+            assert code == 0, sc.tail(actor_id)
 
     # What happened, from the learner's own log.
     assert cut_lost["tickets_returned"] >= 1  # a1's tickets went back to the queue

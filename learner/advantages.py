@@ -42,6 +42,19 @@ def _groups(fn: str, rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tens
     return x, inv, count, G
 
 
+def _group_std(x: Tensor, inv: Tensor, count: Tensor, G: int) -> Tensor:
+    """[G] standard deviation of each group's rewards, with Bessel's correction (n_g − 1)."""
+    dev = x - (x.new_zeros(G).index_add_(0, inv, x) / count)[inv]
+    return torch.sqrt(x.new_zeros(G).index_add_(0, inv, dev**2) / (count - 1).clamp(min=1))
+
+
+def _all_equal(x: Tensor, inv: Tensor, G: int) -> Tensor:
+    """[B] True for the rows of a group whose rewards are all equal (no relative signal)."""
+    hi = x.new_full((G,), -torch.inf).scatter_reduce(0, inv, x, "amax")
+    lo = x.new_full((G,), torch.inf).scatter_reduce(0, inv, x, "amin")
+    return (hi == lo)[inv]
+
+
 def grpo_advantages(
     rewards: Tensor, group_index: Tensor, *, std_normalize: bool = True, eps: float = 1e-6
 ) -> Tensor:
@@ -58,15 +71,10 @@ def grpo_advantages(
     one whose rewards are all equal, gets exactly 0 (it carries no relative signal).
     """
     x, inv, count, G = _groups("grpo_advantages", rewards, group_index)
-    total = x.new_zeros(G).index_add_(0, inv, x)
-    dev = x - (total / count)[inv]
+    dev = x - (x.new_zeros(G).index_add_(0, inv, x) / count)[inv]
     if std_normalize:
-        ss = x.new_zeros(G).index_add_(0, inv, dev**2)
-        std = torch.sqrt(ss / (count - 1).clamp(min=1))
-        dev = dev / (std[inv] + eps)
-    hi = x.new_full((G,), -torch.inf).scatter_reduce(0, inv, x, "amax")
-    lo = x.new_full((G,), torch.inf).scatter_reduce(0, inv, x, "amin")
-    return torch.where((hi == lo)[inv], 0.0, dev).to(rewards.dtype)
+        dev = dev / (_group_std(x, inv, count, G)[inv] + eps)
+    return torch.where(_all_equal(x, inv, G), 0.0, dev).to(rewards.dtype)
 
 
 def rloo_advantages(rewards: Tensor, group_index: Tensor) -> Tensor:
@@ -133,10 +141,7 @@ def turn_baseline_advantages(
     played = turn.max(-1).values + 1  # turns per row (0 for a row without agent tokens)
     scale = torch.ones_like(x)
     if std_normalize and not leave_one_out:
-        total = x.new_zeros(G).index_add_(0, inv, x)
-        dev = x - (total / count)[inv]
-        std = torch.sqrt(x.new_zeros(G).index_add_(0, inv, dev**2) / (count - 1).clamp(min=1))
-        scale = 1.0 / (std[inv] + eps)
+        scale = 1.0 / (_group_std(x, inv, count, G)[inv] + eps)
     out = torch.zeros(loss_mask.shape, dtype=torch.float64, device=loss_mask.device)
     for k in range(int(played.max()) if played.numel() else 0):
         member = (played > k).double()
@@ -147,9 +152,7 @@ def turn_baseline_advantages(
         else:
             adv = (x - total / n.clamp(min=1)) * scale
         out = torch.where(turn == k, adv[:, None], out)
-    hi = x.new_full((G,), -torch.inf).scatter_reduce(0, inv, x, "amax")
-    lo = x.new_full((G,), torch.inf).scatter_reduce(0, inv, x, "amin")
-    return torch.where((hi == lo)[inv][:, None], 0.0, out).to(rewards.dtype)  # exactly 0, as in grpo
+    return torch.where(_all_equal(x, inv, G)[:, None], 0.0, out).to(rewards.dtype)  # exactly 0, as in grpo
 
 
 def _agent_mask(fn: str, token_rewards: Tensor, loss_mask: Tensor) -> Tensor:

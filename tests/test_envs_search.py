@@ -8,6 +8,8 @@ import asyncio
 import os
 import random
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,34 @@ def test_through_the_pool_and_a_killed_worker(tmp_path: Path) -> None:
             assert pool.stats()["failures"] == {"crash": 1}
 
     asyncio.run(main())
+
+
+
+FORKED_BUILDERS = """
+import os, sys
+from agentgym.envpool.envs.deepsearch import Index
+pids = []
+for _ in range(6):
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            Index(sys.argv[1])
+            code = 0
+        finally:
+            os._exit(code)
+    pids.append(pid)
+print([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids])
+"""
+
+
+def test_forked_builders_of_one_cache_do_not_collide(tmp_path: Path) -> None:
+    # Env workers forked from one zygote build the index at once with the same object ids; each
+    # must write its own temporary copy before the atomic rename (a name made from id() once
+    # collided). Forked as the zygote forks: from a fresh single-threaded process.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", FORKED_BUILDERS, str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == str([0] * 6), out.stdout + out.stderr[-3000:]
+    assert [p.name for p in tmp_path.iterdir()] == [f"factbook-bm25-{len(factbook.passages())}-t3-stem"]  # no leftovers
+    assert Index(str(tmp_path)).search("capital of Chad", 3)

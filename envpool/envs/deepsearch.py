@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,10 @@ class Index:
         self._bm25 = bm25s.BM25()
         self._bm25.index(tokens, show_progress=False)
         if path is not None:
-            tmp = path.with_name(f"{path.name}.tmp{id(self)}")
+            # A directory of its own per writer: workers forked from one zygote share object ids
+            # (and would share a name derived from them), so the name comes from tempfile.
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp", dir=path.parent))
             self._bm25.save(str(tmp), show_progress=False)
             try:
                 tmp.rename(path)  # atomic: a concurrent worker's copy may already be there

@@ -112,6 +112,9 @@ def bench_protocol(r, n: int, repeats: int) -> dict[str, float]:
 def _hub_server(addr: str, n: int, ready, cpu) -> None:
     import trio
 
+    from agentgym.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as agentgym-learner does at start
     from agentgym.learner.transport import open_hub
 
     async def main() -> None:
@@ -135,6 +138,9 @@ def _hub_server(addr: str, n: int, ready, cpu) -> None:
 def _raw_server(addr: str, n: int, ready, cpu) -> None:
     import zmq
 
+    from agentgym.allocator import keep_freed_memory
+
+    keep_freed_memory()  # the raw bound gets the same allocator as the project
     ctx = zmq.Context()
     s = ctx.socket(zmq.ROUTER)
     s.bind(addr)
@@ -272,6 +278,9 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = p.parse_args()
     globals()["WINDOW"] = args.window
+    from agentgym.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as agentgym-actor does at start; the raw client runs here too, so gets it as well
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up only

@@ -28,11 +28,11 @@ from agentgym.protocol.messages import (
     WeightsReady,
     Welcome,
 )
-from agentgym.protocol.wire import PROTOCOL_VERSION, decode, encode, max_frame_bytes, peek_kind
+from agentgym.protocol.wire import PROTOCOL_VERSION, decode, encode, encode_into, max_frame_bytes, peek_kind
 
 __all__ = [
     "MESSAGE_TYPES", "PROTOCOL_VERSION", "Ack", "AckStatus", "Episode", "Grant", "Heartbeat",
     "Hello", "Leave", "Message", "ProtocolError", "Reject", "Rollout", "RolloutSpec", "CriticSpec", "Shutdown",
     "TensorMeta", "Ticket", "VersionMismatch", "WeightChunk", "WeightGone", "WeightRequest",
-    "WeightsReady", "Welcome", "decode", "encode", "max_frame_bytes", "peek_kind",
+    "WeightsReady", "Welcome", "decode", "encode", "encode_into", "max_frame_bytes", "peek_kind",
 ]  # fmt: skip

@@ -39,9 +39,19 @@ def header(kind: int) -> bytes:
     return MAGIC + bytes((PROTOCOL_VERSION, kind))
 
 
+_HEADERS: Final = {kind: header(kind) for kind in _BY_KIND}
+
+
 def encode(msg: Message, *data: bytes | memoryview) -> list[bytes | memoryview]:
     """Frames for ``msg``; ``data`` frames ride along (only WeightChunk has one)."""
-    return [header(msg.KIND), _ENCODER.encode(msg), *data]
+    return [_HEADERS[msg.KIND], _ENCODER.encode(msg), *data]
+
+
+def encode_into(msg: Message, buffer: bytearray) -> list[bytes | bytearray]:
+    """``encode`` into ``buffer`` (resized to fit): frames [header, buffer]. A sender that reuses
+    one buffer, and lets ZeroMQ copy it before the next message, allocates nothing per message."""
+    _ENCODER.encode_into(msg, buffer)
+    return [_HEADERS[msg.KIND], buffer]
 
 
 def max_frame_bytes() -> int:
@@ -67,7 +77,7 @@ def peek_kind(frames: Sequence[bytes | memoryview]) -> type[Message]:
 def decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[memoryview]]:
     """Decode one message; returns it with its raw data frames (empty for most kinds)."""
     cls = peek_kind(frames)
-    body = frames[1]
+    body = memoryview(frames[1]).toreadonly()  # packed arrays decode as views into it: nobody writes through them
     limit = MAX_BODY.get(cls, DEFAULT_MAX_BODY)
     if len(body) > limit:
         raise ProtocolError(f"{cls.__name__}: body of {len(body)} bytes exceeds the {limit}-byte limit")

@@ -52,11 +52,15 @@ from agentgym.protocol import (
     Welcome,
     decode,
     encode,
+    encode_into,
     max_frame_bytes,
 )
 from agentgym.protocol.weights import Assembler, RawTensor, verify_chunk
 
 log = structlog.get_logger(__name__)
+# Plain ints: pyzmq's enum members cost ~0.6 µs per ``&`` and per lookup, on the per-message path.
+EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
+NOBLOCK, MORE = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
 class LearnerUnreachable(RuntimeError):
@@ -101,6 +105,16 @@ def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
     return "the connection handshake failed (is this an agentgym learner of the same release?)"
 
 
+def _send_parts(sock: zmq.Socket, frames: list[bytes], copy: bool) -> None:
+    """``sock.send_multipart(frames, NOBLOCK, copy=copy)`` without its per-part Python checks
+    (~1.5 µs a message). Raises zmq.Again at the first part only: ZeroMQ takes the rest of a
+    message whose first part it took."""
+    *parts, last = frames
+    for part in parts:
+        sock.send(part, MORE, copy=copy)
+    sock.send(last, NOBLOCK, copy=copy)
+
+
 COPY_BELOW = 1024 * 1024
 """Frames smaller than this are copied into ZeroMQ's buffer when sent (see ControlLink.send)."""
 
@@ -127,6 +141,7 @@ class ControlLink:
         self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
         self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits
         self._senders: deque[tuple[list[bytes], bool, asyncio.Future[None]]] = deque()  # sends waiting for room, in order
+        self._scratch = bytearray()  # where send() encodes; see there
         self.bad_messages = 0
 
     # ------------------------------------------------------------------ the FD
@@ -147,11 +162,11 @@ class ControlLink:
     def _serve(self) -> None:
         """Give the waiters what a fresh look at ``EVENTS`` allows. Runs when the FD signals, and
         after any call on the socket while someone waits: that call may have taken the signal."""
-        events = self.sock.getsockopt(zmq.EVENTS)
-        if self._senders and events & zmq.POLLOUT:
+        events = self.sock.getsockopt(EVENTS)
+        if self._senders and events & POLLOUT:
             self._flush()
-            events = self.sock.getsockopt(zmq.EVENTS)  # the sends may have taken a message's signal
-        if self._readers and events & zmq.POLLIN:
+            events = self.sock.getsockopt(EVENTS)  # the sends may have taken a message's signal
+        if self._readers and events & POLLIN:
             readers, self._readers = self._readers, []
             for fut in readers:
                 if not fut.done():
@@ -168,11 +183,11 @@ class ControlLink:
                 senders.popleft()
                 continue
             try:
-                sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+                _send_parts(sock, frames, copy)
             except zmq.Again:
                 # Asleep again only after a look at EVENTS found no room (it arms the signal).
                 # (One retry if it did find room: the signal is armed either way, no spin.)
-                if not retried and sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+                if not retried and sock.getsockopt(EVENTS) & POLLOUT:
                     retried = True
                     continue
                 break
@@ -197,23 +212,33 @@ class ControlLink:
     async def send(self, msg: Message) -> None:
         """Queue ``msg`` in ZeroMQ; waits only while its send queue is full (or no learner is
         connected yet). Sends complete in the order they were called; a cancelled one is not sent."""
-        # Copied into ZeroMQ's buffer below COPY_BELOW: a zero-copy frame costs a wake-up of
-        # pyzmq's garbage-collector thread (and its turn at the GIL) per message, more than
-        # copying a rollout of a few hundred KiB; larger ones still go without a copy.
-        frames = encode(msg)
-        await self.send_frames(frames, copy=len(frames[1]) < COPY_BELOW)  # type: ignore[arg-type]
+        # Encoded into one reused buffer, which ZeroMQ copies during the send (below COPY_BELOW:
+        # a zero-copy frame costs a wake-up of pyzmq's garbage-collector thread, and its turn at
+        # the GIL, per message: more than copying a rollout of a few hundred KiB). A message that
+        # goes without a copy, or waits in line, keeps the buffer, and the next one gets a new one.
+        frames = encode_into(msg, self._scratch)
+        copy = len(self._scratch) < COPY_BELOW
+        if copy and self._send_now(frames, copy=True):
+            return
+        self._scratch = bytearray()
+        await self.send_frames(frames, copy=copy)  # type: ignore[arg-type]
+
+    def _send_now(self, frames: list[bytes], copy: bool) -> bool:
+        """Send at once if none wait in line and ZeroMQ has room; False otherwise."""
+        if self._senders:
+            return False
+        try:
+            _send_parts(self.sock, frames, copy)
+        except zmq.Again:
+            return False
+        if self._readers:  # the send may have taken the signal of a message that arrived
+            self._serve()
+        return True
 
     async def send_frames(self, frames: list[bytes], copy: bool = True) -> None:
         """Send already-encoded frames, as ``send`` does (tests use it to send malformed ones)."""
-        if not self._senders:  # none waiting before this one: try at once
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
-            except zmq.Again:
-                pass
-            else:
-                if self._readers:  # the send may have taken the signal of a message that arrived
-                    self._serve()
-                return
+        if self._send_now(frames, copy):
+            return
         loop = self._watch()
         fut = loop.create_future()
         self._senders.append((frames, copy, fut))
@@ -231,12 +256,12 @@ class ControlLink:
     async def _recv_frames(self) -> list[bytes]:
         sock = self.sock
         while True:
-            events = sock.getsockopt(zmq.EVENTS)
-            if self._senders and events & zmq.POLLOUT and self._flush():  # this look may have taken their signal
+            events = sock.getsockopt(EVENTS)
+            if self._senders and events & POLLOUT and self._flush():  # this look may have taken their signal
                 continue  # the sends may have taken a message's signal: look again
-            if events & zmq.POLLIN:
+            if events & POLLIN:
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                    frames = sock.recv_multipart(NOBLOCK)
                 except zmq.Again:
                     continue
                 if self._senders or self._readers:  # the receive may have taken a signal they wait on

@@ -32,8 +32,9 @@ LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio"
 
 
 def rollout(i: int, tokens: int = 25_000) -> Rollout:
-    """~325 KB encoded at the default size: a few fill ZeroMQ's queues and TCP's buffers."""
-    ep = Episode(token_ids=pack(range(tokens), I32), logprobs=pack([0.0] * tokens, F32), loss_mask=pack([1] * tokens, U8),
+    """~325 KB encoded at the default size: a few fill ZeroMQ's queues and TCP's buffers. The
+    first token id is ``i``: what arrives can be told apart from any other rollout."""
+    ep = Episode(token_ids=pack(range(i, i + tokens), I32), logprobs=pack([0.0] * tokens, F32), loss_mask=pack([1] * tokens, U8),
                  versions=pack([0] * tokens, I32), turn_ends=pack([tokens], I32), turn_rewards=pack([1.0], F32),
                  reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
     return Rollout(group_id=str(i), actor_id="a1", env="e", task_id=i, episodes=[ep])
@@ -64,7 +65,8 @@ async def open_link(addr: str, sndhwm: int | None = None) -> AsyncIterator[Contr
 def test_sends_that_find_the_queue_full_wait_and_everything_arrives_once_in_order(run) -> None:
     # The learner reads nothing until a send of the actor finds no room (SNDHWM 4, RCVHWM 4,
     # rollouts bigger than TCP's buffers hold in a few), then reads everything: every rollout
-    # arrives once, in the order sent, and the sends after the blocked one go on in order.
+    # arrives once, whole, in the order sent, and the sends after the blocked one go on in order.
+    # (Whole: the link encodes into one reused buffer; one that waits in line must keep its own.)
     n = 120
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
@@ -77,7 +79,9 @@ def test_sends_that_find_the_queue_full_wait_and_everything_arrives_once_in_orde
         assert start_reading.wait(60), "the actor's sends never waited"
         while len(got) < n and s.poll(15_000):
             peer, *frames = s.recv_multipart()
-            got.append(int(decode(frames)[0].group_id))  # type: ignore[attr-defined]
+            r = decode(frames)[0]
+            got.append(int(r.group_id))  # type: ignore[attr-defined]
+            assert r == rollout(got[-1]), f"rollout {got[-1]} arrived with another's content"  # type: ignore[attr-defined]
         s.close(0)
         ctx.term()
 
@@ -212,6 +216,38 @@ def test_a_send_waiting_for_room_whose_signal_a_receive_takes_goes_out(run) -> N
     run(actor())
     thread.join(30)
     assert got == list(range(n))
+
+
+@LOOPS
+def test_sends_that_wait_in_line_together_each_arrive_whole(run) -> None:
+    # The link encodes each message into one reused buffer, which ZeroMQ copies when it takes the
+    # message; a message that has to wait (no learner yet) keeps that buffer and the next send
+    # encodes into a new one. Several sends wait in line at once here, small ones (copied by
+    # ZeroMQ) and one over COPY_BELOW (sent without a copy); each must arrive with its own content.
+    port = free_port_pair()
+    addr = f"tcp://127.0.0.1:{port}"
+    sizes = [1_000, 2_000, 300_000, 500]  # tokens; 300k: ~3.9 MB encoded, above COPY_BELOW
+
+    async def actor() -> list[Rollout]:
+        async with open_link(addr, sndhwm=1) as link:  # ZeroMQ queues one for the learner to come
+            sends = [asyncio.create_task(link.send(rollout(i, tokens))) for i, tokens in enumerate(sizes)]
+            await asyncio.sleep(0.2)
+            assert sum(not s.done() for s in sends) >= 3, "the test needs sends waiting in line"
+            ctx, s = router(addr)  # the learner comes up only now
+            try:
+                await asyncio.wait_for(asyncio.gather(*sends), 30)  # a deadlock guard, not a timing
+                got = []
+                while len(got) < len(sizes) and s.poll(15_000):
+                    got.append(decode(s.recv_multipart()[1:])[0])
+                return got  # type: ignore[return-value]
+            finally:
+                s.close(0)
+                ctx.term()
+
+    got = run(actor())
+    assert [int(r.group_id) for r in got] == list(range(len(sizes)))
+    for i, r in enumerate(got):
+        assert r == rollout(i, sizes[i]), f"rollout {i} arrived with another's content"
 
 
 def test_a_link_never_closed_does_not_hang_its_context() -> None:

@@ -172,12 +172,6 @@ class Grant(Message):
     tickets: list[Ticket]
 
 
-Packed = memoryview
-"""A packed array (protocol/arrays.py). Decoded, it is a read-only view into the received frame:
-the learner keeps a rollout's ~100 KiB of arrays where ZeroMQ put them, with no copy. Built by a
-sender, any bytes-like value will do (actors pass ``bytes``)."""
-
-
 class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One multi-turn episode as the learner trains on it, token by token.
 
@@ -188,18 +182,18 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (float32) the environment's reward after each turn.
     """
 
-    token_ids: Packed
-    logprobs: Packed
-    loss_mask: Packed
-    versions: Packed
-    turn_ends: Packed
-    turn_rewards: Packed
+    token_ids: bytes
+    logprobs: bytes
+    loss_mask: bytes
+    versions: bytes
+    turn_ends: bytes
+    turn_rewards: bytes
     reward: float
     success: bool
     finish: Literal["done", "turn_limit", "token_limit", "env_failure", "aborted"]
     turn_limit: Positive
     failure: Text = ""
-    critiques: Packed = b""  # type: ignore[assignment]
+    critiques: bytes = b""
     """int32 ``(start, end)`` token spans of the messages that carry a critique (loss mask 0)."""
 
     def __post_init__(self) -> None:

@@ -77,7 +77,7 @@ def peek_kind(frames: Sequence[bytes | memoryview]) -> type[Message]:
 def decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[memoryview]]:
     """Decode one message; returns it with its raw data frames (empty for most kinds)."""
     cls = peek_kind(frames)
-    body = memoryview(frames[1]).toreadonly()  # packed arrays decode as views into it: nobody writes through them
+    body = frames[1]
     limit = MAX_BODY.get(cls, DEFAULT_MAX_BODY)
     if len(body) > limit:
         raise ProtocolError(f"{cls.__name__}: body of {len(body)} bytes exceeds the {limit}-byte limit")

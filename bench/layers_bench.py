@@ -1,6 +1,6 @@
 """The project's layers against their raw bounds, in one run.
 
-    python bench/layers_bench.py [--tokens 1024] [--group 8] [--n 300] [--steps 400]
+    python bench/layers_bench.py [--tokens 1024] [--group 8] [--n 2000] [--window 64] [--steps 400]
 
 1. protocol: encode + decode of a realistic Rollout (``--group`` episodes of ``--tokens`` tokens,
    arrays as packed bytes) through ``protocol.wire`` (msgspec, typed, validated) vs raw
@@ -8,14 +8,17 @@
 2. transport: ``--n`` such rollouts from an actor's ``ControlLink`` (asyncio DEALER on uvloop, as
    the actor runs) to a learner ``Hub`` (ROUTER read, decoded and validated on the trio thread)
    in another process, each acked from trio, vs raw pyzmq DEALER -> ROUTER between two processes
-   re-sending one pre-encoded copy of the same frames, acked the same way (window of 8 in flight
-   in both). The project's figure includes what the raw one does not: encoding each rollout
-   afresh, the learner's validating decode, and both sides' event loops (asyncio, trio). For reference, a third
-   run is raw pyzmq copying the body into a fresh buffer per message (what building each
-   message costs in allocation alone; not the bound). Best of
-   ``--repeats`` for each side, alternated; CPU seconds per rollout (both processes, all their
-   threads, and each process apart) are reported too, being less at the mercy of other work on
-   a shared machine.
+   re-sending one pre-encoded copy of the same frames, acked the same way. ``--window`` rollouts
+   are in flight in both (64 by default: an agentgym actor never waits for acks, it streams what
+   its tickets allow and keeps the unacknowledged rollouts for re-sending; 8 shows a sender that
+   waits on acks, which the learner coalesces per burst). The project's figure includes what
+   the raw one does not: encoding each rollout afresh, the learner's validating decode, and both
+   sides' event loops (asyncio, trio). For reference, a third run is raw pyzmq copying the body
+   into a fresh buffer per message (what building each message costs in allocation alone; not
+   the bound). Best of ``--transport-repeats`` for each side, alternated; CPU seconds per rollout
+   (both processes, all their threads, and each process apart) are reported too, being less at
+   the mercy of other work on a shared machine. Every process, raw or not, runs with the
+   allocator settings agentgym's own processes use (agentgym/allocator.py).
 3. env pool: per-step time of guess_number through a one-worker ``EnvPool`` (a request/reply
    over the worker's pipes) vs calling the env in this process; the overhead is the difference,
    compared with a typical env step (the waiting env's median, 0.3 s, and a 10 ms one).
@@ -35,7 +38,7 @@ import time
 
 import numpy as np
 
-WINDOW = 8
+WINDOW = 64
 
 
 def windowed(send, recv, n: int, count=lambda reply: 1) -> None:

@@ -29,7 +29,8 @@ import zmq.asyncio
 from agentgym.config import Config, model_fingerprint
 from agentgym.actors.concurrency import Concurrency, Signals
 from agentgym.memstats import peak_memory
-from agentgym.actors.transport import ControlLink, fetch_weights, weights_addr
+from agentgym.actors.transport import ControlLink
+from agentgym.actors.weight_fetch import fetch_weights, weights_addr
 from agentgym.keys import ClientKeys, KeyFileError, load_public
 from agentgym.protocol import (
     Ack,

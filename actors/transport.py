@@ -1,13 +1,12 @@
-"""The actor's ZeroMQ side (asyncio): a control connection and a weight fetcher.
+"""The actor's control connection to the learner (asyncio); weights come by actors/weight_fetch.py.
 
     link = ControlLink(ctx, "tcp://learner:5555", actor_id)
     welcome = await link.handshake(hello, timeout_s=60)     # clear error, never a hang
     await link.send(rollout); msg = await link.recv()
-    tensors = await fetch_weights(ctx, "tcp://learner:5556", ready_msg)
 
 The control link drives a plain DEALER from the running loop (``loop.add_reader`` on ZeroMQ's FD,
 which works on uvloop's loop and asyncio's own), without pyzmq's asyncio layer and its Future and
-loop callback per call; the weight fetcher keeps pyzmq's asyncio sockets. The DEALER's routing
+loop callback per call. The DEALER's routing
 id is the actor id, so a reconnect keeps the learner's view of who this is.
 
 ZeroMQ's FD is edge-triggered and shared by send and receive: it signals that the socket has
@@ -35,27 +34,20 @@ from collections.abc import Callable
 import structlog
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
-
-from agentgym.keys import ClientKeys, apply_client
-
 from agentgym.protocol import (
     Hello,
     Message,
     ProtocolError,
     Reject,
     VersionMismatch,
-    WeightChunk,
-    WeightGone,
-    WeightRequest,
-    WeightsReady,
     Welcome,
     decode,
-    encode,
     encode_into,
     max_frame_bytes,
 )
-from agentgym.protocol.weights import Assembler, RawTensor, verify_chunk
+from zmq.utils.monitor import parse_monitor_message
+
+from agentgym.keys import ClientKeys, apply_client
 
 log = structlog.get_logger(__name__)
 # Plain ints: pyzmq's enum members cost ~0.6 µs per ``&`` and per lookup, on the per-message path.
@@ -71,12 +63,14 @@ class ActorRejected(RuntimeError):
     """The learner refused this actor (model or protocol mismatch); retrying will not help."""
 
 
-def _socket(
+def dealer_socket(
     ctx: zmq.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
     before_connect: Callable[[zmq.Socket], None] | None = None, plain: bool = False,
 ) -> zmq.Socket:
     # plain: a blocking-API socket even on an asyncio context, still made (and so tracked) by
     # ``ctx``: its destroy() closes it, and a context dropped without close never hangs in term.
+    """A DEALER to ``addr`` with the actor's settings: routing id, CURVE keys, frame limit,
+    linger, reconnect back-off (``before_connect`` runs just before the connect)."""
     s = ctx.socket(zmq.DEALER, socket_class=zmq.Socket) if plain else ctx.socket(zmq.DEALER)
     if identity is not None:
         s.setsockopt(zmq.ROUTING_ID, identity)
@@ -136,7 +130,7 @@ class ControlLink:
             self._monitor.connect(monitor_addr)
 
         # A plain socket on the caller's context (asyncio or not): no Future per call.
-        self.sock: zmq.Socket = _socket(ctx, addr, actor_id.encode(), keys, watch, plain=True)
+        self.sock: zmq.Socket = dealer_socket(ctx, addr, actor_id.encode(), keys, watch, plain=True)
         self._fd: int = self.sock.getsockopt(zmq.FD)
         self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
         self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits
@@ -339,91 +333,3 @@ class ControlLink:
             self._monitor.close(linger=0)
             self._monitor = None
         self.sock.close(linger=500)
-
-
-def weights_addr(control_addr: str, port: int) -> str:
-    return f"{control_addr.rsplit(':', 1)[0]}:{port}"
-
-
-async def fetch_weights(
-    ctx: zmq.asyncio.Context, addr: str | list[str], ready: WeightsReady, *, have_version: int = -1, window: int = 4,
-    timeout_s: float = 120.0, keys: ClientKeys | None | list[ClientKeys | None] = None, stall_s: float = 5.0,
-) -> tuple[int, list[RawTensor]]:
-    """Pull ``ready.version`` (``window`` requests in flight), each chunk checked by crc32 and
-    copied once, from the received frame into its tensors' buffers (protocol/weights.py).
-
-    ``have_version`` >= 0: the caller holds that version and can load a subset of tensors;
-    chunks unchanged since (``ready.chunk_versions``) are skipped and only the changed tensors
-    are returned. Returns (version, tensors). If the version is superseded while fetching,
-    starts over on the latest one, whole, so the result may be newer than asked for.
-
-    ``addr`` may list sources, best first (a relay, then the learner), with ``keys`` one per
-    source: a source that sends nothing for ``stall_s`` while others remain is abandoned for the
-    next; the chunks already verified are kept, and the rest are asked of the next source for
-    the same version (a chunk is accepted only for the version being assembled, so sources never
-    mix versions). The last source gets the whole ``timeout_s``.
-    """
-    sources = [addr] if isinstance(addr, str) else list(addr)
-    source_keys = keys if isinstance(keys, list) else [keys] * len(sources)
-    if not sources or len(source_keys) != len(sources):
-        raise ValueError(f"fetch_weights: {len(sources)} sources but {len(source_keys)} keys")
-    at = 0
-    sock = _socket(ctx, sources[at], keys=source_keys[at])
-    try:
-        version, num_chunks = ready.version, ready.num_chunks
-        wanted = list(range(num_chunks))
-        if have_version >= 0 and len(ready.chunk_versions) == num_chunks:
-            wanted = [i for i, v in enumerate(ready.chunk_versions) if v > have_version]
-        while True:
-            asm, got, in_flight = Assembler(), set(), []
-            todo = list(reversed(wanted))  # popped from the end: ascending
-            deadline = time.monotonic() + timeout_s
-            restart = None
-            while len(got) < len(wanted) and restart is None:
-                last = at == len(sources) - 1
-                left = deadline - time.monotonic() if last else stall_s
-                try:
-                    if left <= 0:
-                        raise TimeoutError
-                    async with asyncio.timeout(left):  # sends too: no peer (refused by CURVE) blocks them
-                        while todo and len(in_flight) < window:
-                            chunk = todo.pop()
-                            await sock.send_multipart(encode(WeightRequest(version=version, chunk=chunk)))
-                            in_flight.append(chunk)
-                        frames = await sock.recv_multipart(copy=False)  # no copy: the assembler copies once
-                except TimeoutError:
-                    if last:
-                        raise TimeoutError(
-                            f"weights v{version}: {len(got)}/{len(wanted)} chunks from {sources[at]} after {timeout_s:.0f} s"
-                        ) from None
-                    log.warning("weights_source_stalled", source=sources[at], next=sources[at + 1], version=version,
-                                chunks_done=len(got), chunks=len(wanted), stall_s=stall_s)  # fmt: skip
-                    sock.close(linger=0)
-                    at += 1
-                    sock = _socket(ctx, sources[at], keys=source_keys[at])
-                    todo += sorted(in_flight, reverse=True)  # asked again of the next source, first
-                    in_flight = []
-                    deadline = time.monotonic() + timeout_s
-                    continue
-                msg, data = decode([f.buffer for f in frames])
-                if isinstance(msg, WeightGone):
-                    restart = msg.latest
-                elif isinstance(msg, WeightChunk) and msg.version == version and msg.chunk not in got:
-                    verify_chunk(msg, data[0])
-                    asm.add(msg, data[0])
-                    got.add(msg.chunk)
-                    if msg.chunk in in_flight:
-                        in_flight.remove(msg.chunk)
-                    if msg.num_chunks != num_chunks:  # learned the size of a version we restarted on
-                        num_chunks = msg.num_chunks
-                        wanted = list(range(num_chunks))
-                        todo = sorted(set(wanted) - got - set(in_flight), reverse=True)
-            if restart is None:
-                return version, asm.finish()
-            log.info("weights_superseded", wanted=version, latest=restart)
-            # Drain replies of the abandoned version, then ask for the new one's first chunk to learn its size.
-            sock.close(linger=0)
-            sock = _socket(ctx, sources[at], keys=source_keys[at])
-            version, num_chunks, wanted = restart, 1, [0]
-    finally:
-        sock.close(linger=0)

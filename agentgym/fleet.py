@@ -12,7 +12,7 @@ it serves the version with the right bytes (the crc32 of every tensor it loaded,
 learner's weights port sent meanwhile (its egress per update), and writes them to ``--out``.
 
 A fleet process runs ``--count`` actor identities, each with its own control connection, its
-own weight fetches (actors/transport.py, the relay first and the learner as fallback when
+own weight fetches (actors/weight_fetch.py, the relay first and the learner as fallback when
 ``--relay`` is given) and its own simulated engine (actors/sim_engine.py), so hundreds of
 actors fit on a few cores: what is simulated is the model, not the distribution.
 Used by bench/scale_out.py and tests/test_relay.py.
@@ -123,7 +123,8 @@ async def run_fleet(learner: str, count: int, prefix: str, relay: str | None, st
     import zmq.asyncio
 
     from agentgym.actors.sim_engine import SimEngine
-    from agentgym.actors.transport import ControlLink, fetch_weights, weights_addr
+    from agentgym.actors.transport import ControlLink
+    from agentgym.actors.weight_fetch import fetch_weights, weights_addr
     from agentgym.protocol import Heartbeat, Hello, Shutdown, WeightsReady
 
     ctx = zmq.asyncio.Context()

@@ -19,7 +19,7 @@ only ever receives chunks of v, and checks them again itself. Versions older tha
 
 Failure: an upstream that answers nothing for ``stall_s`` while requests are out is abandoned
 for the next ``--upstream`` (round robin), and the outstanding requests are asked again there.
-Actors fall back to the learner themselves when their relay goes silent (actors/transport.py).
+Actors fall back to the learner themselves when their relay goes silent (actors/weight_fetch.py).
 
 CURVE (docs/adr/0009-authentication.md): with ``--secret-key`` the relay connects upstream as a
 client with that pair (its public half goes in the upstream's allow-list, like an actor's),

@@ -29,7 +29,8 @@ import numpy as np
 import trio
 import zmq.asyncio
 
-from agentgym.actors.transport import ControlLink, fetch_weights
+from agentgym.actors.transport import ControlLink
+from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.keys import ClientKeys, write_keys
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.transport import WeightSnapshot, open_hub

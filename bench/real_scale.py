@@ -93,7 +93,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
 
     from agentgym.actors.engines import make_engine
     from agentgym.actors.runtime import _to_torch
-    from agentgym.actors.transport import fetch_weights
+    from agentgym.actors.weight_fetch import fetch_weights
     from agentgym.config import load_config
     from agentgym.learner.distributed import DataParallel
     from agentgym.learner.trainer import Trainer

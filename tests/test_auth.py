@@ -22,7 +22,8 @@ import zmq
 import zmq.asyncio
 import zmq.auth
 
-from agentgym.actors.transport import ActorRejected, ControlLink, fetch_weights
+from agentgym.actors.transport import ActorRejected, ControlLink
+from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.keys import ClientKeys, apply_client, write_keys
 from agentgym.learner.auth import InsecureBind, ServerKeys, is_loopback
 from agentgym.learner.transport import WeightSnapshot, open_hub

@@ -17,7 +17,7 @@ from test_transport import HubThread  # noqa: E402
 
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.runtime import _to_torch  # noqa: E402
-from agentgym.actors.transport import fetch_weights  # noqa: E402
+from agentgym.actors.weight_fetch import fetch_weights  # noqa: E402
 from agentgym.cmd_make_model import make_model  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.learner.distributed import DataParallel  # noqa: E402

@@ -126,7 +126,7 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
     import trio
     import zmq.asyncio
 
-    from agentgym.actors.transport import fetch_weights
+    from agentgym.actors.weight_fetch import fetch_weights
     from agentgym.fleet import make_version
     from agentgym.keys import ClientKeys, load_keypair, load_public, write_keys
     from agentgym.learner.auth import ServerKeys

@@ -16,7 +16,8 @@ import trio
 import zmq
 import zmq.asyncio
 
-from agentgym.actors.transport import ActorRejected, ControlLink, LearnerUnreachable, fetch_weights
+from agentgym.actors.transport import ActorRejected, ControlLink, LearnerUnreachable
+from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.netutil import free_port_pair
 from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, Welcome, RolloutSpec, encode

@@ -13,7 +13,7 @@ import torch
 import zmq.asyncio
 from test_transport import HubThread
 
-from agentgym.actors.transport import fetch_weights
+from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.learner.transport import WeightSnapshot
 from agentgym.learner.weight_export import WeightExporter
 from agentgym.netutil import free_port_pair

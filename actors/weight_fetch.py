@@ -1,0 +1,119 @@
+"""The actor's weight fetcher: pulls a weight version's chunks from the learner or a relay.
+
+    version, tensors = await fetch_weights(ctx, weights_addr("tcp://learner:5555", welcome.weights_port), ready)
+
+Chunks are requested a few at a time over pyzmq's asyncio sockets, each checked by crc32 and
+copied once into its tensors' buffers (protocol/weights.py); a source that stalls is left for
+the next one with the verified chunks kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+import zmq.asyncio
+from agentgym.actors.transport import dealer_socket
+from agentgym.protocol import (
+    WeightChunk,
+    WeightGone,
+    WeightRequest,
+    WeightsReady,
+    decode,
+    encode,
+)
+from agentgym.protocol.weights import Assembler, RawTensor, verify_chunk
+
+from agentgym.keys import ClientKeys
+
+log = structlog.get_logger(__name__)
+
+
+def weights_addr(control_addr: str, port: int) -> str:
+    """The learner's weights address: its control address's host with the Welcome's port."""
+    return f"{control_addr.rsplit(':', 1)[0]}:{port}"
+
+
+async def fetch_weights(
+    ctx: zmq.asyncio.Context, addr: str | list[str], ready: WeightsReady, *, have_version: int = -1, window: int = 4,
+    timeout_s: float = 120.0, keys: ClientKeys | None | list[ClientKeys | None] = None, stall_s: float = 5.0,
+) -> tuple[int, list[RawTensor]]:
+    """Pull ``ready.version`` (``window`` requests in flight), each chunk checked by crc32 and
+    copied once, from the received frame into its tensors' buffers (protocol/weights.py).
+
+    ``have_version`` >= 0: the caller holds that version and can load a subset of tensors;
+    chunks unchanged since (``ready.chunk_versions``) are skipped and only the changed tensors
+    are returned. Returns (version, tensors). If the version is superseded while fetching,
+    starts over on the latest one, whole, so the result may be newer than asked for.
+
+    ``addr`` may list sources, best first (a relay, then the learner), with ``keys`` one per
+    source: a source that sends nothing for ``stall_s`` while others remain is abandoned for the
+    next; the chunks already verified are kept, and the rest are asked of the next source for
+    the same version (a chunk is accepted only for the version being assembled, so sources never
+    mix versions). The last source gets the whole ``timeout_s``.
+    """
+    sources = [addr] if isinstance(addr, str) else list(addr)
+    source_keys = keys if isinstance(keys, list) else [keys] * len(sources)
+    if not sources or len(source_keys) != len(sources):
+        raise ValueError(f"fetch_weights: {len(sources)} sources but {len(source_keys)} keys")
+    at = 0
+    sock = dealer_socket(ctx, sources[at], keys=source_keys[at])
+    try:
+        version, num_chunks = ready.version, ready.num_chunks
+        wanted = list(range(num_chunks))
+        if have_version >= 0 and len(ready.chunk_versions) == num_chunks:
+            wanted = [i for i, v in enumerate(ready.chunk_versions) if v > have_version]
+        while True:
+            asm, got, in_flight = Assembler(), set(), []
+            todo = list(reversed(wanted))  # popped from the end: ascending
+            deadline = time.monotonic() + timeout_s
+            restart = None
+            while len(got) < len(wanted) and restart is None:
+                last = at == len(sources) - 1
+                left = deadline - time.monotonic() if last else stall_s
+                try:
+                    if left <= 0:
+                        raise TimeoutError
+                    async with asyncio.timeout(left):  # sends too: no peer (refused by CURVE) blocks them
+                        while todo and len(in_flight) < window:
+                            chunk = todo.pop()
+                            await sock.send_multipart(encode(WeightRequest(version=version, chunk=chunk)))
+                            in_flight.append(chunk)
+                        frames = await sock.recv_multipart(copy=False)  # no copy: the assembler copies once
+                except TimeoutError:
+                    if last:
+                        raise TimeoutError(
+                            f"weights v{version}: {len(got)}/{len(wanted)} chunks from {sources[at]} after {timeout_s:.0f} s"
+                        ) from None
+                    log.warning("weights_source_stalled", source=sources[at], next=sources[at + 1], version=version,
+                                chunks_done=len(got), chunks=len(wanted), stall_s=stall_s)  # fmt: skip
+                    sock.close(linger=0)
+                    at += 1
+                    sock = dealer_socket(ctx, sources[at], keys=source_keys[at])
+                    todo += sorted(in_flight, reverse=True)  # asked again of the next source, first
+                    in_flight = []
+                    deadline = time.monotonic() + timeout_s
+                    continue
+                msg, data = decode([f.buffer for f in frames])
+                if isinstance(msg, WeightGone):
+                    restart = msg.latest
+                elif isinstance(msg, WeightChunk) and msg.version == version and msg.chunk not in got:
+                    verify_chunk(msg, data[0])
+                    asm.add(msg, data[0])
+                    got.add(msg.chunk)
+                    if msg.chunk in in_flight:
+                        in_flight.remove(msg.chunk)
+                    if msg.num_chunks != num_chunks:  # learned the size of a version we restarted on
+                        num_chunks = msg.num_chunks
+                        wanted = list(range(num_chunks))
+                        todo = sorted(set(wanted) - got - set(in_flight), reverse=True)
+            if restart is None:
+                return version, asm.finish()
+            log.info("weights_superseded", wanted=version, latest=restart)
+            # Drain replies of the abandoned version, then ask for the new one's first chunk to learn its size.
+            sock.close(linger=0)
+            sock = dealer_socket(ctx, sources[at], keys=source_keys[at])
+            version, num_chunks, wanted = restart, 1, [0]
+    finally:
+        sock.close(linger=0)

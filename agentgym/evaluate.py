@@ -90,7 +90,7 @@ async def evaluate(
     from agentgym.actors.critic import shared_critic
     from agentgym.actors.rollout import play_episode
     from agentgym.envpool.pool import EnvPool
-    from agentgym.learner.service import critic_spec, rollout_spec
+    from agentgym.learner.control import critic_spec, rollout_spec
     from agentgym.protocol import Ticket
     from agentgym.protocol.arrays import I32, unpack
 

@@ -38,7 +38,7 @@ from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.config import Config, load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
-from agentgym.learner.service import rollout_spec  # noqa: E402
+from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 

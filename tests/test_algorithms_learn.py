@@ -37,7 +37,7 @@ from agentgym.actors.rollout import play_episode
 from agentgym.config import Config, LearnerConfig, load_config
 from agentgym.envpool.pool import EnvPool
 from agentgym.learner.algorithms import ALGORITHMS
-from agentgym.learner.service import rollout_spec
+from agentgym.learner.control import rollout_spec
 from agentgym.learner.trainer import Trainer
 from agentgym.protocol import Rollout, RolloutSpec, Ticket
 from agentgym.tiny_model import make_default_tiny_model

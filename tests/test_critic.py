@@ -180,7 +180,7 @@ def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
 
 def test_critic_config_travels_in_the_rollout_spec_and_typos_are_named() -> None:
     from agentgym.config import ConfigError, load_config
-    from agentgym.learner.service import rollout_spec
+    from agentgym.learner.control import rollout_spec
 
     assert rollout_spec(load_config(None)).critic is None  # off by default
     cfg = load_config(None, ["critic.enabled=true", 'critic.when="episode_end"', "critic.max_revisions=3"])

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
-from agentgym.learner.service import Learner, version_span
+from agentgym.learner.control import version_span
+from agentgym.learner.service import Learner
 from agentgym.protocol import Rollout, Ticket
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 

@@ -1,0 +1,225 @@
+"""The learner's actor-facing side: who may play, what a rollout is worth, who is still there.
+
+    class Learner(ActorControl): ...     # learner/service.py holds the state these methods use
+
+``control_loop`` reads the hub's inbox (Hello, Heartbeat, Rollout, Leave): a Hello is checked
+against the model and answered with Welcome (and the current WeightsReady and grants); a rollout
+is claimed against its ticket, judged (duplicate, invalid, eval, failed, the staleness verdict,
+the group filter) and acked, and an accepted one goes into the buffer for ``train_loop``;
+``reaper`` drops actors silent past ``actor_timeout_s`` (their tickets are issued again) and
+sends every actor the learner's heartbeat with the staleness headroom. ``grant`` hands out
+tickets wherever the scheduler has room.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import structlog
+import trio
+from agentgym.learner.batch import trainable_episodes
+from agentgym.learner.lora import lora_spec
+from agentgym.protocol import (
+    AckStatus,
+    CriticSpec,
+    Grant,
+    Heartbeat,
+    Hello,
+    Leave,
+    Reject,
+    Rollout,
+    RolloutSpec,
+    Welcome,
+)
+from agentgym.protocol.arrays import I32, U8, unpack
+
+from agentgym.config import Config
+
+log = structlog.get_logger(__name__)
+
+
+def rollout_spec(cfg: Config) -> RolloutSpec:
+    """How actors play, from the learner's config: what every Welcome carries."""
+    rc = cfg.rollout
+    return RolloutSpec(
+        group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn, max_episode_tokens=rc.max_episode_tokens,
+        temperature=rc.temperature, top_p=rc.top_p, env_kwargs={e.name: dict(e.kwargs) for e in cfg.env.specs},
+        system_prompt=rc.system_prompt,
+        critic=critic_spec(cfg) if cfg.critic.enabled else None,
+    )  # fmt: skip
+
+
+def critic_spec(cfg: Config) -> CriticSpec:
+    """The config's ``[critic]`` in its wire form, whether or not it is enabled."""
+    return CriticSpec(**cfg.critic.model_dump(exclude={"enabled"}))
+
+
+def version_span(r: Rollout, default: int) -> tuple[int, int]:
+    """(oldest, newest) weight version behind the agent tokens of the group's usable episodes."""
+    agent = [v for e in trainable_episodes(r) if (v := unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0]).size]
+    if not agent:
+        return default, default
+    return min(int(v.min()) for v in agent), max(int(v.max()) for v in agent)
+
+
+class ActorControl:
+    """Methods of ``Learner`` (learner/service.py) that face the actors; see the module docstring."""
+
+    def grant(self) -> None:
+        for actor_id, tickets in self.sched.fill(self.version).items():
+            self.guard.issue(actor_id, tickets)
+            self.ledger.issued(tickets)
+            self.hub.send(self.sched.actors[actor_id].peer, Grant(tickets=tickets))
+
+    # ------------------------------------------------------------------ control
+    def welcome_msg(self, index: int) -> Welcome:
+        lc = self.cfg.learner
+        return Welcome(
+            run_id=self.run_id, actor_index=index,
+            weights_port=int(lc.bind.rsplit(":", 1)[1]) + 1,
+            model_path=str(Path(self.cfg.model.path).resolve()), model_fingerprint=self.fingerprint,
+            mode=self.cfg.run.mode, heartbeat_interval_s=lc.heartbeat_interval_s,
+            actor_timeout_s=lc.actor_timeout_s,
+            rollout=rollout_spec(self.cfg), lora=lora_spec(self.cfg),
+        )  # fmt: skip
+
+    def welcome(self, peer: bytes, msg: Hello) -> None:
+        if not msg.model_fingerprint:
+            # An actor with no model of its own asks where the learner's is: tell it, register
+            # nothing. It checks that path on its host and says Hello again with the fingerprint.
+            self.hub.send(peer, self.welcome_msg(0))
+            log.info("actor_asked_model", actor_id=msg.actor_id, host=msg.hostname)
+            return
+        if msg.model_fingerprint != self.fingerprint:
+            self.hub.send(peer, Reject(field="model", reason=(
+                f"actor {msg.actor_id} on {msg.hostname} runs a model with fingerprint {msg.model_fingerprint!r}, "
+                "not the learner's (its log names both); start the actor with the learner's model directory "
+                "(or none: it then uses the learner's path)"
+            )))  # fmt: skip
+            log.warning("actor_rejected", actor=msg.actor_id, field="model", theirs=msg.model_fingerprint,
+                        ours=self.fingerprint, model=str(self.cfg.model.path))  # fmt: skip
+            return
+        state, new = self.sched.register(msg.actor_id, peer, msg.hostname, msg.max_groups)
+        self.hub.send(peer, self.welcome_msg(state.index))
+        if self.weights_msg is not None:
+            self.hub.send(peer, self.weights_msg)
+        # A reconnecting actor re-plays nothing: it re-sends its unacknowledged rollouts, and its
+        # outstanding tickets are granted again so it knows they are still its own.
+        if state.outstanding:
+            self.hub.send(peer, Grant(tickets=list(state.outstanding.values())))
+        # Hellos queued while the learner was still binding arrive together: only the first is news.
+        level = log.info if new or msg.pid != state.pid else log.debug
+        state.pid = msg.pid
+        level("actor_joined" if new else "actor_rejoined", actor=state.index, actor_id=msg.actor_id,
+              host=msg.hostname, pid=msg.pid, max_groups=msg.max_groups)  # fmt: skip
+        self.grant()
+
+    def judge(self, r: Rollout) -> AckStatus:
+        """Decide a rollout's fate; everything that arrives is counted under one status."""
+        if r.group_id in self.seen:
+            return "duplicate"
+        self.seen.add(r.group_id)
+        reason = self.guard.content(r)  # vocabulary, budget, masks, versions, finite numbers
+        if reason is not None:
+            self.guard.reject(reason, r)
+            if self.evals.owns(r.group_id):  # its round counts it as played, with no usable episode
+                self.evals.record(msgspec.structs.replace(r, episodes=[]))
+            return "invalid"
+        if self.evals.owns(r.group_id):
+            return "eval"
+        usable = trainable_episodes(r)
+        self.counters.episodes["env_failure"] += len(r.episodes) - len(usable)
+        if not usable:
+            return "failed"
+        self.mix.add("played", r)
+        verdict = self.rule.verdict(*version_span(r, self.version), self.version)
+        if verdict == "accepted":
+            return self.filter.judge(usable)
+        return verdict
+
+    def on_rollout(self, peer: bytes, r: Rollout) -> None:
+        reason = None if r.group_id in self.seen else self.guard.claim(r)
+        if reason is not None:
+            # Not a ticket this actor holds: touch nothing of the run (no dedupe entry, no ticket
+            # released or forfeited), answer invalid so an honest but confused actor forgets it.
+            self.guard.reject(reason, r)
+            self.counters.groups["invalid"] += 1
+            self.counters.episodes["invalid"] += len(r.episodes)
+            self.hub.ack(peer, r.group_id, "invalid")
+            return
+        status = self.judge(r)
+        self.ledger.judged(r.group_id, status)
+        n_eps = len(r.episodes)
+        self.counters.groups[status] += 1
+        if status == "accepted":
+            self.counters.episodes["accepted"] += len(trainable_episodes(r))
+            self.buffer.add(r, *version_span(r, self.version))
+            self.new_data.set()
+        elif status == "eval":
+            self.counters.episodes["eval"] += n_eps
+            self.evals.record(r)
+        elif status != "failed":
+            self.counters.episodes[status] += n_eps
+        if status in ("stale", "invalid", "failed", "filtered"):
+            self.sched.forfeit(r.group_id)  # never trained: its place under the admission rule is free
+        self.hub.ack(peer, r.group_id, status)
+        self.sched.complete(r.actor_id, r.group_id)
+        if status not in ("accepted", "eval", "filtered"):
+            log.info("rollout_not_accepted", group=r.group_id, status=status, actor_id=r.actor_id)
+        self.grant()
+
+    async def control_loop(self) -> None:
+        async for peer, msg in self.hub.inbox:
+            actor_id = getattr(msg, "actor_id", "")
+            if not isinstance(msg, Hello | Heartbeat | Rollout | Leave):
+                self.guard.drop("unexpected_kind", kind=type(msg).__name__, peer=peer.hex())
+                continue
+            if peer != actor_id.encode():
+                # An actor's routing id is its actor id (actors/transport.py): a message naming
+                # another actor is an impostor's, whatever it asks (Hello would steal the grants).
+                self.guard.drop("actor_id_not_sender", kind=type(msg).__name__, actor_id=actor_id, peer=peer.hex())
+                continue
+            if isinstance(msg, Hello):
+                self.welcome(peer, msg)
+                continue
+            state = self.sched.seen(actor_id)
+            if state is None:
+                # Unknown actor (e.g. the learner restarted): ask it to say hello again.
+                self.guard.drop("unknown_actor", kind=type(msg).__name__, actor_id=actor_id)
+                self.hub.send(peer, Heartbeat(weight_version=-1))
+                continue
+            if isinstance(msg, Rollout):
+                self.on_rollout(peer, msg)
+            elif isinstance(msg, Heartbeat):
+                state.weight_version = msg.weight_version
+                self.sched.set_capacity(actor_id, int(msg.stats.get("capacity", 0)))
+                self.actor_memory[actor_id] = {k: v for k, v in msg.stats.items() if k.endswith("_mib")}
+            elif isinstance(msg, Leave):
+                back = self.sched.remove(actor_id)
+                log.info("actor_left", actor=state.index, reason=msg.reason, tickets_returned=len(back))
+                self.grant()
+            else:
+                log.warning("unexpected_message", kind=type(msg).__name__, actor=state.index)
+
+    async def reaper(self) -> None:
+        lc = self.cfg.learner
+        last = trio.current_time()
+        while True:
+            await trio.sleep(lc.heartbeat_interval_s)
+            now = trio.current_time()
+            if now - last > max(3 * lc.heartbeat_interval_s, lc.actor_timeout_s / 2):
+                # This loop itself was held up (an overloaded host, a long pause): the actors'
+                # messages may still be in the inbox, so their silence is not theirs. Start over.
+                log.warning("learner_stalled", seconds=round(now - last, 1))
+                self.sched.touch_all()
+            last = now
+            for dead in self.sched.expire(lc.actor_timeout_s):
+                log.warning("actor_lost", actor=dead.index, actor_id=dead.actor_id,
+                            silent_s=lc.actor_timeout_s, tickets_returned=len(dead.outstanding))  # fmt: skip
+            # The staleness rule's headroom tells actors whether playing more at once would help.
+            hint = {"headroom": float(self.sched.headroom(self.version)), "stale_groups": float(
+                self.counters.groups["stale"] + self.counters.expired["groups"])}
+            for a in self.sched.actors.values():
+                self.hub.send(a.peer, Heartbeat(weight_version=self.version, stats=hint))
+            self.grant()

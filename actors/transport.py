@@ -156,10 +156,12 @@ class ControlLink:
     def _serve(self) -> None:
         """Give the waiters what a fresh look at ``EVENTS`` allows. Runs when the FD signals, and
         after any call on the socket while someone waits: that call may have taken the signal."""
-        events = self.sock.getsockopt(EVENTS)
-        if self._senders and events & POLLOUT:
-            self._flush()
-            events = self.sock.getsockopt(EVENTS)  # the sends may have taken a message's signal
+        while True:
+            events = self.sock.getsockopt(EVENTS)
+            # The sends may have taken a signal: a message's, or that of room freed meanwhile,
+            # which the look after them then finds and must act on (nothing signals it again).
+            if not (self._senders and events & POLLOUT and self._flush()):
+                break
         if self._readers and events & POLLIN:
             readers, self._readers = self._readers, []
             for fut in readers:

@@ -224,6 +224,9 @@ def test_sends_that_wait_in_line_together_each_arrive_whole(run) -> None:
     # message; a message that has to wait (no learner yet) keeps that buffer and the next send
     # encodes into a new one. Several sends wait in line at once here, small ones (copied by
     # ZeroMQ) and one over COPY_BELOW (sent without a copy); each must arrive with its own content.
+    # With a queue of one, room comes and goes while the line is sent: the look at EVENTS after
+    # the sends can find room whose signal a send took, and must send on (it once served only
+    # receives, and ~1 run in 20 waited forever with room and a message left in line).
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
     sizes = [1_000, 2_000, 300_000, 500]  # tokens; 300k: ~3.9 MB encoded, above COPY_BELOW

@@ -52,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve_config(args, flags)
     run_dir = args.run_dir or cfg.run.path
 
-    import asyncio
     import os
 
     import structlog

@@ -6,8 +6,8 @@
 
 The control link drives a plain DEALER from the running loop (``loop.add_reader`` on ZeroMQ's FD,
 which works on uvloop's loop and asyncio's own), without pyzmq's asyncio layer and its Future and
-loop callback per call. The DEALER's routing
-id is the actor id, so a reconnect keeps the learner's view of who this is.
+loop callback per call. The DEALER's routing id is the actor id, so a reconnect keeps the
+learner's view of who this is.
 
 ZeroMQ's FD is edge-triggered and shared by send and receive: it signals that the socket has
 commands to process, and any call on the socket (a send, a receive, a look at ``zmq.EVENTS``)
@@ -34,6 +34,9 @@ from collections.abc import Callable
 import structlog
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from agentgym.keys import ClientKeys, apply_client
 from agentgym.protocol import (
     Hello,
     Message,
@@ -45,9 +48,6 @@ from agentgym.protocol import (
     encode_into,
     max_frame_bytes,
 )
-from zmq.utils.monitor import parse_monitor_message
-
-from agentgym.keys import ClientKeys, apply_client
 
 log = structlog.get_logger(__name__)
 # Plain ints: pyzmq's enum members cost ~0.6 µs per ``&`` and per lookup, on the per-message path.
@@ -67,10 +67,10 @@ def dealer_socket(
     ctx: zmq.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
     before_connect: Callable[[zmq.Socket], None] | None = None, plain: bool = False,
 ) -> zmq.Socket:
-    # plain: a blocking-API socket even on an asyncio context, still made (and so tracked) by
-    # ``ctx``: its destroy() closes it, and a context dropped without close never hangs in term.
     """A DEALER to ``addr`` with the actor's settings: routing id, CURVE keys, frame limit,
     linger, reconnect back-off (``before_connect`` runs just before the connect)."""
+    # plain: a blocking-API socket even on an asyncio context, still made (and so tracked) by
+    # ``ctx``: its destroy() closes it, and a context dropped without close never hangs in term.
     s = ctx.socket(zmq.DEALER, socket_class=zmq.Socket) if plain else ctx.socket(zmq.DEALER)
     if identity is not None:
         s.setsockopt(zmq.ROUTING_ID, identity)

@@ -14,7 +14,9 @@ import time
 
 import structlog
 import zmq.asyncio
+
 from agentgym.actors.transport import dealer_socket
+from agentgym.keys import ClientKeys
 from agentgym.protocol import (
     WeightChunk,
     WeightGone,
@@ -24,8 +26,6 @@ from agentgym.protocol import (
     encode,
 )
 from agentgym.protocol.weights import Assembler, RawTensor, verify_chunk
-
-from agentgym.keys import ClientKeys
 
 log = structlog.get_logger(__name__)
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import msgspec
 import structlog
 import trio
+
+from agentgym.config import Config
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.lora import lora_spec
 from agentgym.protocol import (
@@ -33,8 +35,6 @@ from agentgym.protocol import (
     Welcome,
 )
 from agentgym.protocol.arrays import I32, U8, unpack
-
-from agentgym.config import Config
 
 log = structlog.get_logger(__name__)
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import structlog
 import trio
+
+from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.learner.accounting import TicketLedger
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
@@ -37,12 +39,10 @@ from agentgym.learner.staleness import StalenessRule, TrainBuffer
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.learner.validate import Guard, vocab_size
 from agentgym.learner.weight_export import WeightExporter
-from agentgym.protocol import Shutdown, WeightsReady
-
-from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.logs import MetricsWriter
 from agentgym.memstats import peak_memory
 from agentgym.progress import StepClock
+from agentgym.protocol import Shutdown, WeightsReady
 from agentgym.sinks import with_sinks
 
 log = structlog.get_logger(__name__)

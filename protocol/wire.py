@@ -63,8 +63,10 @@ def peek_kind(frames: Sequence[bytes | memoryview]) -> type[Message]:
     """Check the header (magic, version, kind) and return the message type it announces."""
     if len(frames) < 2:
         raise ProtocolError(f"expected a header and a body frame, got {len(frames)} frame(s)")
+    if len(frames[0]) != HEADER_LEN:  # before any copy: a peer's first frame may be large
+        raise ProtocolError(f"frame 0 is not an agentgym header ({len(frames[0])} bytes, not {HEADER_LEN})")
     head = bytes(frames[0])
-    if len(head) != HEADER_LEN or head[:2] != MAGIC:
+    if head[:2] != MAGIC:
         raise ProtocolError(f"frame 0 is not an agentgym header (got {head[:8]!r})")
     if head[2] != PROTOCOL_VERSION:
         raise VersionMismatch(head[2], PROTOCOL_VERSION)

@@ -41,38 +41,21 @@ from typing import Any
 import numpy as np
 import structlog
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.tensor import DTensor
 
 from agentgym.config import Config
 from agentgym.learner.algorithms import bootstrap_values, compute_advantages, explained_variance, lr_factor
 from agentgym.learner.batch import Batch, collate, micro_batches, shard_rows, trainable_episodes
-from agentgym.learner.checkpoint import (
-    check_loaded,
-    check_same_critic,
-    load_checkpoint_files,
-    prune_checkpoints,
-    read_model_weights,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    tied_groups,
-)
+from agentgym.learner.checkpoint import tied_groups
 from agentgym.learner.distributed import DataParallel, fsdp_shard, start_ranks
 from agentgym.learner.logprobs import sequence_logprobs
-from agentgym.learner.lora import BaseModelView, export_adapter, load_adapter, wrap_lora
+from agentgym.learner.lora import BaseModelView, wrap_lora
 from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, value_loss
 from agentgym.learner.staleness import StalenessRule
+from agentgym.learner.trainer_state import TrainerState
 from agentgym.learner.policy import forward_tokens, load_causal_lm
 from agentgym.learner.value_model import SeparateValueModel, ValueHead, build_value_model
 from agentgym.protocol import Rollout
-from agentgym.protocol.weights import RawTensor
 
 __all__ = ["Batch", "Trainer", "collate", "trainable_episodes"]
 
@@ -82,7 +65,10 @@ log = structlog.get_logger(__name__)
 _TOKEN_METRICS = ("is_weight_mean", "is_truncated_frac", "is_rejected_frac", "clip_frac", "dual_clip_frac", "approx_kl")
 
 
-class Trainer:
+class Trainer(TrainerState):
+    """The policy (and critic), its optimizer and one learner step; exporting and checkpointing
+    the weights are ``TrainerState``'s (learner/trainer_state.py)."""
+
     def __init__(
         self, cfg: Config, model: torch.nn.Module, pad_id: int, *, dp: DataParallel | None = None,
         tokenizer_dir: Path | None = None,
@@ -383,96 +369,3 @@ class Trainer:
             if len(self.clip_sets) > 1:  # the separate critic's own gradient norm
                 out["value_grad_norm"] = float(np.mean([g[1] for g in grad_norms])) if grad_norms else 0.0
         return out
-
-    # ------------------------------------------------------------------ weights and checkpoints
-    def _full(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """``module``'s whole weights: its own state dict, or with fsdp gathered to rank 0 on the
-        CPU (a collective: every rank calls it; ranks 1.. get an empty dict)."""
-        if not self.fsdp:
-            return module.state_dict()
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def export_weights(self, dtype: str = "float32") -> list[RawTensor]:
-        """The current weights as raw named tensors (HF names, as vLLM's loaders expect); with
-        fsdp, ranks 1.. take part in the gather (the ``export`` command) and return [].
-        With LoRA: the adapter's tensors only (peft names), in the engine's dtype (model.dtype),
-        which is what the engine computes the adapter in (learner/lora.py)."""
-        if self.lora:
-            with self._collective:
-                return export_adapter(self.model, self.cfg.model.dtype)
-        with self._collective:
-            if self.fsdp and self.dp.rank == 0:
-                self.dp.send_command("export")
-            state = self._full(self.model)
-        out = []
-        tdtype = getattr(torch, dtype)
-        seen: set[int] = set()
-        for name, t in state.items():
-            # Tied embeddings appear twice in a state dict (embed_tokens and lm_head): send the
-            # storage once; vLLM's and transformers' loaders tie lm_head to it themselves.
-            if t.numel() and t.data_ptr() in seen:
-                continue
-            seen.add(t.data_ptr())
-            t = t.detach().to(tdtype).contiguous().cpu()
-            raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
-            # A view, no copy: it may alias a live parameter, so the caller copies (make_chunks
-            # does) before the next optimizer step.
-            out.append(RawTensor(name, dtype, tuple(t.shape), memoryview(raw.numpy()).cast("B")))
-        return out
-
-    def save(self, path: Path | None, extra_state: dict[str, Any] | None = None) -> None:
-        """A checkpoint directory (learner/checkpoint.py): an HF model vLLM and transformers load,
-        plus optimizer, value head, step, version, RNG states and ``extra_state`` (JSON-able, the
-        service's own state). Keeps the newest ``learner.keep_checkpoints`` next to it. Rank 0
-        writes; with replicate every rank holds the same state, with fsdp ranks 1.. take part in
-        gathering it (the ``save`` command, ``path`` None there).
-
-        The optimizer state is keyed by parameter name (``policy.<HF name>``, ``value_head.*``),
-        whole (not sharded), so a checkpoint resumes under either dp_mode and any dp_size."""
-        with self._collective:
-            if self.dp.rank != 0 and not self.fsdp:
-                return
-            if self.fsdp and self.dp.rank == 0:
-                self.dp.send_command("save")
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            model_state = self._full(self.model) if self.fsdp else None
-            value_state = self._full(self.value_head) if self.value_head is not None else None
-            optim_state = get_optimizer_state_dict(self.trained_modules, self.optimizer, options=opts)
-        if self.dp.rank != 0:
-            return
-        assert path is not None, "rank 0 saves to a path"
-        state = {
-            "step": self.step, "version": self.version, "algorithm": self.cfg.learner.algorithm,
-            "optimizer": optim_state, "value_head": value_state, "rng": rng_state(),
-            "value_model": self.cfg.learner.value_model if self.value_head is not None else None,
-        }  # fmt: skip
-        path = Path(path)
-        save_checkpoint(path, self.model, self.tokenizer_dir, state, extra_state or {}, model_state)
-        gone = prune_checkpoints(path.parent, self.cfg.learner.keep_checkpoints)
-        log.info("checkpoint_written", path=str(path), step=self.step, pruned=[p.name for p in gone])
-
-    def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Restore a checkpoint written by :meth:`save` (on every rank); returns its extra state."""
-        path = Path(path)
-        with self._collective:
-            if self.dp.rank == 0:
-                self.dp.send_command("load", str(path))
-            state, extra = load_checkpoint_files(path, None if self.fsdp or self.lora else self.model)
-            if self.lora:
-                load_adapter(self.model, path)
-            check_same_critic(path, state, self.cfg.learner.algorithm, self.cfg.learner.value_model)
-            full = StateDictOptions(full_state_dict=True, strict=False)
-            if self.fsdp:  # every rank reads the whole weights and keeps its shard
-                weights = read_model_weights(path)
-                missing, unexpected = set_model_state_dict(self.model, weights, options=full)
-                check_loaded(path, weights, list(missing), list(unexpected), self.tied)
-            if self.value_head is not None:
-                set_model_state_dict(self.value_head, state["value_head"], options=StateDictOptions(full_state_dict=True))
-            set_optimizer_state_dict(self.trained_modules, self.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))  # fmt: skip
-        self.step = int(state["step"])
-        if self.dp.rank == 0:
-            set_rng_state(state["rng"])
-        else:
-            torch.manual_seed(self.cfg.run.seed + self.dp.rank + 1_000_003 * self.step)
-        return extra

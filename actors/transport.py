@@ -214,10 +214,11 @@ class ControlLink:
         # goes without a copy, or waits in line, keeps the buffer, and the next one gets a new one.
         frames = encode_into(msg, self._scratch)
         copy = len(self._scratch) < COPY_BELOW
-        if copy and self._send_now(frames, copy=True):
-            return
-        self._scratch = bytearray()
-        await self.send_frames(frames, copy=copy)  # type: ignore[arg-type]
+        sent = self._send_now(frames, copy)  # type: ignore[arg-type]
+        if not (sent and copy):
+            self._scratch = bytearray()
+        if not sent:
+            await self._wait_in_line(frames, copy)  # type: ignore[arg-type]
 
     def _send_now(self, frames: list[bytes], copy: bool) -> bool:
         """Send at once if none wait in line and ZeroMQ has room; False otherwise."""
@@ -233,8 +234,11 @@ class ControlLink:
 
     async def send_frames(self, frames: list[bytes], copy: bool = True) -> None:
         """Send already-encoded frames, as ``send`` does (tests use it to send malformed ones)."""
-        if self._send_now(frames, copy):
-            return
+        if not self._send_now(frames, copy):
+            await self._wait_in_line(frames, copy)
+
+    async def _wait_in_line(self, frames: list[bytes], copy: bool) -> None:
+        """Wait behind the sends already waiting until ZeroMQ has room, then send (see _flush)."""
         loop = self._watch()
         fut = loop.create_future()
         self._senders.append((frames, copy, fut))

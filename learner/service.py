@@ -115,7 +115,7 @@ class Learner(ActorControl):
         # Export and chunk in one thread call: the export may alias live parameters until the
         # chunks have copied them.
         chunks, chunk_versions = await trio.to_thread.run_sync(
-            lambda: self.exporter.build(version, self.trainer.export_weights(dtype)))
+            lambda: self.exporter.build(version, self.trainer.export_weights(dtype), self.trainer.trained_names()))
         limits = self.curriculum.limits()
         turn_limit = max(limits.values())
         snap = WeightSnapshot.build(self.version, self.step, turn_limit, chunks)

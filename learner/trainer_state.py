@@ -48,6 +48,14 @@ class TrainerState:
             return module.state_dict()
         return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
+    def trained_names(self) -> frozenset[str]:
+        """Names (as ``export_weights`` gives them) of the tensors the optimizer updates: each
+        export may take them as changed without comparing (learner/weight_export.py). Empty with
+        LoRA, whose export is the adapter alone, hashed as it is small."""
+        if self.lora:
+            return frozenset()
+        return frozenset(n for n, p in self.model.named_parameters(remove_duplicate=False) if p.requires_grad)
+
     def export_weights(self, dtype: str = "float32") -> list[RawTensor]:
         """The current weights as raw named tensors (HF names, as vLLM's loaders expect); with
         fsdp, ranks 1.. take part in the gather (the ``export`` command) and return [].

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,3 +125,38 @@ def test_only_tensors_changed_since_the_actors_version_travel() -> None:
             ctx.term()
 
         asyncio.run(asyncio.wait_for(client(), 30))
+
+
+def test_trained_tensors_count_as_changed_and_frozen_ones_are_compared() -> None:
+    rng = np.random.default_rng(3)
+    arrays = {f"t{i}": rng.standard_normal(500).astype(np.float32) for i in range(4)}
+    exporter = WeightExporter(chunk_bytes=2_000)  # one tensor per chunk
+
+    def build(version: int) -> dict[str, int]:
+        tensors = [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()]
+        chunks, chunk_versions = exporter.build(version, tensors, trained={"t0", "t1"})
+        for msg, data in chunks:
+            verify_chunk(msg, data)
+        return {msg.tensors[0].name: v for (msg, _), v in zip(chunks, chunk_versions)}
+
+    assert build(1) == {"t0": 1, "t1": 1, "t2": 1, "t3": 1}
+    arrays["t3"] += 1.0  # a frozen tensor that changed anyway (a buffer, say) is still caught
+    # t0 and t1 are trained: taken as changed without a digest, even with the same bytes
+    assert build(2) == {"t2": 1, "t0": 2, "t1": 2, "t3": 2}
+    assert build(3) == {"t2": 1, "t3": 2, "t0": 3, "t1": 3}  # oldest change first
+
+
+def test_the_trainer_names_what_it_trains_as_its_export_names_it(tmp_path: Path) -> None:
+    from learner_fixtures import make_cfg
+
+    from agentgym.learner.distributed import DataParallel
+    from agentgym.learner.trainer import Trainer
+    from agentgym.tiny_model import make_default_tiny_model
+
+    trainer = Trainer.build(make_cfg(make_default_tiny_model(tmp_path / "m")), DataParallel())
+    exported = {t.name for t in trainer.export_weights()}
+    trained = trainer.trained_names()
+    assert "model.embed_tokens.weight" in trained and exported == trained & exported
+    assert exported - trained <= {n for n, _ in trainer.model.named_buffers()}  # only buffers are hashed
+    trainer.model.model.norm.weight.requires_grad_(False)  # frozen: compared, not assumed changed
+    assert "model.norm.weight" in exported and "model.norm.weight" not in trainer.trained_names()

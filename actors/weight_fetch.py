@@ -2,9 +2,10 @@
 
     version, tensors = await fetch_weights(ctx, weights_addr("tcp://learner:5555", welcome.weights_port), ready)
 
-Chunks are requested a few at a time over pyzmq's asyncio sockets, each checked by crc32 and
-copied once into its tensors' buffers (protocol/weights.py); a source that stalls is left for
-the next one with the verified chunks kept.
+Chunks are requested a few at a time over pyzmq's asyncio sockets, each checked by crc32 (on a
+worker thread, while the chunk is copied) and copied once into its tensors' buffers
+(protocol/weights.py); a source that stalls is left for the next one with the verified chunks
+kept.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from agentgym.protocol import (
     decode,
     encode,
 )
-from agentgym.protocol.weights import Assembler, RawTensor, verify_chunk
+from agentgym.protocol.weights import Assembler, RawTensor, check_crc, check_size
 
 log = structlog.get_logger(__name__)
 
@@ -99,8 +100,15 @@ async def fetch_weights(
                 if isinstance(msg, WeightGone):
                     restart = msg.latest
                 elif isinstance(msg, WeightChunk) and msg.version == version and msg.chunk not in got:
-                    verify_chunk(msg, data[0])
-                    asm.add(msg, data[0])
+                    # The crc32 runs on a worker thread while this one copies the chunk into its
+                    # tensors: each pass alone was half of a 1.5B fetch. A bad crc fails the fetch
+                    # before its tensors are handed out, as a bad size does before the copy.
+                    check_size(msg, data[0])
+                    crc = asyncio.get_running_loop().run_in_executor(None, check_crc, msg, data[0])  # starts now
+                    try:
+                        asm.add(msg, data[0])
+                    finally:
+                        await crc
                     got.add(msg.chunk)
                     if msg.chunk in in_flight:
                         in_flight.remove(msg.chunk)

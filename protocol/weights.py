@@ -114,8 +114,18 @@ class _Done:
 
 def verify_chunk(msg: WeightChunk, data: bytes | memoryview) -> None:
     """Raise ``ProtocolError`` if the data frame does not match the chunk's size or crc32."""
+    check_size(msg, data)
+    check_crc(msg, data)
+
+
+def check_size(msg: WeightChunk, data: bytes | memoryview) -> None:
+    """The size half of ``verify_chunk``: what must hold before ``Assembler.add`` reads the frame."""
     if len(data) != msg.nbytes:
         raise ProtocolError(f"weight chunk {msg.chunk} of v{msg.version}: {len(data)} bytes, expected {msg.nbytes}")
+
+
+def check_crc(msg: WeightChunk, data: bytes | memoryview) -> None:
+    """The crc32 half of ``verify_chunk`` (zlib lets go of the GIL: it can run on a worker thread)."""
     crc = zlib.crc32(data)
     if crc != msg.crc32:
         raise ProtocolError(

@@ -160,3 +160,30 @@ def test_the_trainer_names_what_it_trains_as_its_export_names_it(tmp_path: Path)
     assert exported - trained <= {n for n, _ in trainer.model.named_buffers()}  # only buffers are hashed
     trainer.model.model.norm.weight.requires_grad_(False)  # frozen: compared, not assumed changed
     assert "model.norm.weight" in exported and "model.norm.weight" not in trainer.trained_names()
+
+
+def test_a_fetch_refuses_a_chunk_corrupted_on_the_way() -> None:
+    # The actor sums each chunk on a worker thread while it copies it: a bad sum still fails the
+    # fetch, naming the chunk, and no tensors are handed out.
+    port = free_port_pair()
+    t = torch.arange(30_000, dtype=torch.float32)
+    chunks = make_chunks(4, [raw("w", t)], 40_000)
+    msg, data = chunks[1]
+    bad = bytearray(data)
+    bad[7] ^= 0x01
+    chunks[1] = (msg, bytes(bad))
+    snap = WeightSnapshot.build(4, 4, 3, chunks)
+    ready = WeightsReady(version=4, step=4, turn_limit=3, num_chunks=len(chunks), total_bytes=snap.total_bytes)
+    with HubThread(f"tcp://127.0.0.1:{port}") as ht:
+        ht.commands.put(lambda hub: hub.publish_weights(snap))
+
+        async def client() -> None:
+            ctx = zmq.asyncio.Context()
+            await asyncio.sleep(0.2)
+            try:
+                with pytest.raises(ProtocolError, match=r"weight chunk 1 of v4: crc32 .* \(corrupted\)"):
+                    await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready)
+            finally:
+                ctx.term()
+
+        asyncio.run(asyncio.wait_for(client(), 30))

@@ -43,16 +43,24 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
 from agentgym.envpool.base import Env, StepResult
+from agentgym.envpool.envs.webshop.browser import (
+    CHROMIUM_FLAGS,
+    LAUNCH_TIMEOUT_S,
+    TMP_PREFIX,
+    BrowserFailure,
+    child_pids,
+    find_chromium,
+    kill_descendants,
+    sweep_dead_tmpdirs,
+)
 from agentgym.envpool.envs.webshop.catalogue import SPLITS, Goal, catalogue
 from agentgym.envpool.envs.webshop.observe import (
     ACTIONS_HELP,
@@ -68,37 +76,6 @@ from agentgym.envpool.envs.webshop.observe import (
 from agentgym.envpool.envs.webshop.server import ShopServer
 
 log = structlog.get_logger(__name__)
-
-# The background-networking flags matter on a closed network: without them Chromium keeps trying
-# to reach Google's services (updates, sync, QUIC probes) and floods it with failing requests.
-CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-)  # fmt: skip
-LAUNCH_TIMEOUT_S = 60.0
-TMP_PREFIX = "agentgym-webshop-"
-"""Each env's own temp directory, ``TMP_PREFIX<pid>-XXXX``: the driver's TMPDIR, so Chromium's
-profile lives there. A killed worker cannot delete its own; the next env to start or close
-removes those of processes that are gone."""
-"""Deadline for Chromium to start (a few seconds on an idle machine, more on a loaded one)."""
-
-
-class BrowserFailure(RuntimeError):
-    """Chromium (or Playwright's driver) died, hung or refused; fails the episode, not the worker."""
-
-
-def find_chromium(chromium: object) -> str:
-    """The Chromium executable the ``chromium`` option names (a path or a name on PATH), or a
-    ``FileNotFoundError`` saying how to get one."""
-    found = shutil.which(chromium) if isinstance(chromium, str) and chromium else None
-    if found is None:
-        raise FileNotFoundError(
-            f"webshop: option chromium={chromium!r} is not an executable Chromium; install Debian's "
-            "chromium (apt-get install chromium; scripts/system-packages.txt lists it) or point the option "
-            "at a Chromium binary"
-        )
-    return found
-
 
 def instructions(goal: Goal) -> str:
     return (
@@ -139,7 +116,7 @@ class WebShop(Env):
         self.chromium = find_chromium(chromium)
         self.viewport = {"width": viewport_width, "height": viewport_height}
         self.timeout_ms = float(action_timeout_s) * 1000
-        _sweep_dead_tmpdirs()
+        sweep_dead_tmpdirs()
         self._tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         self._server = ShopServer(self.catalogue, page_size)
         self._pw: Any = None
@@ -185,7 +162,7 @@ class WebShop(Env):
             ) from exc
 
         t0 = time.monotonic()
-        before = _child_pids()
+        before = child_pids()
         try:
             # The driver makes Chromium's temporary user-data dir under its TMPDIR: ours, so that
             # whatever a killed driver leaves behind is found and removed.
@@ -198,7 +175,7 @@ class WebShop(Env):
                     os.environ.pop("TMPDIR", None)
                 else:
                     os.environ["TMPDIR"] = saved
-            self._driver_pids = _child_pids() - before  # Playwright's Node driver
+            self._driver_pids = child_pids() - before  # Playwright's Node driver
             # Playwright launches with a fresh temporary user-data dir and deletes it afterwards.
             self._browser = self._pw.chromium.launch(
                 executable_path=self.chromium,
@@ -228,7 +205,7 @@ class WebShop(Env):
         if self._broken:
             # A hung Chromium would hold the driver's graceful close for its own 30 s or more:
             # kill the browser's processes first, then the driver only has to notice.
-            _kill_descendants(self._driver_pids)
+            kill_descendants(self._driver_pids)
         if pw is not None:
             try:
                 # Ends the Node driver, which kills any browser it launched that is still running.
@@ -424,44 +401,4 @@ class WebShop(Env):
             self._stop_browser()
             self._server.close()
             shutil.rmtree(self._tmp, ignore_errors=True)
-            _sweep_dead_tmpdirs()
-
-
-
-def _sweep_dead_tmpdirs() -> None:
-    """Remove the temp directories (Chromium profiles) of webshop envs whose process is gone."""
-    import psutil
-
-    for d in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
-        try:
-            pid = int(d.name[len(TMP_PREFIX) :].split("-", 1)[0])
-        except ValueError:
-            continue
-        try:
-            alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            alive = False
-        if not alive:
-            shutil.rmtree(d, ignore_errors=True)
-
-
-def _child_pids() -> set[int]:
-    import psutil
-
-    return {p.pid for p in psutil.Process().children()}
-
-
-def _kill_descendants(pids: set[int]) -> None:
-    """SIGKILL every process below ``pids`` (the driver's Chromium and its helpers)."""
-    import psutil
-
-    for pid in pids:
-        try:
-            procs = psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            continue  # the driver is gone; its browser went with it or will notice the pipe
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass  # already gone
+            sweep_dead_tmpdirs()

@@ -108,6 +108,9 @@ def test_fsdp_ranks_hold_shards_train_like_one_rank_and_share_its_checkpoints(mo
         m_two = _steps(two, 2)
         assert all(isinstance(v, DTensor) for st in two.optimizer.state.values() for k, v in st.items() if k != "step")
         after_two = _exported(two)
+        # the names the sharded policy trains are the names its export gives (the exporter
+        # takes them as changed without hashing: learner/weight_export.py)
+        assert set(after_two) <= two.trained_names() and two.trained_names() == one.trained_names()
         two.save(tmp_path / "two" / "step_000002", {"seen": ["g0"]})
         # a checkpoint of one replicated rank resumes the sharded pair
         assert two.load_checkpoint(tmp_path / "one" / "step_000002") == {}

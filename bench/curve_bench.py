@@ -146,7 +146,7 @@ def main() -> None:
             print(f"repeat {rep} {mode:5s}: weights {w:8.1f} MB/s   rollouts {r:8.1f} /s", flush=True)
     med = {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()}
     ratio = {k: med["curve"][k] / med["plain"][k] for k in med["plain"]}
-    print(f"\n| path (tcp loopback) | plain | CURVE | CURVE / plain |\n|---|---|---|---|")
+    print("\n| path (tcp loopback) | plain | CURVE | CURVE / plain |\n|---|---|---|---|")
     print(f"| weight fetch, {a.weights_mib} MiB | {med['plain']['weights_mb_s']:.0f} MB/s | {med['curve']['weights_mb_s']:.0f} MB/s | {ratio['weights_mb_s']:.2f} |")
     print(f"| rollouts ({rollout_kib:.0f} KiB each, acked) | {med['plain']['rollouts_s']:.0f} /s | {med['curve']['rollouts_s']:.0f} /s | {ratio['rollouts_s']:.2f} |")
     if a.out:

@@ -170,7 +170,6 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     row["fetch_gib_s"] = warm["bytes"] / warm["fetch_s"] / 2**30
     row["sync_over_step"] = warm["sync_s"] / row["step_s"] if row["step_s"] else None
     row["memory"] = peak_memory(children=True)
-    del trainer
     return row
 
 

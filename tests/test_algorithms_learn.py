@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-import torch
 
 from agentgym.actors.engine import Generation, SamplingSpec
 from agentgym.actors.hf_engine import HfEngine

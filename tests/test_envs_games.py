@@ -17,7 +17,7 @@ from agentgym.envpool.base import Env, StepResult
 from agentgym.envpool.envs.babyai import ACTIONS, BabyAI
 from agentgym.envpool.envs.maze import Maze, distances
 from agentgym.envpool.envs.textcraft import RAW, TextCraft, make_world
-from agentgym.envpool.envs.wordle import WORD_LIST, Wordle, feedback, load_words, split_of
+from agentgym.envpool.envs.wordle import Wordle, feedback, load_words, split_of
 from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 from agentgym.envpool.registry import resolve_env
 

@@ -140,7 +140,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
                         p.add_(1e-3)  # every tensor changes, as after an optimizer step
                 t0 = time.perf_counter()
                 chunks, cv = await asyncio.to_thread(
-                    lambda: exporter.build(version, trainer.export_weights(dtype), trainer.trained_names()))
+                    lambda: exporter.build(version, trainer.export_weights(dtype, sources=True), trainer.trained_names()))
                 snap = WeightSnapshot.build(version, version, 3, chunks)
                 del chunks
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))

@@ -113,9 +113,11 @@ class Learner(ActorControl):
         dtype = self.cfg.model.dtype if lc.weight_dtype == "auto" else lc.weight_dtype
         version = self.version
         # Export and chunk in one thread call: the export may alias live parameters until the
-        # chunks have copied them.
+        # chunks have copied them (sources: each tensor writes itself into its chunk, off the GPU
+        # in one copy).
+        tr = self.trainer
         chunks, chunk_versions = await trio.to_thread.run_sync(
-            lambda: self.exporter.build(version, self.trainer.export_weights(dtype), self.trainer.trained_names()))
+            lambda: self.exporter.build(version, tr.export_weights(dtype, sources=True), tr.trained_names()))
         limits = self.curriculum.limits()
         turn_limit = max(limits.values())
         snap = WeightSnapshot.build(self.version, self.step, turn_limit, chunks)

@@ -56,11 +56,15 @@ class TrainerState:
             return frozenset()
         return frozenset(n for n, p in self.model.named_parameters(remove_duplicate=False) if p.requires_grad)
 
-    def export_weights(self, dtype: str = "float32") -> list[RawTensor]:
+    def export_weights(self, dtype: str = "float32", *, sources: bool = False) -> list[RawTensor]:
         """The current weights as raw named tensors (HF names, as vLLM's loaders expect); with
         fsdp, ranks 1.. take part in the gather (the ``export`` command) and return [].
         With LoRA: the adapter's tensors only (peft names), in the engine's dtype (model.dtype),
-        which is what the engine computes the adapter in (learner/lora.py)."""
+        which is what the engine computes the adapter in (learner/lora.py).
+
+        ``sources``: each tensor's data is a ``TorchSource`` (protocol/weights.py) that
+        ``make_chunks`` has write straight into its chunk, from the GPU where it lives, instead of
+        host bytes copied again into the chunk (one pass over the weights fewer on a GPU)."""
         if self.lora:
             with self._collective:
                 return export_adapter(self.model, self.cfg.model.dtype)
@@ -77,6 +81,10 @@ class TrainerState:
             if t.numel() and t.data_ptr() in seen:
                 continue
             seen.add(t.data_ptr())
+            if sources:
+                t = t.detach().to(tdtype).contiguous()  # converted where it lives (the GPU)
+                out.append(RawTensor(name, dtype, tuple(t.shape), TorchSource(t)))
+                continue
             t = t.detach().to(tdtype).contiguous().cpu()
             raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
             # A view, no copy: it may alias a live parameter, so the caller copies (make_chunks
@@ -140,3 +148,22 @@ class TrainerState:
         else:
             torch.manual_seed(self.cfg.run.seed + self.dp.rank + 1_000_003 * self.step)
         return extra
+
+
+class TorchSource:
+    """A tensor, wherever it lives, as a ``protocol.weights.TensorSource``: ``write`` copies a
+    byte range of it into host memory (from a GPU: one device-to-host copy into the chunk). Like
+    the host views of ``export_weights``, it may alias a live parameter: chunks are made from it
+    before the next optimizer step (learner/service.py exports and chunks in one thread call)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._bytes = t.reshape(-1).view(torch.uint8)  # contiguous: a view, no copy
+        self.nbytes = self._bytes.numel()
+
+    def write(self, offset: int, dest: memoryview) -> None:
+        if len(dest):
+            torch.frombuffer(dest, dtype=torch.uint8).copy_(self._bytes[offset : offset + len(dest)])
+
+    def host_bytes(self) -> bytes:
+        return self._bytes.cpu().numpy().tobytes()
+

@@ -2,7 +2,7 @@
 the weight transfer (docs/adr/0011-weight-transfer.md).
 
     exporter = WeightExporter(chunk_bytes=64 << 20)
-    chunks, chunk_versions = exporter.build(version, trainer.export_weights("bfloat16"), trainer.trained_names())
+    chunks, chunk_versions = exporter.build(version, trainer.export_weights("bfloat16", sources=True), trainer.trained_names())
 
 Each tensor's crc32 is compared with its previous export; a tensor keeps the version it last
 changed in. Tensors are laid out oldest-change first, so tensors that do not change (frozen
@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Collection, Sequence
 
 from agentgym.protocol.messages import WeightChunk
-from agentgym.protocol.weights import RawTensor, make_chunks
+from agentgym.protocol.weights import RawTensor, TensorSource, make_chunks
 
 
 class WeightExporter:
@@ -41,7 +41,7 @@ class WeightExporter:
                 self._digest.pop(t.name, None)
                 self._changed_at[t.name] = version
                 continue
-            d = (t.dtype, zlib.crc32(t.data))
+            d = (t.dtype, zlib.crc32(t.data.host_bytes() if isinstance(t.data, TensorSource) else t.data))
             if self._digest.get(t.name) != d:
                 self._digest[t.name], self._changed_at[t.name] = d, version
         # Oldest change first; ties keep the model's order (sorted is stable).

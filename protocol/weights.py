@@ -25,6 +25,9 @@ import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from agentgym.protocol.errors import ProtocolError
 from agentgym.protocol.messages import TensorMeta, WeightChunk
@@ -37,7 +40,8 @@ class RawTensor:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: bytes | bytearray | memoryview
+    data: bytes | bytearray | memoryview | TensorSource
+    """The bytes, or (learner side) a ``TensorSource`` that writes them where ``make_chunks`` asks."""
 
 
 def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
@@ -47,49 +51,64 @@ def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
     return n
 
 
+@runtime_checkable
+class TensorSource(Protocol):
+    """Bytes that are not in host memory yet (a tensor on a GPU, say): ``make_chunks`` asks the
+    source to write each slice straight into its chunk, so the data is copied once, from where
+    it lives, instead of to the host and then again into the chunk."""
+
+    nbytes: int
+
+    def write(self, offset: int, dest: memoryview) -> None:
+        """Fill ``dest`` with the tensor's bytes ``[offset, offset + len(dest))``."""
+
+    def host_bytes(self) -> bytes:
+        """The whole tensor's bytes in host memory (for a digest)."""
+
+
 def make_chunks(
     version: int, tensors: Iterable[RawTensor], chunk_bytes: int
-) -> list[tuple[WeightChunk, bytes]]:
+) -> list[tuple[WeightChunk, memoryview]]:
     """Pack tensors into chunks of at most ``chunk_bytes`` each (a crc32 per chunk), splitting
-    any tensor that does not fit the room left. The data is copied once, into the chunks: the
-    caller may change its tensors once this returns."""
+    any tensor that does not fit the room left. The data is copied once, into the chunks (from a
+    ``TensorSource`` by the source itself): the caller may change its tensors once this returns."""
     if chunk_bytes < 1:
         raise ValueError(f"make_chunks: chunk_bytes={chunk_bytes} must be >= 1")
-    groups: list[list[tuple[RawTensor, int, memoryview]]] = [[]]  # (tensor, part_offset, slice)
+    groups: list[list[tuple[RawTensor, int, int]]] = [[]]  # (tensor, part_offset, nbytes)
     room = chunk_bytes
     for t in tensors:
-        view = memoryview(t.data).cast("B")
+        size = t.data.nbytes if isinstance(t.data, TensorSource) else memoryview(t.data).nbytes
         expect = tensor_nbytes(t.dtype, t.shape)
-        if len(view) != expect:
-            raise ValueError(f"make_chunks: tensor {t.name!r} has {len(view)} bytes, {t.dtype}{list(t.shape)} needs {expect}")
+        if size != expect:
+            raise ValueError(f"make_chunks: tensor {t.name!r} has {size} bytes, {t.dtype}{list(t.shape)} needs {expect}")
         pos = 0
         while True:
             if room == 0:
                 groups.append([])
                 room = chunk_bytes
-            n = min(room, len(view) - pos)
-            groups[-1].append((t, pos, view[pos : pos + n]))
+            n = min(room, size - pos)
+            groups[-1].append((t, pos, n))
             room -= n
             pos += n
-            if pos >= len(view):
+            if pos >= size:
                 break
     if not groups[-1]:
         groups.pop()
-    # crc32 (zlib lets go of the GIL) of chunk i runs on a worker while chunk i+1 is copied:
+    # crc32 (zlib lets go of the GIL) of chunk i runs on a worker while chunk i+1 is filled:
     # at 1.5B (3 GB) on one thread it was a third of an export. A lone chunk is summed here.
     workers = min(CRC_THREADS, len(groups) - 1)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="crc32") if workers > 0 else None
     try:
         datas, crcs = [], []
         for group in groups:
-            datas.append(b"".join(piece for _, _, piece in group))
+            datas.append(_fill(group))
             crcs.append(pool.submit(zlib.crc32, datas[-1]) if pool else _Done(zlib.crc32(datas[-1])))
-        out: list[tuple[WeightChunk, bytes]] = []
+        out: list[tuple[WeightChunk, memoryview]] = []
         for i, (group, data, crc) in enumerate(zip(groups, datas, crcs)):
             metas, offset = [], 0
-            for t, part, piece in group:
-                metas.append(TensorMeta(t.name, t.dtype, list(t.shape), offset, len(piece), part))  # type: ignore[arg-type]
-                offset += len(piece)
+            for t, part, n in group:
+                metas.append(TensorMeta(t.name, t.dtype, list(t.shape), offset, n, part))  # type: ignore[arg-type]
+                offset += n
             msg = WeightChunk(
                 version=version, chunk=i, num_chunks=len(groups), tensors=metas, crc32=crc.result(), nbytes=len(data),
             )  # fmt: skip
@@ -98,6 +117,20 @@ def make_chunks(
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _fill(group: list[tuple[RawTensor, int, int]]) -> memoryview:
+    """One chunk's bytes: a fresh buffer (not zeroed first) with every slice copied in."""
+    buf = memoryview(np.empty(sum(n for _, _, n in group), np.uint8)).cast("B")
+    at = 0
+    for t, part, n in group:
+        if n:
+            if isinstance(t.data, TensorSource):
+                t.data.write(part, buf[at : at + n])
+            else:
+                buf[at : at + n] = memoryview(t.data).cast("B")[part : part + n]
+        at += n
+    return buf
 
 
 CRC_THREADS = max(1, min(8, (os.cpu_count() or 1) - 1))

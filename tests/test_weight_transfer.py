@@ -187,3 +187,38 @@ def test_a_fetch_refuses_a_chunk_corrupted_on_the_way() -> None:
                 ctx.term()
 
         asyncio.run(asyncio.wait_for(client(), 30))
+
+
+def test_tensors_written_into_their_chunks_by_the_trainer_make_the_same_chunks(tmp_path: Path) -> None:
+    # export_weights(sources=True): each tensor writes its own slices into the chunks (from a GPU,
+    # one copy); the chunks must be byte for byte those of the host-bytes path, split tensors,
+    # the tied embedding sent once and bfloat16 included.
+    from learner_fixtures import make_cfg
+
+    from agentgym.learner.distributed import DataParallel
+    from agentgym.learner.trainer import Trainer
+    from agentgym.learner.trainer_state import TorchSource
+    from agentgym.tiny_model import make_default_tiny_model
+
+    trainer = Trainer.build(make_cfg(make_default_tiny_model(tmp_path / "m")), DataParallel())
+    for dtype in ("float32", "bfloat16"):
+        hosted = trainer.export_weights(dtype)
+        sourced = trainer.export_weights(dtype, sources=True)
+        assert [t.name for t in sourced] == [t.name for t in hosted]
+        assert all(isinstance(t.data, TorchSource) for t in sourced)
+        chunk_bytes = 7_777  # odd: most tensors split across chunks
+        a, b = make_chunks(1, hosted, chunk_bytes), make_chunks(1, sourced, chunk_bytes)
+        assert len(a) == len(b) > 3
+        for (ma, da), (mb, db) in zip(a, b, strict=True):
+            assert ma == mb and bytes(da) == bytes(db)
+            verify_chunk(mb, db)
+        # a frozen tensor is hashed from the source's bytes: unchanged, it keeps its version
+        exporter = WeightExporter(chunk_bytes)
+        exporter.build(1, sourced)
+        _, versions = exporter.build(2, trainer.export_weights(dtype, sources=True), trained={"model.norm.weight"})
+        assert sorted(set(versions)) == [1, 2]
+        asm = Assembler()
+        for m, d in b:
+            asm.add(m, d)
+        back_ = {t.name: t.data for t in asm.finish()}
+        assert all(bytes(back_[t.name]) == bytes(t.data) for t in hosted)

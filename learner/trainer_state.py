@@ -81,9 +81,8 @@ class TrainerState:
             if t.numel() and t.data_ptr() in seen:
                 continue
             seen.add(t.data_ptr())
-            if sources:
-                t = t.detach().to(tdtype).contiguous()  # converted where it lives (the GPU)
-                out.append(RawTensor(name, dtype, tuple(t.shape), TorchSource(t)))
+            if sources:  # converted and copied slice by slice, by make_chunks
+                out.append(RawTensor(name, dtype, tuple(t.shape), TorchSource(t, tdtype)))
                 continue
             t = t.detach().to(tdtype).contiguous().cpu()
             raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
@@ -151,19 +150,28 @@ class TrainerState:
 
 
 class TorchSource:
-    """A tensor, wherever it lives, as a ``protocol.weights.TensorSource``: ``write`` copies a
-    byte range of it into host memory (from a GPU: one device-to-host copy into the chunk). Like
+    """A tensor, wherever it lives, as a ``protocol.weights.TensorSource``: ``write`` converts the
+    elements a byte range covers to the wire dtype where they live and copies them into host
+    memory (from a GPU: one device-to-host copy into the chunk). Converted a slice at a time, so
+    a float32 model exported in bfloat16 never holds a converted copy of all its weights. Like
     the host views of ``export_weights``, it may alias a live parameter: chunks are made from it
     before the next optimizer step (learner/service.py exports and chunks in one thread call)."""
 
-    def __init__(self, t: torch.Tensor) -> None:
-        self._bytes = t.reshape(-1).view(torch.uint8)  # contiguous: a view, no copy
-        self.nbytes = self._bytes.numel()
+    def __init__(self, t: torch.Tensor, dtype: torch.dtype) -> None:
+        self._flat = t.detach().reshape(-1)
+        self._dtype = dtype
+        self._isz = torch.empty((), dtype=dtype).element_size()
+        self.nbytes = self._flat.numel() * self._isz
+
+    def _bytes(self, start: int, stop: int) -> torch.Tensor:
+        """Bytes ``[start, stop)`` in the wire dtype, on the tensor's device."""
+        e0, e1 = start // self._isz, -(-stop // self._isz)
+        part = self._flat[e0:e1].to(self._dtype).contiguous().view(torch.uint8)
+        return part[start - e0 * self._isz : stop - e0 * self._isz]
 
     def write(self, offset: int, dest: memoryview) -> None:
         if len(dest):
-            torch.frombuffer(dest, dtype=torch.uint8).copy_(self._bytes[offset : offset + len(dest)])
+            torch.frombuffer(dest, dtype=torch.uint8).copy_(self._bytes(offset, offset + len(dest)))
 
     def host_bytes(self) -> bytes:
-        return self._bytes.cpu().numpy().tobytes()
-
+        return self._bytes(0, self.nbytes).cpu().numpy().tobytes()

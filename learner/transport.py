@@ -213,7 +213,7 @@ class WeightSnapshot:
     total_bytes: int
 
     @classmethod
-    def build(cls, version: int, step: int, turn_limit: int, chunks: list[tuple[WeightChunk, bytes]]) -> WeightSnapshot:
+    def build(cls, version: int, step: int, turn_limit: int, chunks: list[tuple[WeightChunk, bytes | memoryview]]) -> WeightSnapshot:
         frames = [encode(msg, data) for msg, data in chunks]
         return cls(version, step, turn_limit, frames, sum(len(d) for _, d in chunks))  # type: ignore[arg-type]
 

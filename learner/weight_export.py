@@ -2,7 +2,8 @@
 the weight transfer (docs/adr/0011-weight-transfer.md).
 
     exporter = WeightExporter(chunk_bytes=64 << 20)
-    chunks, chunk_versions = exporter.build(version, trainer.export_weights("bfloat16", sources=True), trainer.trained_names())
+    tensors = trainer.export_weights("bfloat16", sources=True)   # each writes itself into its chunk
+    chunks, chunk_versions = exporter.build(version, tensors, trainer.trained_names())
 
 Each tensor's crc32 is compared with its previous export; a tensor keeps the version it last
 changed in. Tensors are laid out oldest-change first, so tensors that do not change (frozen
@@ -29,12 +30,12 @@ class WeightExporter:
 
     def build(
         self, version: int, tensors: Sequence[RawTensor], trained: Collection[str] = ()
-    ) -> tuple[list[tuple[WeightChunk, bytes]], list[int]]:
+    ) -> tuple[list[tuple[WeightChunk, memoryview]], list[int]]:
         """Chunks of ``version`` (every tensor, whole) and each chunk's newest change version.
 
         ``trained``: names of tensors the optimizer updates (``Trainer.trained_names``), taken
-        as changed without a digest: with full fine-tuning that is every tensor, and their crc
-        pass was a quarter of an export's time at 1.5B on a GPU host. Only the others (frozen,
+        as changed without a digest: with full fine-tuning that is every tensor, and hashing them
+        was one of the export's four passes over the weights. Only the others (frozen tensors,
         buffers) are compared with their previous export."""
         for t in tensors:
             if t.name in trained:

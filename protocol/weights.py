@@ -1,6 +1,6 @@
 """Weights as chunks of named tensors: how a weight version is cut up and put back together.
 
-    chunks = make_chunks(version, tensors, chunk_bytes)          # learner: [(WeightChunk, bytes)]
+    chunks = make_chunks(version, tensors, chunk_bytes)          # learner: [(WeightChunk, memoryview)]
     asm = Assembler()                                            # actor, per fetch
     for msg, data in received: verify_chunk(msg, data); asm.add(msg, data)
     tensors = asm.finish()                                       # [RawTensor] over whole buffers

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA host, in one run (docs/benchmarks.md, "On a GPU"):
-#   1. the quickstart trained end to end: learner on CUDA, two actors with the hf engine on CUDA
-#      (for hosts without the vllm package; with it, drop the engine override);
+#   1. the quickstart trained end to end: learner on CUDA, two actors with vLLM on the GPU, or
+#      the hf engine on CUDA where the vllm package is missing (ENGINE=hf|vllm to choose);
 #   2. bench/real_scale.py: learner steps and weight sync at real shapes, both on CUDA;
 #   3. bench/layers_bench.py on this host's cores (CPU only; a second machine's figure);
 #   4. the engine test that checks actor.device = "auto" finds the GPU.
@@ -18,6 +18,7 @@ PY=${PY:-python3}
 SHAPES=${SHAPES:-qwen2.5-0.5b,qwen2.5-1.5b}
 E2E_STEPS=${E2E_STEPS:-40}
 E2E_DEVICE=${E2E_DEVICE:-cuda}
+ENGINE=${ENGINE:-$($PY -c "import vllm" >/dev/null 2>&1 && echo vllm || echo hf)}
 WORK=${WORK:-/tmp/gpu_check_work}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
@@ -35,12 +36,12 @@ part() {  # part NAME SECONDS CMD...: run CMD under a limit, its output in OUT/N
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
   $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-  nproc; } >"$OUT/host.txt" 2>&1
+  nproc; echo "engine: $ENGINE"; } >"$OUT/host.txt" 2>&1
 cat "$OUT/host.txt"
 
 part e2e 240 $PY -m agentgym.cli train --config configs/quickstart.toml --run-dir "$WORK/e2e" \
-    --max-steps "$E2E_STEPS" -o "learner.device=\"$E2E_DEVICE\"" -o 'actor.engine="hf"' \
-    -o "actor.device=\"$E2E_DEVICE\"" -o 'eval.every=20' -o 'eval.tasks=8' -o 'model.path="'"$WORK"'/tiny"'
+    --max-steps "$E2E_STEPS" -o "learner.device=\"$E2E_DEVICE\"" -o "actor.engine=\"$ENGINE\"" \
+    -o "actor.device=\"$E2E_DEVICE\"" -o 'actor.gpu_memory_utilization=0.3' -o 'eval.every=20' -o 'eval.tasks=8' -o 'model.path="'"$WORK"'/tiny"'
 cp "$WORK/e2e/summary.json" "$OUT/e2e_summary.json" 2>/dev/null
 $PY - "$WORK/e2e/metrics.jsonl" >"$OUT/e2e_steps.txt" 2>&1 <<'EOF'
 import json, sys
@@ -52,7 +53,7 @@ for r in rows:
 EOF
 tail -n 3 "$OUT/e2e_steps.txt"
 
-part real_scale 420 $PY bench/real_scale.py --shapes "$SHAPES" --engine hf --train-steps 3 \
+part real_scale 420 $PY bench/real_scale.py --shapes "$SHAPES" --engine "$ENGINE" --train-steps 3 \
     --groups 8 --group-size 8 --tokens 1024 --checkpointing --models "$WORK/models" --out "$OUT"
 
 part layers 120 $PY bench/layers_bench.py

@@ -110,6 +110,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
         f"rollout.max_episode_tokens={max(args.tokens, 256)}", "learner.lr=1e-6", f"learner.batch_groups={args.groups}",
         f"rollout.group_size={args.group_size}", f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
         "learner.micro_batch_tokens=16384",  # as configs/real_model_gpu.toml: bounds the logits' memory
+        "actor.gpu_memory_utilization=0.3",  # vLLM on the learner's GPU: leave it room to train
     ])  # fmt: skip
     row: dict = {"shape": shape, "dtype": dtype, "engine": args.engine}
     trainer = Trainer.build(cfg, DataParallel(device=pick_device(cfg, 0)))  # learner.device: auto

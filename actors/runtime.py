@@ -21,6 +21,7 @@ import signal
 import socket
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import structlog
@@ -389,12 +390,16 @@ def _to_torch(raw):
     import torch
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    # The assembler's buffers are writable bytearrays: wrap them, no copy (an empty one cannot be wrapped).
-    return {
-        t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)
-        else torch.empty(t.shape, dtype=dtypes[t.dtype])
-        for t in raw
-    }  # fmt: skip
+    # Wrapped, no copy (an empty buffer cannot be wrapped). Tensors that came whole in one chunk are
+    # views into the received frame, read-only: engines only read what they load (copy_ into their
+    # parameters, a file, a digest), so torch's warning about non-writable buffers is silenced.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return {
+            t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)
+            else torch.empty(t.shape, dtype=dtypes[t.dtype])
+            for t in raw
+        }  # fmt: skip
 
 
 async def run_actor(cfg: Config, run_dir: Path, actor_id: str | None = None) -> int:

@@ -9,9 +9,10 @@ The learner turns each tensor into raw bytes (any dtype, bfloat16 included: this
 interprets them) and calls ``make_chunks``. A tensor larger than the room left in a chunk is
 split across chunks (``TensorMeta.part_offset`` says where each slice goes), so no tensor is too
 large to send and every data frame stays within ``chunk_bytes`` (itself under the wire's 1 GiB
-frame limit). The actor checks each chunk with ``verify_chunk`` (size and crc32) and copies its
-slices straight into one preallocated buffer per tensor (``Assembler``): one copy from the
-received frame, none after; ``finish`` refuses a tensor with bytes missing.
+frame limit). The actor checks each chunk with ``verify_chunk`` (size and crc32); ``Assembler``
+keeps a tensor that lies whole in one chunk as a view into the received frame, and copies the
+slices of a split tensor into one preallocated buffer: at most one copy from the received
+frame, none after; ``finish`` refuses a tensor with bytes missing.
 
 Payload kinds: this is the full-weights payload (HF tensor names, whole tensors). Another kind
 (adapters, say) reuses the same chunking and assembly with its own names; what a kind means is
@@ -177,11 +178,13 @@ def chunk_tensors(msg: WeightChunk, data: bytes | memoryview) -> list[RawTensor]
 
 
 class Assembler:
-    """Whole tensors from verified chunks, each written once into a buffer allocated on its
-    first slice. Chunks may arrive in any order."""
+    """Whole tensors from verified chunks. A tensor that lies whole in one chunk is a view into
+    that chunk's frame, not copied (the frame stays alive while the view does); a tensor split
+    across chunks is written once into a buffer allocated on its first slice. Chunks may arrive
+    in any order. Views into a received frame are read-only."""
 
     def __init__(self) -> None:
-        self._bufs: dict[str, tuple[str, tuple[int, ...], bytearray]] = {}
+        self._bufs: dict[str, tuple[str, tuple[int, ...], bytearray | memoryview]] = {}
         self._filled: dict[str, int] = {}
 
     def add(self, msg: WeightChunk, data: bytes | memoryview) -> None:
@@ -192,11 +195,17 @@ class Assembler:
             if got is None:
                 if m.dtype not in ITEMSIZE:
                     raise ProtocolError(f"{where}: unknown dtype {m.dtype!r}")
-                got = (m.dtype, tuple(m.shape), bytearray(tensor_nbytes(m.dtype, m.shape)))
+                size = tensor_nbytes(m.dtype, m.shape)
+                if m.part_offset == 0 and m.nbytes == size:  # whole in this chunk: a view, no copy
+                    self._bufs[m.name], self._filled[m.name] = (m.dtype, tuple(m.shape), src[m.offset : m.offset + size]), size
+                    continue
+                got = (m.dtype, tuple(m.shape), bytearray(size))
                 self._bufs[m.name], self._filled[m.name] = got, 0
             dtype, shape, buf = got
             if (dtype, shape) != (m.dtype, tuple(m.shape)):
                 raise ProtocolError(f"{where}: {m.dtype}{m.shape} disagrees with an earlier slice's {dtype}{list(shape)}")
+            if not isinstance(buf, bytearray):
+                raise ProtocolError(f"{where}: a slice of a tensor that already arrived whole")
             if m.part_offset + m.nbytes > len(buf):
                 raise ProtocolError(f"{where}: slice [{m.part_offset}, +{m.nbytes}) ends past the tensor's {len(buf)} bytes")
             buf[m.part_offset : m.part_offset + m.nbytes] = src[m.offset : m.offset + m.nbytes]

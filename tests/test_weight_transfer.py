@@ -222,3 +222,23 @@ def test_tensors_written_into_their_chunks_by_the_trainer_make_the_same_chunks(t
             asm.add(m, d)
         back_ = {t.name: t.data for t in asm.finish()}
         assert all(bytes(back_[t.name]) == bytes(t.data) for t in hosted)
+
+
+def test_a_tensor_whole_in_one_chunk_is_not_copied_and_a_split_one_is_copied_once() -> None:
+    whole = np.arange(100, dtype=np.float32)  # 400 bytes: fits the first chunk
+    split = np.arange(300, dtype=np.float32)  # 1200 bytes: spans the rest
+    chunks = make_chunks(5, [RawTensor("whole", "float32", (100,), whole.tobytes()),
+                             RawTensor("split", "float32", (300,), split.tobytes())], 1000)  # fmt: skip
+    frames = [bytearray(d) for _, d in chunks]  # stand-ins for received frames
+    asm = Assembler()
+    for (msg, _), frame in zip(chunks, frames, strict=True):
+        verify_chunk(msg, frame)
+        asm.add(msg, frame)
+    got = {t.name: t.data for t in asm.finish()}
+    assert np.array_equal(np.frombuffer(got["whole"], np.float32), whole)
+    assert np.array_equal(np.frombuffer(got["split"], np.float32), split)
+    frames[0][0] ^= 0xFF  # the whole tensor is a view into its chunk's frame ...
+    assert bytes(got["whole"][:1]) == bytes([frames[0][0]])
+    assert isinstance(got["split"], bytearray)  # ... the split one a buffer of its own
+    with pytest.raises(ProtocolError, match="already arrived whole"):
+        asm.add(*chunks[0])  # the same chunk again cannot overwrite it

@@ -52,6 +52,10 @@ def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
     return n
 
 
+CRC_THREADS = max(1, min(8, (os.cpu_count() or 1) - 1))
+"""Workers that sum chunks while the next is filled (the filling thread is the one more)."""
+
+
 @runtime_checkable
 class TensorSource(Protocol):
     """Bytes that are not in host memory yet (a tensor on a GPU, say): ``make_chunks`` asks the
@@ -96,14 +100,13 @@ def make_chunks(
     if not groups[-1]:
         groups.pop()
     # crc32 (zlib lets go of the GIL) of chunk i runs on a worker while chunk i+1 is filled:
-    # at 1.5B (3 GB) on one thread it was a third of an export. A lone chunk is summed here.
-    workers = min(CRC_THREADS, len(groups) - 1)
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="crc32") if workers > 0 else None
+    # at 1.5B (3 GB) on one thread it was a third of an export.
+    pool = ThreadPoolExecutor(max(1, min(CRC_THREADS, len(groups))), thread_name_prefix="crc32")
     try:
         datas, crcs = [], []
         for group in groups:
             datas.append(_fill(group))
-            crcs.append(pool.submit(zlib.crc32, datas[-1]) if pool else _Done(zlib.crc32(datas[-1])))
+            crcs.append(pool.submit(zlib.crc32, datas[-1]))
         out: list[tuple[WeightChunk, memoryview]] = []
         for i, (group, data, crc) in enumerate(zip(groups, datas, crcs)):
             metas, offset = [], 0
@@ -116,8 +119,7 @@ def make_chunks(
             out.append((msg, data))
         return out
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _fill(group: list[tuple[RawTensor, int, int]]) -> memoryview:
@@ -134,16 +136,6 @@ def _fill(group: list[tuple[RawTensor, int, int]]) -> memoryview:
     return buf
 
 
-CRC_THREADS = max(1, min(8, (os.cpu_count() or 1) - 1))
-"""Workers that sum chunks while the next is copied (the copying thread is the one more)."""
-
-
-@dataclass(frozen=True)
-class _Done:
-    value: int
-
-    def result(self) -> int:
-        return self.value
 
 
 def verify_chunk(msg: WeightChunk, data: bytes | memoryview) -> None:

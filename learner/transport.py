@@ -42,6 +42,7 @@ import trio
 import zmq
 
 from agentgym.learner.auth import ServerKeys, check_bind, make_server, start_authenticator
+from agentgym.netutil import EVENTS, NOBLOCK, POLLIN, RCVMORE
 from agentgym.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -60,9 +61,6 @@ from agentgym.protocol import (
 
 log = structlog.get_logger(__name__)
 _ids = itertools.count()
-# Plain ints: pyzmq's enum members cost ~0.6 µs per ``&`` and per lookup, on the per-message path.
-EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
-NOBLOCK, RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
 
 
 class Inbox:

@@ -77,6 +77,7 @@ from agentgym.envpool.envs.webshop.server import ShopServer
 
 log = structlog.get_logger(__name__)
 
+
 def instructions(goal: Goal) -> str:
     return (
         f"You are shopping on Agentshop, a web shop. Task: {goal.instruction}.\n"

@@ -7,24 +7,30 @@
    ``msgpack`` packb + unpackb of a plain dict holding the same bytes.
 2. transport: ``--n`` such rollouts from an actor's ``ControlLink`` (asyncio DEALER on uvloop, as
    the actor runs) to a learner ``Hub`` (ROUTER read, decoded and validated on the trio thread)
-   in another process, each acked from trio, vs raw pyzmq DEALER -> ROUTER between two processes
-   re-sending one pre-encoded copy of the same frames, acked the same way. ``--window`` rollouts
-   are in flight in both (64 by default: an agentgym actor never waits for acks, it streams what
-   its tickets allow and keeps the unacknowledged rollouts for re-sending; 8 shows a sender that
-   waits on acks, which the learner coalesces per burst). The project's figure includes what
-   the raw one does not: encoding each rollout afresh, the learner's validating decode, and both
-   sides' event loops (asyncio, trio). For reference, a third run is raw pyzmq copying the body
-   into a fresh buffer per message (what building each message costs in allocation alone; not
-   the bound). Best of ``--transport-repeats`` for each side, alternated; CPU seconds per rollout
-   (both processes, all their threads, and each process apart) are reported too, being less at
-   the mercy of other work on a shared machine. Every process, raw or not, runs with the
-   allocator settings agentgym's own processes use (agentgym/allocator.py).
+   in another process, each acked from trio. The layer's raw bound is raw pyzmq between two
+   processes carrying the same messages with the same codec: a blocking DEALER that encodes each
+   rollout (``protocol.wire``, into one reused buffer, copied by ZeroMQ as the actor's link does)
+   and sends it, a blocking ROUTER that receives it, decodes and validates it and sends an encoded
+   ``Ack`` for each. What is left between the two is the transport layer itself: the event loops
+   (asyncio, trio), flow control, ordering and the edge-triggered FD handling; the codec's own
+   cost is row 1's. ``--window`` rollouts are in flight in all (64 by default: an agentgym actor
+   never waits for acks, it streams what its tickets allow and keeps the unacknowledged rollouts
+   for re-sending; 8 shows a sender that waits on acks, which the learner coalesces per burst).
+   For reference, the wire's ceiling: raw pyzmq re-sending one pre-encoded copy of the frames,
+   zero-copy, and a receiver that never decodes them (no message built or read at all; the
+   project cannot reach it, as it must build, check and keep each rollout). Best of
+   ``--transport-repeats`` for each side, alternated; CPU seconds per rollout (both processes,
+   all their threads, and each process apart) are reported too, being less at the mercy of other
+   work on a shared machine. Every process, raw or not, runs with the allocator settings
+   agentgym's own processes use (agentgym/allocator.py).
 3. env pool: per-step time of guess_number through a one-worker ``EnvPool`` (a request/reply
    over the worker's pipes) vs calling the env in this process; the overhead is the difference,
    compared with a typical env step (the waiting env's median, 0.3 s, and a 10 ms one).
 
 Ratios are raw/project (1.0: no cost over the bound; the target is >= 0.8). Times under load
-are noisy: every pair is measured back to back, best of ``--repeats``.
+are noisy: every pair is measured back to back, best of ``--repeats``; on a 2-core machine the
+four busy threads of a transport run (each process's Python and ZeroMQ I/O thread) make single
+runs of it spread by +-15%: compare several.
 """
 
 from __future__ import annotations
@@ -138,12 +144,16 @@ def _hub_server(addr: str, n: int, ready, cpu) -> None:
     trio.run(main)
 
 
-def _raw_server(addr: str, n: int, ready, cpu) -> None:
+def _raw_server(addr: str, n: int, ready, cpu, codec: bool) -> None:
+    """Raw pyzmq ROUTER acking each message; ``codec``: decoded (validated) and acked with an
+    encoded Ack, as the layer's bound; otherwise neither (the wire's ceiling)."""
     import zmq
 
     from agentgym.allocator import keep_freed_memory
 
     keep_freed_memory()  # the raw bound gets the same allocator as the project
+    from agentgym.protocol import Ack, decode, encode
+
     ctx = zmq.Context()
     s = ctx.socket(zmq.ROUTER)
     s.bind(addr)
@@ -152,11 +162,23 @@ def _raw_server(addr: str, n: int, ready, cpu) -> None:
         frames = s.recv_multipart(copy=False)
         if i == 0:
             c0 = time.process_time()
-        s.send_multipart([frames[0].bytes, b"ack"])
+        if codec:
+            msg, _ = decode([f.buffer for f in frames[1:]])
+            s.send_multipart([frames[0].bytes, *encode(Ack(group_ids=[msg.group_id], statuses=["accepted"]))])
+        else:
+            s.send_multipart([frames[0].bytes, b"ack"])
     time.sleep(0.5)
     cpu.value = time.process_time() - c0
     s.close(linger=1000)
     ctx.term()
+
+
+def _raw_codec_server(addr: str, n: int, ready, cpu) -> None:
+    _raw_server(addr, n, ready, cpu, codec=True)
+
+
+def _raw_wire_server(addr: str, n: int, ready, cpu) -> None:
+    _raw_server(addr, n, ready, cpu, codec=False)
 
 
 def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
@@ -190,26 +212,32 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
 
     frames = [bytes(f) for f in encode(r)]
 
-    def raw(addr: str, fresh: bool) -> float:
+    def raw(addr: str, codec: bool) -> float:
+        from agentgym.actors.transport import COPY_BELOW
+        from agentgym.protocol import decode, encode_into
+
         ctx = zmq.Context()
         s = ctx.socket(zmq.DEALER)
+        s.copy_threshold = COPY_BELOW  # copied by ZeroMQ as the actor's link does: no GC-thread wake-up per send
         s.connect(addr)
         time.sleep(0.3)
-        head, body = frames
+        buf = bytearray()
         t0 = time.perf_counter()
-        # fresh: the body copied into a new buffer per message, as a sender that builds each
-        # message has to (not the bound: a reference for what allocating 106 KiB costs)
-        windowed(lambda _: s.send_multipart([head, bytes(memoryview(body))] if fresh else frames, copy=False),
-                 s.recv_multipart, n)  # fmt: skip
+        if codec:  # encoded afresh each time, acks decoded
+            windowed(lambda _: s.send_multipart(encode_into(r, buf)), lambda: decode(s.recv_multipart())[0], n)
+        else:  # one encoded copy re-sent without a copy, acks not read
+            windowed(lambda _: s.send_multipart(frames, copy=False), s.recv_multipart, n)
         dt = time.perf_counter() - t0
         s.close(linger=0)
         ctx.term()
         return dt
 
+    servers = {"project": _hub_server, "raw_codec": _raw_codec_server, "raw_wire": _raw_wire_server}
+
     def run(side: str, addr: str) -> tuple[float, float, float, float]:
-        p, server_cpu = serve(_hub_server if side == "project" else _raw_server, addr)
+        p, server_cpu = serve(servers[side], addr)
         c0 = time.process_time()  # the client's, counted from its first send
-        dt = uvloop.run(project(addr)) if side == "project" else raw(addr, side == "raw_fresh")
+        dt = uvloop.run(project(addr)) if side == "project" else raw(addr, side == "raw_codec")
         client_cpu = time.process_time() - c0
         p.join(10)
         return dt, client_cpu + server_cpu.value, client_cpu, server_cpu.value  # type: ignore[attr-defined]
@@ -217,15 +245,15 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
     # per side, the best of each figure: (seconds, CPU of both, actor/client CPU, learner/server CPU)
     best: dict[str, tuple[float, ...]] = {}
     for i in range(repeats):
-        for j, side in enumerate(("project", "raw", "raw_fresh")):
+        for j, side in enumerate(servers):
             got = run(side, f"tcp://127.0.0.1:{port + 6 * i + 2 * j}")
             best[side] = tuple(min(a, b) for a, b in zip(best.get(side, (float("inf"),) * 4), got))
-    (tp, cp, ap, lp), (tr, cr, ar, lr), (tf, cf, _, _) = best["project"], best["raw"], best["raw_fresh"]
+    (tp, cp, ap, lp), (tr, cr, ar, lr), (tw, cw, _, _) = best["project"], best["raw_codec"], best["raw_wire"]
     return {"project_per_s": n / tp, "raw_per_s": n / tr, "ratio": tr / tp,
             "project_cpu_us": cp / n * 1e6, "raw_cpu_us": cr / n * 1e6, "cpu_ratio": cr / cp,
             "project_actor_cpu_us": ap / n * 1e6, "project_learner_cpu_us": lp / n * 1e6,
             "raw_client_cpu_us": ar / n * 1e6, "raw_server_cpu_us": lr / n * 1e6,
-            "raw_fresh_per_s": n / tf, "raw_fresh_cpu_us": cf / n * 1e6, "ratio_to_fresh": tf / tp}  # fmt: skip
+            "wire_per_s": n / tw, "wire_cpu_us": cw / n * 1e6, "ratio_to_wire": tw / tp}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- env pool
@@ -299,14 +327,14 @@ def main() -> int:
     print("| layer | project | raw bound | raw/project |")
     print("|---|---|---|---|")
     print(f"| protocol encode+decode | {pr['project_us']:.0f} µs | {pr['raw_us']:.0f} µs (msgpack) | {pr['ratio']:.2f} |")
-    print(f"| ZeroMQ transport, acked | {tr['project_per_s']:.0f} rollouts/s | {tr['raw_per_s']:.0f} rollouts/s (pyzmq) "
-          f"| {tr['ratio']:.2f} |")  # fmt: skip
+    print(f"| ZeroMQ transport, acked | {tr['project_per_s']:.0f} rollouts/s | {tr['raw_per_s']:.0f} rollouts/s "
+          f"(pyzmq, same codec) | {tr['ratio']:.2f} |")  # fmt: skip
     print(f"| the same, CPU per rollout (both processes) | {tr['project_cpu_us']:.0f} µs | {tr['raw_cpu_us']:.0f} µs "
           f"| {tr['cpu_ratio']:.2f} |")  # fmt: skip
     print(f"| of which the sender (actor) / the receiver (learner) | {tr['project_actor_cpu_us']:.0f} / "
           f"{tr['project_learner_cpu_us']:.0f} µs | {tr['raw_client_cpu_us']:.0f} / {tr['raw_server_cpu_us']:.0f} µs | |")  # fmt: skip
-    print(f"| (reference: raw pyzmq with a fresh copy of the body per message) | | {tr['raw_fresh_per_s']:.0f} "
-          f"rollouts/s, {tr['raw_fresh_cpu_us']:.0f} µs CPU | project at {tr['ratio_to_fresh']:.2f} of it |")  # fmt: skip
+    print(f"| (reference, the wire's ceiling: pyzmq re-sending one encoded buffer, never decoded) | | "
+          f"{tr['wire_per_s']:.0f} rollouts/s, {tr['wire_cpu_us']:.0f} µs CPU | {tr['ratio_to_wire']:.2f} |")  # fmt: skip
     print(f"| env pool step | {ev['pool_step_us']:.0f} µs | {ev['raw_step_us']:.1f} µs (in-process) | "
           f"overhead {ev['overhead_us']:.0f} µs = {ev['overhead_vs_0.3s_step']:.2%} of a 0.3 s step, "
           f"{ev['overhead_vs_10ms_step']:.1%} of a 10 ms step |")  # fmt: skip

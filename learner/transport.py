@@ -92,23 +92,27 @@ class Inbox:
     async def __anext__(self) -> tuple[bytes, Message]:
         sock = self._sock
         while not self.closed:
-            if sock.getsockopt(EVENTS) & POLLIN:
-                # A busy inbox must not starve the other tasks, but a checkpoint per message is a
-                # scheduler pass per message. Taken before the receive: a cancel here loses nothing.
-                self._since_checkpoint += 1
-                if self._since_checkpoint >= self.CHECKPOINT_EVERY:
-                    self._since_checkpoint = 0
-                    self.flush_acks()
-                    await trio.lowlevel.checkpoint()
-                    continue  # the socket may have been used meanwhile: look again
-                try:
-                    peer, frames = self._recv()
-                except zmq.Again:
-                    continue
+            # A busy inbox must not starve the other tasks, but a checkpoint per message is a
+            # scheduler pass per message. Taken before the receive: a cancel here loses nothing.
+            self._since_checkpoint += 1
+            if self._since_checkpoint >= self.CHECKPOINT_EVERY:
+                self._since_checkpoint = 0
+                self.flush_acks()
+                await trio.lowlevel.checkpoint()
+            # Receive first, look at EVENTS only when nothing came: a receive processes ZeroMQ's
+            # pending commands only every so often or when its queue runs dry, a look at EVENTS
+            # every time (a poll of the command pipe: a system call per message in a burst).
+            try:
+                peer, frames = self._recv()
+            except zmq.Again:
+                pass
+            else:
                 msg = self._decode(peer, frames)
                 if msg is not None:
                     return peer, msg
                 continue
+            if sock.getsockopt(EVENTS) & POLLIN:
+                continue  # arrived meanwhile (the look processed the commands announcing it)
             if self._acks:
                 self.flush_acks()  # the burst is read: answer it, then look again (the sends used the socket)
                 continue
@@ -128,7 +132,7 @@ class Inbox:
     def _recv(self) -> tuple[bytes, list[bytes | memoryview]]:
         """One message: the peer's id, then its frames (raises zmq.Again when none is waiting).
         The id and the header are small and copied; the body and any data frame are not: decode
-        reads them in ZeroMQ's buffer and copies out what it keeps. (pyzmq's recv_multipart
+        reads them in ZeroMQ's buffer and keeps views of what it keeps. (pyzmq's recv_multipart
         makes a Frame object of every part: twice the cost per message.)"""
         sock = self._sock
         peer = sock.recv(NOBLOCK)

@@ -17,6 +17,13 @@ from agentgym.config import Config
 from agentgym.protocol.messages import LoraSpec
 
 
+def load_tokenizer(model_dir: Path):
+    """The model directory's tokenizer (transformers imported here, when first needed)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 def context_length(cfg: Config, model_dir: Path) -> int:
     """The engine's context length: ``actor.max_model_len``, or the model's
     ``max_position_embeddings`` capped by ``rollout.max_episode_tokens``."""

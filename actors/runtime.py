@@ -15,13 +15,11 @@ Links (made in ``Actor.run``):
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import signal
 import socket
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import structlog
@@ -29,9 +27,10 @@ import zmq.asyncio
 
 from agentgym.config import Config, model_fingerprint
 from agentgym.actors.concurrency import Concurrency, Signals
+from agentgym.actors.engines import load_tokenizer, make_engine
 from agentgym.memstats import peak_memory
 from agentgym.actors.transport import ControlLink
-from agentgym.actors.weight_fetch import fetch_weights, weights_addr
+from agentgym.actors.weight_fetch import fetch_weights, to_torch, weights_addr
 from agentgym.keys import ClientKeys, KeyFileError, load_public
 from agentgym.protocol import (
     Ack,
@@ -131,9 +130,8 @@ class Actor:
         log.info("engine_starting", engine=self.cfg.actor.engine, model=str(model_dir))  # vLLM takes a minute or more
         # Importing torch/transformers and loading a tokenizer take seconds: off the loop, so
         # heartbeats go on meanwhile.
-        self.tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
-        engines = await asyncio.to_thread(importlib.import_module, "agentgym.actors.engines")
-        self.engine = engines.make_engine(self.cfg, model_dir, lora=self.welcome.lora)  # actor.engine: vllm | remote | hf
+        self.tokenizer = await asyncio.to_thread(load_tokenizer, model_dir)
+        self.engine = make_engine(self.cfg, model_dir, lora=self.welcome.lora)  # actor.engine: vllm | remote | hf | sim
         self.weights_synced = model_dir.resolve() == Path(self.welcome.model_path).resolve()
         t0 = time.monotonic()
         await self.engine.start()
@@ -276,7 +274,7 @@ class Actor:
                 have = self.engine.version if self.weights_synced and self.engine.partial_updates else -1
                 version, raw = await fetch_weights(self.ctx, sources, ready, have_version=have, keys=source_keys,
                                                    stall_s=self.cfg.actor.relay_stall_s)  # fmt: skip
-                tensors = _to_torch(raw)
+                tensors = to_torch(raw)
                 t1 = time.monotonic()
                 if version < self.engine.version:  # a restarted learner resumed an older checkpoint
                     log.warning("weights_rolled_back", from_version=self.engine.version, to_version=version)
@@ -378,28 +376,6 @@ class _ignore_errors:
         if exc is not None:
             log.warning("cleanup_error", error=repr(exc))
         return True
-
-
-def _load_tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-def _to_torch(raw):
-    import torch
-
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    # Wrapped, no copy (an empty buffer cannot be wrapped). Tensors that came whole in one chunk are
-    # views into the received frame, read-only: engines only read what they load (copy_ into their
-    # parameters, a file, a digest), so torch's warning about non-writable buffers is silenced.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return {
-            t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)
-            else torch.empty(t.shape, dtype=dtypes[t.dtype])
-            for t in raw
-        }  # fmt: skip
 
 
 async def run_actor(cfg: Config, run_dir: Path, actor_id: str | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 
 import structlog
 import zmq.asyncio
@@ -126,3 +127,20 @@ async def fetch_weights(
             version, num_chunks, wanted = restart, 1, [0]
     finally:
         sock.close(linger=0)
+
+
+def to_torch(raw: list[RawTensor]) -> dict:
+    """The fetched tensors as torch tensors by name, for ``engine.update_weights``."""
+    import torch
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    # Wrapped, no copy (an empty buffer cannot be wrapped). Tensors that came whole in one chunk are
+    # views into the received frame, read-only: engines only read what they load (copy_ into their
+    # parameters, a file, a digest), so torch's warning about non-writable buffers is silenced.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return {
+            t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)
+            else torch.empty(t.shape, dtype=dtypes[t.dtype])
+            for t in raw
+        }  # fmt: skip

@@ -111,14 +111,14 @@ def run(args: argparse.Namespace) -> int:
 
 async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float) -> dict:
     from agentgym.actors.engines import make_engine
-    from agentgym.actors.runtime import _load_tokenizer
+    from agentgym.actors.engines import load_tokenizer
     from agentgym.evaluate import evaluate
 
     seed = args.seed if args.seed is not None else cfg.run.seed
     # the last stage's limit (the longest among the envs when they have their own schedules)
     turn_limit = args.turn_limit or max(cfg.schedule.for_env(e).final_limit for e in envs)
     print(f"eval: starting the {cfg.actor.engine} engine on {model}", file=sys.stderr, flush=True)
-    tokenizer = await asyncio.to_thread(_load_tokenizer, model)
+    tokenizer = await asyncio.to_thread(load_tokenizer, model)
     engine = make_engine(cfg, model)
     await engine.start()
     print(f"eval: engine ready; {len(envs)} env(s) x {tasks} tasks x k={k}", file=sys.stderr, flush=True)

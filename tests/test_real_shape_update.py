@@ -16,7 +16,7 @@ import zmq.asyncio  # noqa: E402
 from test_transport import HubThread  # noqa: E402
 
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.actors.runtime import _to_torch  # noqa: E402
+from agentgym.actors.weight_fetch import to_torch  # noqa: E402
 from agentgym.actors.weight_fetch import fetch_weights  # noqa: E402
 from agentgym.cmd_make_model import make_model  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
@@ -53,7 +53,7 @@ def test_a_half_billion_parameter_update_reaches_the_engine_exactly(tmp_path: Pa
             engine = HfEngine(model_dir, seed=0, dtype="bfloat16")
             await engine.start()
             try:
-                await engine.update_weights(_to_torch(raw), version)
+                await engine.update_weights(to_torch(raw), version)
                 assert engine.version == 1
                 return {k: v.clone() for k, v in engine.model.state_dict().items()}
             finally:

@@ -5,10 +5,12 @@
 
 For each shape (``agentgym make-model``: tiny, Qwen2.5-0.5B, Qwen2.5-1.5B; bfloat16 except the
 float32 tiny model) one process holds the learner's Trainer and the learner's real ZeroMQ hub
-(a thread, as in the learner) and, on its asyncio loop, the actor's real fetcher and engine:
+(a thread, as in the learner) and another, as an actor process does, the actor's real fetcher
+and engine on its own event loop (uvloop), told of each new version over a pipe:
 - sync: from the start of ``export_weights`` to ``engine.update_weights`` returning (the engine
   serves the new weights): export + chunking (crc32) + fetch over tcp loopback (assembled into
-  buffers) + the engine's load; the second of two updates (warm) is reported, split into parts;
+  buffers) + the engine's load; the last of three updates is reported, split into parts (warm:
+  from the third on the learner writes into chunk buffers the first left, as in a run);
 - pause: the part of the load during which the engine generates nothing (drain + load);
 - step: a real ``Trainer.train_step`` (decoupled PPO/GRPO, AdamW) on synthetic rollouts of
   ``--groups`` x ``--group-size`` episodes of ``--tokens`` tokens, mean of steps after the first;
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
 import threading
 import time
 from pathlib import Path
@@ -83,18 +86,66 @@ def rollouts(vocab: int, groups: int, size: int, tokens: int, seed: int):
     return out
 
 
+def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str, addr: str) -> None:
+    """An actor's side in its own process: start the engine, then for each WeightsReady that
+    comes down ``conn`` fetch the version from ``addr`` and load it; send back the times."""
+    import uvloop
+    import zmq.asyncio
+
+    from agentgym.actors.engines import make_engine
+    from agentgym.actors.weight_fetch import fetch_weights, to_torch
+    from agentgym.allocator import keep_freed_memory
+    from agentgym.config import load_config
+    from agentgym.memstats import peak_memory
+
+    keep_freed_memory()  # as agentgym-actor does at start
+    cfg = load_config(None, overrides)
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        engine = make_engine(cfg, Path(model_dir))
+        if engine_name == "vllm":
+            engine.enforce_eager = True  # no torch.compile: starts sooner; loads are the same
+        await engine.start()
+        conn.send("started")
+        try:
+            while (ready := await asyncio.to_thread(conn.recv)) is not None:
+                t1 = time.perf_counter()
+                got, raw = await fetch_weights(ctx, addr, ready, timeout_s=600)
+                assert got == ready.version
+                t2 = time.perf_counter()
+                await engine.update_weights(to_torch(raw), got)
+                t3 = time.perf_counter()
+                del raw
+                lu = engine.last_update
+                conn.send({"fetch_s": t2 - t1, "engine_s": t3 - t2, "pause_s": lu["drain_s"] + lu["load_s"],
+                           "prepare_s": lu["prepare_s"], "actor_memory": peak_memory()})  # fmt: skip
+        finally:
+            await engine.close()
+            ctx.term()
+
+    uvloop.run(main())
+
+
+def _answer(conn, child, what: str, timeout_s: float = 1800):
+    """The actor process's next answer; a clear exit if it dies or stays silent instead."""
+    deadline = time.monotonic() + timeout_s
+    while not conn.poll(1.0):
+        if not child.is_alive():
+            raise SystemExit(f"real_scale: the actor process died (exit code {child.exitcode}) before it could {what}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"real_scale: the actor process did not {what} within {timeout_s:.0f} s")
+    return conn.recv()
+
+
 def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: int) -> dict:
     import sys
 
     import torch
-    import zmq.asyncio
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from test_transport import HubThread
 
-    from agentgym.actors.engines import make_engine
-    from agentgym.actors.runtime import _to_torch
-    from agentgym.actors.weight_fetch import fetch_weights
     from agentgym.config import load_config
     from agentgym.learner.distributed import DataParallel, pick_device
     from agentgym.learner.trainer import Trainer
@@ -105,13 +156,14 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     from agentgym.protocol import WeightsReady
 
     dtype = "float32" if shape == "tiny" else "bfloat16"
-    cfg = load_config(None, [
+    overrides = [
         f'model.path="{model_dir}"', f'model.dtype="{dtype}"', f'actor.engine="{args.engine}"', "actor.kv_cache_gib=0.25",
         f"rollout.max_episode_tokens={max(args.tokens, 256)}", "learner.lr=1e-6", f"learner.batch_groups={args.groups}",
         f"rollout.group_size={args.group_size}", f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
         "learner.micro_batch_tokens=16384",  # as configs/real_model_gpu.toml: bounds the logits' memory
         "actor.gpu_memory_utilization=0.3",  # vLLM on the learner's GPU: leave it room to train
-    ])  # fmt: skip
+    ]  # fmt: skip
+    cfg = load_config(None, overrides)
     row: dict = {"shape": shape, "dtype": dtype, "engine": args.engine}
     trainer = Trainer.build(cfg, DataParallel(device=pick_device(cfg, 0)))  # learner.device: auto
     row["params"] = sum(p.numel() for p in trainer.model.parameters())
@@ -128,49 +180,42 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     port = free_port_pair()
     parts: list[dict] = []
 
-    async def actor_side(ht: HubThread) -> None:
-        ctx = zmq.asyncio.Context()
-        engine = make_engine(cfg, model_dir)
-        if args.engine == "vllm":
-            engine.enforce_eager = True  # no torch.compile: starts sooner; loads are the same
-        await engine.start()
+    mpc = mp.get_context("spawn")
+    conn, child_conn = mpc.Pipe()
+    child = mpc.Process(target=_actor_process, args=(child_conn, overrides, str(model_dir), args.engine,
+                                                     f"tcp://127.0.0.1:{port + 1}"), daemon=True)  # fmt: skip
+    with HubThread(f"tcp://127.0.0.1:{port}") as ht:
+        child.start()
+        if _answer(conn, child, f"start its {args.engine} engine") != "started":
+            raise SystemExit("real_scale: the actor process answered something else than 'started'")
         try:
-            for version in (1, 2):
+            for version in (1, 2, 3):
                 with torch.no_grad():
                     for p in trainer.model.parameters():
                         p.add_(1e-3)  # every tensor changes, as after an optimizer step
                 t0 = time.perf_counter()
-                chunks, cv = await asyncio.to_thread(
-                    lambda: exporter.build(version, trainer.export_weights(dtype, sources=True), trainer.trained_names()))
+                chunks, cv = exporter.build(version, trainer.export_weights(dtype, sources=True), trainer.trained_names())
                 snap = WeightSnapshot.build(version, version, 3, chunks)
                 del chunks
+                export_s = time.perf_counter() - t0
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
-                await asyncio.sleep(0.05)  # the hub thread picks the command up every 10 ms
-                t1 = time.perf_counter()
-                ready = WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(snap.frames),
-                                     total_bytes=snap.total_bytes, chunk_versions=cv)  # fmt: skip
-                got, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, timeout_s=600)
-                assert got == version
-                t2 = time.perf_counter()
-                await engine.update_weights(_to_torch(raw), version)
-                t3 = time.perf_counter()
-                del raw
-                lu = engine.last_update
-                parts.append({"bytes": snap.total_bytes, "chunks": len(snap.frames), "export_s": t1 - t0 - 0.05,
-                              "fetch_s": t2 - t1, "engine_s": t3 - t2, "sync_s": t3 - t0 - 0.05,
-                              "pause_s": lu["drain_s"] + lu["load_s"], "prepare_s": lu["prepare_s"]})  # fmt: skip
+                time.sleep(0.05)  # the hub thread picks the command up every 10 ms
+                conn.send(WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(snap.frames),
+                                       total_bytes=snap.total_bytes, chunk_versions=cv))  # fmt: skip
+                got = _answer(conn, child, f"load version {version}")
+                parts.append({"bytes": snap.total_bytes, "chunks": len(snap.frames), "export_s": export_s, **got,
+                              "sync_s": export_s + got["fetch_s"] + got["engine_s"]})  # fmt: skip
                 print(f"{shape}: update {version} {parts[-1]}", flush=True)
         finally:
-            await engine.close()
-            ctx.term()
-
-    with HubThread(f"tcp://127.0.0.1:{port}") as ht:
-        asyncio.run(actor_side(ht))
+            conn.send(None)
+            child.join(120)
+            if child.is_alive():
+                child.kill()
     warm = parts[-1]
     row.update(warm)
     row["fetch_gib_s"] = warm["bytes"] / warm["fetch_s"] / 2**30
     row["sync_over_step"] = warm["sync_s"] / row["step_s"] if row["step_s"] else None
-    row["memory"] = peak_memory(children=True)
+    row["memory"] = peak_memory(children=True)  # the learner's side, and the actor's once it has ended
     return row
 
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
 from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode
+from agentgym.protocol.weights import crc32
 
 TICK_S = 0.02
 """Least time between a request's wake-ups: tokens due meanwhile come out together."""
@@ -43,7 +43,7 @@ def tensor_crc32(value: Any) -> int:
         import torch
 
         value = value.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
-    return zlib.crc32(memoryview(value).cast("B"))
+    return crc32(memoryview(value).cast("B"))
 
 
 class SimEngine(GatedEngine):

@@ -25,7 +25,6 @@ import json
 import random
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import structlog
@@ -53,7 +52,7 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
 
     from agentgym.learner.transport import WeightSnapshot, open_hub
     from agentgym.protocol import Heartbeat, Hello, RolloutSpec, Shutdown, WeightsReady, Welcome
-    from agentgym.protocol.weights import RawTensor, make_chunks
+    from agentgym.protocol.weights import RawTensor, crc32, make_chunks
 
     peers: dict[bytes, str] = {}
     serving: dict[str, tuple[int, int]] = {}  # actor id -> (version, digest) last reported
@@ -90,7 +89,7 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
                 raw = make_version(v, mib)
                 tensors = [RawTensor(n, "bfloat16", (len(d) // 2,), d) for n, d in raw]
                 snap = WeightSnapshot.build(v, v, 1, make_chunks(v, tensors, chunk_kib * 1024))
-                want = digest({n: zlib.crc32(d) for n, d in raw})
+                want = digest({n: crc32(d) for n, d in raw})
                 hub.publish_weights(snap)
                 egress0, chunks0, t0 = hub.weight_bytes_served, hub.weight_chunks_served, time.monotonic()
                 ready = WeightsReady(version=v, step=v, turn_limit=1, num_chunks=len(snap.frames), total_bytes=snap.total_bytes)

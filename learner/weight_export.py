@@ -11,15 +11,16 @@ ones: embeddings kept fixed, a LoRA run's base model) fill chunks of their own, 
 ``chunk_versions[i]`` (the newest change among chunk i's tensors) lets an actor that already
 holds a version skip every chunk unchanged since. With full fine-tuning every tensor changes
 every step and every chunk travels: tensors the trainer trains are not hashed (``trained``).
+Chunks are written into buffers kept from earlier exports (``protocol.weights.ChunkBuffers``):
+about one export's worth waits between versions, so an export does not fault in fresh memory.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Collection, Sequence
 
 from agentgym.protocol.messages import WeightChunk
-from agentgym.protocol.weights import RawTensor, TensorSource, make_chunks
+from agentgym.protocol.weights import ChunkBuffers, RawTensor, TensorSource, crc32, make_chunks, tensor_nbytes
 
 
 class WeightExporter:
@@ -27,6 +28,7 @@ class WeightExporter:
         self.chunk_bytes = chunk_bytes
         self._digest: dict[str, tuple[str, int]] = {}
         self._changed_at: dict[str, int] = {}
+        self.buffers = ChunkBuffers(keep_bytes=0)  # grown to the size of an export by build()
 
     def build(
         self, version: int, tensors: Sequence[RawTensor], trained: Collection[str] = ()
@@ -42,10 +44,12 @@ class WeightExporter:
                 self._digest.pop(t.name, None)
                 self._changed_at[t.name] = version
                 continue
-            d = (t.dtype, zlib.crc32(t.data.host_bytes() if isinstance(t.data, TensorSource) else t.data))
+            d = (t.dtype, crc32(t.data.host_bytes() if isinstance(t.data, TensorSource) else t.data))
             if self._digest.get(t.name) != d:
                 self._digest[t.name], self._changed_at[t.name] = d, version
         # Oldest change first; ties keep the model's order (sorted is stable).
         ordered = sorted(tensors, key=lambda t: self._changed_at[t.name])
-        chunks = make_chunks(version, ordered, self.chunk_bytes)
+        # Keep as many bytes as one export: with the snapshot being served, the two a swap holds.
+        self.buffers.keep_bytes = max(self.buffers.keep_bytes, sum(tensor_nbytes(t.dtype, t.shape) for t in ordered))
+        chunks = make_chunks(version, ordered, self.chunk_bytes, alloc=self.buffers.take)
         return chunks, [max(self._changed_at[m.name] for m in msg.tensors) for msg, _ in chunks]

@@ -1,6 +1,7 @@
 """Weights as chunks of named tensors: how a weight version is cut up and put back together.
 
     chunks = make_chunks(version, tensors, chunk_bytes)          # learner: [(WeightChunk, memoryview)]
+    chunks = make_chunks(version, tensors, chunk_bytes, alloc=pool.take)   # into buffers kept between exports
     asm = Assembler()                                            # actor, per fetch
     for msg, data in received: verify_chunk(msg, data); asm.add(msg, data)
     tensors = asm.finish()                                       # [RawTensor] over whole buffers
@@ -22,13 +23,15 @@ decided by whoever sends and loads it, not here.
 from __future__ import annotations
 
 import os
-import zlib
-from collections.abc import Iterable
+import threading
+import weakref
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from zlib_ng.zlib_ng import crc32
 
 from agentgym.protocol.errors import ProtocolError
 from agentgym.protocol.messages import TensorMeta, WeightChunk
@@ -52,6 +55,9 @@ def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
     return n
 
 
+# CRC-32 as zlib computes it (the same values: the wire's ``crc32`` fields), from zlib-ng, whose
+# vectorised version sums 14-23 GiB/s on one core of the 2-core VM where zlib's own does 2.2:
+# at 1.5B that was ~1.3 s of CPU per update on each side (docs/benchmarks.md).
 CRC_THREADS = max(1, min(8, (os.cpu_count() or 1) - 1))
 """Workers that sum chunks while the next is filled (the filling thread is the one more)."""
 
@@ -71,12 +77,65 @@ class TensorSource(Protocol):
         """The whole tensor's bytes in host memory (for a digest)."""
 
 
+class ChunkBuffers:
+    """Chunk buffers kept from one export for the next (``make_chunks(alloc=pool.take)``).
+
+    A new chunk buffer is fresh memory, and writing it first costs a page fault per page (and
+    the kernel's zeroing): measured at 1.5 GiB on a 2-core VM, chunking took 1.8-3.7 s into fresh
+    buffers and 0.75 s into buffers already used (docs/benchmarks.md). A buffer goes back to the
+    pool once nothing holds a view of it any more: not the snapshot being served, not a ZeroMQ
+    send still in flight (a zero-copy frame keeps its view alive until ZeroMQ is done with it),
+    so reuse never overwrites bytes that someone may still read. At most ``keep_bytes`` wait in
+    the pool (the learner keeps about one export's worth: with the served snapshot that is the
+    two exports a swap holds at its peak anyway, kept rather than returned to the OS).
+    Thread-safe: buffers come back on whichever thread drops the last view."""
+
+    def __init__(self, keep_bytes: int) -> None:
+        self.keep_bytes = keep_bytes
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+        self.reused = 0
+        """Buffers handed out again (for tests and metrics)."""
+
+    def take(self, nbytes: int) -> memoryview:
+        """A writable buffer of ``nbytes`` (contents undefined): a kept one when one fits."""
+        with self._lock:
+            kept = self._free.get(nbytes)
+            base = kept.pop() if kept else None
+            if base is not None:
+                self._free_bytes -= nbytes
+                self.reused += 1
+        if base is None:
+            base = np.empty(nbytes, np.uint8)
+        loan = base[:]  # a view of its own: when it dies, every view taken of it has died first
+        weakref.finalize(loan, self._give_back, base)
+        return memoryview(loan).cast("B")
+
+    def _give_back(self, base: np.ndarray) -> None:
+        with self._lock:
+            if self._free_bytes + base.nbytes <= self.keep_bytes:
+                self._free.setdefault(base.nbytes, []).append(base)
+                self._free_bytes += base.nbytes
+
+    def clear(self) -> None:
+        """Let every kept buffer go (back to the OS)."""
+        with self._lock:
+            self._free.clear()
+            self._free_bytes = 0
+
+
+def _fresh(nbytes: int) -> memoryview:
+    return memoryview(np.empty(nbytes, np.uint8)).cast("B")
+
+
 def make_chunks(
-    version: int, tensors: Iterable[RawTensor], chunk_bytes: int
+    version: int, tensors: Iterable[RawTensor], chunk_bytes: int, alloc: Callable[[int], memoryview] = _fresh,
 ) -> list[tuple[WeightChunk, memoryview]]:
     """Pack tensors into chunks of at most ``chunk_bytes`` each (a crc32 per chunk), splitting
     any tensor that does not fit the room left. The data is copied once, into the chunks (from a
-    ``TensorSource`` by the source itself): the caller may change its tensors once this returns."""
+    ``TensorSource`` by the source itself): the caller may change its tensors once this returns.
+    ``alloc(nbytes)``: where each chunk's bytes go (a fresh buffer, or ``ChunkBuffers.take``)."""
     if chunk_bytes < 1:
         raise ValueError(f"make_chunks: chunk_bytes={chunk_bytes} must be >= 1")
     groups: list[list[tuple[RawTensor, int, int]]] = [[]]  # (tensor, part_offset, nbytes)
@@ -99,14 +158,14 @@ def make_chunks(
                 break
     if not groups[-1]:
         groups.pop()
-    # crc32 (zlib lets go of the GIL) of chunk i runs on a worker while chunk i+1 is filled:
+    # crc32 (lets go of the GIL) of chunk i runs on a worker while chunk i+1 is filled:
     # at 1.5B (3 GB) on one thread it was a third of an export.
     pool = ThreadPoolExecutor(max(1, min(CRC_THREADS, len(groups))), thread_name_prefix="crc32")
     try:
         datas, crcs = [], []
         for group in groups:
-            datas.append(_fill(group))
-            crcs.append(pool.submit(zlib.crc32, datas[-1]))
+            datas.append(_fill(group, alloc))
+            crcs.append(pool.submit(crc32, datas[-1]))
         out: list[tuple[WeightChunk, memoryview]] = []
         for i, (group, data, crc) in enumerate(zip(groups, datas, crcs)):
             metas, offset = [], 0
@@ -122,9 +181,9 @@ def make_chunks(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _fill(group: list[tuple[RawTensor, int, int]]) -> memoryview:
-    """One chunk's bytes: a fresh buffer (not zeroed first) with every slice copied in."""
-    buf = memoryview(np.empty(sum(n for _, _, n in group), np.uint8)).cast("B")
+def _fill(group: list[tuple[RawTensor, int, int]], alloc: Callable[[int], memoryview]) -> memoryview:
+    """One chunk's bytes: a buffer from ``alloc`` (not zeroed first) with every slice copied in."""
+    buf = alloc(sum(n for _, _, n in group))
     at = 0
     for t, part, n in group:
         if n:
@@ -151,8 +210,8 @@ def check_size(msg: WeightChunk, data: bytes | memoryview) -> None:
 
 
 def check_crc(msg: WeightChunk, data: bytes | memoryview) -> None:
-    """The crc32 half of ``verify_chunk`` (zlib lets go of the GIL: it can run on a worker thread)."""
-    crc = zlib.crc32(data)
+    """The crc32 half of ``verify_chunk`` (it lets go of the GIL: it can run on a worker thread)."""
+    crc = crc32(data)
     if crc != msg.crc32:
         raise ProtocolError(
             f"weight chunk {msg.chunk} of v{msg.version}: crc32 {crc:#010x} != {msg.crc32:#010x} (corrupted)"

@@ -242,3 +242,92 @@ def test_a_tensor_whole_in_one_chunk_is_not_copied_and_a_split_one_is_copied_onc
     assert isinstance(got["split"], bytearray)  # ... the split one a buffer of its own
     with pytest.raises(ProtocolError, match="already arrived whole"):
         asm.add(*chunks[0])  # the same chunk again cannot overwrite it
+
+
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, np.uint8).__array_interface__["data"][0]
+
+
+def test_chunk_buffers_come_back_only_once_nothing_holds_a_view_of_them() -> None:
+    import gc
+
+    from agentgym.protocol.weights import ChunkBuffers
+
+    pool = ChunkBuffers(keep_bytes=1 << 20)
+    a = pool.take(4096)
+    a[:] = b"\x01" * 4096
+    where = _address(a)
+    held = a[100:200]  # what a zero-copy send or a served snapshot holds
+    del a
+    gc.collect()
+    b = pool.take(4096)
+    assert _address(b) != where and pool.reused == 0  # still in use: not handed out again
+    assert bytes(held) == b"\x01" * 100
+    del held
+    c = pool.take(4096)  # the first buffer is free now: handed out again, no fresh memory
+    assert _address(c) == where and pool.reused == 1
+    assert _address(pool.take(2048)) not in (where, _address(b))  # another size: a fresh one
+    del b, c
+    small = ChunkBuffers(keep_bytes=4096)  # keeps at most this much
+    x, y = small.take(4096), small.take(4096)
+    del x, y
+    assert small._free_bytes == 4096
+    small.clear()
+    assert small._free_bytes == 0
+
+
+def test_the_chunk_checksum_is_zlibs_crc32() -> None:
+    # The wire's crc32 fields are zlib's CRC-32: a faster implementation must give the same values.
+    import zlib
+
+    from agentgym.protocol.weights import crc32
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 7, 4096, 1_000_003):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert crc32(data) == zlib.crc32(data)
+        assert crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
+
+
+def test_versions_exported_into_kept_buffers_arrive_exact_while_older_ones_are_still_held() -> None:
+    # Versions 1..4 through a real hub: each export writes into buffers the exporter kept, never
+    # into one a snapshot still served, or a fetch still held, reads.
+    port = free_port_pair()
+    rng = np.random.default_rng(8)
+    exporter = WeightExporter(chunk_bytes=16_000)
+
+    def tensors(version: int) -> dict[str, np.ndarray]:
+        return {f"layer{i}.weight": np.full((50, 30), version * 10 + i, np.float32) + rng.random((50, 30), np.float32)
+                for i in range(6)}  # fmt: skip
+
+    with HubThread(f"tcp://127.0.0.1:{port}") as ht:
+
+        async def client() -> None:
+            ctx = zmq.asyncio.Context()
+            held = []  # the learner side's snapshots stay alive here too, as a slow actor's sends would
+            for version in range(1, 5):
+                arrays = tensors(version)
+                chunks, cv = exporter.build(version, [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()])
+                snap = WeightSnapshot.build(version, version, 3, chunks)
+                if version == 2:
+                    held.append(snap)  # version 2's buffers stay in use: never written by 3 or 4
+                del chunks
+                ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
+                del snap
+                await asyncio.sleep(0.2)
+                ready = WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(cv), total_bytes=0, chunk_versions=cv)
+                got, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready)
+                assert got == version
+                assert all(np.array_equal(np.frombuffer(t.data, np.float32).reshape(t.shape), arrays[t.name]) for t in raw)
+            # version 2 as it was, though two versions were exported after it
+            asm = Assembler()
+            for frames in held[0].frames:
+                msg, data = decode(frames)
+                verify_chunk(msg, data[0])
+                asm.add(msg, data[0])
+            assert all(np.frombuffer(t.data, np.float32).min() >= 20 and np.frombuffer(t.data, np.float32).max() < 27
+                       for t in asm.finish())  # fmt: skip
+            assert exporter.buffers.reused > 0  # versions 3 and 4 wrote into buffers kept from 1 (and 3's)
+            ctx.term()
+
+        asyncio.run(asyncio.wait_for(client(), 60))

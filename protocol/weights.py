@@ -7,10 +7,10 @@
     tensors = asm.finish()                                       # [RawTensor] over whole buffers
 
 The learner turns each tensor into raw bytes (any dtype, bfloat16 included: this module never
-interprets them) and calls ``make_chunks``. A tensor larger than the room left in a chunk is
-split across chunks (``TensorMeta.part_offset`` says where each slice goes), so no tensor is too
-large to send and every data frame stays within ``chunk_bytes`` (itself under the wire's 1 GiB
-frame limit). The actor checks each chunk with ``verify_chunk`` (size and crc32); ``Assembler``
+interprets them) and calls ``make_chunks``. A tensor that does not fit the room left in a chunk
+starts the next one; a tensor larger than a chunk is split across chunks (``TensorMeta.part_offset``
+says where each slice goes), so no tensor is too large to send and every data frame stays within
+``chunk_bytes`` (itself under the wire's 1 GiB frame limit). The actor checks each chunk with ``verify_chunk`` (size and crc32); ``Assembler``
 keeps a tensor that lies whole in one chunk as a view into the received frame, and copies the
 slices of a split tensor into one preallocated buffer: at most one copy from the received
 frame, none after; ``finish`` refuses a tensor with bytes missing.
@@ -132,8 +132,10 @@ def _fresh(nbytes: int) -> memoryview:
 def make_chunks(
     version: int, tensors: Iterable[RawTensor], chunk_bytes: int, alloc: Callable[[int], memoryview] = _fresh,
 ) -> list[tuple[WeightChunk, memoryview]]:
-    """Pack tensors into chunks of at most ``chunk_bytes`` each (a crc32 per chunk), splitting
-    any tensor that does not fit the room left. The data is copied once, into the chunks (from a
+    """Pack tensors, in order, into chunks of at most ``chunk_bytes`` each (a crc32 per chunk).
+    A tensor that does not fit the room left starts a new chunk if it fits one whole; only a
+    tensor larger than a chunk is split (filling the room left, then whole chunks). The data is
+    copied once, into the chunks (from a
     ``TensorSource`` by the source itself): the caller may change its tensors once this returns.
     ``alloc(nbytes)``: where each chunk's bytes go (a fresh buffer, or ``ChunkBuffers.take``)."""
     if chunk_bytes < 1:
@@ -145,6 +147,11 @@ def make_chunks(
         expect = tensor_nbytes(t.dtype, t.shape)
         if size != expect:
             raise ValueError(f"make_chunks: tensor {t.name!r} has {size} bytes, {t.dtype}{list(t.shape)} needs {expect}")
+        if size > room and size <= chunk_bytes and room < chunk_bytes:
+            # It fits a chunk of its own: start one rather than split it, so the actor keeps it
+            # as a view into the frame instead of copying its slices into a buffer of its own.
+            groups.append([])
+            room = chunk_bytes
         pos = 0
         while True:
             if room == 0:
@@ -235,8 +242,9 @@ class Assembler:
     in any order. Views into a received frame are read-only."""
 
     def __init__(self) -> None:
-        self._bufs: dict[str, tuple[str, tuple[int, ...], bytearray | memoryview]] = {}
+        self._bufs: dict[str, tuple[str, tuple[int, ...], memoryview]] = {}
         self._filled: dict[str, int] = {}
+        self._split: set[str] = set()  # names whose buffer is this assembler's own (written slice by slice)
 
     def add(self, msg: WeightChunk, data: bytes | memoryview) -> None:
         src = memoryview(data).cast("B")
@@ -250,12 +258,14 @@ class Assembler:
                 if m.part_offset == 0 and m.nbytes == size:  # whole in this chunk: a view, no copy
                     self._bufs[m.name], self._filled[m.name] = (m.dtype, tuple(m.shape), src[m.offset : m.offset + size]), size
                     continue
-                got = (m.dtype, tuple(m.shape), bytearray(size))
+                # not zeroed first: every byte is written by a slice, and finish() refuses gaps
+                got = (m.dtype, tuple(m.shape), memoryview(np.empty(size, np.uint8)).cast("B"))
                 self._bufs[m.name], self._filled[m.name] = got, 0
+                self._split.add(m.name)
             dtype, shape, buf = got
             if (dtype, shape) != (m.dtype, tuple(m.shape)):
                 raise ProtocolError(f"{where}: {m.dtype}{m.shape} disagrees with an earlier slice's {dtype}{list(shape)}")
-            if not isinstance(buf, bytearray):
+            if m.name not in self._split:
                 raise ProtocolError(f"{where}: a slice of a tensor that already arrived whole")
             if m.part_offset + m.nbytes > len(buf):
                 raise ProtocolError(f"{where}: slice [{m.part_offset}, +{m.nbytes}) ends past the tensor's {len(buf)} bytes")

@@ -44,8 +44,18 @@ def test_a_tensor_larger_than_a_chunk_round_trips_exactly_and_frames_stay_small(
     }
     chunk_bytes = 10_000
     chunks = make_chunks(7, [raw(k, v) for k, v in tensors.items()], chunk_bytes)
-    assert len(chunks) == -(-sum(v.numel() * v.element_size() for v in tensors.values()) // chunk_bytes)
+    fits = make_chunks(7, [raw(f"t{i}", torch.zeros(1500)) for i in range(5)], chunk_bytes)  # 6,000 bytes each
+    assert [[m.name for m in msg.tensors] for msg, _ in fits] == [["t0"], ["t1"], ["t2"], ["t3"], ["t4"]]
     assert all(len(d) <= chunk_bytes for _, d in chunks)
+    parts: dict[str, int] = {}
+    for msg, _ in chunks:
+        for m in msg.tensors:
+            parts[m.name] = parts.get(m.name, 0) + 1
+    # only a tensor larger than a chunk is split; one that fits a chunk starts a new one instead
+    # embed: 4 full chunks + 6,354 bytes; norm after it; big (25,800) split: the 3,338 left, 10,000
+    # twice, 2,462; then the empty bias and half (78 bytes) whole
+    assert parts == {"embed.weight": 5, "norm.weight": 1, "big.weight": 4, "empty.bias": 1, "half.weight": 1}
+    assert len(chunks) == 8
     asm = Assembler()
     for msg, data in random.Random(0).sample(chunks, len(chunks)):  # any arrival order
         got, frames = decode(encode(msg, data))  # through the wire codec
@@ -239,7 +249,7 @@ def test_a_tensor_whole_in_one_chunk_is_not_copied_and_a_split_one_is_copied_onc
     assert np.array_equal(np.frombuffer(got["split"], np.float32), split)
     frames[0][0] ^= 0xFF  # the whole tensor is a view into its chunk's frame ...
     assert bytes(got["whole"][:1]) == bytes([frames[0][0]])
-    assert isinstance(got["split"], bytearray)  # ... the split one a buffer of its own
+    assert not got["split"].readonly and got["split"].obj is not frames[1]  # ... the split one a buffer of its own
     with pytest.raises(ProtocolError, match="already arrived whole"):
         asm.add(*chunks[0])  # the same chunk again cannot overwrite it
 

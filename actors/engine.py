@@ -117,7 +117,9 @@ class InferenceEngine(Protocol):
 
         ``version`` must not be older than the loaded one; the same version is allowed (an actor
         whose own model directory is not the learner's replaces those weights with the
-        learner's version 0 before it plays)."""
+        learner's version 0 before it plays). The tensors are the actor's fetch buffers, which the
+        next fetch overwrites (protocol/weights.py, ``WeightBuffers``): copy what is kept, keep
+        no reference to them once this returns."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a request in flight; its ``generate`` returns with ``finish_reason="abort"``."""

@@ -32,6 +32,7 @@ from agentgym.memstats import peak_memory
 from agentgym.actors.transport import ControlLink
 from agentgym.actors.weight_fetch import fetch_weights, to_torch, weights_addr
 from agentgym.keys import ClientKeys, KeyFileError, load_public
+from agentgym.protocol.weights import WeightBuffers
 from agentgym.protocol import (
     Ack,
     Grant,
@@ -80,6 +81,8 @@ class Actor:
         self.unacked: dict[str, Rollout] = {}
         self.latest_ready: WeightsReady | None = None
         self.weights_wanted = asyncio.Event()
+        self.weight_buffers = WeightBuffers()
+        """Where fetched weights land, kept from one update for the next (no page faults after the first)."""
         self.version_changed = asyncio.Condition()
         self.turn_limit = 1
         self.turn_limits: dict[str, int] = {}
@@ -273,7 +276,7 @@ class Actor:
                 # An engine that loads a subset of tensors fetches only what changed since its version.
                 have = self.engine.version if self.weights_synced and self.engine.partial_updates else -1
                 version, raw = await fetch_weights(self.ctx, sources, ready, have_version=have, keys=source_keys,
-                                                   stall_s=self.cfg.actor.relay_stall_s)  # fmt: skip
+                                                   stall_s=self.cfg.actor.relay_stall_s, into=self.weight_buffers)  # fmt: skip
                 tensors = to_torch(raw)
                 t1 = time.monotonic()
                 if version < self.engine.version:  # a restarted learner resumed an older checkpoint

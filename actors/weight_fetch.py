@@ -27,7 +27,7 @@ from agentgym.protocol import (
     decode,
     encode,
 )
-from agentgym.protocol.weights import Assembler, RawTensor, check_crc, check_size
+from agentgym.protocol.weights import Assembler, RawTensor, WeightBuffers, check_crc, check_size
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +40,7 @@ def weights_addr(control_addr: str, port: int) -> str:
 async def fetch_weights(
     ctx: zmq.asyncio.Context, addr: str | list[str], ready: WeightsReady, *, have_version: int = -1, window: int = 4,
     timeout_s: float = 120.0, keys: ClientKeys | None | list[ClientKeys | None] = None, stall_s: float = 5.0,
+    into: WeightBuffers | None = None,
 ) -> tuple[int, list[RawTensor]]:
     """Pull ``ready.version`` (``window`` requests in flight), each chunk checked by crc32 and
     copied once, from the received frame into its tensors' buffers (protocol/weights.py).
@@ -54,6 +55,11 @@ async def fetch_weights(
     next; the chunks already verified are kept, and the rest are asked of the next source for
     the same version (a chunk is accepted only for the version being assembled, so sources never
     mix versions). The last source gets the whole ``timeout_s``.
+
+    ``into``: buffers kept from one fetch for the next (an actor passes its own): each chunk is
+    copied into them as it arrives and its frame freed at once, so an update does not fault in
+    fresh memory; the tensors returned are valid until the next fetch into the same buffers.
+    Without it, tensors whole in one chunk are views into their received frames.
     """
     sources = [addr] if isinstance(addr, str) else list(addr)
     source_keys = keys if isinstance(keys, list) else [keys] * len(sources)
@@ -67,7 +73,7 @@ async def fetch_weights(
         if have_version >= 0 and len(ready.chunk_versions) == num_chunks:
             wanted = [i for i, v in enumerate(ready.chunk_versions) if v > have_version]
         while True:
-            asm, got, in_flight = Assembler(), set(), []
+            asm, got, in_flight = Assembler(into), set(), []
             todo = list(reversed(wanted))  # popped from the end: ascending
             deadline = time.monotonic() + timeout_s
             restart = None
@@ -114,6 +120,7 @@ async def fetch_weights(
                     got.add(msg.chunk)
                     if msg.chunk in in_flight:
                         in_flight.remove(msg.chunk)
+                    del frames, data  # copied into ``into`` (or viewed by asm): the frame may go now
                     if msg.num_chunks != num_chunks:  # learned the size of a version we restarted on
                         num_chunks = msg.num_chunks
                         wanted = list(range(num_chunks))
@@ -134,9 +141,10 @@ def to_torch(raw: list[RawTensor]) -> dict:
     import torch
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    # Wrapped, no copy (an empty buffer cannot be wrapped). Tensors that came whole in one chunk are
-    # views into the received frame, read-only: engines only read what they load (copy_ into their
-    # parameters, a file, a digest), so torch's warning about non-writable buffers is silenced.
+    # Wrapped, no copy (an empty buffer cannot be wrapped). Fetched without kept buffers, tensors
+    # that came whole in one chunk are views into the received frame, read-only: engines only read
+    # what they load (copy_ into their parameters, a file, a digest), so torch's warning about
+    # non-writable buffers is silenced.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
         return {

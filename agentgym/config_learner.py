@@ -76,7 +76,10 @@ class LearnerConfig(Section):
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 1.0
     actor_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An actor silent for this long is dropped and its tickets are given to others."""
-    weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 64
+    weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 16
+    """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
+    agentgym's processes set it, agentgym/allocator.py), an actor's received frames reuse freed
+    memory instead of faulting in fresh pages (docs/adr/0011-weight-transfer.md)."""
     threads: Annotated[int, Field(ge=0)] = 0
     """torch threads for training (0: torch's default)."""
     log_episodes: Annotated[int, Field(ge=0)] = 2

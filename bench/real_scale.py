@@ -17,7 +17,8 @@ and engine on its own event loop (uvloop), told of each new version over a pipe:
   skipped on a CPU for shapes whose full AdamW state does not fit this machine (1.5B: 18 GiB);
   on CUDA (``learner.device = "auto"`` finds it; the hf engine too) every shape trains;
 - transfer: update bytes / fetch seconds, against the raw bound: the same bytes in frames of the
-  same size over a plain pyzmq PUSH/PULL tcp loopback pair, measured in this run.
+  chunks' size over a plain pyzmq PUSH/PULL tcp loopback pair (each frame dropped once received),
+  measured in this run.
 Writes OUT/real_scale.json and prints a markdown table. Figures are from whatever machine runs
 it (docs/benchmarks.md: a 2-core CPU shared with other jobs, so noisy; ratios are within a run).
 """
@@ -94,6 +95,7 @@ def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str,
 
     from agentgym.actors.engines import make_engine
     from agentgym.actors.weight_fetch import fetch_weights, to_torch
+    from agentgym.protocol.weights import WeightBuffers
     from agentgym.allocator import keep_freed_memory
     from agentgym.config import load_config
     from agentgym.memstats import peak_memory
@@ -107,11 +109,12 @@ def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str,
         if engine_name == "vllm":
             engine.enforce_eager = True  # no torch.compile: starts sooner; loads are the same
         await engine.start()
+        kept = WeightBuffers()  # as the actor keeps its fetch buffers from one update for the next
         conn.send("started")
         try:
             while (ready := await asyncio.to_thread(conn.recv)) is not None:
                 t1 = time.perf_counter()
-                got, raw = await fetch_weights(ctx, addr, ready, timeout_s=600)
+                got, raw = await fetch_weights(ctx, addr, ready, timeout_s=600, into=kept)
                 assert got == ready.version
                 t2 = time.perf_counter()
                 await engine.update_weights(to_torch(raw), got)
@@ -234,7 +237,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     from agentgym.cmd_make_model import make_model
 
-    frame = 64 << 20
+    from agentgym.allocator import keep_freed_memory
+    from agentgym.config_learner import LearnerConfig
+
+    keep_freed_memory()  # as the actor process (and agentgym's own) does: the bound gets the same allocator
+    frame = LearnerConfig().weight_chunk_mib << 20  # the chunks' size: the bound moves the same frames
     bound = raw_bound(2 << 30, frame)
     print(f"raw pyzmq tcp loopback: {bound:.2f} GiB/s", flush=True)
     rows = []

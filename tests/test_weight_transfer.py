@@ -341,3 +341,56 @@ def test_versions_exported_into_kept_buffers_arrive_exact_while_older_ones_are_s
             ctx.term()
 
         asyncio.run(asyncio.wait_for(client(), 60))
+
+
+def test_an_actors_fetches_land_in_buffers_it_keeps_and_no_frame_outlives_its_chunk() -> None:
+    import gc
+
+    from agentgym.protocol.weights import WeightBuffers
+
+    whole = np.arange(100, dtype=np.float32)
+    split = np.arange(300, dtype=np.float32)
+    chunks = make_chunks(5, [RawTensor("whole", "float32", (100,), whole.tobytes()),
+                             RawTensor("split", "float32", (300,), split.tobytes())], 1000)  # fmt: skip
+    kept = WeightBuffers()
+    frames = [bytearray(d) for _, d in chunks]
+    asm = Assembler(into=kept)
+    for (msg, _), frame in zip(chunks, frames, strict=True):
+        asm.add(msg, frame)
+    got = {t.name: t.data for t in asm.finish()}
+    frames[0][0] ^= 0xFF  # a copy, not a view into the frame
+    assert np.array_equal(np.frombuffer(got["whole"], np.float32), whole)
+    assert np.array_equal(np.frombuffer(got["split"], np.float32), split)
+    assert kept.nbytes == 1600 and _address(got["whole"]) == _address(kept.get("whole", 400))
+
+    # Through a real hub, three versions into the same buffers: the same memory every time.
+    port = free_port_pair()
+    arrays = {f"layer{i}.weight": np.zeros((64, 32), np.float32) for i in range(5)}
+    with HubThread(f"tcp://127.0.0.1:{port}") as ht:
+
+        async def client() -> None:
+            ctx = zmq.asyncio.Context()
+            kept = WeightBuffers()
+            where = None
+            for version in (1, 2, 3):
+                for i, a in enumerate(arrays.values()):
+                    a[:] = version * 100 + i
+                chunks = make_chunks(version, [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()], 20_000)
+                snap = WeightSnapshot.build(version, version, 3, chunks)
+                ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
+                await asyncio.sleep(0.2)
+                ready = WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(chunks), total_bytes=snap.total_bytes)
+                _, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, into=kept)
+                assert {t.name: np.frombuffer(t.data, np.float32).reshape(t.shape)[0, 0] for t in raw} == {
+                    k: version * 100 + i for i, k in enumerate(arrays)}  # fmt: skip
+                here = {t.name: _address(t.data) for t in raw}
+                assert where is None or here == where  # no new memory after the first fetch
+                where = here
+                assert all(not t.data.readonly for t in raw)  # buffers of the actor's own, not frames
+            gc.collect()
+            # the last version's tensors are still held, and no received frame is: each was let go
+            # once copied (without kept buffers, tensors whole in a chunk keep their frames alive)
+            assert raw and not [o for o in gc.get_objects() if issubclass(type(o), zmq.Frame)]
+            ctx.term()
+
+        asyncio.run(asyncio.wait_for(client(), 60))

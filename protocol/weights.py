@@ -8,12 +8,13 @@
 
 The learner turns each tensor into raw bytes (any dtype, bfloat16 included: this module never
 interprets them) and calls ``make_chunks``. A tensor that does not fit the room left in a chunk
-starts the next one; a tensor larger than a chunk is split across chunks (``TensorMeta.part_offset``
-says where each slice goes), so no tensor is too large to send and every data frame stays within
-``chunk_bytes`` (itself under the wire's 1 GiB frame limit). The actor checks each chunk with ``verify_chunk`` (size and crc32); ``Assembler``
-copies each tensor once into a buffer the actor keeps between updates (``WeightBuffers``; without
-one, a tensor that lies whole in one chunk stays a view into the received frame and only split
-tensors are copied); ``finish`` refuses a tensor with bytes missing.
+starts the next one; a tensor larger than a chunk is split across chunks
+(``TensorMeta.part_offset`` says where each slice goes), so no tensor is too large to send and
+every data frame stays within ``chunk_bytes`` (itself under the wire's 1 GiB frame limit). The
+actor checks each chunk with ``verify_chunk`` (size and crc32); ``Assembler`` copies each tensor
+once into a buffer the actor keeps between updates (``WeightBuffers``; without one, a tensor
+that lies whole in one chunk stays a view into the received frame and only split tensors are
+copied); ``finish`` refuses a tensor with bytes missing.
 
 Payload kinds: this is the full-weights payload (HF tensor names, whole tensors). Another kind
 (adapters, say) reuses the same chunking and assembly with its own names; what a kind means is
@@ -31,6 +32,10 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+# CRC-32 as zlib computes it (the same values: the wire's ``crc32`` fields), from zlib-ng, whose
+# vectorised version sums 14-23 GiB/s on one core of the 2-core VM where zlib's own does 2.2:
+# at 1.5B that was ~1.3 s of CPU per update on each side (docs/benchmarks.md).
 from zlib_ng.zlib_ng import crc32
 
 from agentgym.protocol.errors import ProtocolError
@@ -55,9 +60,6 @@ def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
     return n
 
 
-# CRC-32 as zlib computes it (the same values: the wire's ``crc32`` fields), from zlib-ng, whose
-# vectorised version sums 14-23 GiB/s on one core of the 2-core VM where zlib's own does 2.2:
-# at 1.5B that was ~1.3 s of CPU per update on each side (docs/benchmarks.md).
 CRC_THREADS = max(1, min(8, (os.cpu_count() or 1) - 1))
 """Workers that sum chunks while the next is filled (the filling thread is the one more)."""
 
@@ -135,9 +137,9 @@ def make_chunks(
     """Pack tensors, in order, into chunks of at most ``chunk_bytes`` each (a crc32 per chunk).
     A tensor that does not fit the room left starts a new chunk if it fits one whole; only a
     tensor larger than a chunk is split (filling the room left, then whole chunks). The data is
-    copied once, into the chunks (from a
-    ``TensorSource`` by the source itself): the caller may change its tensors once this returns.
-    ``alloc(nbytes)``: where each chunk's bytes go (a fresh buffer, or ``ChunkBuffers.take``)."""
+    copied once, into the chunks (from a ``TensorSource`` by the source itself): the caller may
+    change its tensors once this returns. ``alloc(nbytes)``: where each chunk's bytes go (a fresh
+    buffer, or ``ChunkBuffers.take``)."""
     if chunk_bytes < 1:
         raise ValueError(f"make_chunks: chunk_bytes={chunk_bytes} must be >= 1")
     groups: list[list[tuple[RawTensor, int, int]]] = [[]]  # (tensor, part_offset, nbytes)
@@ -148,8 +150,9 @@ def make_chunks(
         if size != expect:
             raise ValueError(f"make_chunks: tensor {t.name!r} has {size} bytes, {t.dtype}{list(t.shape)} needs {expect}")
         if size > room and size <= chunk_bytes and room < chunk_bytes:
-            # It fits a chunk of its own: start one rather than split it, so the actor keeps it
-            # as a view into the frame instead of copying its slices into a buffer of its own.
+            # It fits a chunk of its own: start one rather than split it. A receiver without kept
+            # buffers then keeps it as a view into the frame instead of copying its slices, and
+            # one with them copies it in one piece.
             groups.append([])
             room = chunk_bytes
         pos = 0

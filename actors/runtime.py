@@ -286,7 +286,8 @@ class Actor:
                 self.weights_synced = True
                 self.stats["weight_updates"] += 1
                 log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
-                         mib=round(sum(len(t.data) for t in raw) / 2**20, 2), tensors=len(raw))  # fmt: skip
+                         mib=round(sum(len(t.data) for t in raw) / 2**20, 2), tensors=len(raw),
+                         kept_mib=round(self.weight_buffers.nbytes / 2**20, 1))  # fmt: skip
             async with self.version_changed:
                 self.version_changed.notify_all()
 

@@ -249,8 +249,8 @@ class WeightBuffers:
     ``learner.weight_chunk_mib``), and the kept buffers are faulted in once: from the second
     update on, no page faults, for one copy of the bytes. The buffers hold one copy of the
     weights between updates (the peak a fetch held anyway). Tensors handed out from them are
-    valid until the next fetch into them: engines copy what they load (see
-    ``InferenceEngine.update_weights``)."""
+    valid until the next fetch into them (one fetch at a time per ``WeightBuffers``): engines
+    copy what they load (see ``InferenceEngine.update_weights``)."""
 
     def __init__(self) -> None:
         self._bufs: dict[str, np.ndarray] = {}

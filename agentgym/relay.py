@@ -264,9 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-json", type=Path, help="JSON log file")
     args = p.parse_args(argv)
 
+    from agentgym.allocator import keep_freed_memory
     from agentgym.learner.auth import InsecureBind, ServerKeys, check_bind
     from agentgym.logs import setup_logging
 
+    keep_freed_memory()  # weight frames of one version freed are reused for the next's, as in actors
     setup_logging("relay", args.log_json, args.log_level)
     try:
         up_keys: list[ClientKeys | None] = [None] * len(args.upstream)

@@ -132,7 +132,7 @@ class Inbox:
     def _recv(self) -> tuple[bytes, list[bytes | memoryview]]:
         """One message: the peer's id, then its frames (raises zmq.Again when none is waiting).
         The id and the header are small and copied; the body and any data frame are not: decode
-        reads them in ZeroMQ's buffer and keeps views of what it keeps. (pyzmq's recv_multipart
+        reads them in ZeroMQ's buffer and copies out what it keeps. (pyzmq's recv_multipart
         makes a Frame object of every part: twice the cost per message.)"""
         sock = self._sock
         peer = sock.recv(NOBLOCK)

@@ -110,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float) -> dict:
-    from agentgym.actors.engines import make_engine
-    from agentgym.actors.engines import load_tokenizer
+    from agentgym.actors.engines import load_tokenizer, make_engine
     from agentgym.evaluate import evaluate
 
     seed = args.seed if args.seed is not None else cfg.run.seed

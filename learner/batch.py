@@ -86,32 +86,49 @@ def credit_rewards(
     return out
 
 
+def segments(e: Episode) -> list[tuple[int, int]]:
+    """``(start, end)`` of each sequence an episode trains as: the whole episode, or the segments
+    of an agent conversation whose prompts stopped extending each other (``Episode.segment_ends``)."""
+    n = e.num_tokens
+    if not e.segment_ends:
+        return [(0, n)]
+    ends = unpack(e.segment_ends, I32).tolist()
+    return list(zip([0, *ends[:-1]], ends))
+
+
 def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
-    """Right-padded tensors of every trainable episode of ``rollouts``; group i = rollout i."""
-    episodes: list[Episode] = []
-    groups: list[int] = []
+    """Right-padded tensors of every trainable episode of ``rollouts``; group i = rollout i.
+
+    An episode with segments gives one row per segment, each with the group's index and the
+    episode's reward (every segment acted towards it); turn rewards stay with their segment, and
+    only the last segment can be a turn-limit truncation."""
+    rows: list[tuple[Episode, int, int, int, bool]] = []  # episode, start, end, group, last segment
     for gi, r in enumerate(rollouts):
-        eps = trainable_episodes(r)
-        episodes += eps
-        groups += [gi] * len(eps)
-    if not episodes:
+        for e in trainable_episodes(r):
+            spans = segments(e)
+            rows += [(e, s, t, gi, k == len(spans) - 1) for k, (s, t) in enumerate(spans)]
+    if not rows:
         raise ValueError(f"collate: none of the {len(rollouts)} rollouts has a trainable episode")
-    T = max(e.num_tokens for e in episodes)
-    B = len(episodes)
+    T = max(t - s for _, s, t, _, _ in rows)
+    B = len(rows)
     ids = np.full((B, T), pad_id, dtype=np.int64)
     attn = np.zeros((B, T), dtype=np.int64)
     mask = np.zeros((B, T), dtype=np.float32)
     behav = np.zeros((B, T), dtype=np.float32)
     vers = np.full((B, T), -1, dtype=np.int64)
     trew = np.zeros((B, T), dtype=np.float32)
-    for i, e in enumerate(episodes):
-        n = e.num_tokens
-        ids[i, :n] = unpack(e.token_ids, I32)
+    turns = []
+    for i, (e, s, t, _, _) in enumerate(rows):
+        n = t - s
+        ids[i, :n] = unpack(e.token_ids, I32)[s:t]
         attn[i, :n] = 1
-        mask[i, :n] = unpack(e.loss_mask, U8)
-        behav[i, :n] = unpack(e.logprobs, F32)
-        vers[i, :n] = unpack(e.versions, I32)
-        trew[i, :n] = credit_rewards(mask[i, :n], unpack(e.turn_ends, I32), unpack(e.turn_rewards, F32), e.reward)
+        mask[i, :n] = unpack(e.loss_mask, U8)[s:t]
+        behav[i, :n] = unpack(e.logprobs, F32)[s:t]
+        vers[i, :n] = unpack(e.versions, I32)[s:t]
+        ends, rews = unpack(e.turn_ends, I32), unpack(e.turn_rewards, F32)
+        mine = (ends > s) & (ends <= t)
+        trew[i, :n] = credit_rewards(mask[i, :n], ends[mine] - s, rews[mine], e.reward)
+        turns.append(float(mine.sum()))
     return Batch(
         input_ids=torch.from_numpy(ids),
         attention_mask=torch.from_numpy(attn),
@@ -119,12 +136,12 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
         behav_logp=torch.from_numpy(behav),
         versions=torch.from_numpy(vers),
         token_rewards=torch.from_numpy(trew),
-        rewards=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
-        group_index=torch.tensor(groups, dtype=torch.long),
-        success=torch.tensor([float(e.success) for e in episodes]),
-        turns=torch.tensor([float(e.num_turns) for e in episodes]),
-        truncated=torch.tensor([float(e.finish == "turn_limit") for e in episodes]),
-        lengths=torch.tensor([e.num_tokens for e in episodes], dtype=torch.long),
+        rewards=torch.tensor([e.reward for e, *_ in rows], dtype=torch.float32),
+        group_index=torch.tensor([gi for _, _, _, gi, _ in rows], dtype=torch.long),
+        success=torch.tensor([float(e.success) for e, *_ in rows]),
+        turns=torch.tensor(turns),
+        truncated=torch.tensor([float(e.finish == "turn_limit" and last) for e, _, _, _, last in rows]),
+        lengths=torch.tensor([t - s for _, s, t, _, _ in rows], dtype=torch.long),
     )
 
 

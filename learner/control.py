@@ -126,6 +126,7 @@ class ActorControl:
             if self.evals.owns(r.group_id):  # its round counts it as played, with no usable episode
                 self.evals.record(msgspec.structs.replace(r, episodes=[]))
             return "invalid"
+        self.counters.count_breaks(r.episodes)
         if self.evals.owns(r.group_id):
             return "eval"
         usable = trainable_episodes(r)

@@ -29,6 +29,10 @@ class Counters:
     expired: dict[str, int] = field(default_factory=lambda: {"groups": 0, "episodes": 0})
     """Accepted groups that aged past max_staleness in the buffer and were dropped untrained
     (a subset of ``groups["accepted"]``: the ack had already said accepted)."""
+    prefix_breaks: dict[str, int] = field(default_factory=lambda: {"prefix_breaks": 0, "split_episodes": 0})
+    """Agent-endpoint conversations (actors/agent_trace.py) among the episodes that arrived (not
+    invalid): calls whose prompt did not extend the previous call's tokens, and episodes that
+    therefore arrived in more than one segment."""
     _window: deque[tuple[float, int, int]] = field(default_factory=lambda: deque([(time.monotonic(), 0, 0)]))
     """(time, accepted episodes, agent tokens) at recent steps."""
 
@@ -50,4 +54,11 @@ class Counters:
             **{f"groups_{k}": v for k, v in self.groups.items()},
             **{f"episodes_{k}": v for k, v in self.episodes.items()},
             "groups_expired": self.expired["groups"],
+            **self.prefix_breaks,
         }
+
+    def count_breaks(self, episodes: list) -> None:
+        for e in episodes:
+            if e.prefix_breaks:
+                self.prefix_breaks["prefix_breaks"] += e.prefix_breaks
+                self.prefix_breaks["split_episodes"] += 1

@@ -89,8 +89,8 @@ class Learner(ActorControl):
         self.actor_memory: dict[str, dict[str, float | int | bool | str]] = {}
         """Each actor's memory figures from its latest heartbeat (for summary.json)."""
         sinks = cfg.metrics.sinks  # agentgym/sinks.py: TensorBoard / W&B beside the JSONL files
-        self.metrics = with_sinks(MetricsWriter(run_dir / "metrics.jsonl"), sinks, run_dir, "train")
-        self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval")
+        self.metrics = with_sinks(MetricsWriter(run_dir / "metrics.jsonl"), sinks, run_dir, "train", cfg=cfg)
+        self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval", cfg=cfg)
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
         self.evals = Evaluations(cfg, self.sched, self.eval_metrics, self.episode_log)
         """Held-out rounds: tickets through the scheduler, records to eval.jsonl (learner/evaluation.py)."""
@@ -340,6 +340,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         (run_dir / "summary.json").write_text(__import__("json").dumps({
             "reason": reason, "step": learner.step, "version": learner.version,
             "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
+            "prefix_breaks": c.prefix_breaks,
             "invalid_reasons": dict(learner.guard.invalid), "dropped_messages": dict(learner.guard.dropped),
             "auth_refused": hub.allow.refused if hub.allow else 0,
             "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},

@@ -113,6 +113,10 @@ class Guard:
         ends = unpack(e.turn_ends, I32)  # type: ignore[attr-defined]
         if ends.size and (ends[0] < 1 or ends[-1] > n or np.any(np.diff(ends) <= 0)):
             return "turn_ends_out_of_order_or_range"
+        if e.segment_ends:  # type: ignore[attr-defined]
+            seg = unpack(e.segment_ends, I32)  # type: ignore[attr-defined]
+            if seg[0] < 1 or seg[-1] != n or np.any(np.diff(seg) <= 0):
+                return "segment_ends_out_of_order_or_range"
         return None
 
     # ------------------------------------------------------------------ accounting

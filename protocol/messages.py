@@ -195,6 +195,13 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     failure: Text = ""
     critiques: bytes = b""
     """int32 ``(start, end)`` token spans of the messages that carry a critique (loss mask 0)."""
+    segment_ends: bytes = b""
+    """int32 exclusive ends of the episode's segments (empty: one segment, the whole episode).
+    An agent conversation whose prompt stopped extending the previous call's tokens (a prefix
+    break, actors/agent_trace.py) is laid out as segments end to end; each is trained as a
+    sequence of its own, never attending to the one before."""
+    prefix_breaks: NonNeg = 0
+    """Calls of an agent conversation that did not extend the previous call's tokens."""
 
     def __post_init__(self) -> None:
         # Fast path: every rule below as one expression of lengths (the learner decodes every
@@ -203,11 +210,13 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         nb = len(self.token_ids)
         if (not nb % 4 and len(self.logprobs) == nb and len(self.versions) == nb and len(self.loss_mask) * 4 == nb
                 and not len(self.turn_ends) % 4 and len(self.turn_rewards) == len(self.turn_ends)
-                and not len(self.critiques) % 8):  # fmt: skip
+                and not len(self.critiques) % 8 and not len(self.segment_ends) % 4):  # fmt: skip
             return
         n = count(self.token_ids, I32)
         if len(self.critiques) % (2 * I32.itemsize):
             raise ValueError(f"critiques has {len(self.critiques)} bytes, not a whole number of int32 (start, end) pairs")
+        if len(self.segment_ends) % I32.itemsize:
+            raise ValueError(f"segment_ends has {len(self.segment_ends)} bytes, not a multiple of 4")
         for name, data, dtype in (
             ("token_ids", self.token_ids, I32),
             ("logprobs", self.logprobs, F32),

@@ -1,5 +1,6 @@
 """``agentgym``: the umbrella command.
 
+    agentgym --version                                            package and wire protocol versions
     agentgym train [--config F] [--actors N] [-o KEY=VALUE ...]   learner + N local actors
     agentgym envs                                                 registered environments
     agentgym config [--config F] [-o ...]                         print the resolved config
@@ -20,8 +21,33 @@ from agentgym import cmd_bench, cmd_keys
 from agentgym.cli_common import add_config_args, resolve_config
 
 
+def _version() -> str:
+    """``agentgym VERSION (protocol N)``: the installed package's version and the wire protocol's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from agentgym.protocol import PROTOCOL_VERSION
+
+    try:
+        v = version("agentgym")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        v = "unknown (not installed)"
+    return f"agentgym {v} (protocol {PROTOCOL_VERSION})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, with the versions looked up only when asked (the protocol import is not free)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kw.get("help"))  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(_version())
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="agentgym", description="Asynchronous actor-learner RL for LLM agents.")
+    p.add_argument("--version", action=_VersionAction, help="print the package and wire protocol versions and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser(
         "train", help="run a learner and local actors (separate processes over ZeroMQ)",
@@ -41,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="log level of the actors' console files (their JSON logs get everything)")
     t.add_argument("--keys", type=Path, help="CURVE keys from `agentgym keys DIR`: the learner's pair and allow-list, "
                    "and the first actor pair for the local actors")
-    c = sub.add_parser("config", help="print the resolved config as TOML")
+    c = sub.add_parser("config", help="print the resolved config as TOML (unset keys as comments)")
     add_config_args(c)
     c.add_argument("--explain", action="store_true", help="every field: type, default, bounds, docstring")
-    sub.add_parser("envs", help="list registered environments")
+    sub.add_parser("envs", help="list registered environments: what each is, what it needs, which are test-only")
     v = sub.add_parser(
         "view", help="write a page of what the agent did (episodes, success over steps)",
         description="Write one self-contained HTML page from a run directory (finished or running): success and "
@@ -85,9 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.cmd == "envs":
-        from agentgym.envpool.registry import known_envs
+        from agentgym.envpool.registry import describe_envs
 
-        print("\n".join(known_envs()))
+        rows = describe_envs()
+        width = max(len(n) for n, *_ in rows)
+        for name, what, needs, test_only in rows:
+            tag = " [test-only]" if test_only else ""
+            print(f"{name:<{width}}  {what}{tag}" + (f"; needs {needs}" if needs != "-" else ""))
         return 0
     if args.cmd == "config":
         from agentgym.config import to_toml
@@ -98,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(explain(Config))
             return 0
-        print(to_toml(resolve_config(args, [])))
+        print(to_toml(resolve_config(args, []), unset=True))
         return 0
 
     flags = []

@@ -105,8 +105,18 @@ def load_config(path: Path | None = None, overrides: list[str] = ()) -> Config:
         raise ConfigError(_format_errors(exc, source)) from None
 
 
-def to_toml(cfg: Config) -> str:
-    """The resolved config as TOML (written to the run directory)."""
+def to_toml(cfg: Config, unset: bool = False) -> str:
+    """The resolved config as TOML (written to the run directory). TOML has no null: a key whose
+    value is unset (None) is left out, or with ``unset`` written as a comment (`agentgym config`)."""
+
+    def unset_keys(fields: dict[str, Any], prefix: str = "") -> list[str]:
+        out = []
+        for k, v in fields.items():
+            if v is None:
+                out.append(prefix + k)
+            elif isinstance(v, dict):
+                out.extend(unset_keys(v, f"{prefix}{k}."))
+        return out
 
     def value(v: Any) -> str:
         if isinstance(v, bool):
@@ -123,6 +133,8 @@ def to_toml(cfg: Config) -> str:
             fields = {"mix": fields["mix"]}  # the single-env keys would contradict the mix
         out.append(f"[{section}]")
         out.extend(f"{k} = {value(v)}" for k, v in fields.items() if v is not None)
+        if unset:
+            out.extend(f"# {k} = (unset)" for k in unset_keys(fields))
         out.append("")
     return "\n".join(out)
 

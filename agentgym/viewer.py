@@ -5,12 +5,15 @@
 
 Reads ``episodes.jsonl`` (learner/episode_log.py), ``metrics.jsonl``, ``eval.jsonl`` and
 ``config.toml`` of a run (finished or still running) and writes a page with no outside
-resources: success and reward over the steps (training and held-out evaluation), then the
-logged episodes — newest first, filterable by kind, environment, outcome, step range and text —
-each one opening into its conversation exactly as the learner trained on it: prompt, agent turns
+resources: charts of the training and held-out curves (success, reward, per-env success,
+avg@k/pass@k, throughput, turn limit, loss, gradient norm, learning rate, clip fraction, approx KL,
+importance weights, staleness; viewer_charts.js draws them, with ticks, grid, smoothing and
+hover, each titled with its TensorBoard/W&B tag), then the logged episodes — newest first,
+filterable by kind, environment, outcome, step range and text — each one opening into its conversation exactly as the learner trained on it: prompt, agent turns
 (with their reward, weight versions and mean behaviour logprob) and environment messages.
 Filters can also be set from the URL: ``view.html?kind=eval&env=maze&outcome=failure&q=north``
-(``&open=all`` opens every conversation).
+(``&open=all`` opens every conversation; ``&smooth=0`` turns smoothing off, ``&hover=50`` shows every
+chart's values at step 50).
 
 All text is inserted as text (``textContent``), never as HTML, so whatever an agent or an
 environment wrote shows as written.
@@ -19,13 +22,23 @@ environment wrote shows as written.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+# The keys the page's charts draw (viewer_charts.js, chartSpecs); the rest of a record stays out of the page.
 METRIC_KEYS = ("step", "success_rate", "reward_mean", "turn_limit", "staleness_mean", "trajectories_per_s",
-               "loss", "entropy", "kl_ref", "kl_penalty", "is_weight_mean", "is_weight_max", "is_truncated_frac",
-               "is_rejected_frac", "learner_utilisation", "learner_export_s")  # the page's curves (MORE below)
+               "tokens_per_s", "loss", "grad_norm", "lr", "clip_frac", "approx_kl", "entropy", "kl_ref", "kl_penalty",
+               "is_weight_mean", "is_weight_max", "is_truncated_frac", "is_rejected_frac", "learner_utilisation",
+               "learner_export_s")  # fmt: skip
 EVAL_KEYS = ("step", "version", "success_rate", "reward_mean", "split", "episodes", "pinned")
+METRIC_PATTERN = re.compile(r"env/[^/]+/(success_rate|turn_limit)")  # per-env curves
+EVAL_PATTERN = re.compile(r"(avg|pass)@\d+|env/[^/]+/success_rate")  # avg@k, pass@k (k = group size), per env
+CHARTS_JS = Path(__file__).with_name("viewer_charts.js")
+
+
+def _pick(rec: dict[str, Any], keys: tuple[str, ...], pattern: re.Pattern[str]) -> dict[str, Any]:
+    return {k: v for k, v in rec.items() if k in keys or pattern.fullmatch(k)}
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -58,8 +71,8 @@ def run_data(run_dir: Path, limit: int = 2000) -> dict[str, Any]:
     episodes = _jsonl(files[0])
     total = len(episodes)
     episodes = episodes[-limit:] if limit > 0 else []
-    metrics = [{k: r[k] for k in METRIC_KEYS if k in r} for r in _jsonl(files[1])]
-    evals = [{k: r[k] for k in EVAL_KEYS if k in r} for r in _jsonl(files[2])]
+    metrics = [_pick(r, METRIC_KEYS, METRIC_PATTERN) for r in _jsonl(files[1])]
+    evals = [_pick(r, EVAL_KEYS, EVAL_PATTERN) for r in _jsonl(files[2])]
     config = (run_dir / "config.toml").read_text() if (run_dir / "config.toml").exists() else ""
     return {"run": run_dir.resolve().name, "episodes": episodes, "episodes_total": total, "metrics": metrics,
             "evals": evals, "config": config}  # fmt: skip
@@ -69,7 +82,7 @@ def build_page(run_dir: Path, limit: int = 2000) -> str:
     data = json.dumps(run_data(run_dir, limit), separators=(",", ":"), default=float)
     # Inside <script> only "</" could end the element early; as JSON, "<" may be written \u003c.
     data = data.replace("<", "\\u003c")
-    return _PAGE.replace("__DATA__", data)
+    return _PAGE.replace("__CHARTS__", CHARTS_JS.read_text()).replace("__DATA__", data)
 
 
 def write_page(run_dir: Path, out: Path | None = None, limit: int = 2000) -> Path:
@@ -86,8 +99,13 @@ _PAGE = r"""<!doctype html>
 <style>
 body{font:14px/1.4 system-ui,sans-serif;margin:1.2em;color:#222;background:#fafafa}
 h1{font-size:1.3em;margin:0 0 .4em} h2{font-size:1.05em;margin:1.2em 0 .4em}
-.muted{color:#777} .charts{display:flex;gap:1.5em;flex-wrap:wrap}
-.chart{background:#fff;border:1px solid #ddd;padding:.4em} .chart svg{display:block}
+.muted{color:#777} .charts{display:flex;gap:1em;flex-wrap:wrap}
+.chart{background:#fff;border:1px solid #ddd;padding:.4em;position:relative;width:440px} .chart svg{display:block}
+.chart-title{font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis} .tag{font-weight:400;font-size:.85em} .legend{font-size:12px;display:flex;gap:.8em;flex-wrap:wrap}
+.swatch{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:-.05em;border-radius:2px}
+.chart text{fill:#444} .grid line{stroke:#eee} svg .point{stroke:#fff;stroke-width:.8}
+.tip{position:absolute;top:3.2em;background:rgba(255,255,255,.95);border:1px solid #bbb;border-radius:3px;padding:.2em .45em;
+font-size:12px;pointer-events:none;white-space:nowrap} .tip-step{font-weight:600}
 .filters{display:flex;gap:.6em;flex-wrap:wrap;align-items:center;margin:.5em 0}
 .ep{background:#fff;border:1px solid #ddd;margin:.3em 0;border-radius:4px}
 .ep>summary{cursor:pointer;padding:.35em .6em;display:flex;gap:1em;flex-wrap:wrap}
@@ -103,11 +121,11 @@ pre.config{background:#fff;border:1px solid #ddd;padding:.5em;max-height:20em;ov
 <body>
 <h1>agentgym run <span id="run"></span></h1>
 <div class="muted" id="counts"></div>
-<div class="charts">
-  <div class="chart"><div>success rate (training <span style="color:#3466c2">&#9632;</span>, held-out <span style="color:#d9822b">&#9632;</span>)</div><svg id="c-success" width="420" height="160"></svg></div>
-  <div class="chart"><div>mean reward (training)</div><svg id="c-reward" width="420" height="160"></svg></div>
-</div>
-<div class="charts" id="more"></div>
+<div class="filters"><label title="exponential moving average of the training curves, as TensorBoard's slider">smoothing
+  <input id="smooth" type="range" min="0" max="0.99" step="0.01" value="0.6"> <span id="smooth-v"></span></label>
+  <span class="muted">hover a chart for the values at a step; faint lines are the raw values, points are evaluations</span></div>
+<div class="charts" id="charts"></div>
+<pre id="layout" hidden></pre>
 <h2>Episodes</h2>
 <div class="filters">
   <label>kind <select id="f-kind"><option value="">all</option><option>train</option><option>eval</option></select></label>
@@ -120,6 +138,7 @@ pre.config{background:#fff;border:1px solid #ddd;padding:.5em;max-height:20em;ov
 <div id="episodes"></div>
 <h2>Config</h2><pre class="config" id="config"></pre>
 <script id="data" type="application/json">__DATA__</script>
+<script>__CHARTS__</script>
 <script>
 "use strict";
 const D = JSON.parse(document.getElementById("data").textContent);
@@ -132,58 +151,14 @@ $("config").textContent = D.config || "(no config.toml)";
 $("counts").textContent = `${D.metrics.length} optimizer steps, ${D.evals.length} evaluations, ` +
   `${D.episodes_total} logged episodes` + (D.episodes_total > D.episodes.length ? ` (newest ${D.episodes.length} shown)` : "");
 
-function chart(svg, series, ylabel) {
-  const W = +svg.getAttribute("width"), H = +svg.getAttribute("height"), P = 28, NS = "http://www.w3.org/2000/svg";
-  const pts = series.flatMap(s => s.points);
-  if (!pts.length) { const t = document.createElementNS(NS, "text"); t.setAttribute("x", 10); t.setAttribute("y", 20); t.textContent = "no data yet"; svg.appendChild(t); return; }
-  const xs = pts.map(p => p[0]), ys = pts.map(p => p[1]);
-  const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1), y0 = Math.min(0, ...ys), y1 = Math.max(...ys, y0 + 1e-9);
-  const X = x => P + (x - x0) / (x1 - x0) * (W - 2 * P), Y = y => H - P - (y - y0) / (y1 - y0) * (H - 2 * P);
-  const axis = document.createElementNS(NS, "path");
-  axis.setAttribute("d", `M${P},${P / 2}V${H - P}H${W - P / 2}`); axis.setAttribute("stroke", "#999"); axis.setAttribute("fill", "none"); svg.appendChild(axis);
-  for (const [v, x, y, anchor] of [[fmt(y1), 2, P / 2 + 4, "start"], [fmt(y0), 2, H - P, "start"], [x0, P, H - 8, "start"], [x1, W - P, H - 8, "end"]]) {
-    const t = document.createElementNS(NS, "text"); t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "10"); t.setAttribute("text-anchor", anchor); t.textContent = v; svg.appendChild(t);
-  }
-  // Axis titles: x is always the optimizer step; y names the quantity.
-  for (const [v, x, y, rot] of [["step", W / 2, H - 2, ""], [ylabel || "", 10, H / 2, `rotate(-90 10 ${H / 2})`]]) {
-    const t = document.createElementNS(NS, "text"); t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "10");
-    t.setAttribute("text-anchor", "middle"); t.setAttribute("class", "axis-label"); if (rot) t.setAttribute("transform", rot); t.textContent = v; svg.appendChild(t);
-  }
-  for (const s of series) {
-    if (!s.points.length) continue;
-    // A marker per point, so that a single evaluation is visible (a one-point line draws nothing).
-    for (const p of s.points) {
-      const c = document.createElementNS(NS, "circle"); c.setAttribute("cx", X(p[0]).toFixed(1)); c.setAttribute("cy", Y(p[1]).toFixed(1));
-      c.setAttribute("r", "2.5"); c.setAttribute("fill", s.color); c.setAttribute("class", "point"); c.dataset.name = s.name; svg.appendChild(c);
-    }
-    const line = document.createElementNS(NS, "polyline");
-    line.setAttribute("points", s.points.map(p => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" "));
-    line.setAttribute("fill", "none"); line.setAttribute("stroke", s.color); line.setAttribute("stroke-width", "1.5");
-    line.setAttribute("class", "series"); line.dataset.name = s.name; svg.appendChild(line);
-  }
-}
-const num = (r, k) => typeof r[k] === "number" ? [[r.step, r[k]]] : [];
-chart($("c-success"), [
-  {name: "train", color: "#3466c2", points: D.metrics.flatMap(r => num(r, "success_rate"))},
-  {name: "eval", color: "#d9822b", points: D.evals.flatMap(r => num(r, "success_rate"))}], "success rate");
-chart($("c-reward"), [{name: "train", color: "#3466c2", points: D.metrics.flatMap(r => num(r, "reward_mean"))}], "reward");
-// Training-health curves, each drawn only when the run's metrics carry the key.
-const MORE = [["loss", "loss"], ["entropy", "entropy"], ["kl_ref", "KL to reference"], ["kl_penalty", "KL penalty"],
-  ["is_weight_mean", "importance weight (mean)"], ["is_weight_max", "importance weight (max)"],
-  ["is_truncated_frac", "importance weights truncated"], ["is_rejected_frac", "importance weights rejected"],
-  ["staleness_mean", "staleness (versions)"], ["learner_utilisation", "learner utilisation"],
-  ["learner_export_s", "weight export (s)"]];
-for (const [key, label] of MORE) {
-  const points = D.metrics.flatMap(r => num(r, key));
-  if (!points.length) continue;
-  const box = el("div", "chart"); box.appendChild(el("div", "", label));
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg"); svg.setAttribute("width", "420"); svg.setAttribute("height", "160"); svg.id = "c-" + key;
-  box.appendChild(svg); $("more").appendChild(box);
-  chart(svg, [{name: key, color: "#3466c2", points}], label);
-}
-
 for (const env of [...new Set(D.episodes.map(e => e.env))].sort()) $("f-env").appendChild(el("option", "", env));
 const params = new URLSearchParams(location.search);
+// Charts (viewer_charts.js): smoothing from the slider or ?smooth=W, a crosshair at ?hover=STEP.
+if (params.has("smooth")) $("smooth").value = params.get("smooth");
+const redraw = () => { $("smooth-v").textContent = (+$("smooth").value).toFixed(2);
+  drawCharts(D, $("charts"), +$("smooth").value, params.has("hover") ? +params.get("hover") : null); };
+$("smooth").addEventListener("input", redraw);
+redraw();
 for (const [k, id] of [["kind", "f-kind"], ["env", "f-env"], ["outcome", "f-outcome"], ["min", "f-min"], ["max", "f-max"], ["q", "f-q"]])
   if (params.has(k)) $(id).value = params.get(k);
 

@@ -104,3 +104,27 @@ register_env("textcraft", "agentgym.envpool.envs.textcraft:TextCraft")
 register_env("maze", "agentgym.envpool.envs.maze:Maze")
 register_env("wordle", "agentgym.envpool.envs.wordle:Wordle")
 register_env("probe", "agentgym.envpool.envs.probe:Probe")
+
+ENV_INFO: dict[str, tuple[str, str, bool]] = {
+    # name: (what it is, what it needs beyond the Python packages, test-only)
+    "guess_number": ("find a hidden number from higher/lower hints (the quickstart's task)", "-", False),
+    "maze": ("walk a grid maze from start to goal (after lmrlgym's maze)", "-", False),
+    "wordle": ("find a hidden word from per-letter feedback", "Debian wamerican (word list)", False),
+    "textcraft": ("craft a goal item from raw materials by a recipe book", "-", False),
+    "babyai": ("BabyAI grid levels in text (PyPI minigrid)", "-", False),
+    "deepsearch": ("answer questions by searching a BM25 index of the CIA World Factbook", "-", False),
+    "sciworld": ("ScienceWorld's 30 science tasks (a JVM simulator)", "Java 17 (openjdk-17-jre-headless)", False),
+    "webshop": ("buy the product an instruction describes on a local web shop, in a browser", "Chromium (Debian chromium)", False),
+    "remote": ("an env played on a remote AgentGym env server over HTTP", "a running env server (env.kwargs.url)", False),
+    "probe": ("one-turn diagnostics: can the learner learn one given thing", "-", False),
+    "chaos": ("an env that crashes, hangs or corrupts on request (pool robustness tests)", "-", True),
+}
+"""What ``agentgym envs`` prints for each built-in (docs/environments.md has the details)."""
+
+
+def describe_envs() -> list[tuple[str, str, str, bool]]:
+    """(name, description, system needs, test-only) of every known env; an env from a package's
+    entry point is described by its import path (describing it would mean importing it)."""
+    plugins = _entry_points()  # as written, unchecked: listing must not fail on one package's typo
+    return [(n, *ENV_INFO.get(n, (f"from an installed package: {plugins.get(n, _REGISTRY.get(n))}", "?", False)))
+            for n in known_envs()]  # fmt: skip

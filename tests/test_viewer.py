@@ -4,6 +4,9 @@ run directory into a page that a real headless Chromium renders (episodes, filte
 
 from __future__ import annotations
 
+import html
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +19,7 @@ from agentgym.learner.episode_log import EpisodeLog, pick_episodes
 from agentgym.logs import MetricsWriter, read_metrics
 from agentgym.protocol import Rollout
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.viewer import write_page
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "</script><b id=injected>bold</b>"  # an environment message that is also HTML
@@ -115,10 +119,9 @@ def test_agentgym_view_writes_a_page_chromium_renders_with_filters_and_curves(mo
     assert 'id="injected"' not in dom and "&lt;/script&gt;&lt;b id=injected&gt;bold&lt;/b&gt;" in dom
     # success (training, held-out), reward, and loss, entropy, importance weight max, staleness
     assert dom.count('class="series"') == 7
-    assert dom.count('class="point"') == 3 * 6 + 1  # the single evaluation is drawn as a point
-    assert 'class="point" data-name="eval"' in dom
-    for label in ("success rate", "reward", "loss", "entropy", "importance weight (max)", "staleness (versions)"):
-        assert f'class="axis-label">{label}<' in dom or f'class="axis-label" transform="rotate(-90 10 80)">{label}<' in dom, label
+    assert dom.count('class="point"') == 1 and 'class="point" data-name="eval"' in dom  # the single evaluation
+    for title in ("success rate", "mean reward", "loss", "entropy", "importance weight (max)", "staleness (versions)"):
+        assert f'class="chart-title">{title} <' in dom, title
     assert 'id="c-kl_ref"' not in dom  # absent from the metrics: no empty chart
     assert "agent, turn 2 · reward 1 · version 3 · mean logprob 0 · 1 tokens" in dom
 
@@ -137,3 +140,63 @@ def test_agentgym_view_names_what_is_missing(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     proc = subprocess.run([sys.executable, "-m", "agentgym.cli", "view", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "metrics.jsonl:2: not a JSON line" in proc.stderr, proc.stderr
+
+
+def _layout(dom: str) -> list[dict]:  # type: ignore[type-arg]
+    m = re.search(r'<pre id="layout" hidden="">(.*?)</pre>', dom, re.S)
+    assert m, "the page wrote no layout"
+    return json.loads(html.unescape(m.group(1)))
+
+
+def _overlap(a: dict, b: dict) -> bool:  # type: ignore[type-arg]
+    return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
+
+
+def test_charts_have_legible_axes_fitted_ranges_smoothing_and_hover(tmp_path: Path) -> None:
+    """A run's real metric names (learner/trainer.py, learner/evaluation.py) drawn as TensorBoard
+    would: every label inside its chart and clear of every other, ranges fitted to the data."""
+    run = tmp_path / "run"
+    metrics, evals = MetricsWriter(run / "metrics.jsonl"), MetricsWriter(run / "eval.jsonl")
+    for s in range(1, 121):
+        metrics.write({"step": s, "success_rate": min(1.0, 0.1 + s / 150), "reward_mean": 0.2 + s / 300,
+                       "trajectories_per_s": 38 + s % 7, "tokens_per_s": 210 + 3 * (s % 5), "turn_limit": 4 if s < 40 else 6,
+                       "loss": 0.05 / s, "grad_norm": 1.5 + 0.1 * (s % 3), "lr": 1e-2 * (1 - s / 150),
+                       "clip_frac": 0.02 * (s % 2), "approx_kl": 1e-4 + 1e-6 * (s % 4), "is_weight_mean": 1.0 + 0.001 * (s % 3 - 1),
+                       "env/guess_number/success_rate": 0.3 + s / 250, "env/maze/success_rate": 0.05 + s / 400,
+                       "env/guess_number/turn_limit": 4 if s < 40 else 6, "env/maze/turn_limit": 4})  # fmt: skip
+    for s in (0, 60, 120):
+        evals.write({"step": s, "version": s, "success_rate": 0.1 + s / 400, "reward_mean": 0.1 + s / 400, "avg@8": 0.1 + s / 400,
+                     "pass@8": 0.3 + s / 300, "env/guess_number/success_rate": 0.2, "env/maze/success_rate": 0.1})  # fmt: skip
+    metrics.close()
+    evals.close()
+    page = write_page(run)
+
+    dom = _chromium_dom(page, "?hover=60", tmp_path / "profile")
+    charts = {c["id"]: c for c in _layout(dom)}
+    want = ["c-success", "c-reward", "c-success_by_env", "c-eval_k", "c-throughput", "c-tokens", "c-turn_limit", "c-loss",
+            "c-grad_norm", "c-lr", "c-clip_frac", "c-approx_kl", "c-is_weight_mean"]  # fmt: skip
+    assert list(charts) == want
+    for c in charts.values():
+        texts = c["texts"]
+        ticks_y = [t for t in texts if t["text"] != "step" and t["x"] + t["w"] < 80]
+        ticks_x = [t for t in texts if t["y"] > c["height"] - 40 and t["text"] != "step"]
+        assert len(ticks_y) >= 3 and len(ticks_x) >= 3, (c["id"], texts)  # ticks, not just min and max
+        for t in texts:
+            assert t["w"] > 0 and 0 <= t["x"] and t["x"] + t["w"] <= c["width"] and 0 <= t["y"] and t["y"] + t["h"] <= c["height"], (c["id"], t)
+        for i, a in enumerate(texts):
+            for b in texts[i + 1:]:
+                assert not _overlap(a, b), (c["id"], a, b)
+    # the y range fits the data: importance weights near 1 do not start the axis at 0
+    ys = [float(t["text"]) for t in charts["c-is_weight_mean"]["texts"] if t["text"] != "step" and t["x"] < 60]
+    assert 0.99 <= min(ys) < 0.999 and 1.001 < max(ys) <= 1.01, ys
+    # a rate's axis stops at 1; tiny values get a readable shared notation
+    assert max(float(t["text"]) for t in charts["c-success"]["texts"] if t["x"] < 40) == 1.0
+    assert any("e-" in t["text"] for t in charts["c-approx_kl"]["texts"])
+    # hover: the crosshair's values at step 60, training smoothed (with the raw value) and evaluations as logged
+    tips = re.findall(r'<div class="tip"[^>]*>(.*?)</div></div>', dom)
+    assert len(tips) == len(want)
+    assert "step 60" in tips[0] and "eval 0.2500" in tips[0] and "(raw 0.5000)" in tips[0]
+    assert "avg@8 0.2500" in dom and "pass@8 0.5000" in dom
+    assert dom.count('class="raw"') == 11  # each smoothed training series keeps its raw curve (turn limit, lr: not smoothed)
+    flat = _chromium_dom(page, "?smooth=0", tmp_path / "profile")
+    assert 'class="raw"' not in flat and 'class="tip" hidden' in flat

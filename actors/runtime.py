@@ -63,6 +63,7 @@ class Actor:
     def __init__(self, cfg: Config, actor_id: str | None = None) -> None:
         self.cfg = cfg
         self.actor_id = actor_id or uuid.uuid4().hex[:12]
+        self.session = uuid.uuid4().hex  # this process's: its re-Hellos keep its id, another process's do not
         self.ctx = zmq.asyncio.Context()
         self.keys = ClientKeys.load(cfg.actor.secret_key, cfg.actor.learner_key)  # None: plain TCP
         self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id, self.keys)
@@ -76,6 +77,8 @@ class Actor:
         self.tokenizer = None
         self.pools: dict[str, object] = {}
         self.pools_lock = asyncio.Lock()
+        self.agents = None
+        """Plays tickets with the user's agent program through the agent endpoint (actors/agent_runner.py); None: off."""
         self.tickets: asyncio.Queue[Ticket] = asyncio.Queue()
         self.known_tickets: set[str] = set()
         self.unacked: dict[str, Rollout] = {}
@@ -106,6 +109,7 @@ class Actor:
         return Hello(
             actor_id=self.actor_id, hostname=socket.gethostname(), pid=os.getpid(),
             model_fingerprint=fingerprint, engine=self.cfg.actor.engine, max_groups=self.concurrency.target,
+            session=self.session,
         )  # fmt: skip
 
     def _model_dir(self) -> Path:
@@ -308,11 +312,13 @@ class Actor:
                 await self.capacity_changed.wait()
             ticket = await self.tickets.get()
             await self.wait_version(max(ticket.min_version, 0))
-            pool = await self.pool_for(ticket.env)
+            agents = self.agents if self.agents is not None and self.agents.plays(ticket.env) else None
+            pool = None if agents else await self.pool_for(ticket.env)
             self.running_groups += 1
             t0 = time.monotonic()
             turn_limit = self.turn_limits.get(ticket.env, self.turn_limit)
             episodes = await asyncio.gather(*(
+                agents.play(ticket, i, spec, turn_limit) if agents else
                 play_episode(self.engine, self.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic)
                 for i in range(spec.group_size)
             ))  # fmt: skip
@@ -348,6 +354,11 @@ class Actor:
                 tg.create_task(self.resend_loop())  # unacked rollouts again after a Welcome
                 tg.create_task(watch_signal())
                 await self.start_engine()  # players and weight updates need it
+                if self.cfg.actor.agent_endpoint.enabled:  # the user's agent through an OpenAI-compatible endpoint
+                    from agentgym.actors.agent_runner import AgentRunner
+
+                    self.agents = AgentRunner(self.cfg.actor.agent_endpoint, self.engine, self.tokenizer, self.stats)
+                    await self.agents.start()
                 self.engine_ready.set()
                 tg.create_task(self.weight_loop())  # WeightsReady -> fetch -> engine update
                 for n in range(self.cfg.actor.max_groups):  # those past concurrency.target idle
@@ -360,6 +371,9 @@ class Actor:
         return stop
 
     async def close(self) -> None:
+        if self.agents is not None:
+            with _ignore_errors():
+                await asyncio.wait_for(self.agents.close(), 10)
         for pool in self.pools.values():
             with _ignore_errors():
                 await asyncio.wait_for(pool.close(), 10)

@@ -142,6 +142,48 @@ class SimEngineConfig(Section):
     """Token ids are drawn below this (None: the tokenizer's vocabulary size)."""
 
 
+class AgentEndpointConfig(Section):
+    """Bring your own agent (``actor.agent_endpoint``, docs/agents.md): an OpenAI-compatible
+    endpoint on the actor, backed by its engine, and a runner that starts the agent program for
+    each episode of a ticket; every call's tokens are kept exactly and trained."""
+
+    enabled: bool = False
+    """Serve the endpoint and play tickets with the agent program instead of the env's own loop."""
+    program: str = ""
+    """The agent as a Python callable ``module:function`` or ``path/to/file.py:function``, called as
+    ``function(task, client) -> reward`` with an ``openai.OpenAI`` client bound to its conversation."""
+    command: list[str] = []
+    """Or the agent as a command; it gets OPENAI_BASE_URL, OPENAI_API_KEY and AGENTGYM_TASK (JSON)
+    in its environment, and reports its reward by POST {base_url}/reward or as its last stdout line."""
+    envs: list[str] = []
+    """Env names whose tickets the agent plays (empty: every env); the env gives the task ids."""
+    host: str = "127.0.0.1"
+    """Address the endpoint binds: loopback by default; another address needs ``token_env``."""
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """Port (0: any free one; the actor logs the URL as agent_endpoint_started)."""
+    token_env: str = ""
+    """Name of an environment variable holding the bearer token calls must carry ("": none)."""
+    model_name: str = "policy"
+    """The model name ``/v1/models`` lists; a request may name any model."""
+    timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """An agent still running after this long fails its episode (counted as an env failure)."""
+    max_agents: Annotated[int, Field(ge=1, le=4096)] = 64
+    """Agent programs run at once (threads for a callable, processes for a command)."""
+    request_temperature: bool = False
+    """Sample at the temperature a request names; off: always rollout.temperature and top_p (the
+    distribution the learner assumes; another temperature makes the samples off-policy)."""
+
+    @model_validator(mode="after")
+    def _agent(self) -> AgentEndpointConfig:
+        if self.enabled and bool(self.program) == bool(self.command):
+            raise ValueError("actor.agent_endpoint needs exactly one of program (module:function) and command")
+        if self.program and ":" not in self.program:
+            raise ValueError(f"actor.agent_endpoint.program must be 'module:function', got {self.program!r}")
+        if self.enabled and self.host not in ("127.0.0.1", "localhost", "::1") and not self.token_env:
+            raise ValueError(f"actor.agent_endpoint.host {self.host!r} is not loopback: set token_env (a bearer token)")
+        return self
+
+
 class ActorConfig(Section):
     learner: str = "tcp://127.0.0.1:5555"
     """Learner control address to connect to."""
@@ -189,6 +231,13 @@ class ActorConfig(Section):
     max_model_len: Annotated[int, Field(ge=16)] | None = None
     """The engine's context length in tokens (None: the model's max_position_embeddings capped
     by rollout.max_episode_tokens). An episode that would pass it ends as a token_limit truncation."""
+    agent_endpoint: AgentEndpointConfig = AgentEndpointConfig()
+    """Train an existing agent through an OpenAI-compatible endpoint (off by default)."""
+
+    @field_validator("learner", "weights_relay")
+    @classmethod
+    def _addresses(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return v if v is None else check_tcp(v, f"actor.{info.field_name}")
 
     @model_validator(mode="after")
     def _remote(self) -> ActorConfig:

@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve_config(args, flags)
     run_dir = args.run_dir or cfg.run.path
 
-    import os
+    import re
+    import uuid
 
     import structlog
     import uvloop
@@ -68,10 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # each rollout's buffers are reused, not returned to the OS and faulted back in
 
     quiet_libraries(args.log_level)
-    setup_logging("actor", run_dir / "logs" / f"actor-{os.getpid()}.jsonl", args.log_level)
+    # The JSON log is named by actor id, as the console log of a local actor is (actor-local-0.*):
+    # the id is what the learner's log names, and a restarted actor that reuses it appends.
+    actor_id = args.actor_id or uuid.uuid4().hex[:12]
+    safe_id = re.sub(r"[^\w.-]", "_", actor_id)  # a file name, whatever the id holds
+    setup_logging("actor", run_dir / "logs" / f"actor-{safe_id}.jsonl", args.log_level)
     log = structlog.get_logger("agentgym.actor")
     try:
-        return uvloop.run(run_actor(cfg, run_dir, args.actor_id))
+        return uvloop.run(run_actor(cfg, run_dir, actor_id))
     except LearnerUnreachable as exc:
         log.error("learner_unreachable", error=str(exc))
         return 3

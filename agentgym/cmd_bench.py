@@ -123,7 +123,7 @@ def figures_of(recs: list[dict], evals: list[dict], summary: dict, t0: float) ->
         "startup_s": recs[0]["time"] - t0,
         "train_s": span,
         "steps_per_s": len(later) / span,
-        "traj_per_s": sum(r.get("episodes", 0) for r in later) / span,
+        "trajectories_per_s": sum(r.get("episodes", 0) for r in later) / span,
         "tokens_per_s": sum(r["agent_tokens"] for r in later) / span,
         "learner_utilisation": lt.get("utilisation", float("nan")),
         "learner_wait_frac": lt.get("wait_frac", float("nan")),

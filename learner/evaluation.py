@@ -118,6 +118,6 @@ class Evaluations:
         self.episode_log.write("eval", rnd.step, rnd.version, rnd.rollouts)
         self.results.append(rec)
         log.info("eval", step=rnd.step, version=rnd.version, split=rec["split"], episodes=len(eps),
-                 success=round(float(rec["success_rate"]), 3), reward=round(float(rec["reward_mean"]), 3),
+                 success_rate=round(float(rec["success_rate"]), 3), reward_mean=round(float(rec["reward_mean"]), 3),
                  seconds=round(float(rec["seconds"]), 1))  # fmt: skip
         rnd.done.set()

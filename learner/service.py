@@ -227,9 +227,10 @@ class Learner(ActorControl):
         }  # fmt: skip
         self.metrics.write(rec)
         log.info(
-            "step", step=self.step, version=self.version, reward=round(stats["reward_mean"], 3),
-            success=round(stats["success_rate"], 3), traj_per_s=round(rec["trajectories_per_s"], 1),
-            tok_per_s=round(rec["tokens_per_s"], 1), staleness=round(stats["staleness_mean"], 2),
+            # The console speaks metrics.jsonl's names, so a value seen here is found there.
+            "step", step=self.step, version=self.version, reward_mean=round(stats["reward_mean"], 3),
+            success_rate=round(stats["success_rate"], 3), trajectories_per_s=round(rec["trajectories_per_s"], 1),
+            tokens_per_s=round(rec["tokens_per_s"], 1), staleness_mean=round(stats["staleness_mean"], 2),
             turn_limit=int(rec["turn_limit"]), loss=round(stats["loss"], 4), actors=rec["actors"],
             **self.progress.fields(self.step),
             **({"success_by_env": {e.name: round(stats[f"env/{e.name}/success_rate"], 3)

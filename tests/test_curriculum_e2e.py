@@ -56,6 +56,13 @@ def test_an_actor_plays_each_env_under_its_own_and_advanced_turn_limit(tmp_path:
     # metrics.jsonl: each step's record has the limit per env its batch was played under.
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    # One vocabulary: the console's step line names its values as metrics.jsonl does.
+    lines = [e for e in events if e.get("event") == "step"]
+    assert [e["step"] for e in lines] == list(range(1, STEPS + 1))
+    for e, r in zip(lines, records, strict=True):
+        assert {"reward_mean", "success_rate", "trajectories_per_s", "tokens_per_s", "staleness_mean", "turn_limit"} <= e.keys() & r.keys()
+        assert (e["success_rate"], e["reward_mean"]) == (round(r["success_rate"], 3), round(r["reward_mean"], 3))
+    assert "success_rate=" in proc.stdout + proc.stderr and "traj_per_s" not in proc.stdout + proc.stderr
     assert [r["env/guess_number/turn_limit"] for r in records] == [1, 1] + [2] * (STEPS - 2)
     assert [r["env/maze/turn_limit"] for r in records] == [2 if s <= moved else 3 for s in range(1, STEPS + 1)]
     assert [r["turn_limit"] for r in records] == [max(r["env/guess_number/turn_limit"], r["env/maze/turn_limit"]) for r in records]
@@ -74,7 +81,9 @@ def test_an_actor_plays_each_env_under_its_own_and_advanced_turn_limit(tmp_path:
     # a maze batch after the advance was played under its new limit
     assert ("maze", 3) in played or all(by_step[s].get("env/maze/episodes", 0) == 0 for s in range(moved + 1, STEPS + 1))
 
-    (actor_log,) = (run_dir / "logs").glob("actor-[0-9]*.jsonl")
+    # The actor's JSON log is named by its id, beside its console log.
+    assert sorted(p.name for p in (run_dir / "logs").glob("actor-*")) == ["actor-local-0.console.log", "actor-local-0.jsonl"]
+    actor_log = run_dir / "logs" / "actor-local-0.jsonl"
     changes = [json.loads(line) for line in actor_log.read_text().splitlines()]
     per_env = [e["per_env"] for e in changes if e.get("event") == "turn_limits_changed"]
     assert {"guess_number": 2, "maze": 3} in per_env and {"guess_number": 1, "maze": 2} in per_env, per_env

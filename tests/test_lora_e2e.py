@@ -50,7 +50,7 @@ def test_a_lora_run_ships_adapters_to_a_real_actor(tmp_path: Path) -> None:
     adapter_bytes = 4 * RANK * c.num_hidden_layers * sum(i + o for i, o in (per_layer[t] for t in TARGETS))
     model_bytes = (model / "model.safetensors").stat().st_size
 
-    (log_file,) = (run_dir / "logs").glob("actor-[0-9]*.jsonl")
+    (log_file,) = (run_dir / "logs").glob("actor-local-*.jsonl")
     events = [json.loads(line) for line in log_file.read_text().splitlines()]
     updates = [e for e in events if e.get("event") == "weights_updated"]
     loaded = [e for e in events if e.get("event") == "engine_weights_loaded"]

@@ -9,7 +9,7 @@ test tasks before the first step (version 0) and after the last one (``eval.at_s
 ``eval.at_end``), so the table shows what each algorithm learned in the same number of steps.
 Also reported from ``metrics.jsonl``: the training success of the last 10 batches, mean
 |advantage|, mean clip fraction and importance weight, PPO's explained variance, and the
-training wall time (first to last optimizer step). docs/off_policy.md quotes a run of it.
+training wall time (first to last optimizer step). docs/results-log.md quotes a run of it.
 Numbers vary with the seed and the machine; what to look for is after > before for every row.
 """
 

@@ -1,6 +1,6 @@
 """The learner's control plane under 8 to 256 simulated actors, with and without training.
 
-    flock /work/wt/bench.lock python bench/control_plane.py --out /tmp/control_plane     # N = 8, 32, 128, 256
+    python bench/control_plane.py --out /tmp/control_plane     # N = 8, 32, 128, 256
 
 A real ``agentgym-learner`` (the tiny model, loopback) and ``agentgym.play_fleet`` processes of
 simulated actors (64 identities a process at most): each identity says Hello, heartbeats, plays

@@ -11,7 +11,7 @@
    with the oracle critic in the loop, then held-out success on the test split, evaluated
    without the critic (``critic.at_eval = false``).
 
-Writes OUT/critique.json and prints a markdown table. Run under ``flock /work/wt/bench.lock``.
+Writes OUT/critique.json and prints a markdown table. Run it alone on the machine.
 """
 
 from __future__ import annotations

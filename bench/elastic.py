@@ -1,6 +1,6 @@
 """Actors joining and leaving in bursts, a quarter at once, while a real learner trains.
 
-    flock /work/wt/bench.lock python bench/elastic.py --out /tmp/elastic          # 32 actors in 4 processes
+    python bench/elastic.py --out /tmp/elastic          # 32 actors in 4 processes
 
 A real ``agentgym-learner`` (tiny model, loopback, ``learner.batch_groups = 8``) and 4
 ``agentgym.play_fleet`` processes of simulated actors (bench/control_plane.py describes them).

@@ -1,6 +1,6 @@
 """Does the asynchronous learner wait for data? Utilisation against model size, K and actor count.
 
-    flock /work/wt/bench.lock python bench/learner_utilisation.py --out /tmp/util
+    python bench/learner_utilisation.py --out /tmp/util
     python bench/learner_utilisation.py --hidden 0,128 --staleness 2,4 --actors 1,2,3 --steps 40
 
 Each cell is one ``agentgym bench --modes async`` run (a real learner and real actor processes

@@ -9,7 +9,7 @@ of the eight prompts and takes one AdamW step on the REINFORCE loss with a per-p
 centred and divided by the std) or whole-batch baseline, or, with ``--supervised``, on the
 cross-entropy of the right digit. Prints the mean probability of the right digit and the
 entropy every 25 steps, and the share of the final hidden state that depends on the prompt.
-docs/off_policy.md ("The echo probe") quotes it.
+docs/results-log.md ("The echo probe") quotes it.
 """
 
 from __future__ import annotations

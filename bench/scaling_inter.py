@@ -17,7 +17,7 @@ The env is guess_number with numbers 1 to 8, one token per turn (the number): bi
 needs up to 4 turns, and within 2 turns no policy solves more than 3 of the 8 targets, so the
 horizon matters. The maze and BabyAI envs were the first choice,
 but the tiny model's tokenizer knows only guess_number's words and a random model almost never
-emits a valid move, so no arm would see a reward within the budget (docs/off_policy.md). Held-out
+emits a valid move, so no arm would see a reward within the budget (docs/results-log.md, "ScalingInter-RL at small scale"). Held-out
 success is always measured at the LONG limit: the task is the same for every arm, only the
 training horizon differs. Results go to OUT/<arm>/seed<S>.json; ``--plot`` draws the three arms.
 """

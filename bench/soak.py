@@ -1,7 +1,7 @@
 """Soak: a learner and local actors train for N minutes; the memory of every process is sampled
 over time, to see whether anything grows without bound.
 
-    flock /work/wt/bench.lock python bench/soak.py --minutes 10 --out /tmp/soak [-o KEY=VALUE ...]
+    python bench/soak.py --minutes 10 --out /tmp/soak [-o KEY=VALUE ...]
 
 Runs ``agentgym train --config configs/quickstart.toml`` (2 actors, a run long enough not to
 end) and every ``--every`` seconds records the memory (PSS and RSS) and process count of the

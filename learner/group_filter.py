@@ -12,7 +12,7 @@ batch is made of groups with a signal. Two modes:
 - ``"equal"`` (DAPO): every group whose rewards are all equal, all solved or all failed.
 - ``"solved"``: only groups whose episodes all succeeded with equal rewards. An all-failed group
   is still trained: its advantage is 0, but its KL term is what pulls back the tokens that made
-  it fail. Measured on guess_number (docs/off_policy.md, "Filtering solved groups"): under
+  it fail. Measured on guess_number (docs/results-log.md, "Filtering solved groups"): under
   ``"equal"`` the mass that negative advantages push off the sampled guesses at late turns (only
   failing episodes reach them) gathered on a token that is not a guess, every group containing
   it failed and was filtered, and nothing pulled it back: held-out success fell 0.57 -> 0.37.

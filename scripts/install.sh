@@ -16,15 +16,20 @@ if [ -z "$device" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; else device=cpu; fi
 fi
 
-# Debian packages for the environments (Java for SciWorld, Chromium for the web env, a word list…)
+# Debian packages for the environments (Java for SciWorld, Chromium for the web env, a word list…);
+# AGENTGYM_SKIP_SYSTEM_PACKAGES=1 skips them (no root; every other env, training and eval work).
 missing=()
 while read -r pkg _; do
   [ -z "$pkg" ] || [ "${pkg:0:1}" = "#" ] && continue
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done < scripts/system-packages.txt
-if [ ${#missing[@]} -gt 0 ]; then
+if [ ${#missing[@]} -gt 0 ] && [ "${AGENTGYM_SKIP_SYSTEM_PACKAGES:-0}" = 1 ]; then
+  echo "agentgym: AGENTGYM_SKIP_SYSTEM_PACKAGES=1, not installing ${missing[*]}" \
+       "(SciWorld needs Java 17, WebShop Chromium, Wordle wamerican; docs/install.md)" >&2
+elif [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else
-    echo "agentgym: please install the Debian packages: ${missing[*]}" >&2; exit 1; fi
+    echo "agentgym: please install the Debian packages: ${missing[*]}" \
+         "(or run with AGENTGYM_SKIP_SYSTEM_PACKAGES=1 to go without them; docs/install.md)" >&2; exit 1; fi
   echo "agentgym: apt-get install ${missing[*]}"
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

@@ -14,7 +14,7 @@ Settings: the quickstart's config, made smaller where it costs time. Numbers 1 t
 2 turns of at most 2 tokens, 40 steps of 4 groups x 8 episodes. Each token costs one forward
 pass of the reference engine, which bounds the run (about 30 s per algorithm on 2 CPU cores).
 The random tiny model solves 0.016 of the held-out episodes; after 40 steps it solves
-0.15-0.23 of them with seed 0 (docs/off_policy.md has the figures per algorithm and seed).
+0.15-0.23 of them with seed 0 (docs/results-log.md has the figures per algorithm and seed).
 64 held-out tasks with 4 episodes each: the first 16 test tasks alone hold one task with
 target 1, so a policy that favours one number would be judged by luck.
 """

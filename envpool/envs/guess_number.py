@@ -28,7 +28,7 @@ the hints so far allow (a solved game: |I| = 1) and N = high − low + 1: each t
 that halves the interval earns ``shaping / log2 N``; one outside it, a repeat or an invalid reply
 earns 0. Over an episode the shaping telescopes to ``shaping * (Φ(end) − Φ(start))``, so it
 changes no optimal policy; what it adds is a per-turn signal that says which guess used the
-hints, which a 0/1 reward at the end spreads over every turn (docs/off_policy.md, "What holds
+hints, which a 0/1 reward at the end spreads over every turn (docs/results-log.md, "What holds
 guess_number near 0.6"). ``success`` stays "found the number"; held-out success ignores the
 shaping.
 

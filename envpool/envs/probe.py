@@ -18,7 +18,7 @@ tokenizer play it as they are.
               The expert says the right thing.
 
 ``python bench/learn_curve.py -o 'env.name="probe"' -o 'env.kwargs={kind="echo"}'`` trains on one;
-docs/off_policy.md ("The echo probe") reports what the quickstart's learner does on them.
+docs/results-log.md ("The echo probe") reports what the quickstart's learner does on them.
 """
 
 from __future__ import annotations

@@ -72,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--explain", action="store_true", help="every field: type, default, bounds, docstring")
     sub.add_parser("envs", help="list registered environments: what each is, what it needs, which are test-only")
     v = sub.add_parser(
-        "view", help="write a page of what the agent did (episodes, success over steps)",
-        description="Write one self-contained HTML page from a run directory (finished or running): success and "
-        "reward over the steps and the episodes the learner logged (learner.log_episodes per step), each as "
-        "the conversation it trained on. Open it in any browser; it loads nothing from outside.",
+        "view", help="write a page of what the agent did and how it learned (curves, episodes)",
+        description="Write one self-contained HTML page from a run directory (finished or running): the run's "
+        "curves (success, per env and held-out, avg@k/pass@k, reward, throughput, turn limit, loss, grad norm, "
+        "lr, clip fraction, approx KL, importance weights, staleness; smoothing and hover as in TensorBoard) and "
+        "the episodes the learner logged (learner.log_episodes per step), each as the conversation it trained "
+        "on. Open it in any browser; it loads nothing from outside.",
     )  # fmt: skip
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")

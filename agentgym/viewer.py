@@ -22,6 +22,7 @@ environment wrote shows as written.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ CHARTS_JS = Path(__file__).with_name("viewer_charts.js")
 
 
 def _pick(rec: dict[str, Any], keys: tuple[str, ...], pattern: re.Pattern[str]) -> dict[str, Any]:
-    return {k: v for k, v in rec.items() if k in keys or pattern.fullmatch(k)}
+    """The keys the page draws; NaN and infinities become null (JSON.parse takes no NaN)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in rec.items() if k in keys or pattern.fullmatch(k)}  # fmt: skip
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

@@ -68,6 +68,7 @@ function smooth(points, w) {
 // (the y range stops at 1); `steps`: a step function, never smoothed.
 function drawChart(host, spec, smoothing) {
   const box = document.createElement("div"); box.className = "chart"; box.id = "chart-" + spec.id;
+  box.showStep = () => {};  // a chart with no data has no crosshair
   const head = document.createElement("div"); head.className = "chart-title";
   head.append(spec.title, " ");
   const tags = document.createElement("span"); tags.className = "muted tag"; tags.textContent = spec.tags; head.appendChild(tags);

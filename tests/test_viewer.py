@@ -163,7 +163,8 @@ def test_charts_have_legible_axes_fitted_ranges_smoothing_and_hover(tmp_path: Pa
                        "loss": 0.05 / s, "grad_norm": 1.5 + 0.1 * (s % 3), "lr": 1e-2 * (1 - s / 150),
                        "clip_frac": 0.02 * (s % 2), "approx_kl": 1e-4 + 1e-6 * (s % 4), "is_weight_mean": 1.0 + 0.001 * (s % 3 - 1),
                        "env/guess_number/success_rate": 0.3 + s / 250, "env/maze/success_rate": 0.05 + s / 400,
-                       "env/guess_number/turn_limit": 4 if s < 40 else 6, "env/maze/turn_limit": 4})  # fmt: skip
+                       "env/guess_number/turn_limit": 4 if s < 40 else 6, "env/maze/turn_limit": 4,
+                       "kl_ref": float("nan")})  # fmt: skip
     for s in (0, 60, 120):
         evals.write({"step": s, "version": s, "success_rate": 0.1 + s / 400, "reward_mean": 0.1 + s / 400, "avg@8": 0.1 + s / 400,
                      "pass@8": 0.3 + s / 300, "env/guess_number/success_rate": 0.2, "env/maze/success_rate": 0.1})  # fmt: skip
@@ -200,3 +201,10 @@ def test_charts_have_legible_axes_fitted_ranges_smoothing_and_hover(tmp_path: Pa
     assert dom.count('class="raw"') == 11  # each smoothed training series keeps its raw curve (turn limit, lr: not smoothed)
     flat = _chromium_dom(page, "?smooth=0", tmp_path / "profile")
     assert 'class="raw"' not in flat and 'class="tip" hidden' in flat
+    # a run with nothing to draw yet (NaN only, no evaluation): the page still renders, hover or not
+    empty = tmp_path / "empty"
+    w = MetricsWriter(empty / "metrics.jsonl")
+    w.write({"step": 1, "loss": float("nan")})
+    w.close()
+    dom = _chromium_dom(write_page(empty), "?hover=1", tmp_path / "profile")
+    assert [c["id"] for c in _layout(dom)] == ["c-success", "c-reward"] and dom.count(">no data yet</text>") == 2

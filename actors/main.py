@@ -15,14 +15,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentgym.cli_common import add_config_args, resolve_config
+from agentgym.cli_common import add_config_args, fail, resolve_config
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentgym-actor", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     add_config_args(p)
     p.add_argument("--learner", help="learner control address tcp://HOST:PORT (overrides actor.learner)")
-    p.add_argument("--model", type=Path, help="local HF model directory (overrides model.path)")
+    p.add_argument("--model", help="local HF model directory, or a hub id ORG/NAME in the local Hugging Face cache "
+                   "(overrides model.path)")
     p.add_argument("--max-groups", type=int, help="groups played at once (overrides actor.max_groups)")
     p.add_argument("--run-dir", type=Path, help="where this actor writes its logs (default: run.dir/run.name)")
     p.add_argument("--actor-id", help="stable id for this actor (default: random); reuse it to resume after a restart")
@@ -50,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     flags += [f'actor.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("learner_key", args.learner_key),
                                                ("weights_relay", args.weights_relay)) if v]  # fmt: skip
     cfg = resolve_config(args, flags)
+    from agentgym.model_path import ModelNotFound, with_model_found
+
+    try:  # a local dir or a hub id in the local cache (agentgym/model_path.py), before any engine starts
+        cfg = with_model_found(cfg, "--model" if args.model else "model.path")
+    except ModelNotFound as exc:
+        if args.model:  # named on the command line: it must be here
+            raise fail(str(exc)) from None
+        # model.path from a config shared with the learner: not on this host, so the actor plays
+        # with the learner's model directory (a shared filesystem), checked at the handshake
     run_dir = args.run_dir or cfg.run.path
 
     import re

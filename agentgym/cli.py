@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from agentgym import cmd_bench, cmd_keys
-from agentgym.cli_common import add_config_args, resolve_config
+from agentgym.cli_common import add_config_args, preflight, resolve_config
 
 
 def _version() -> str:
@@ -46,6 +46,18 @@ class _VersionAction(argparse.Action):
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`agentgym config --explain | head -1`): stop quietly, as cat does.
+        # stdout goes to /dev/null so the interpreter's final flush does not fail again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="agentgym", description="Asynchronous actor-learner RL for LLM agents.")
     p.add_argument("--version", action=_VersionAction, help="print the package and wire protocol versions and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -145,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     flags += cmd_keys.train_overrides(args.keys) if args.keys else []
     cfg = resolve_config(args, flags)
     cmd_keys.check_train_keys(cfg)
+    cfg = preflight(cfg)  # env names, sink libraries, the model: one line before any process starts
     from agentgym.guardian import start_guardian
     from agentgym.launch import launch
     from agentgym.logs import setup_logging

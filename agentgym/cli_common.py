@@ -29,3 +29,28 @@ def resolve_config(args: argparse.Namespace, flag_overrides: list[str]) -> Confi
     except ConfigError as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise SystemExit(2) from None
+
+
+def fail(message: str, code: int = 2) -> SystemExit:
+    """Print ``error: MESSAGE`` (one line) and return the SystemExit to raise: a user's mistake
+    ends the command without a traceback."""
+    sys.stderr.write(f"error: {message}\n")
+    return SystemExit(code)
+
+
+def preflight(cfg: Config, model_key: str = "model.path") -> Config:
+    """What a run needs from this host, checked before any engine, model or socket starts: every
+    env name is known (envpool/registry.py), every metrics sink's library is installed
+    (agentgym/sinks.py), and the model is found (agentgym/model_path.py, named ``model_key`` in
+    the error). Returns ``cfg`` with ``model.path`` resolved; exits with one line on a problem."""
+    from agentgym.envpool.registry import UnknownEnvError, env_target
+    from agentgym.model_path import ModelNotFound, with_model_found
+    from agentgym.sinks import SinkError, check_sinks
+
+    try:
+        for i, spec in enumerate(cfg.env.specs):
+            env_target(spec.name, f"env.mix[{i}].name" if cfg.env.mix else "env.name")
+        check_sinks(cfg.metrics.sinks)
+        return with_model_found(cfg, model_key)
+    except (UnknownEnvError, SinkError, ModelNotFound) as exc:
+        raise fail(str(exc)) from None

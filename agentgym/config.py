@@ -73,14 +73,20 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 
 
 def _format_errors(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
+    """One line per problem; a single problem is one line in all (what a user reads first)."""
+    lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown key")
+            lines.append(f"{where}: unknown key")
+        elif err["type"] == "value_error":  # our validators' messages name the key and the value
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(msg if msg.startswith(where) else f"{where}: {msg}")
         else:
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
+            lines.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    if len(lines) == 1:
+        return f"invalid config ({source}): {lines[0]}"
+    return "\n  ".join([f"invalid config ({source}):", *lines])
 
 
 def load_config(path: Path | None = None, overrides: list[str] = ()) -> Config:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from agentgym.config_sections import Section
+from agentgym.config_sections import Section, check_tcp
 
 
 class LoraConfig(Section):
@@ -227,6 +227,5 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _ports(self) -> LearnerConfig:
-        if not self.bind.startswith("tcp://") or self.bind.rsplit(":", 1)[-1] in ("*", "0"):
-            raise ValueError(f"learner.bind must be tcp://HOST:PORT with a fixed port, got {self.bind!r}")
+        check_tcp(self.bind, "learner.bind")  # a fixed port: the weight server binds the next one
         return self

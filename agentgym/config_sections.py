@@ -3,14 +3,27 @@ Import them from ``agentgym.config``, which assembles them into ``Config``."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+_TCP = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.*-]+):(\d{1,5})$")
+
+
+def check_tcp(value: str, key: str) -> str:
+    """``value`` if it is a ZeroMQ TCP address tcp://HOST:PORT with a fixed port, else a one-line
+    error naming ``key`` (a bare HOST:PORT would reach zmq and fail there with "Invalid argument")."""
+    m = _TCP.match(value)
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise ValueError(f"{key} must be tcp://HOST:PORT with a fixed port, e.g. tcp://127.0.0.1:5555, got {value!r}")
+    return value
 
 
 class RunConfig(Section):
@@ -364,12 +377,33 @@ class LaunchConfig(Section):
     it needs first, so an asynchronous learner is not slowed by the generation it overlaps."""
 
 
+class WandbConfig(Section):
+    """The W&B run of ``metrics.sinks = [..., "wandb"]``. A field left unset takes W&B's own
+    environment variable (WANDB_MODE, WANDB_PROJECT, WANDB_ENTITY, WANDB_NAME), then the default
+    said below; the values used are logged with the run's config."""
+
+    mode: Literal["offline", "online", "disabled"] | None = None
+    """offline: the run is written to RUN_DIR/wandb only, no account needed (``wandb sync
+    RUN_DIR/wandb/offline-run-*`` uploads it later); online: streamed to the W&B server (after
+    ``wandb login``). Unset: WANDB_MODE, else offline."""
+    project: str | None = None
+    """W&B project. Unset: WANDB_PROJECT, else "agentgym"."""
+    entity: str | None = None
+    """W&B user or team. Unset: WANDB_ENTITY, else the account's default."""
+    name: str | None = None
+    """Display name of the W&B run. Unset: WANDB_NAME, else the run directory's name."""
+
+
 class MetricsConfig(Section):
     """Where metric records go besides ``metrics.jsonl`` / ``eval.jsonl`` (always written)."""
 
     sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = ["jsonl"]
     """Also "tensorboard" (event files in RUN_DIR/tensorboard; extra ``agentgym[tensorboard]``) and
-    "wandb" (offline run in RUN_DIR/wandb, ``wandb sync`` uploads it later; extra ``agentgym[wandb]``)."""
+    "wandb" (a W&B run, offline in RUN_DIR/wandb unless ``[metrics.wandb]`` says otherwise; extra
+    ``agentgym[wandb]``). Both get the resolved config; W&B charts train and eval records each
+    against its own step (``train/step``, ``eval/step``)."""
+    wandb: WandbConfig = WandbConfig()
+    """The W&B run's mode, project, entity and name."""
 
 
 class CriticConfig(Section):

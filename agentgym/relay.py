@@ -263,6 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-json", type=Path, help="JSON log file")
     args = p.parse_args(argv)
+    from agentgym.config_sections import check_tcp
+
+    try:  # one line naming the flag, not zmq's "Invalid argument" from bind or connect
+        check_tcp(args.bind, "--bind")
+        for up in args.upstream:
+            check_tcp(up, "--upstream")
+    except ValueError as exc:
+        print(f"agentgym-relay: {exc}", file=sys.stderr)
+        return 2
 
     from agentgym.allocator import keep_freed_memory
     from agentgym.learner.auth import InsecureBind, ServerKeys, check_bind

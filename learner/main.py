@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentgym.cli_common import add_config_args, resolve_config
+from agentgym.cli_common import add_config_args, preflight, resolve_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, help="run directory (overrides run.dir/run.name)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides run.max_steps)")
     p.add_argument("--mode", choices=["async", "sync"], help="overrides run.mode")
-    p.add_argument("--model", type=Path, help="HF model directory (overrides model.path)")
+    p.add_argument("--model", help="HF model directory, or a hub id ORG/NAME in the local Hugging Face cache "
+                   "(overrides model.path)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its newest checkpoint (weights, optimizer, "
                    "step, version, dedupe state); its config.toml is used unless --config is given")
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.insecure:
         flags.append("learner.insecure=true")
     cfg = resolve_config(args, flags)
+    # env names, sink libraries, the model (a local dir or the hub cache): one line, before torch loads
+    cfg = preflight(cfg, "--model" if args.model else "model.path")
     run_dir = args.run_dir or cfg.run.path
     from agentgym.learner.auth import check_server_config
 

@@ -55,7 +55,7 @@ def test_the_baseline_per_turn_is_the_default_and_a_saved_config_of_any_algorith
 def test_file_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[learner]\nlr = 0.1\nbatch_grups = 4\n")
-    with pytest.raises(ConfigError, match=rf"invalid config \({bad}\):\n  learner\.batch_grups: unknown key"):
+    with pytest.raises(ConfigError, match=rf"invalid config \({bad}\): learner\.batch_grups: unknown key"):
         load_config(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")

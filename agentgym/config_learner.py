@@ -76,6 +76,18 @@ class LearnerConfig(Section):
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 1.0
     actor_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An actor silent for this long is dropped and its tickets are given to others."""
+    ticket_deadline_factor: Annotated[float, Field(ge=1)] = 4.0
+    """A ticket's deadline is this many times its actor's smoothed grant-to-answer time (the
+    slowest actor's while it has answered none); past it the ticket is issued again to another
+    actor and the first answer is trained (docs/operations.md, "Stragglers")."""
+    ticket_deadline_min_s: Annotated[float, Field(gt=0)] = 30.0
+    """Floor of a ticket's deadline, in seconds."""
+    ticket_deadline_max_s: Annotated[float, Field(gt=0)] = 900.0
+    """Cap of a ticket's deadline, in seconds (also the deadline while no actor has answered)."""
+    grant_start: Annotated[int, Field(ge=1)] = 2
+    """Tickets a new actor may hold before it has answered any; each group it answers first and
+    in time lets it hold one more (up to its capacity and its share of the pipeline), each
+    missed deadline halves that."""
     weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 16
     """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
     agentgym's processes set it, agentgym/allocator.py), an actor's received frames reuse freed
@@ -223,6 +235,13 @@ class LearnerConfig(Section):
         a = self.dist_init_addr
         if a is not None and (not a.startswith("tcp://") or not a.rsplit(":", 1)[-1].isdigit()):
             raise ValueError(f"learner.dist_init_addr must be tcp://HOST:PORT, got {a!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _deadlines(self) -> LearnerConfig:
+        if self.ticket_deadline_min_s > self.ticket_deadline_max_s:
+            raise ValueError(f"learner.ticket_deadline_min_s ({self.ticket_deadline_min_s}) must not exceed "
+                             f"learner.ticket_deadline_max_s ({self.ticket_deadline_max_s})")  # fmt: skip
         return self
 
     @model_validator(mode="after")

@@ -72,6 +72,10 @@ class ActorControl:
             self.ledger.issued(tickets)
             self.hub.send(self.sched.actors[actor_id].peer, Grant(tickets=tickets))
 
+    def user_id(self) -> str:
+        """The CURVE key (ZAP user id) of the connection the message being handled came from."""
+        return getattr(getattr(self.hub, "inbox", None), "user_id", "")
+
     # ------------------------------------------------------------------ control
     def welcome_msg(self, index: int) -> Welcome:
         lc = self.cfg.learner
@@ -100,7 +104,19 @@ class ActorControl:
             log.warning("actor_rejected", actor=msg.actor_id, field="model", theirs=msg.model_fingerprint,
                         ours=self.fingerprint, model=str(self.cfg.model.path))  # fmt: skip
             return
-        state, new = self.sched.register(msg.actor_id, peer, msg.hostname, msg.max_groups)
+        conflict = self.sched.identity_conflict(msg.actor_id, self.user_id(), msg.session)
+        if conflict is not None:
+            # With keys: the id is another key's. Without: another process holds it (live). The
+            # Reject reaches the sender only: ZeroMQ routes by the connection that holds the id.
+            self.guard.drop(conflict, kind="Hello", actor_id=msg.actor_id, host=msg.hostname, pid=msg.pid)
+            self.hub.send(peer, Reject(field="actor_id", reason=(
+                f"actor id {msg.actor_id!r} belongs to another CURVE key: each key registers its own ids"
+                if conflict == "actor_id_of_another_key" else
+                f"actor id {msg.actor_id!r} is in use by a live actor (another process); start this one "
+                "with another id, or wait until that one leaves or is dropped after learner.actor_timeout_s"
+            )))  # fmt: skip
+            return
+        state, new = self.sched.register(msg.actor_id, peer, msg.hostname, msg.max_groups, msg.session)
         self.hub.send(peer, self.welcome_msg(state.index))
         if self.weights_msg is not None:
             self.hub.send(peer, self.weights_msg)
@@ -120,7 +136,7 @@ class ActorControl:
         if r.group_id in self.seen:
             return "duplicate"
         self.seen.add(r.group_id)
-        reason = self.guard.content(r)  # vocabulary, budget, masks, versions, finite numbers
+        reason = self.guard.content(r, self.version)  # vocabulary, budget, masks, versions, finite numbers
         if reason is not None:
             self.guard.reject(reason, r)
             if self.evals.owns(r.group_id):  # its round counts it as played, with no usable episode
@@ -155,6 +171,7 @@ class ActorControl:
         self.counters.groups[status] += 1
         if status == "accepted":
             self.counters.episodes["accepted"] += len(trainable_episodes(r))
+            self.ledger.resumed(r)  # episodes continued from a hand-over, counted apart
             self.buffer.add(r, *version_span(r, self.version))
             self.new_data.set()
         elif status == "eval":
@@ -183,6 +200,10 @@ class ActorControl:
                 continue
             if isinstance(msg, Hello):
                 self.welcome(peer, msg)
+                continue
+            if not self.sched.owned_by(actor_id, self.user_id()):
+                # The id was registered by another key: nothing of it is this connection's to touch.
+                self.guard.drop("actor_id_of_another_key", kind=type(msg).__name__, actor_id=actor_id)
                 continue
             state = self.sched.seen(actor_id)
             if state is None:
@@ -214,10 +235,17 @@ class ActorControl:
                 # messages may still be in the inbox, so their silence is not theirs. Start over.
                 log.warning("learner_stalled", seconds=round(now - last, 1))
                 self.sched.touch_all()
+                self.sched.postpone(now - last)  # nor are the deadlines it missed meanwhile
             last = now
             for dead in self.sched.expire(lc.actor_timeout_s):
                 log.warning("actor_lost", actor=dead.index, actor_id=dead.actor_id,
                             silent_s=lc.actor_timeout_s, tickets_returned=len(dead.outstanding))  # fmt: skip
+            for late, ticket in self.sched.overdue():
+                # A live heartbeat says nothing of this ticket: another actor plays it too, the
+                # first answer is trained and the other is acknowledged duplicate.
+                log.warning("ticket_overdue", group=ticket.group_id, actor=late.index, actor_id=late.actor_id,
+                            turnaround_s=None if late.turnaround_s is None else round(late.turnaround_s, 2),
+                            missed=late.missed, grant=late.earned)  # fmt: skip
             # The staleness rule's headroom tells actors whether playing more at once would help.
             hint = {"headroom": float(self.sched.headroom(self.version)), "stale_groups": float(
                 self.counters.groups["stale"] + self.counters.expired["groups"])}

@@ -10,14 +10,27 @@ Each actor is granted up to its current capacity, which it sizes itself and repo
 heartbeats (``actors/concurrency.py``).
 
 Tickets of an actor that leaves or goes silent are re-issued to the others, so no group is lost.
+
+Deadlines and earned grants (docs/operations.md, "Stragglers"): a live heartbeat says nothing of
+the tickets an actor holds, so every ticket also has a deadline, ``deadline_factor`` times its
+actor's observed grant-to-answer time (the slowest actor's for one with none yet; the cap while
+no actor has answered), within [``deadline_min_s``, ``deadline_max_s``]. ``overdue`` issues a
+ticket past its deadline again to another actor; the first answer is trained and the other is
+acknowledged ``duplicate`` (``late_answers`` counts them). The late holder keeps the slot until it
+answers, and its earned grant is halved, so a hoarder ends up holding one ticket and a hung engine
+behind a live heartbeat loses its tickets one deadline after it hangs. An actor holds at most
+``min(capacity, earned, share)`` tickets: ``earned`` starts at ``grant_start`` and grows by one per
+group it answers first; ``share`` is twice its fraction of the last ``SHARE_WINDOW`` first answers,
+of the tickets the staleness rule admits (never below ``grant_start``).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +52,25 @@ class ActorState:
     weight_version: int = -1
     groups_done: int = 0
     pid: int = 0
+    session: str = ""
+    """The Hello's per-process nonce: without keys, a Hello under a live id with another one is refused."""
+    deadlines: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Outstanding group id -> (granted at, deadline), monotonic seconds; inf once past it."""
+    late: dict[str, float] = field(default_factory=dict)
+    """Tickets answered first by another actor that this one still plays: each holds a slot
+    until its (duplicate) answer comes, so an actor that never answers is never given more."""
+    earned: int = 0
+    """Tickets this actor may hold on its record (see the module docstring)."""
+    turnaround_s: float | None = None
+    """Smoothed seconds from grant to answer (None until its first answer)."""
+    missed: int = 0
+    """Tickets of this actor that passed their deadline."""
+    last_grant: float = 0.0
+    """When it was last granted a ticket (ties in ``fill`` go to the one served least recently)."""
+
+    @property
+    def held(self) -> int:
+        return len(self.outstanding) + len(self.late)
 
 
 class Scheduler:
@@ -53,6 +85,10 @@ class Scheduler:
         seed: int,
         issued: int = 0,
         rule: StalenessRule | None = None,
+        deadline_factor: float = 4.0,
+        deadline_min_s: float = 30.0,
+        deadline_max_s: float = 900.0,
+        grant_start: int = 2,
     ) -> None:
         if not envs:
             raise ValueError("Scheduler: no environment to play")
@@ -76,19 +112,53 @@ class Scheduler:
         batch_groups x max_staleness of them no batch could ever fill again."""
         self.rule = rule or StalenessRule(mode=mode, max_staleness=max_staleness, batch_groups=batch_groups)  # type: ignore[arg-type]
         self._next_index = 0
+        self.deadline_factor, self.deadline_min_s, self.deadline_max_s = deadline_factor, deadline_min_s, deadline_max_s
+        self.grant_start = grant_start
+        self._copies: dict[str, set[str]] = {}
+        """Tickets issued again past a deadline and not yet answered -> the actors holding them."""
+        self._firsts: deque[str] = deque(maxlen=self.SHARE_WINDOW)
+        """Actor ids of the last first answers (demonstrated throughput)."""
+        self._first_counts: Counter[str] = Counter()
+        self.deadline_reissued = 0
+        """Tickets issued again because their holder missed the deadline (events)."""
+        self.late_answers = 0
+        """Answers to a ticket another actor had answered first after a deadline (acked duplicate)."""
+        self.owners: dict[str, str] = {}
+        """Actor id -> the CURVE user id (z85 public key) that registered it: one key, one identity."""
+
+    SHARE_WINDOW = 256
+    """First answers over which each actor's share of the pipeline is measured."""
 
     # ------------------------------------------------------------------ actors
-    def register(self, actor_id: str, peer: bytes, hostname: str, max_groups: int) -> tuple[ActorState, bool]:
+    def register(self, actor_id: str, peer: bytes, hostname: str, max_groups: int, session: str = "") -> tuple[ActorState, bool]:
         """Add an actor, or refresh one that reconnects. Returns (state, is_new)."""
         now = time.monotonic()
         known = self.actors.get(actor_id)
         if known is not None:
-            known.peer, known.last_seen, known.max_groups = peer, now, max_groups
+            known.peer, known.last_seen, known.max_groups, known.session = peer, now, max_groups, session
             return known, False
-        state = ActorState(actor_id, peer, self._next_index, hostname, max_groups, now)
+        state = ActorState(actor_id, peer, self._next_index, hostname, max_groups, now, session=session,
+                           earned=self.grant_start)  # fmt: skip
         self._next_index += 1
         self.actors[actor_id] = state
         return state, True
+
+    def identity_conflict(self, actor_id: str, user_id: str, session: str) -> str | None:
+        """Why a Hello for ``actor_id`` must be refused (None: it may register). With keys
+        (``user_id``: the ZAP user id of the connection) the id belongs to the first key that
+        registered it, for the whole run; without keys a live actor's id is refused to a Hello of
+        another process (another ``session``) until that actor leaves or times out."""
+        if user_id:
+            owner = self.owners.setdefault(actor_id, user_id)
+            return None if owner == user_id else "actor_id_of_another_key"
+        known = self.actors.get(actor_id)
+        if known is not None and known.session and session != known.session:
+            return "actor_id_in_use"
+        return None
+
+    def owned_by(self, actor_id: str, user_id: str) -> bool:
+        """Whether a message naming ``actor_id`` may come from the key ``user_id`` ('' without keys)."""
+        return not user_id or self.owners.get(actor_id, user_id) == user_id
 
     def seen(self, actor_id: str) -> ActorState | None:
         state = self.actors.get(actor_id)
@@ -101,7 +171,14 @@ class Scheduler:
         state = self.actors.pop(actor_id, None)
         if state is None:
             return []
-        back = list(state.outstanding.values())
+        back = []
+        for t in state.outstanding.values():
+            holders = self._copies.get(t.group_id)
+            if holders is not None:  # issued again past its deadline: that copy is in play or queued
+                holders.discard(actor_id)
+                if holders or any(q.group_id == t.group_id for q in self.requeue):
+                    continue
+            back.append(t)
         self.requeue.extendleft(reversed(back))
         return back
 
@@ -118,6 +195,48 @@ class Scheduler:
         for a in dead:
             self.remove(a.actor_id)
         return dead
+
+    # ------------------------------------------------------------------ deadlines
+    def deadline_s(self, state: ActorState) -> float:
+        """Seconds a ticket granted to ``state`` now may take before it is issued again."""
+        est = state.turnaround_s
+        if est is None:  # no answer yet: as long as the slowest actor that has answered
+            est = max((a.turnaround_s for a in self.actors.values() if a.turnaround_s is not None), default=None)
+        if est is None:
+            return self.deadline_max_s
+        return min(max(self.deadline_factor * est, self.deadline_min_s), self.deadline_max_s)
+
+    def overdue(self, now: float | None = None) -> list[tuple[ActorState, Ticket]]:
+        """Tickets past their deadline: each is queued to be issued again (first in line) and its
+        holder's earned grant is halved. The holder keeps it: its answer, if first, still counts."""
+        now = time.monotonic() if now is None else now
+        missed: list[tuple[ActorState, Ticket]] = []
+        for a in self.actors.values():
+            for gid in [g for g, (_, dl) in a.deadlines.items() if now > dl]:
+                a.deadlines[gid] = (a.deadlines[gid][0], math.inf)  # issued again once, not each tick
+                t = a.outstanding[gid]
+                a.missed += 1
+                a.earned = max(1, a.earned // 2)
+                self._copies.setdefault(gid, set()).add(a.actor_id)
+                self.requeue.appendleft(t)
+                self.deadline_reissued += 1
+                missed.append((a, t))
+        return missed
+
+    def postpone(self, seconds: float) -> None:
+        """Move every deadline ``seconds`` later (the learner itself was held up that long)."""
+        for a in self.actors.values():
+            a.deadlines = {g: (t0, dl + seconds) for g, (t0, dl) in a.deadlines.items()}
+
+    def limit(self, state: ActorState, version: int) -> int:
+        """Tickets ``state`` may hold now: min(capacity, earned, share of the pipeline)."""
+        share = self.grant_start
+        if self._firsts and len(self.actors) > 1:
+            pipeline = max(self.batch_groups, self.live(version) + self.headroom(version))
+            share = max(share, math.ceil(2 * pipeline * self._first_counts[state.actor_id] / len(self._firsts)))
+        else:
+            share = max(share, state.max_groups)
+        return min(state.max_groups, state.earned, share)
 
     # ------------------------------------------------------------------ tickets
     def _new_ticket(self, min_version: int) -> Ticket:
@@ -169,39 +288,90 @@ class Scheduler:
     def fill(self, version: int) -> dict[str, list[Ticket]]:
         """Hand out tickets to actors with free capacity; returns new tickets per actor."""
         grants: dict[str, list[Ticket]] = {}
-        for state in sorted(self.actors.values(), key=lambda a: len(a.outstanding)):
-            while len(state.outstanding) < state.max_groups:
-                ticket = self._next_for(version)
+        now = time.monotonic()
+        # One ticket per actor per round, the least served first: a pipeline smaller than the
+        # fleet's capacity is spread over the actors, not given to whichever is first in line.
+        limits = {a.actor_id: self.limit(a, version) for a in self.actors.values()}
+        pending = sorted(self.actors.values(), key=lambda a: (a.held, a.last_grant))
+        while pending:
+            again = []
+            for state in pending:
+                if state.held >= limits[state.actor_id]:
+                    continue
+                ticket = self._next_for(version, state)
                 if ticket is None:
-                    return grants
+                    continue  # nothing for it (the rule admits none, or only its own overdue tickets wait)
                 state.outstanding[ticket.group_id] = ticket
+                state.deadlines[ticket.group_id] = (now, now + self.deadline_s(state))
+                state.last_grant = now
+                if ticket.group_id in self._copies:
+                    self._copies[ticket.group_id].add(state.actor_id)
                 grants.setdefault(state.actor_id, []).append(ticket)
+                again.append(state)
+            pending = again
         return grants
 
-    def _next_for(self, version: int) -> Ticket | None:
-        if self.requeue:
-            return self.requeue.popleft()
+    def _next_for(self, version: int, state: ActorState) -> Ticket | None:
+        for i, t in enumerate(self.requeue):
+            if t.group_id not in state.outstanding and t.group_id not in state.late:  # not its own again
+                del self.requeue[i]
+                return t
         if self.eval_queue:
             return self.eval_queue.popleft()
-        min_version = self.rule.min_version(self.live(version))
+        min_version = self.rule.min_version(self.live(version), version)
         return None if min_version is None else self._new_ticket(min_version)
 
-    def complete(self, actor_id: str, group_id: str) -> Ticket | None:
-        """A rollout for ``group_id`` arrived from ``actor_id``; release its ticket."""
+    def complete(self, actor_id: str, group_id: str, now: float | None = None) -> Ticket | None:
+        """A rollout for ``group_id`` arrived from ``actor_id``; release its ticket. Returns it
+        when this is its first answer (None: answered before, or unknown)."""
+        now = time.monotonic() if now is None else now
         state = self.actors.get(actor_id)
+        ticket = None
         if state is not None:
             state.groups_done += 1
+            if group_id in state.late:  # another actor answered first: this is the duplicate
+                self._observe(state, now - state.late.pop(group_id))  # still how long it takes
+                self.late_answers += 1
+                return None
             ticket = state.outstanding.pop(group_id, None)
+            t0, deadline = state.deadlines.pop(group_id, (None, math.inf))
             if ticket is not None:
-                return ticket
+                if t0 is not None:
+                    self._observe(state, now - t0)
+                if deadline != math.inf:  # answered first and in time: it earns one more
+                    state.earned = min(state.earned + 1, max(state.max_groups, self.grant_start))
+                self._first(actor_id)
+        holders = self._copies.pop(group_id, set())
+        for other in holders - {actor_id}:  # copies issued past a deadline: their answers are late now
+            o = self.actors.get(other)
+            if o is not None and o.outstanding.pop(group_id, None) is not None:
+                o.late[group_id] = o.deadlines.pop(group_id, (now, 0.0))[0]
+        if ticket is not None:
+            self._drop_queued(group_id)
+            return ticket
         # The ticket may have been re-queued (its first actor was presumed dead) or moved.
+        return self._drop_queued(group_id)  # None: unknown or answered before (a duplicate)
+
+    @staticmethod
+    def _observe(state: ActorState, took: float) -> None:
+        state.turnaround_s = took if state.turnaround_s is None else 0.7 * state.turnaround_s + 0.3 * took
+
+    def _first(self, actor_id: str) -> None:
+        if len(self._firsts) == self._firsts.maxlen:
+            self._first_counts[self._firsts[0]] -= 1
+        self._firsts.append(actor_id)
+        self._first_counts[actor_id] += 1
+
+    def _drop_queued(self, group_id: str) -> Ticket | None:
         for queue in (self.requeue, self.eval_queue):
             for i, t in enumerate(queue):
                 if t.group_id == group_id:
                     del queue[i]
                     return t
-        return None  # unknown or already re-issued elsewhere: that copy will come back a duplicate
+        return None
 
     @property
     def in_flight(self) -> int:
-        return sum(len(a.outstanding) for a in self.actors.values()) + len(self.requeue) + len(self.eval_queue)
+        """Distinct tickets held by actors or queued (a ticket issued again past its deadline counts once)."""
+        held = {g for a in self.actors.values() for g in a.outstanding}
+        return len(held | {t.group_id for t in self.requeue}) + len(self.eval_queue)

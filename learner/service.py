@@ -69,6 +69,10 @@ class Learner(ActorControl):
             run_id=self.run_id,
             seed=cfg.run.seed,
             rule=self.rule,
+            deadline_factor=lc.ticket_deadline_factor,
+            deadline_min_s=lc.ticket_deadline_min_s,
+            deadline_max_s=lc.ticket_deadline_max_s,
+            grant_start=lc.grant_start,
         )
         self.guard = Guard(group_size=cfg.rollout.group_size, max_episode_tokens=cfg.rollout.max_episode_tokens,
                            vocab_size=vocab_size(cfg.model.path))  # fmt: skip
@@ -220,6 +224,7 @@ class Learner(ActorControl):
             **self.counters.rates(int(stats["agent_tokens"])),
             "actors": len(self.sched.actors), "buffered_groups": len(self.buffer),
             "tickets_in_flight": self.sched.in_flight,
+            "tickets_deadline_reissued": self.sched.deadline_reissued, "late_answers": self.sched.late_answers,
             **self.counters.step_fields(),
             **self.guard.metrics(),
             **stats,
@@ -250,13 +255,14 @@ class Learner(ActorControl):
         """What the service needs after a resume (step and version come from the trainer's step):
         the dedupe set, the ticket counter, the open tickets and the turn-limit curriculum."""
         return {"seen": sorted(self.seen), "issued": self.sched.issued, "open_tickets": self.guard.state(),
-                "curriculum": self.curriculum.state()}  # fmt: skip
+                "curriculum": self.curriculum.state(), "owners": dict(self.sched.owners)}  # fmt: skip
 
     def restore(self, extra: dict[str, object]) -> None:
         self.step = self.trainer.step
         self.seen = set(extra.get("seen", []))  # type: ignore[arg-type]
         self.sched.issued = int(extra.get("issued", 0))  # type: ignore[arg-type]
         self.guard.restore(extra.get("open_tickets", []))  # type: ignore[arg-type]  # their late rollouts still count
+        self.sched.owners = dict(extra.get("owners", {}))  # type: ignore[call-overload]  # ids stay their keys'
         fresh = self.curriculum.restore(extra.get("curriculum"), self.step)  # type: ignore[arg-type]
         if fresh:
             log.warning("curriculum_state_missing", envs=fresh, step=self.step, stage=0)
@@ -335,6 +341,8 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         c = learner.counters
         in_flight = [g for a in learner.sched.actors.values() for g in a.outstanding] + [t.group_id for t in learner.sched.requeue]
         tickets = learner.ledger.summary([r.group_id for r in learner.buffer], in_flight)
+        # Issued again past a deadline (events, also in ``reissued``) and the answers that then came second.
+        tickets.update(deadline_reissued=learner.sched.deadline_reissued, late_answers=learner.sched.late_answers)
         learner.ledger.close()
         log.info("learner_finished", reason=reason, step=learner.step, groups=c.groups, episodes=c.episodes,
                  expired=c.expired, bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip

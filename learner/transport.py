@@ -76,8 +76,12 @@ class Inbox:
     ACKS_PER_MESSAGE: int = 64
     """Most group ids one coalesced Ack carries."""
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, user_ids: bool = False) -> None:
         self._sock = sock
+        self._user_ids = user_ids
+        self.user_id = ""
+        """The ZAP user id (the CURVE public key, z85) of the connection the message handed out
+        last came from ('' without keys): read it right after each message (learner/control.py)."""
         self._fd: int = sock.getsockopt(zmq.FD)
         self._sleeping: trio.CancelScope | None = None  # set while the reader waits on the FD
         self._since_checkpoint = 0
@@ -137,6 +141,12 @@ class Inbox:
         sock = self._sock
         peer = sock.recv(NOBLOCK)
         frames: list[bytes | memoryview] = []
+        if self._user_ids and sock.getsockopt(RCVMORE):
+            # With keys, the header's Frame says which key the connection authenticated with:
+            # the actor id it names must be that key's (one key, one identity).
+            head = sock.recv(NOBLOCK, copy=False)
+            self.user_id = head.get("User-Id") or ""
+            frames.append(head.bytes)
         while sock.getsockopt(RCVMORE):  # the parts of one message arrive together: no Again here
             frames.append(sock.recv(NOBLOCK, copy=False).buffer if frames else sock.recv(NOBLOCK))
         return peer, frames
@@ -266,7 +276,7 @@ class Hub:
             self._control = self._make_router(self.bind, rcvhwm=self.inbox_size)
         except zmq.ZMQError as exc:
             raise OSError(f"learner cannot bind {self.bind}: {exc}") from None
-        self.inbox = Inbox(self._control)
+        self.inbox = Inbox(self._control, user_ids=self.keys is not None)
 
     def send(self, peer: bytes, msg: Message) -> None:
         self.inbox.send(peer, encode(msg))  # type: ignore[arg-type]

@@ -79,17 +79,18 @@ class Guard:
         return None
 
     # ------------------------------------------------------------------ content
-    def content(self, r: Rollout) -> str | None:
-        """None if every episode's arrays are consistent, finite and in range."""
+    def content(self, r: Rollout, version: int | None = None) -> str | None:
+        """None if every episode's arrays are consistent, finite and in range (agent tokens'
+        versions within [0, ``version``], the learner's: no weights it never made)."""
         if len(r.episodes) != self.group_size:
             return "group_size"
         for e in r.episodes:
-            reason = self._episode(e)
+            reason = self._episode(e, version)
             if reason is not None:
                 return reason
         return None
 
-    def _episode(self, e: object) -> str | None:
+    def _episode(self, e: object, version: int | None) -> str | None:
         ids = unpack(e.token_ids, I32)  # type: ignore[attr-defined]
         n = ids.size
         if n > self.max_episode_tokens:
@@ -102,8 +103,11 @@ class Guard:
         agent = mask == 1
         vers = unpack(e.versions, I32)  # type: ignore[attr-defined]
         if np.any(vers[~agent] != -1) or np.any(vers[agent] < 0):
-            # (a version above the learner's own is judged stale: legitimate after a resume)
             return "versions_inconsistent_with_mask"
+        if version is not None and agent.any() and int(vers[agent].max()) > version:
+            # Weights the learner never made (after a resume from an earlier checkpoint the
+            # actors' newer weights are gone too: what they played then is not trainable either).
+            return "version_out_of_range"
         lp = unpack(e.logprobs, F32)  # type: ignore[attr-defined]
         if not np.all(np.isfinite(lp)) or np.any(lp[agent] > 1e-5):  # log-probabilities: <= 0 (+ rounding)
             return "logprob_not_finite_or_positive"

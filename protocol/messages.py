@@ -51,6 +51,9 @@ class Hello(Message):
     engine: ShortStr
     max_groups: Positive
     """How many groups (tickets) the actor can play at once."""
+    session: ShortStr = ""
+    """A nonce drawn once per actor process: a Hello under the id of a live actor with another
+    session is refused by a learner without keys (a second process must not take over the id)."""
 
 
 class CriticSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

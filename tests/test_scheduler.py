@@ -10,9 +10,12 @@ from agentgym.config import EnvSpec
 from agentgym.learner.scheduler import Scheduler
 
 
-def make(mode: str = "async", batch: int = 4, staleness: int = 1, envs: list[EnvSpec] | None = None) -> Scheduler:
+def make(mode: str = "async", batch: int = 4, staleness: int = 1, envs: list[EnvSpec] | None = None,
+         grant_start: int = 10**6, **kw: float) -> Scheduler:  # fmt: skip
+    """A scheduler; ``grant_start`` large: capacity alone limits grants unless a test says otherwise."""
     envs = envs or [EnvSpec(name="guess_number", task_start=100, task_count=50)]
-    return Scheduler(envs=envs, batch_groups=batch, max_staleness=staleness, mode=mode, run_id="r", seed=0)
+    return Scheduler(envs=envs, batch_groups=batch, max_staleness=staleness, mode=mode, run_id="r", seed=0,
+                     grant_start=grant_start, **kw)  # type: ignore[arg-type]  # fmt: skip
 
 
 def test_async_admission_bounds_tickets_by_version_and_staleness() -> None:
@@ -164,3 +167,110 @@ def test_sync_round_replaces_a_forfeited_group() -> None:
     s.forfeit(tickets[0].group_id)  # e.g. every episode of it failed: the round would never fill
     again = s.fill(0)["a"]
     assert len(again) == 1 and again[0].min_version == 0 and s.fill(0) == {}
+
+
+def test_a_ticket_past_its_deadline_is_issued_again_and_the_later_answer_is_late() -> None:
+    s = make(batch=100, grant_start=1, deadline_min_s=10, deadline_max_s=60)
+    s.register("hoarder", b"h", "h", max_groups=64)
+    t = s.fill(0)["hoarder"][0]
+    assert s.fill(0) == {}  # a new actor starts with grant_start tickets, whatever it asks
+    _, deadline = s.actors["hoarder"].deadlines[t.group_id]
+    assert s.overdue(deadline - 1) == []
+    assert [x.group_id for _, x in s.overdue(deadline + 1)] == [t.group_id]
+    assert s.overdue(deadline + 2) == []  # issued again once
+    assert s.deadline_reissued == 1 and s.requeue[0] == t
+    assert s.fill(0) == {}  # never back to the actor that missed it
+    s.register("honest", b"o", "h", max_groups=4)
+    assert s.fill(0)["honest"] == [t] and t.group_id in s.actors["hoarder"].outstanding
+    assert s.in_flight == len({*s.actors["honest"].outstanding, *s.actors["hoarder"].outstanding})
+    assert s.complete("honest", t.group_id) == t  # first answer
+    hoarder = s.actors["hoarder"]
+    assert hoarder.outstanding == {} and list(hoarder.late) == [t.group_id]
+    assert "hoarder" not in s.fill(0)  # the late slot stays taken: nothing more for it
+    assert s.complete("hoarder", t.group_id) is None and s.late_answers == 1
+    assert hoarder.late == {} and hoarder.earned == 1 and hoarder.missed == 1
+
+
+def test_the_late_holder_answering_first_wins_and_the_copy_becomes_late() -> None:
+    s = make(batch=100, grant_start=1, deadline_min_s=1, deadline_max_s=5)
+    s.register("slow", b"s", "h", max_groups=1)
+    t = s.fill(0)["slow"][0]
+    s.overdue(s.actors["slow"].deadlines[t.group_id][1] + 1)
+    s.register("fast", b"f", "h", max_groups=1)
+    assert s.fill(0)["fast"] == [t]
+    assert s.complete("slow", t.group_id) == t
+    assert s.actors["fast"].late.keys() == {t.group_id} and s.actors["slow"].turnaround_s is not None
+    assert s.complete("fast", t.group_id) is None and s.late_answers == 1
+
+
+def test_deadlines_follow_each_actors_observed_time_within_floor_and_cap() -> None:
+    s = make(batch=1000, grant_start=4, deadline_factor=4, deadline_min_s=2, deadline_max_s=100)
+    s.register("a", b"a", "h", max_groups=4)
+    assert s.deadline_s(s.actors["a"]) == 100  # nobody has answered: the cap
+    got = s.fill(0)["a"]
+    t0 = s.actors["a"].deadlines[got[0].group_id][0]
+    s.complete("a", got[0].group_id, now=t0 + 3)
+    assert s.deadline_s(s.actors["a"]) == 12
+    s.register("b", b"b", "h", max_groups=4)
+    assert s.deadline_s(s.actors["b"]) == 12  # a newcomer: as long as the slowest that answered
+    s.complete("a", got[1].group_id, now=t0 + 0.01)
+    assert s.deadline_s(s.actors["a"]) == pytest.approx(4 * (0.7 * 3 + 0.3 * 0.01))  # smoothed
+    s.actors["a"].turnaround_s = 0.01
+    assert s.deadline_s(s.actors["a"]) == 2  # the floor
+    s.actors["a"].turnaround_s = 1000
+    assert s.deadline_s(s.actors["a"]) == 100  # the cap
+
+
+def test_grants_are_earned_by_answers_and_halved_by_missed_deadlines() -> None:
+    s = make(batch=1000, grant_start=2)
+    s.register("a", b"a", "h", max_groups=8)
+    held = s.fill(0)["a"]
+    assert len(held) == 2
+    for t in held:
+        s.complete("a", t.group_id)
+    assert len(s.fill(0)["a"]) == 4  # +1 per group answered first, in time
+    a = s.actors["a"]
+    s.overdue(max(dl for _, dl in a.deadlines.values()) + 1)
+    assert a.earned == 1 and a.missed == 4  # halved per miss, never below one
+
+
+def test_an_actor_holds_no_more_than_its_share_of_the_pipeline_by_demonstrated_throughput() -> None:
+    s = make(batch=8, staleness=2, grant_start=2)  # the rule admits 24 tickets
+    for name in ("fast", "slow", "new"):
+        s.register(name, b"x", "h", max_groups=24)
+        s.actors[name].earned = 24
+    assert s.limit(s.actors["slow"], 0) == 24  # nothing answered yet: capacity and earned decide
+    for i in range(220):  # fast answered ten groups for each of slow's
+        s._first("slow" if i % 11 == 0 else "fast")
+    assert s.limit(s.actors["fast"], 0) == 24
+    assert s.limit(s.actors["slow"], 0) == 5  # ceil(2 x 24 x 20/220)
+    assert s.limit(s.actors["new"], 0) == 2  # no answer yet: grant_start
+
+
+def test_an_actor_that_leaves_returns_only_tickets_not_already_issued_again() -> None:
+    s = make(batch=100, grant_start=2, deadline_max_s=5)
+    s.register("a", b"a", "h", max_groups=2)
+    t1, t2 = s.fill(0)["a"]
+    s.overdue(s.actors["a"].deadlines[t1.group_id][1] + 1)
+    assert {t.group_id for t in s.requeue} == {t1.group_id, t2.group_id}  # both past the deadline
+    s.requeue.remove(t2)
+    s.actors["a"].deadlines[t2.group_id] = (0.0, 1e18)
+    s._copies.pop(t2.group_id)  # t2 as if it were not late: t1's copy is still queued
+    assert s.remove("a") == [t2] and list(s.requeue) == [t2, t1]
+
+
+def test_one_key_one_identity_and_no_takeover_of_a_live_id_without_keys() -> None:
+    s = make()
+    assert s.identity_conflict("a", "KEY1", "") is None
+    s.register("a", b"a", "h", max_groups=1)
+    assert s.identity_conflict("a", "KEY2", "") == "actor_id_of_another_key"
+    assert s.owned_by("a", "KEY1") and not s.owned_by("a", "KEY2") and s.owned_by("b", "KEY2")
+    s.remove("a")
+    assert s.identity_conflict("a", "KEY2", "") == "actor_id_of_another_key"  # gone, still its key's
+    # without keys: the live id is refused to another process, its own reconnect is welcome
+    s.register("b", b"b", "h", max_groups=1, session="s1")
+    assert s.identity_conflict("b", "", "s1") is None
+    assert s.identity_conflict("b", "", "s2") == "actor_id_in_use"
+    assert s.identity_conflict("b", "", "") == "actor_id_in_use"
+    s.remove("b")
+    assert s.identity_conflict("b", "", "s2") is None

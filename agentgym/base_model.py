@@ -1,6 +1,7 @@
 """A base model for the demo: the tiny random model trained as a language model on random play.
 
     agentgym make-model --arch tiny --pretrain-steps 300 --pretrain-env guess_number models/tiny-base
+    agentgym make-model --arch agent-small --pretrain-steps 1500 --pretrain-env mix models/agent-small-base
     [model] create_tiny = true, pretrain_steps = 300      # the same, when a run creates its model
 
 A real run starts from a pretrained checkpoint, whose hidden state at the generation prompt
@@ -8,8 +9,10 @@ depends on what the prompt says. The tiny random model's does not: its last hidd
 is the same vector whatever the observation, up to a few percent of its norm (docs/off_policy.md,
 "The echo probe"), so a policy-gradient step moves every state's logits the same way, and RL
 settles on one unconditional distribution over actions before it learns to read the
-observation. This module gives the demo what a real checkpoint has: it plays the env with
-uniformly random actions (``Env.random_action``: no good move is ever shown) and trains the
+observation. This module gives the demo what a real checkpoint has: it plays the env (or a mix
+of envs, each episode drawing its env by weight) with uniformly random actions
+(``Env.random_action``: no good move is ever shown; an action is as many tokens as the
+tokenizer makes of it) and trains the
 model by next-token cross-entropy on every token of those transcripts, built exactly as actors
 build them (``actors/conversation.Conversation``, the env's instructions as system message). To
 predict the env's replies the model has to read the history (which hint follows a guess depends
@@ -29,7 +32,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import structlog
 
@@ -39,14 +42,23 @@ PRETRAIN_BATCH = 32
 PRETRAIN_TURNS = 6
 
 
+MIX = "mix"
+"""``--pretrain-env mix``: the game envs of ``agentgym.agent_model.GAME_MIX``, equal weights."""
+
+EnvMix = Sequence[tuple[str, dict[str, Any], float]]
+"""(env name, its options, its weight) per env that random play draws episodes from."""
+
+
 def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.Random) -> list[int]:
     """Token ids of one episode of ``env`` played with ``env.random_action``, as an actor builds them."""
     from agentgym.actors.conversation import Conversation
 
-    conv = Conversation.start(tokenizer, env.instructions() or None, env.reset(task_id))
+    first = env.reset(task_id)  # before instructions(): some envs' instructions name the task
+    conv = Conversation.start(tokenizer, env.instructions() or None, first)
     for _ in range(turns):
         action = env.random_action(rng)
-        conv.add_agent_turn(tokenizer.encode(action, add_special_tokens=False), [0.0], 0)
+        ids = tokenizer.encode(action, add_special_tokens=False)
+        conv.add_agent_turn(ids, [0.0] * len(ids), 0)
         result = env.step(action)
         if result.done:
             break
@@ -66,26 +78,54 @@ def lm_loss(model: Any, episodes: list[list[int]], pad_id: int) -> Any:
     return torch.nn.functional.cross_entropy(logits[keep], ids[:, 1:][keep])
 
 
-def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str, env_kwargs: dict[str, Any] | None = None, *,
-                     steps: int = 300, lr: float = 3e-3, seed: int = 0, turns: int = PRETRAIN_TURNS) -> dict[str, Any]:  # fmt: skip
-    """Train the model at ``model_dir`` on random play of ``env_name``; write it to ``out_dir``.
+def mix_of(env_name: str, env_kwargs: dict[str, Any] | None = None) -> EnvMix:
+    """The envs that ``env_name`` stands for: itself with ``env_kwargs``, or ``MIX``'s games."""
+    if env_name == MIX:
+        from agentgym.agent_model import GAME_MIX
+
+        return list(GAME_MIX)
+    return [(env_name, dict(env_kwargs or {}), 1.0)]
+
+
+def _build_envs(mix: EnvMix, rng: random.Random) -> list[Any]:
+    from agentgym.envpool.registry import resolve_env
+
+    envs = []
+    for name, kwargs, _ in mix:
+        env = resolve_env(name)(**kwargs)
+        try:
+            env.reset(0)
+            env.random_action(rng)
+        except NotImplementedError as e:
+            raise ValueError(f"pretrain_on_play: env {name!r} cannot be pretrained on: {e}") from None
+        envs.append(env)
+    return envs
+
+
+def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None = None,
+                     *, steps: int = 300, lr: float = 3e-3, seed: int = 0, turns: int = PRETRAIN_TURNS) -> dict[str, Any]:  # fmt: skip
+    """Train the model at ``model_dir`` on random play of ``env_name`` (an env's name, ``MIX``, or
+    an ``EnvMix``); write it to ``out_dir``.
 
     Returns the record also written to ``out_dir/pretrain.json``. ``model_dir`` may be ``out_dir``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentgym.envpool.registry import resolve_env
-
     if steps < 1:
         raise ValueError(f"pretrain_on_play: steps must be >= 1, got {steps}")
-    env_cls = resolve_env(env_name)
-    env = env_cls(**(env_kwargs or {}))
+    mix = mix_of(env_name, env_kwargs) if isinstance(env_name, str) else list(env_name)
     rng = random.Random(seed)
-    try:
-        env.reset(0)
-        env.random_action(rng)
-    except NotImplementedError as e:
-        raise ValueError(f"pretrain_on_play: env {env_name!r} cannot be pretrained on: {e}") from None
+    envs = _build_envs(mix, rng)
+    weights = [w for _, _, w in mix]
+
+    # Training transcripts come from each env's train split, the held-out ones from its test split.
+    splits = [{s: type(e).tasks(s, **k) for s in ("train", "test")} for e, (_, k, _) in zip(envs, mix)]
+
+    def play(split: str, r: random.Random) -> list[int]:
+        i = 0 if len(envs) == 1 else r.choices(range(len(envs)), weights)[0]
+        ids = splits[i][split]
+        return random_play(tokenizer, envs[i], ids[r.randrange(len(ids))], turns, r)
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with torch.random.fork_rng(devices=[]):
@@ -93,12 +133,12 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str, env_kwargs: 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         # Held-out transcripts (task ids the training draw never reaches) measure the loss.
-        probe = [random_play(tokenizer, env, (1 << 40) + i, turns, random.Random(i)) for i in range(64)]
+        probe = [play("test", random.Random(i)) for i in range(64)]
         with torch.no_grad():
             before = float(lm_loss(model, probe, pad_id))
         t0 = time.monotonic()
         for step in range(1, steps + 1):
-            batch = [random_play(tokenizer, env, rng.randrange(1 << 30), turns, rng) for _ in range(PRETRAIN_BATCH)]
+            batch = [play("train", rng) for _ in range(PRETRAIN_BATCH)]
             loss = lm_loss(model, batch, pad_id)
             opt.zero_grad()
             loss.backward()
@@ -109,8 +149,9 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str, env_kwargs: 
                          seconds=round(time.monotonic() - t0, 1))  # fmt: skip
         with torch.no_grad():
             after = float(lm_loss(model, probe, pad_id))
-    record = {"env": env_name, "env_kwargs": dict(env_kwargs or {}), "steps": steps, "lr": lr, "seed": seed,
-              "turns": turns, "batch": PRETRAIN_BATCH, "heldout_loss_before": round(before, 4),
+    name = env_name if isinstance(env_name, str) else "+".join(n for n, _, _ in mix)
+    record = {"env": name, "env_kwargs": dict(env_kwargs or {}), "mix": [[n, k, w] for n, k, w in mix],
+              "steps": steps, "lr": lr, "seed": seed, "turns": turns, "batch": PRETRAIN_BATCH, "heldout_loss_before": round(before, 4),
               "heldout_loss_after": round(after, 4), "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
@@ -128,24 +169,35 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str, env_kwargs: 
 
 
 def ensure_model(cfg: Any) -> None:
-    """With ``model.create_tiny``: make the tiny model at ``model.path`` if it has none, then, with
-    ``model.pretrain_steps``, pretrain it on random play of the run's (first) env. A model already
-    there is left alone, whatever made it."""
+    """With ``model.create_tiny``: make the demo model ``model.arch`` at ``model.path`` if it has
+    none, then, with ``model.pretrain_steps``, pretrain it on random play of the run's envs (by
+    their weights). A model already there is left alone, whatever made it."""
     path = Path(cfg.model.path)
     if not cfg.model.create_tiny or (path / "config.json").exists():
         return
+    from agentgym.agent_model import make_agent_model
     from agentgym.tiny_model import make_default_tiny_model
 
-    log.info("creating_tiny_model", path=str(path), pretrain_steps=cfg.model.pretrain_steps)
+    arch = cfg.model.arch
+
+    def make(where: Path) -> None:
+        if arch == "tiny":
+            make_default_tiny_model(where, seed=cfg.run.seed)
+        else:
+            make_agent_model(where, arch, seed=cfg.run.seed)
+
+    log.info("creating_tiny_model", path=str(path), arch=arch, pretrain_steps=cfg.model.pretrain_steps)
     if not cfg.model.pretrain_steps:
-        make_default_tiny_model(path, seed=cfg.run.seed)
+        make(path)
         return
     raw = path.with_name(f"{path.name}.random-{os.getpid()}")
-    make_default_tiny_model(raw, seed=cfg.run.seed)
-    spec = cfg.env.specs[0]
+    make(raw)
     # The simulated latency of the benchmarks' waiting env would only slow the transcripts down.
-    kwargs = {k: v for k, v in spec.kwargs.items() if k not in ("step_latency_s", "latency_sigma")}
+    mix = [(s.name, {k: v for k, v in s.kwargs.items() if k not in ("step_latency_s", "latency_sigma")}, s.weight)
+           for s in cfg.env.specs]  # fmt: skip
+    target: str | EnvMix = mix[0][0] if len(mix) == 1 else mix
     try:
-        pretrain_on_play(raw, path, spec.name, kwargs, steps=cfg.model.pretrain_steps, seed=cfg.run.seed)
+        pretrain_on_play(raw, path, target, mix[0][1] if len(mix) == 1 else None, steps=cfg.model.pretrain_steps,
+                         seed=cfg.run.seed, turns=cfg.model.pretrain_turns)  # fmt: skip
     finally:
         shutil.rmtree(raw, ignore_errors=True)

@@ -3,6 +3,7 @@
     agentgym make-model --arch qwen2.5-0.5b models/qwen0.5b-shape
     agentgym make-model --arch tiny models/tiny
     agentgym make-model --arch tiny --pretrain-steps 300 models/tiny-base   # + LM on random play
+    agentgym make-model --arch agent-small --pretrain-steps 1500 --pretrain-env mix models/agent-small-base
 
 Writes an ordinary HF model directory (config.json, model.safetensors, tokenizer files,
 generation_config.json) that ``AutoModelForCausalLM.from_pretrained`` and vLLM load like the
@@ -11,7 +12,8 @@ as the real one, the real checkpoint's dtype (bfloat16). The weights are random 
 tokenizer is the project's own (``agentgym.tiny_model.train_tokenizer``, ChatML template); the
 model's vocabulary is the published one, larger than the tokenizer's, as in the real Qwen2.5
 checkpoints (151936 rows for 151665 tokens): the extra rows are never produced by the tokenizer.
-No hub access. Shapes: ``agentgym/model_shapes.py``.
+No hub access. Shapes: ``agentgym/model_shapes.py``. ``agent-tiny`` and ``agent-small`` are the
+demo family whose tokenizer covers every built-in env (``agentgym/agent_model.py``), float32.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ log = structlog.get_logger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from agentgym.agent_model import SIZES
     from agentgym.model_shapes import SHAPES
 
     p = sub.add_parser(
@@ -33,14 +36,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Write a randomly initialised HF model directory with the exact shape of a published "
         "architecture and the project's own tokenizer; 'tiny' is the quickstart's model.",
     )  # fmt: skip
-    p.add_argument("--arch", required=True, choices=["tiny", *SHAPES], help="architecture shape")
+    p.add_argument("--arch", required=True, choices=["tiny", *SIZES, *SHAPES], help="architecture shape")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="dtype of the saved weights (default: the real checkpoint's, bfloat16)")
     p.add_argument("--pretrain-steps", type=int, default=0, metavar="N",
                    help="then train it N steps as a language model on random play of --pretrain-env "
                    "(agentgym.base_model: the demo's stand-in for a pretrained checkpoint; float32)")
-    p.add_argument("--pretrain-env", default="guess_number", help="env whose random play it is pretrained on")
+    p.add_argument("--pretrain-env", default="guess_number",
+                   help="env whose random play it is pretrained on; 'mix': the game envs (agentgym.agent_model.GAME_MIX)")
+    p.add_argument("--pretrain-turns", type=int, default=6, metavar="N", help="turns per random-play transcript")
     p.add_argument("out", type=Path, help="output directory")
 
 
@@ -51,6 +56,10 @@ def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = N
 
     if arch == "tiny":
         return make_default_tiny_model(out_dir, seed=seed)
+    from agentgym.agent_model import SIZES, make_agent_model
+
+    if arch in SIZES:
+        return make_agent_model(out_dir, arch, seed=seed)
     if arch not in SHAPES:
         raise ValueError(f"make-model: unknown --arch {arch!r}; known: tiny, {', '.join(SHAPES)}")
     import torch
@@ -92,12 +101,15 @@ def _tokenizer(corpus: list[str], max_length: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pretrain_turns < 1:
+        raise SystemExit(f"make-model: --pretrain-turns must be >= 1, got {args.pretrain_turns}")
     if args.pretrain_steps < 0:
         raise SystemExit(f"make-model: --pretrain-steps must be >= 0, got {args.pretrain_steps}")
     out = make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype if not args.pretrain_steps else "float32")
     if args.pretrain_steps:
         from agentgym.base_model import pretrain_on_play
 
-        pretrain_on_play(out, out, args.pretrain_env, steps=args.pretrain_steps, seed=args.seed)
+        pretrain_on_play(out, out, args.pretrain_env, steps=args.pretrain_steps, seed=args.seed,
+                         turns=args.pretrain_turns)
     print(out)
     return 0

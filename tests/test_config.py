@@ -9,14 +9,14 @@ import pytest
 
 from agentgym.config import Config, ConfigError, load_config, to_toml
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.toml"))
 
 
 def test_there_are_configs() -> None:
     assert any(p.name == "quickstart.toml" for p in CONFIGS)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.parent.name + "/" + p.name)
 def test_every_config_file_loads_and_round_trips(path: Path) -> None:
     cfg = load_config(path)
     assert Config.model_validate(tomllib.loads(to_toml(cfg))) == cfg

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import random
 from typing import Any
 
 from agentgym.envpool.base import Env, StepResult
@@ -241,6 +242,9 @@ class BabyAI(Env):
             return
         self._taken = None if a == self._suggestion else a
         self._suggestion = None
+
+    def random_action(self, rng: random.Random) -> str:
+        return rng.choice(ACTIONS)
 
     def expert_action(self) -> str:
         if self._env is None or self._done:

@@ -25,6 +25,7 @@ worker, in about a second; with ``cache_dir`` set it is saved there and loaded b
 from __future__ import annotations
 
 import functools
+import random
 import re
 import tempfile
 from collections.abc import Sequence
@@ -124,6 +125,7 @@ class DeepSearch(Env):
         self._shown: set[str] = set()
         self._tries: dict[str, int] = {}
         self._done = False
+        self._last = ""  # what the agent last read: random_action draws its words from it
 
     @classmethod
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:
@@ -139,6 +141,7 @@ class DeepSearch(Env):
         self._shown = set()
         self._tries: dict[str, int] = {}
         self._done = False
+        self._last = self._question.text
         return f"Question: {self._question.text}"
 
     @property
@@ -176,7 +179,17 @@ class DeepSearch(Env):
         if not found:
             return StepResult(f"No passage matches {arg!r}.", 0.0, False, {"results": 0})
         lines = [f"[{i}] {p.title}\n{_cut(p.text, self.passage_chars)}" for i, p in enumerate(found, 1)]
+        self._last = "\n".join(lines)
         return StepResult("\n".join(lines), 0.0, False, {"results": len(found)})
+
+    def random_action(self, rng: random.Random) -> str:
+        # Free text has no uniform distribution; the stand-in fills the two action forms with 1-4
+        # consecutive words of what the agent last read (the question, or the passages shown):
+        # the format, and no more knowledge than the page gives. Searches 3 times in 4.
+        words = re.findall(r"[A-Za-z0-9]+", self._last) or ["country"]
+        n = rng.randint(1, min(4, len(words)))
+        i = rng.randrange(len(words) - n + 1)
+        return f"{'answer' if rng.random() < 0.25 else 'search'}[{' '.join(words[i : i + n])}]"
 
     def expert_action(self) -> str:
         q = self._question

@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -289,6 +290,14 @@ class SciWorld(Env):
             info["success"] = completed and raw >= 1.0
             info["failed"] = raw < 0
         return StepResult(obs, reward, self._done, info)
+
+    def random_action(self, rng: random.Random) -> str:
+        # The simulator enumerates the commands valid where the agent is (every template filled
+        # with every object in view): one of them, uniformly.
+        if self._task is None:
+            return "look around"
+        valid = sorted(str(a) for a in self._server.getValidActionObjectCombinations())
+        return rng.choice(valid) if valid else "look around"
 
     def expert_action(self) -> str:
         if self._task is None:

@@ -207,6 +207,20 @@ class TextCraft(Env):
             return StepResult(f"Crafted {n} {item}. Goal reached!", 1.0, True, {"turns": self._turns, "success": True})
         return self._reply(f"Crafted {n} {item}.")
 
+    def random_action(self, rng: random.Random) -> str:
+        # Uniform over the command kinds, each filled from what the observation shows: the book's
+        # crafting commands as written (the goal's tree no likelier than a distractor) or a raw
+        # material the book names; never a plan.
+        if self._world is None or self._done:
+            return "inventory"
+        kind = rng.randrange(3)
+        if kind == 0:
+            return "inventory"
+        if kind == 1:
+            raws = sorted({i for r in self._world.recipes.values() for i, _ in r.ingredients if i in RAW})
+            return f"get {rng.randint(1, 4)} {rng.choice(raws)}"
+        return rng.choice(self._world.book)
+
     def expert_action(self) -> str:
         if self._world is None or self._done:
             return "inventory"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,6 +185,10 @@ class Wordle(Env):
             return StepResult(f"{text} No guesses left; the word was {self._answer}.", 0.0, True,
                               {**info, "success": False})  # fmt: skip
         return StepResult(f"{text} {_left(left)}", 0.0, False, info)
+
+    def random_action(self, rng: random.Random) -> str:
+        # Any word of the list (the action space), whatever the feedback said.
+        return rng.choice(self._sorted_all)
 
     def expert_action(self) -> str:
         if self._answer is None or self._done:

@@ -42,6 +42,8 @@ driver sees its pipe close and takes Chromium and its profile directory along.
 from __future__ import annotations
 
 import os
+import random
+import re
 import shutil
 import tempfile
 import time
@@ -337,6 +339,22 @@ class WebShop(Env):
         return StepResult(view.text, reward, True, info)
 
     # ------------------------------------------------------------ expert
+
+    def random_action(self, rng: random.Random) -> str:
+        # Uniform over the elements on screen (a textbox gets 1-3 words of the task typed into it,
+        # then Enter) and the three moves that need none; no look at the goal's attributes.
+        view = self._view
+        ids = sorted(view.elements) if view is not None else []
+        pick = rng.randrange(len(ids) + 3)
+        if pick >= len(ids):
+            return ("scroll down", "scroll up", "go back")[pick - len(ids)]
+        el = view.elements[ids[pick]]
+        if el.role != "textbox":
+            return f"click [{ids[pick]}]"
+        words = re.findall(r"[a-z0-9]+", self._goal.instruction.lower()) if self._goal else ["shirt"]
+        n = rng.randint(1, min(3, len(words)))
+        j = rng.randrange(len(words) - n + 1)
+        return f"type [{ids[pick]}] {' '.join(words[j : j + n])} [enter]"
 
     def expert_action(self) -> str:
         """Search with the instruction's words, open the goal product (scrolling the results; if it

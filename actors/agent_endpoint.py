@@ -91,7 +91,8 @@ class AgentEndpoint:
             web.post("/v1/chat/completions", self._chat), web.post("/c/{key}/v1/chat/completions", self._chat),
             web.post("/v1/reward", self._reward), web.post("/c/{key}/reward", self._reward),
         ])  # fmt: skip
-        self._runner = web.AppRunner(app, access_log=None)
+        # Calls still waiting on the engine when the actor stops get a second, not aiohttp's 60.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

@@ -91,6 +91,7 @@ class AgentTrace:
         self.segments: list[Segment] = []
         self.calls: list[CallRecord] = []
         self.prefix_breaks = 0
+        self._special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
 
     def __len__(self) -> int:
         return sum(len(s.ids) for s in self.segments)
@@ -144,10 +145,16 @@ class AgentTrace:
         # What the template will render for this completion when the agent sends it back: the
         # sampled text, stop token included (ChatML's <|im_end|> is both the stop token and the
         # start of the template's end of turn).
-        seg.text = plan.text + self.tokenizer.decode(gen.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        seg.text = plan.text + self._decode(gen.token_ids)
         self.calls.append(CallRecord(list(plan.prompt_ids), list(gen.token_ids), list(gen.logprobs),
                                      list(gen.versions), gen.finish_reason, plan.extends))  # fmt: skip
-        return self.tokenizer.decode(gen.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        # The message content: everything sampled but the closing stop token. Special tokens
+        # sampled inside the content stay as text, so that the message sent back renders (and
+        # tokenizes) to the same ids; a server that drops them would break the prefix there.
+        ids = list(gen.token_ids)
+        if gen.finish_reason == "stop" and ids and ids[-1] in self._special_ids:
+            ids.pop()
+        return self._decode(ids)
 
     def to_episode(self, *, reward: float, success: bool, finish: str, turn_limit: int, failure: str = "") -> Episode:
         """The conversation as one Episode: segments laid end to end (``segment_ends`` marks
@@ -175,6 +182,9 @@ class AgentTrace:
             turn_limit=max(1, turn_limit), failure=failure[:4000],
             segment_ends=pack(ends, I32) if len(ends) > 1 else b"", prefix_breaks=self.prefix_breaks,
         )  # fmt: skip
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def _encode(self, text: str) -> list[int]:
         # The template wrote any BOS / special markers as text: add nothing more.

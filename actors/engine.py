@@ -34,9 +34,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import structlog
+
+from agentgym.protocol.weights import tensor_digest, weights_digest
 
 if TYPE_CHECKING:
     import torch
@@ -238,6 +240,11 @@ class GatedEngine:
         self.update_mode: UpdateMode = update_mode
         self.version = 0
         self.resumed_segments = 0
+        self.weights_digest = -1
+        """Flight recorder: ``protocol.weights.weights_digest`` of the tensors the last update
+        loaded, as this engine serves them (read back where the engine allows; else as handed
+        to it); -1: not known (a load from files). ``digest_tensors``: how many it covers."""
+        self.digest_tensors = 0
         self.last_update: dict[str, float] = {}
         """Seconds of the last update: prepare (outside the pause), drain and load (the pause)."""
         """Segments restarted after an update (resume mode), for metrics."""
@@ -353,11 +360,19 @@ class GatedEngine:
             count = await self._load_weights(prepared)
             self.version = version
             t3 = time.monotonic()
+        self.weights_digest, self.digest_tensors = await self._served_digest(tensors)
         self.last_update = {"prepare_s": t1 - t0, "drain_s": t2 - t1, "load_s": t3 - t2}
         log.info(
             "engine_weights_loaded", engine=name, version=version, tensors=count, mode=self.update_mode,
             prepare_s=round(t1 - t0, 4), drain_s=round(t2 - t1, 4), load_s=round(t3 - t2, 4),
         )  # fmt: skip
+
+    async def _served_digest(self, tensors: Mapping[str, torch.Tensor] | Path) -> tuple[int, int]:
+        """(digest, tensors) of what the last update loaded. Here: the tensors as handed over (an
+        engine that can read its parameters back overrides this with what it serves)."""
+        if not isinstance(tensors, Mapping):
+            return -1, 0
+        return weights_digest(tensor_digest(n, tensor_bytes(t)) for n, t in tensors.items()), len(tensors)
 
     def _in_flight(self) -> tuple[int, int]:
         """(running, waiting at the gate) among this engine's requests."""
@@ -374,3 +389,12 @@ def safetensors_files(path: Path, where: str) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"{where}: no *.safetensors file at {path}")
     return files
+
+
+def tensor_bytes(value: Any) -> memoryview:
+    """A tensor's raw bytes (torch, any dtype, bfloat16 included; or bytes-like as fetched)."""
+    if hasattr(value, "view") and hasattr(value, "dtype") and not isinstance(value, memoryview):
+        import torch
+
+        value = value.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+    return memoryview(value).cast("B")

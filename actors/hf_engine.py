@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files
+from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files, tensor_bytes
+from agentgym.protocol.weights import tensor_digest, weights_digest
 
 if TYPE_CHECKING:
     import torch
@@ -216,6 +217,13 @@ class HfEngine(GatedEngine):
         model = self._require()
         return await self._run(_copy_weights, model, prepared)
 
+    async def _served_digest(self, tensors: Mapping[str, torch.Tensor] | Path) -> tuple[int, int]:
+        """The digest of the parameters as the model holds them now, read back for the names
+        the update loaded (in the dtype they came in): a tensor skipped or mis-copied shows."""
+        if not isinstance(tensors, Mapping):
+            return -1, 0
+        return await self._run(_read_back_digest, self._require(), {n: t.dtype for n, t in tensors.items()})
+
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> tuple[int, float]:
     """One token from float32 ``logits`` [V] and its logprob in the distribution it came from."""
@@ -257,6 +265,12 @@ def _copy_weights(model: Any, tensors: Mapping[str, torch.Tensor] | Path) -> int
         for name, t in tensors.items():
             params[name].copy_(t.to(params[name].device, params[name].dtype))
     return len(tensors)
+
+
+def _read_back_digest(model: Any, dtypes: Mapping[str, Any]) -> tuple[int, int]:
+    params = model.state_dict()
+    terms = [tensor_digest(n, tensor_bytes(params[n].to(dt))) for n, dt in dtypes.items() if n in params]
+    return weights_digest(terms), len(terms)
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -64,6 +64,7 @@ class Actor:
         self.cfg = cfg
         self.actor_id = actor_id or uuid.uuid4().hex[:12]
         self.session = uuid.uuid4().hex  # this process's: its re-Hellos keep its id, another process's do not
+        self.served = (-1, -1)  # (version, weights digest) the engine serves: heartbeats report it
         self.ctx = zmq.asyncio.Context()
         self.keys = ClientKeys.load(cfg.actor.secret_key, cfg.actor.learner_key)  # None: plain TCP
         self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id, self.keys)
@@ -212,6 +213,7 @@ class Actor:
                 weight_version=self.engine.version if self.engine_ready.is_set() else -1,
                 stats={**{k: float(v) for k, v in self.stats.items()}, "capacity": float(self.concurrency.target),
                        **peak_memory(children=True)},
+                weights_version=self.served[0], weights_digest=self.served[1],
             ))  # fmt: skip
             if time.monotonic() - self.last_from_learner > w.actor_timeout_s:
                 log.warning("learner_silent", seconds=round(time.monotonic() - self.last_from_learner, 1))
@@ -288,6 +290,10 @@ class Actor:
                     self.engine.version = version
                 await self.engine.update_weights(tensors, version)
                 self.weights_synced = True
+                # Flight recorder: what the engine serves now, when the update covered every tensor
+                # (a changed-only update covers some: its digest is not the version's).
+                whole = ready.tensors > 0 and getattr(self.engine, "digest_tensors", 0) == ready.tensors
+                self.served = (version, getattr(self.engine, "weights_digest", -1) if whole else -1)
                 self.stats["weight_updates"] += 1
                 log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
                          mib=round(sum(len(t.data) for t in raw) / 2**20, 2), tensors=len(raw),

@@ -88,6 +88,10 @@ class LearnerConfig(Section):
     """Tickets a new actor may hold before it has answered any; each group it answers first and
     in time lets it hold one more (up to its capacity and its share of the pipeline), each
     missed deadline halves that."""
+    refuse_digest_mismatch: bool = False
+    """Flight recorder: refuse (ack ``invalid``, reason ``weights_digest_mismatch``) the rollouts
+    of an actor whose reported weight digest for its current version differs from the learner's
+    export. Off: the mismatch is logged, counted and alarmed, and its rollouts are judged as usual."""
     weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 16
     """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
     agentgym's processes set it, agentgym/allocator.py), an actor's received frames reuse freed

@@ -150,7 +150,11 @@ class ActorControl:
         if not usable:
             return "failed"
         self.mix.add("played", r)
-        verdict = self.rule.verdict(*version_span(r, self.version), self.version)
+        span = version_span(r, self.version)
+        if self.flight.refused(r.actor_id, *span):  # sampled with weights its engine served wrongly
+            self.guard.reject("weights_digest_mismatch", r)
+            return "invalid"
+        verdict = self.rule.verdict(*span, self.version)
         if verdict == "accepted":
             return self.filter.judge(usable)
         return verdict
@@ -215,6 +219,8 @@ class ActorControl:
                 self.on_rollout(peer, msg)
             elif isinstance(msg, Heartbeat):
                 state.weight_version = msg.weight_version
+                if msg.weights_digest >= 0:  # flight recorder: the weights its engine serves
+                    self.flight.report(actor_id, msg.weights_version, msg.weights_digest)
                 self.sched.set_capacity(actor_id, int(msg.stats.get("capacity", 0)))
                 self.actor_memory[actor_id] = {k: v for k, v in msg.stats.items() if k.endswith("_mib")}
             elif isinstance(msg, Leave):

@@ -31,6 +31,7 @@ from agentgym.learner.control import ActorControl, version_span
 from agentgym.learner.curriculum import Curriculum, success_counts
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.evaluation import EvalRound, Evaluations, env_stats
+from agentgym.learner.flight_recorder import FlightRecorder
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
 from agentgym.learner.group_filter import GroupFilter
 from agentgym.learner.run_stats import Counters
@@ -43,6 +44,7 @@ from agentgym.logs import MetricsWriter
 from agentgym.memstats import peak_memory
 from agentgym.progress import StepClock
 from agentgym.protocol import Shutdown, WeightsReady
+from agentgym.protocol.weights import chunks_digest
 from agentgym.sinks import with_sinks
 
 log = structlog.get_logger(__name__)
@@ -98,6 +100,8 @@ class Learner(ActorControl):
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
         self.evals = Evaluations(cfg, self.sched, self.eval_metrics, self.episode_log)
         """Held-out rounds: tickets through the scheduler, records to eval.jsonl (learner/evaluation.py)."""
+        self.flight = FlightRecorder(refuse=lc.refuse_digest_mismatch)
+        """Weight digests the actors report against the exports' (learner/flight_recorder.py)."""
         self.ledger = TicketLedger(run_dir / "tickets.jsonl")
         """Every training ticket's fate, journaled (learner/accounting.py)."""
         self.last_checkpoint = (self.step, time.monotonic())
@@ -122,6 +126,9 @@ class Learner(ActorControl):
         tr = self.trainer
         chunks, chunk_versions = await trio.to_thread.run_sync(
             lambda: self.exporter.build(version, tr.export_weights(dtype, sources=True), tr.trained_names()))
+        # Flight recorder: what every actor must serve once it has this version (one more crc pass).
+        digest, n_tensors = await trio.to_thread.run_sync(chunks_digest, chunks)
+        self.flight.exported(version, digest)
         limits = self.curriculum.limits()
         turn_limit = max(limits.values())
         snap = WeightSnapshot.build(self.version, self.step, turn_limit, chunks)
@@ -129,7 +136,7 @@ class Learner(ActorControl):
         self.weights_msg = WeightsReady(
             version=self.version, step=self.step, turn_limit=turn_limit,
             num_chunks=len(chunks), total_bytes=snap.total_bytes, chunk_versions=chunk_versions,
-            adapter=self.cfg.learner.lora.rank > 0,
+            adapter=self.cfg.learner.lora.rank > 0, digest=digest, tensors=n_tensors,
             # per env only when the envs differ: one limit for all keeps the message as it was
             turn_limits=limits if len(set(limits.values())) > 1 else {},
         )  # fmt: skip
@@ -226,7 +233,7 @@ class Learner(ActorControl):
             "tickets_in_flight": self.sched.in_flight,
             "tickets_deadline_reissued": self.sched.deadline_reissued, "late_answers": self.sched.late_answers,
             **self.counters.step_fields(),
-            **self.guard.metrics(),
+            **self.guard.metrics(), **self.flight.metrics(),
             **stats,
             **peak_memory(),
         }  # fmt: skip
@@ -357,6 +364,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.evals.results],
             "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
             "learner_memory": peak_memory(), "actor_memory": learner.actor_memory,
+            "flight_recorder": learner.flight.summary(),
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     return 0 if reason == "run finished" else 130

@@ -135,6 +135,11 @@ class Heartbeat(Message):
     weight_version: Version = -1
     running_groups: NonNeg = 0
     stats: ScalarMap = {}
+    weights_digest: Annotated[int, Meta(ge=-1, lt=2**32)] = -1
+    """Flight recorder: the digest of the weights the actor's engine serves (``weights_version``'s;
+    protocol.weights.weights_digest), -1: not computed. The learner compares it with its export."""
+    weights_version: Version = -1
+    """The version ``weights_digest`` is of."""
 
 
 class Leave(Message):
@@ -299,6 +304,10 @@ class WeightsReady(Message):
     """Per-env turn limits when the envs of a mix have different ones (``[schedule.envs]``, or
     success-driven stages); an env not listed plays ``turn_limit``. Empty: every env plays
     ``turn_limit`` (docs/adr/0017-curriculum.md)."""
+    digest: Annotated[int, Meta(ge=-1, lt=2**32)] = -1
+    """Flight recorder: ``protocol.weights.weights_digest`` of the version's tensors (-1: none)."""
+    tensors: NonNeg = 0
+    """How many tensors the version has (an update that loads them all can report a digest)."""
 
 
 class WeightRequest(Message):

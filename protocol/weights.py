@@ -313,3 +313,27 @@ class Assembler:
         if bad:
             raise ProtocolError(f"weights incomplete: {', '.join(bad[:5])}")
         return [RawTensor(n, d, s, b) for n, (d, s, b) in self._bufs.items()]
+
+
+# ---------------------------------------------------------------- flight recorder digests
+def tensor_digest(name: str, data: bytes | bytearray | memoryview, value: int | None = None) -> int:
+    """One tensor's term of a weights digest: crc32 of its name, then of its bytes (``value``:
+    the running crc of its earlier parts, for a tensor split over chunks)."""
+    return crc32(memoryview(data).cast("B"), crc32(name.encode()) if value is None else value)
+
+
+def weights_digest(terms: Iterable[int]) -> int:
+    """A set of tensors' digest: their ``tensor_digest`` terms summed mod 2**32 (order-free: an
+    engine sums what it serves in any order). The learner's export and the weights an actor's
+    engine serves after an update must give the same number (learner/flight_recorder.py)."""
+    return sum(terms) % 2**32
+
+
+def chunks_digest(chunks: Iterable[tuple[WeightChunk, bytes | bytearray | memoryview]]) -> tuple[int, int]:
+    """The ``weights_digest`` of the tensors in a version's chunks and how many tensors they hold."""
+    running: dict[str, int] = {}
+    for msg, data in chunks:
+        view = memoryview(data).cast("B")
+        for m in msg.tensors:  # a split tensor's parts come in order, chunk after chunk
+            running[m.name] = tensor_digest(m.name, view[m.offset : m.offset + m.nbytes], running.get(m.name))
+    return weights_digest(running.values()), len(running)

@@ -120,6 +120,8 @@ def test_learner_and_two_actors_train_and_account_for_every_group(tiny_model: Pa
     assert summary["groups"]["eval"] == 3 * 16  # three evaluations of 16 tasks
     assert [e["version"] for e in summary["eval"]] == [0, 50, steps]
     assert summary["bad_messages"] == 0
+    fr = summary["flight_recorder"]  # both actors serve what the learner exported, every version
+    assert not fr["alarm"] and fr["weights_digest_mismatch"] == 0 and fr["weights_digest_match"] >= 2, fr
 
 
 def test_actor_with_no_learner_exits_with_a_clear_error(tmp_path: Path) -> None:

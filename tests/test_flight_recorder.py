@@ -1,0 +1,95 @@
+"""The flight recorder: an engine whose update is mis-applied (one tensor skipped) serves a digest
+that differs from the learner's export of that version, and the learner catches it at once
+(logged, counted, alarmed; its rollouts of that version refused when asked); an engine that
+applies the update serves the export's digest, and raises no alarm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
+
+from agentgym.actors.hf_engine import HfEngine
+from agentgym.learner.flight_recorder import FlightRecorder
+from agentgym.learner.service import Learner
+from agentgym.protocol import Ack, Heartbeat, Rollout, Ticket
+from agentgym.protocol.weights import RawTensor, chunks_digest, make_chunks
+from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
+    if not (path / "config.json").exists():
+        make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
+    return path
+
+
+class SkipsOne(HfEngine):
+    """An engine with a bug: its update leaves one tensor as it was."""
+
+    async def _load_weights(self, prepared: object) -> int:
+        assert isinstance(prepared, Mapping)
+        first = sorted(prepared)[0]
+        return await super()._load_weights({k: v for k, v in prepared.items() if k != first})
+
+
+def export(model_dir: Path, version: int) -> tuple[dict[str, torch.Tensor], int, int]:
+    """Version ``version`` of the weights as the learner exports it: tensors, digest, count."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    torch.manual_seed(version)
+    tensors = {n: (p + 0.01 * torch.randn_like(p)).contiguous() for n, p in model.state_dict().items()}
+    raw = [RawTensor(n, "float32", tuple(t.shape), t.numpy().tobytes()) for n, t in tensors.items()]
+    digest, count = chunks_digest(make_chunks(version, raw, 64 * 1024))  # as Learner.publish does
+    return tensors, digest, count
+
+
+@pytest.mark.parametrize("engine_cls", [HfEngine, SkipsOne])
+def test_an_update_mis_applied_by_the_engine_is_caught_within_the_version(model_dir: Path, engine_cls: type) -> None:
+    tensors, digest, count = export(model_dir, 1)
+    recorder = FlightRecorder(refuse=True)
+    recorder.exported(1, digest)
+
+    async def update() -> tuple[int, int]:
+        engine = engine_cls(model_dir, seed=0)
+        await engine.start()
+        try:
+            await engine.update_weights(tensors, 1)
+            return engine.weights_digest, engine.digest_tensors
+        finally:
+            await engine.close()
+
+    served, covered = asyncio.run(update())
+    assert covered == count  # read back for every tensor the update named
+    verdict = recorder.report("a", 1, served)
+    if engine_cls is HfEngine:
+        assert verdict is True and not recorder.alarm and not recorder.refused("a", 1, 1)
+    else:
+        assert verdict is False and recorder.alarm and recorder.summary()["mismatched_actors"] == {"a": 1}
+        assert recorder.refused("a", 0, 1) and not recorder.refused("a", 2, 3)  # that version's rollouts only
+    assert recorder.report("a", 1, served) is None  # checked once per version
+
+
+def test_the_learner_refuses_rollouts_sampled_with_misserved_weights(model_dir: Path, tmp_path: Path) -> None:
+    from test_validate import Acks
+
+    cfg = make_cfg(model_dir, "rollout.group_size=2", "learner.refuse_digest_mismatch=true")
+    ln = Learner(cfg, tmp_path, trainer=None, hub=Acks())
+    ln.step = 3
+    ln.flight.exported(3, 1234)
+    ln.sched.register("a", b"a", "h", 4)
+    ln.flight.report("a", 3, 999)  # what a Heartbeat of a's would carry, as the control loop passes it
+    assert Heartbeat(actor_id="a", weights_version=3, weights_digest=999).weights_digest == 999
+    t = Ticket(group_id="g", env="guess_number", task_id=1)
+    ln.guard.issue("a", [t])
+    eps = [episode(PROMPTS[i], [[GOOD]], [float(i)], version=3, behav=[-0.7]) for i in range(2)]
+    ln.on_rollout(b"a", Rollout(group_id="g", actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
+    assert [m.statuses for _, m in ln.hub.sent if isinstance(m, Ack)] == [["invalid"]]
+    assert ln.guard.invalid == {"weights_digest_mismatch": 1} and ln.flight.metrics()["weights_digest_mismatch"] == 1

@@ -77,7 +77,7 @@ def agent_corpus() -> list[str]:
     """The texts of every built-in env (deterministic: same packages, same list)."""
     from agentgym.envpool.envs import factbook, guess_number, sciworld
     from agentgym.envpool.envs.babyai import BabyAI
-    from agentgym.envpool.envs.deepsearch import INVALID
+    from agentgym.envpool.envs.deepsearch import INVALID, DeepSearch
     from agentgym.envpool.envs.maze import Maze
     from agentgym.envpool.envs.textcraft import MATERIALS, RAW, THINGS, TextCraft
     from agentgym.envpool.envs.webshop import catalogue, observe
@@ -92,16 +92,24 @@ def agent_corpus() -> list[str]:
         texts += _play_texts(TextCraft(depth=depth, distractors=2), 40, 12, seed=depth)
     small = Path(__file__).resolve().parents[1] / "configs" / "envs" / "wordle-small.txt"
     if small.exists():
-        texts += small.read_text().split()
+        texts += small.read_text().split() * 10
         texts += _play_texts(Wordle(word_list=str(small)), 20, 6, seed=0)
     texts += _play_texts(BabyAI(levels=BABYAI_LEVELS), 30, 10, seed=0)
-    texts += [sciworld.parse_action.__doc__ or "", *sciworld.ACTION_FORMS, *sciworld.SPLITS,
-              "No known action matches that input.", "Action: look around"]  # fmt: skip
+    # SciWorld and WebShop are not played here (a JVM, a browser): their action forms, filled with
+    # things they show, stand in for play, repeated as often as a played env's actions appear.
+    things = ("thermometer", "door to kitchen", "door to hallway", "stove", "sink", "pot", "water",
+              "ice", "seed jar", "flower pot", "orange", "table", "agent", "kitchen", "hallway", "outside")  # fmt: skip
+    sci = [f.replace("OBJ to OBJ", f"{a} to {b}").replace("OBJ into OBJ", f"{a} into {b}").replace("[on OBJ]", f"on {b}")
+           .replace("OBJ", a).replace("LOC", b) for f in sciworld.ACTION_FORMS for a, b in zip(things, things[1:] + things[:1])]  # fmt: skip
+    texts += [*sciworld.SPLITS, "No known action matches that input.", "Action: look around", *(sci * 3)]
     cat = catalogue.catalogue(300, seed=0)
     texts += [shop_instructions(cat.goal(t)) for t in range(0, 2400, 37)]
     texts += [observe.ACTIONS_HELP, *(f"{p.name} {p.description}" for p in cat.products[:100])]
+    texts += [f"click [{i}]" for i in range(60)] * 5 + ["scroll down", "scroll up", "go back"] * 40
+    texts += [f"type [{i % 5}] {cat.goal(t).instruction.split(',')[0][:40]} [enter]" for i, t in enumerate(range(0, 2400, 11))]
     qs = factbook.questions()
     texts += [INVALID, *(f"Question: {q.text}" for q in qs[::10]), *(q.answer for q in qs[::10])]
+    texts += _play_texts(DeepSearch(top_k=2, passage_chars=200), 40, 4, seed=0)
     texts += [p.text[:400] for p in factbook.passages()[::40]]
     return [t for t in texts if t]
 

@@ -73,9 +73,12 @@ def lm_loss(model: Any, episodes: list[list[int]], pad_id: int) -> Any:
     width = max(len(e) for e in episodes)
     ids = torch.tensor([e + [pad_id] * (width - len(e)) for e in episodes])
     real = torch.tensor([[True] * len(e) + [False] * (width - len(e)) for e in episodes])
-    logits = model(ids, attention_mask=real.long()).logits[:, :-1]
+    # The output head only at real positions: padding is most of a mixed batch's width, and the
+    # head (vocabulary x hidden) is the largest matrix of the small models.
+    hidden = model.model(ids, attention_mask=real.long()).last_hidden_state[:, :-1]
     keep = real[:, 1:]
-    return torch.nn.functional.cross_entropy(logits[keep], ids[:, 1:][keep])
+    logits = model.lm_head(hidden[keep])
+    return torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep])
 
 
 def mix_of(env_name: str, env_kwargs: dict[str, Any] | None = None) -> EnvMix:

@@ -66,11 +66,13 @@ async def play_groups(engine: HfEngine, tokenizer: object, pool: EnvPool, spec: 
 
 
 async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_limit: int | None = None,
-                      log: bool = True, partial: Path | None = None) -> dict:  # fmt: skip
+                      log: bool = True, partial: Path | None = None, max_wall_s: float | None = None) -> dict:  # fmt: skip
     """Train ``cfg.run.max_steps`` steps; held-out success at step 0, every ``eval_every`` and at the end.
 
     ``eval_turn_limit``: evaluate at this turn limit (None: the schedule's limit at that step).
-    ``partial``: after each evaluation the curve so far is written there (a run cut short keeps it)."""
+    ``partial``: after each evaluation the curve so far is written there (a run cut short keeps it).
+    ``max_wall_s``: stop training once this much wall time has passed, then evaluate (the
+    result's ``steps`` says how many steps were taken)."""
     from transformers import AutoTokenizer
 
     env = cfg.env.specs[0]
@@ -112,13 +114,16 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
             rollouts = await play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step))
             metrics.append(trainer.train_step(rollouts))
             await engine.update_weights({k: v.detach() for k, v in trainer.model.state_dict().items()}, trainer.version)
-            if (step + 1) % eval_every == 0 or step + 1 == cfg.run.max_steps:
+            out_of_time = max_wall_s is not None and time.time() - t0 > max_wall_s
+            if (step + 1) % eval_every == 0 or step + 1 == cfg.run.max_steps or out_of_time:
                 await evaluate(step + 1)
+            if out_of_time:
+                break
     finally:
         await pool.close()
         await engine.close()
         trainer.close()
-    return {"curve": curve, "metrics": metrics, "plays": plays, "wall_s": time.time() - t0}
+    return {"curve": curve, "metrics": metrics, "plays": plays, "wall_s": time.time() - t0, "steps": len(metrics)}
 
 
 def main() -> int:

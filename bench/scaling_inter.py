@@ -1,6 +1,7 @@
 """ScalingInter-RL at small scale: a fixed short turn limit, a fixed long one, and a staged schedule.
 
     python bench/scaling_inter.py [--seeds 0,1,2] [--steps 60] [--out runs/scaling_inter] [--plot docs/img/scaling_inter.png]
+    python bench/scaling_inter.py --row maze5 --limits 6,10,16 --steps 60 --out runs/scaling_inter_maze5 --plot ...
 
 AgentGym-RL's ScalingInter-RL (arXiv 2509.08755) trains with a short interaction horizon first
 and lengthens it in stages; its claim is that this is more stable and ends higher than a fixed
@@ -20,6 +21,11 @@ but the tiny model's tokenizer knows only guess_number's words and a random mode
 emits a valid move, so no arm would see a reward within the budget (docs/results-log.md, "ScalingInter-RL at small scale"). Held-out
 success is always measured at the LONG limit: the task is the same for every arm, only the
 training horizon differs. Results go to OUT/<arm>/seed<S>.json; ``--plot`` draws the three arms.
+
+``--row R`` runs the comparison on a row of the results table instead (configs/envs/R.toml, its
+base model made and pretrained first if missing), with ``--limits SHORT,MID,LONG``: a multi-token
+env where the horizon matters (maze 5x5: the expert needs up to ~12 moves). The summary adds,
+per arm, the largest drop of held-out success after its peak and the final policy entropy.
 """
 
 from __future__ import annotations
@@ -38,12 +44,24 @@ from agentgym.config import load_config  # noqa: E402
 SHORT, MID, LONG = 2, 4, 6
 
 
-def arms(steps: int) -> dict[str, str]:
+def arms(steps: int, short: int = SHORT, mid: int = MID, long: int = LONG) -> dict[str, str]:
     return {
-        "short": f"[[0, {SHORT}]]",
-        "long": f"[[0, {LONG}]]",
-        "staged": f"[[0, {SHORT}], [{steps // 3}, {MID}], [{2 * steps // 3}, {LONG}]]",
+        "short": f"[[0, {short}]]",
+        "long": f"[[0, {long}]]",
+        "staged": f"[[0, {short}], [{steps // 3}, {mid}], [{2 * steps // 3}, {long}]]",
     }
+
+
+def collapse(folder: Path) -> str:
+    """Per seed: final held-out success, the largest drop after the peak, the last step's entropy."""
+    out = []
+    for f in sorted(folder.glob("seed*.json")):
+        r = json.loads(f.read_text())
+        ys = [y for _, y in r["curve"]]
+        drop = max((max(ys[: i + 1]) - y for i, y in enumerate(ys)), default=0.0)
+        ent = r["metrics"][-1].get("entropy", float("nan")) if r["metrics"] else float("nan")
+        out.append(f"{f.stem}: final {ys[-1]:.2f}, peak {max(ys):.2f}, largest drop after peak {drop:.2f}, entropy {ent:.2f}")
+    return f"{folder.name}: " + "; ".join(out)
 
 
 def main() -> int:
@@ -57,19 +75,28 @@ def main() -> int:
     p.add_argument("-o", "--override", action="append", default=[])
     p.add_argument("--out", type=Path, default=REPO / "runs" / "scaling_inter")
     p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--row", default="", help="a results-table row instead: configs/envs/ROW.toml")
+    p.add_argument("--limits", default=f"{SHORT},{MID},{LONG}", help="SHORT,MID,LONG turn limits")
     args = p.parse_args()
     from agentgym.tiny_model import make_default_tiny_model
 
+    short, mid, long = (int(x) for x in args.limits.split(","))
     base = ["env.kwargs={ low = 1, high = 8 }", "rollout.max_tokens_per_turn=1", "rollout.group_size=8",
             "learner.batch_groups=4", f"run.max_steps={args.steps}", 'learner.device="cpu"', "model.create_tiny=false"]  # fmt: skip
+    if args.row:
+        from agentgym.base_model import ensure_model
+
+        args.config = REPO / "configs" / "envs" / f"{args.row}.toml"
+        ensure_model(load_config(args.config, [*args.override]))
+        base = [f"run.max_steps={args.steps}", 'learner.device="cpu"', "model.create_tiny=false"]
     for seed in [int(s) for s in args.seeds.split(",")]:
         for arm in args.arms.split(","):
-            limits = arms(args.steps)[arm]
+            limits = arms(args.steps, short, mid, long)[arm]
             cfg = load_config(args.config, [*base, f"run.seed={seed}", f"schedule.turn_limits={limits}", *args.override])
             if not Path(cfg.model.path, "config.json").exists():
                 make_default_tiny_model(Path(cfg.model.path), seed=0)
             print(f"[{arm} seed {seed}] turn_limits={limits}", flush=True)
-            res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, eval_turn_limit=LONG,
+            res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, eval_turn_limit=long,
                                           partial=args.out / arm / f"seed{seed}.json"))  # fmt: skip
             res.update(arm=arm, turn_limits=limits, seed=seed, overrides=[*base, *args.override])
             (args.out / arm).mkdir(parents=True, exist_ok=True)
@@ -78,8 +105,12 @@ def main() -> int:
         from plot_curves import plot, table
 
         folders = [args.out / a for a in args.arms.split(",")]
-        plot(folders, args.plot, f"guess_number 1-8, held-out success at {LONG} turns")
+        what = args.row or "guess_number 1-8"
+        plot(folders, args.plot, f"{what}, held-out success at {long} turns")
         print(table(folders))
+    for folder in (args.out / a for a in args.arms.split(",")):
+        if folder.exists():
+            print(collapse(folder))
     return 0
 
 

@@ -1,0 +1,245 @@
+"""The results table: every built-in env, four arms, held-out success (docs/results.md).
+
+    nice python bench/results.py --rows maze3 --seeds 0,1,2          # run one row (~20 min per run at most)
+    nice python bench/results.py --rows all                          # every row, one after another
+    python bench/results.py --table-only                             # rebuild docs/results.md from runs/results
+
+Each row is a config of ``configs/envs/`` (``ROWS``) and gets these arms, all scored on the same
+held-out test tasks (the first ``--eval-tasks`` of the env's test split, ``EVAL_EPISODES`` samples
+each) at the config's final turn limit:
+
+    random     ``Env.random_action`` every turn (uniform over the action space, or its stand-in)
+    base       the config's base model before RL (agentgym.base_model: pretrained on random play)
+    base + RL  the base model after at most ``--steps`` RL steps or ``--max-wall-s`` seconds of
+               training, one run per seed (mean and spread over the seeds)
+    expert     ``Env.expert_action``: the scripted ceiling (privileged state)
+
+The RL runs are bench/learn_curve.py's in-process loop: the transformers engine plays groups with
+the actor's rollout code on a real EnvPool and the learner's Trainer takes a step on each batch,
+synchronously (staleness 0). Results of each row go to ``OUT/<row>/`` (``arms.json``,
+``seed<S>.json``), so rows can be run separately, on different days, and the table is rebuilt
+from whatever is there; a row not run is listed as such. ``--plot`` draws the held-out curves.
+A row meets the bar when base + RL is >= base + 0.3, or >= 0.8 of the expert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learn_curve import EVAL_EPISODES, REPO, train_curve  # noqa: E402
+
+from agentgym.config import Config, load_config  # noqa: E402
+
+ROWS = ("maze3", "maze5", "textcraft1", "textcraft2", "wordle", "babyai", "deepsearch", "sciworld", "webshop")
+"""Rows of the table, in order: configs/envs/<row>.toml."""
+
+COMMAND = "nice python bench/results.py --rows {rows} --seeds 0,1,2 --steps 100 --max-wall-s 1200"
+
+
+def config(row: str, seed: int, overrides: list[str]) -> Config:
+    path = REPO / "configs" / "envs" / f"{row}.toml"
+    if not path.exists():
+        raise SystemExit(f"results: --rows: no config {path}; rows are {', '.join(ROWS)}")
+    return load_config(path, [f"run.seed={seed}", 'learner.device="cpu"', *overrides])
+
+
+def scripted(cfg: Config, policy: str, tasks: int, episodes: int, seed: int = 0) -> dict:
+    """Held-out success of ``policy`` ("random" or "expert") played on the env in this process."""
+    from agentgym.envpool.registry import resolve_env
+
+    spec = cfg.env.specs[0]
+    cls = resolve_env(spec.name)
+    env = cls(**spec.kwargs)
+    limit = cfg.schedule.for_env(spec.name).final_limit
+    ids = list(cls.tasks("test", **spec.kwargs))[:tasks]
+    rng = random.Random(seed)
+    wins, turns, t0 = [], [], time.time()
+    try:
+        for task in ids:
+            for _ in range(episodes if policy == "random" else 1):  # the expert is deterministic
+                env.reset(task)
+                won, n = False, 0
+                for n in range(1, limit + 1):
+                    res = env.step(env.random_action(rng) if policy == "random" else env.expert_action())
+                    if res.done:
+                        won = bool(res.info.get("success", res.reward > 0))
+                        break
+                wins.append(won)
+                turns.append(n)
+    finally:
+        env.close()
+    return {"success": sum(wins) / len(wins), "episodes": len(wins), "mean_turns": sum(turns) / len(turns),
+            "turn_limit": limit, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+
+
+def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
+    from agentgym.base_model import ensure_model
+
+    out = args.out / row
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = config(row, seeds[0], args.override)
+    t0 = time.time()
+    ensure_model(cfg)  # the base model: made and pretrained once, shared by the seeds
+    base_s = time.time() - t0
+    pre = Path(cfg.model.path, "pretrain.json")
+    arms = {"row": row, "config": f"configs/envs/{row}.toml", "model": str(cfg.model.path),
+            "pretrain": json.loads(pre.read_text()) if pre.exists() else None, "base_make_s": round(base_s, 1)}  # fmt: skip
+    for policy in ("random", "expert"):
+        arms[policy] = scripted(cfg, policy, args.eval_tasks, EVAL_EPISODES)
+        print(f"[{row}] {policy}: held-out success {arms[policy]['success']:.3f}", flush=True)
+    (out / "arms.json").write_text(json.dumps(arms, indent=1))
+    for seed in seeds:
+        cfg = config(row, seed, [*args.override, f"run.max_steps={args.steps}", "model.create_tiny=false"])
+        print(f"[{row} seed {seed}] up to {args.steps} steps / {args.max_wall_s:.0f} s", flush=True)
+        res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, cfg.schedule.final_limit,
+                                      partial=out / f"seed{seed}.json", max_wall_s=args.max_wall_s))  # fmt: skip
+        res.update(seed=seed, overrides=args.override, config=f"configs/envs/{row}.toml")
+        (out / f"seed{seed}.json").write_text(json.dumps(res))
+
+
+def summarise(folder: Path) -> dict | None:
+    """The row's figures from what ``run_row`` wrote (None: the row was not run)."""
+    arms_file = folder / "arms.json"
+    if not arms_file.exists():
+        return None
+    arms = json.loads(arms_file.read_text())
+    runs = [json.loads(f.read_text()) for f in sorted(folder.glob("seed*.json"))]
+    done = [r for r in runs if not r.get("partial")]
+    base = [r["curve"][0][1] for r in runs if r["curve"]]
+    final = [r["curve"][-1][1] for r in done]
+    return {**arms, "base": base, "final": final, "seeds": [r["seed"] for r in done],
+            "steps": [r.get("steps", len(r["metrics"])) for r in done], "wall_s": [r["wall_s"] for r in done],
+            "entropy": [r["metrics"][-1].get("entropy") for r in done if r["metrics"]],
+            "partial": len(runs) - len(done)}  # fmt: skip
+
+
+def _ms(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return f"{xs[0]:.2f} (1 seed)"
+    return f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def verdict(s: dict) -> str:
+    if len(s["final"]) < 3:
+        return f"not judged ({len(s['final'])} of 3 seeds)"
+    rl, base, expert = statistics.mean(s["final"]), statistics.mean(s["base"]), s["expert"]["success"]
+    if rl >= base + 0.3:
+        return "yes (>= base + 0.3)"
+    if expert and rl >= 0.8 * expert:
+        return "yes (>= 0.8 expert)"
+    return "no"
+
+
+def table(out: Path, rows: list[str]) -> str:
+    lines = ["| env (config) | random | base | base + RL: mean ± sd (min-max) | expert | RL steps | wall per RL run (s) | "
+             "turn limit | meets the bar |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    missing = []
+    for row in rows:
+        s = summarise(out / row)
+        if s is None:
+            missing.append(row)
+            continue
+        steps = "/".join(str(n) for n in s["steps"]) or "-"
+        wall = "/".join(f"{w:.0f}" for w in s["wall_s"]) or "-"
+        lines.append(f"| {row} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
+                     f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | {verdict(s)} |")  # fmt: skip
+    if missing:
+        lines.append("")
+        lines.append(f"Not run yet: {', '.join(missing)}. Command: `{COMMAND.format(rows=','.join(missing))}`")
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- results-table -->", "<!-- /results-table -->"
+
+
+def write_table(path: Path, text: str) -> None:
+    """Put ``text`` between the BEGIN/END markers of ``path`` (the page around it is kept), or
+    write it as the whole file when it has no markers."""
+    page = path.read_text() if path.exists() else ""
+    if BEGIN in page and END in page:
+        head, rest = page.split(BEGIN, 1)
+        page = f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}"
+    else:
+        page = f"{BEGIN}\n{text}\n{END}\n"
+    path.write_text(page)
+
+
+def plot(out: Path, rows: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if summarise(out / r) is not None]
+    if not done:
+        return
+    cols = min(3, len(done))
+    fig, axes = plt.subplots((len(done) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.0 * ((len(done) + cols - 1) // cols)),
+                             squeeze=False)  # fmt: skip
+    for ax, row in zip(axes.flat, done):
+        s = summarise(out / row)
+        for f in sorted((out / row).glob("seed*.json")):
+            c = json.loads(f.read_text())["curve"]
+            ax.plot([p[0] for p in c], [p[1] for p in c], lw=1.2, label=f.stem)
+        ax.axhline(s["expert"]["success"], color="green", ls="--", lw=0.8, label="expert")
+        ax.axhline(s["random"]["success"], color="grey", ls=":", lw=0.8, label="random")
+        ax.set_title(row, fontsize=9)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("learner step", fontsize=8)
+        ax.set_ylabel("held-out success", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(done):]:
+        ax.set_visible(False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="", help=f"comma-separated rows to run, or 'all' ({', '.join(ROWS)})")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=100, help="RL steps per run (at most)")
+    p.add_argument("--max-wall-s", type=float, default=1200.0, help="wall time per RL run before it stops and evaluates")
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--eval-tasks", type=int, default=16, help="held-out test tasks (x4 samples for the model arms)")
+    p.add_argument("-o", "--override", action="append", default=[], help="config override for every row's runs")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "results")
+    p.add_argument("--table", type=Path, default=None, help="write the table here (default: print it)")
+    p.add_argument("--plot", type=Path, default=None, help="draw the held-out curves here (png)")
+    p.add_argument("--table-only", action="store_true", help="run nothing: rebuild the table and plot from --out")
+    args = p.parse_args()
+    rows = list(ROWS) if args.rows == "all" else [r for r in args.rows.split(",") if r]
+    for row in rows:
+        if row not in ROWS:
+            raise SystemExit(f"results: --rows: unknown row {row!r}; rows are {', '.join(ROWS)}")
+    if not args.table_only:
+        if not rows:
+            raise SystemExit("results: give --rows (or --table-only)")
+        for row in rows:
+            run_row(row, [int(s) for s in args.seeds.split(",")], args)
+    text = table(args.out, list(ROWS))
+    if args.table:
+        write_table(args.table, text)
+        print(f"wrote {args.table}")
+    else:
+        print(text)
+    if args.plot:
+        plot(args.out, list(ROWS), args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

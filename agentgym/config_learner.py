@@ -92,6 +92,10 @@ class LearnerConfig(Section):
     """Flight recorder: refuse (ack ``invalid``, reason ``weights_digest_mismatch``) the rollouts
     of an actor whose reported weight digest for its current version differs from the learner's
     export. Off: the mismatch is logged, counted and alarmed, and its rollouts are judged as usual."""
+    logprob_outlier_kl: Annotated[float, Field(gt=0)] = 0.05
+    """Flight recorder: an actor whose behaviour logprobs disagree with the learner's by more than
+    this mean per-token KL (k3) over a step's groups, and by more than 4 times the median of the
+    step's actors, is flagged (logprob_outlier)."""
     weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 16
     """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
     agentgym's processes set it, agentgym/allocator.py), an actor's received frames reuse freed

@@ -14,6 +14,14 @@ never reached the engine) is logged as an error, counted, and raises the alarm; 
 ``learner.refuse_digest_mismatch`` the actor's rollouts sampled with that version are answered
 ``invalid`` (reason ``weights_digest_mismatch``). Versions are checked once per actor; the last
 ``KEEP`` exports are remembered (a report of an older one is counted unchecked).
+
+``LogprobAgreement`` watches the other half, per actor: after each training step, the mean k3
+KL between the behaviour logprobs each actor reported for its trained groups and the learner's
+own at the batch start (the trainer's ``group_mismatch_kl``: the same mismatch its importance
+weights correct). A buggy engine, a mis-applied update and a forging actor all show there
+first. An actor whose mean over a step exceeds ``learner.logprob_outlier_kl`` and ``OUTLIER_FACTOR``
+times the median of the step's actors (with one actor: ``OUTLIER_FACTOR`` times the threshold)
+is flagged: logged (``logprob_outlier``), counted, in metrics and summary.json.
 """
 
 from __future__ import annotations
@@ -89,3 +97,48 @@ class FlightRecorder:
 
     def summary(self) -> dict[str, object]:
         return {**self.metrics(), "alarm": self.alarm, "mismatched_actors": dict(self.mismatched)}
+
+
+class LogprobAgreement:
+    OUTLIER_FACTOR = 4.0
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.kl: dict[str, tuple[float, int]] = {}
+        """Actor id -> (sum of its groups' mean KL, groups), over the run."""
+        self.flagged: Counter[str] = Counter()
+        """Actor id -> steps in which it was flagged."""
+        self.last: dict[str, float] = {}
+        """Actor id -> its mean KL in the last step it had groups in."""
+
+    def observe(self, step: int, groups: list[tuple[str, int, float]]) -> list[str]:
+        """A step's trained groups as (actor id, version, mean KL; < 0: no token measured);
+        returns the actors flagged in it."""
+        per: dict[str, list[float]] = {}
+        for actor, _version, kl in groups:
+            if kl >= 0:
+                per.setdefault(actor, []).append(kl)
+        means = {a: sum(v) / len(v) for a, v in per.items()}
+        for a, v in per.items():
+            total, n = self.kl.get(a, (0.0, 0))
+            self.kl[a] = (total + sum(v), n + len(v))
+        self.last.update(means)
+        if not means:
+            return []
+        ranked = sorted(means.values())
+        median = ranked[len(ranked) // 2] if len(ranked) % 2 else (ranked[len(ranked) // 2 - 1] + ranked[len(ranked) // 2]) / 2
+        bar = self.OUTLIER_FACTOR * (median if len(means) > 1 else self.threshold)
+        out = [a for a, m in means.items() if m > self.threshold and m > bar]
+        for a in out:
+            self.flagged[a] += 1
+            log.warning("logprob_outlier", actor_id=a, step=step, mismatch_kl=round(means[a], 5),
+                        fleet_median=round(median, 5), threshold=self.threshold)  # fmt: skip
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        return {"logprob_mismatch_kl_max": max(self.last.values(), default=0.0),
+                "logprob_outliers": float(sum(self.flagged.values()))}  # fmt: skip
+
+    def summary(self) -> dict[str, object]:
+        return {a: {"mismatch_kl_mean": t / max(n, 1), "groups": n, "flagged_steps": self.flagged[a]}
+                for a, (t, n) in sorted(self.kl.items())}  # fmt: skip

@@ -31,7 +31,7 @@ from agentgym.learner.control import ActorControl, version_span
 from agentgym.learner.curriculum import Curriculum, success_counts
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.evaluation import EvalRound, Evaluations, env_stats
-from agentgym.learner.flight_recorder import FlightRecorder
+from agentgym.learner.flight_recorder import FlightRecorder, LogprobAgreement
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
 from agentgym.learner.group_filter import GroupFilter
 from agentgym.learner.run_stats import Counters
@@ -101,6 +101,8 @@ class Learner(ActorControl):
         self.evals = Evaluations(cfg, self.sched, self.eval_metrics, self.episode_log)
         """Held-out rounds: tickets through the scheduler, records to eval.jsonl (learner/evaluation.py)."""
         self.flight = FlightRecorder(refuse=lc.refuse_digest_mismatch)
+        self.agreement = LogprobAgreement(lc.logprob_outlier_kl)
+        """Per actor: its behaviour logprobs against the learner's (learner/flight_recorder.py)."""
         """Weight digests the actors report against the exports' (learner/flight_recorder.py)."""
         self.ledger = TicketLedger(run_dir / "tickets.jsonl")
         """Every training ticket's fate, journaled (learner/accounting.py)."""
@@ -173,6 +175,10 @@ class Learner(ActorControl):
                 self.mid_step = True
                 with self.clock.part("train"):
                     stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
+                group_kl = stats.pop("group_mismatch_kl", None)
+                if isinstance(group_kl, list):  # flight recorder: whose logprobs disagree with ours
+                    self.agreement.observe(self.trainer.step, [(r.actor_id, version_span(r, self.version)[1], kl)
+                                                               for r, kl in zip(batch, group_kl)])  # fmt: skip
                 self.mid_step = False
                 self.step = self.trainer.step
                 self.ledger.trained([r.group_id for r in batch], self.step)
@@ -233,7 +239,7 @@ class Learner(ActorControl):
             "tickets_in_flight": self.sched.in_flight,
             "tickets_deadline_reissued": self.sched.deadline_reissued, "late_answers": self.sched.late_answers,
             **self.counters.step_fields(),
-            **self.guard.metrics(), **self.flight.metrics(),
+            **self.guard.metrics(), **self.flight.metrics(), **self.agreement.metrics(),
             **stats,
             **peak_memory(),
         }  # fmt: skip
@@ -364,7 +370,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.evals.results],
             "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
             "learner_memory": peak_memory(), "actor_memory": learner.actor_memory,
-            "flight_recorder": learner.flight.summary(),
+            "flight_recorder": {**learner.flight.summary(), "logprob_agreement": learner.agreement.summary()},
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     return 0 if reason == "run finished" else 130

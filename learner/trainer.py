@@ -276,6 +276,10 @@ class Trainer(TrainerState):
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in
                 (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "micro")}  # fmt: skip
         w_max = torch.zeros((), device=self.device)
+        # Flight recorder: per row, k3 KL between the behaviour logprobs the actor reported and
+        # the learner's own at the batch start (first epoch): the agreement per actor.
+        row_kl = torch.zeros((2, B), dtype=torch.float64, device=self.device)
+        first_epoch = {int(m[0]) for m in minibatches}
         grad_norms: list[list[float]] = []
         for mb, mb_micros in [pair for _ in range(lc.epochs) for pair in zip(minibatches, micros, strict=True)]:
             tok_total = keep[mb].sum()
@@ -295,6 +299,10 @@ class Trainer(TrainerState):
                 with self._autocast():
                     f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
                 prox = pre["prox"][rows, :L] if several else f.logp.detach()
+                if int(mb[0]) in first_epoch:
+                    d = (prox - b.behav_logp[rows, :L]).double()
+                    row_kl[0, rows] += ((torch.expm1(d) - d) * keep[rows, :L]).sum(-1)
+                    row_kl[1, rows] += keep[rows, :L].sum(-1)
                 pg, m = decoupled_ppo_loss(
                     f.logp, prox, b.behav_logp[rows, :L], adv[rows, :L], w, clip_low=lc.clip_low,
                     clip_high=lc.clip_high, behav_weight_cap=lc.tis_cap, behav_reject_above=lc.tis_reject_above,
@@ -328,6 +336,7 @@ class Trainer(TrainerState):
                 self.dp.all_reduce_grads(self.params)
             gns = [torch.nn.utils.clip_grad_norm_(ps, lc.max_grad_norm) for ps in self.clip_sets]
             self.optimizer.step()
+            first_epoch.discard(int(mb[0]))
             grad_norms.append([float(gn.full_tensor() if isinstance(gn, DTensor) else gn) for gn in gns])
         self.optimizer.zero_grad(set_to_none=True)
         keys = list(sums)
@@ -362,6 +371,11 @@ class Trainer(TrainerState):
         out[f"staleness_frac_gt{K}"] = float((staleness > K).float().mean()) if staleness.numel() else 0.0
         if self.ref_model is not None:
             out["kl_ref"] = tot["kl_ref"] / n_tok
+        row_kl = self.dp.all_reduce_(row_kl).cpu()  # every rank adds the rows it trained
+        groups = b.group_index.cpu()
+        kl_sum = torch.zeros(int(groups.max()) + 1, dtype=torch.float64).index_add_(0, groups, row_kl[0])
+        n_sum = torch.zeros_like(kl_sum).index_add_(0, groups, row_kl[1])
+        out["group_mismatch_kl"] = [float(k / n) if n > 0 else -1.0 for k, n in zip(kl_sum, n_sum)]  # type: ignore[assignment]
         if self.value_head is not None and returns is not None:
             out["value_loss"] = tot["value_loss"] / n_tok
             out["value_mean"] = float(pre["values"][agent].mean()) if agent.any() else 0.0

@@ -3,6 +3,7 @@
     nice python bench/results.py --rows maze3 --seeds 0,1,2          # run one row (~20 min per run at most)
     nice python bench/results.py --rows all                          # every row, one after another
     python bench/results.py --table-only                             # rebuild docs/results.md from runs/results
+    python bench/results.py --mix-curves runs/mix-games --plot x.png # per-env curves of a run on configs/envs/mix.toml
 
 Each row is a config of ``configs/envs/`` (``ROWS``) and gets these arms, all scored on the same
 held-out test tasks (the first ``--eval-tasks`` of the env's test split, ``EVAL_EPISODES`` samples
@@ -87,7 +88,8 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg = config(row, seeds[0], args.override)
     t0 = time.time()
-    ensure_model(cfg)  # the base model: made and pretrained once, shared by the seeds
+    if not args.arms_only:
+        ensure_model(cfg)  # the base model: made and pretrained once, shared by the seeds
     base_s = time.time() - t0
     pre = Path(cfg.model.path, "pretrain.json")
     arms = {"row": row, "config": f"configs/envs/{row}.toml", "model": str(cfg.model.path),
@@ -96,7 +98,7 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
         arms[policy] = scripted(cfg, policy, args.eval_tasks, EVAL_EPISODES)
         print(f"[{row}] {policy}: held-out success {arms[policy]['success']:.3f}", flush=True)
     (out / "arms.json").write_text(json.dumps(arms, indent=1))
-    for seed in seeds:
+    for seed in [] if args.arms_only else seeds:
         cfg = config(row, seed, [*args.override, f"run.max_steps={args.steps}", "model.create_tiny=false"])
         print(f"[{row} seed {seed}] up to {args.steps} steps / {args.max_wall_s:.0f} s", flush=True)
         res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, cfg.schedule.final_limit,
@@ -207,6 +209,32 @@ def plot(out: Path, rows: list[str], path: Path) -> None:
     print(f"wrote {path}")
 
 
+def mix_curves(run_dir: Path, path: Path) -> None:
+    """One held-out curve per env of an ``agentgym train`` run on a mix (its ``eval.jsonl``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
+    envs = sorted({k.split("/")[1] for e in evals for k in e if k.startswith("env/") and k.endswith("/success_rate")})
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for env in envs:
+        pts = [(e["step"], e[f"env/{env}/success_rate"]) for e in evals if f"env/{env}/success_rate" in e]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=env)
+        print(f"{env}: " + ", ".join(f"step {s} {v:.2f}" for s, v in pts))
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"one model on the mix ({run_dir.name})", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="", help=f"comma-separated rows to run, or 'all' ({', '.join(ROWS)})")
@@ -220,7 +248,13 @@ def main() -> int:
     p.add_argument("--table", type=Path, default=None, help="write the table here (default: print it)")
     p.add_argument("--plot", type=Path, default=None, help="draw the held-out curves here (png)")
     p.add_argument("--table-only", action="store_true", help="run nothing: rebuild the table and plot from --out")
+    p.add_argument("--arms-only", action="store_true", help="only the random and expert arms (no model, no RL)")
+    p.add_argument("--mix-curves", type=Path, default=None, metavar="RUN_DIR",
+                   help="instead: plot the per-env held-out curves of an `agentgym train` run on a mix to --plot")
     args = p.parse_args()
+    if args.mix_curves:
+        mix_curves(args.mix_curves, args.plot or args.mix_curves / "env_curves.png")
+        return 0
     rows = list(ROWS) if args.rows == "all" else [r for r in args.rows.split(",") if r]
     for row in rows:
         if row not in ROWS:

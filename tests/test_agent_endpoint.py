@@ -217,3 +217,32 @@ def test_a_command_agent_with_a_bearer_token(setup, tmp_path: Path, monkeypatch:
             await runner.close()
 
     asyncio.run(unauthorized())
+
+
+def test_config_errors_name_the_key() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="exactly one of program"):
+        AgentEndpointConfig(enabled=True)
+    with pytest.raises(ValidationError, match="module:function"):
+        AgentEndpointConfig(enabled=True, program="no_colon")
+    with pytest.raises(ValidationError, match="not loopback: set token_env"):
+        AgentEndpointConfig(enabled=True, program="m:f", host="0.0.0.0")
+    assert not AgentEndpointConfig().enabled  # off by default
+
+
+def test_the_guard_refuses_segments_that_do_not_tile_the_episode() -> None:
+    from agentgym.protocol import Episode
+    from agentgym.protocol.arrays import pack
+
+    def episode(ends: list[int]) -> Rollout:
+        ep = Episode(token_ids=pack([1, 2, 3, 4], I32), logprobs=pack([0, -1, 0, -1], F32), loss_mask=pack([0, 1, 0, 1], U8),
+                     versions=pack([-1, 0, -1, 0], I32), turn_ends=pack([2, 4], I32), turn_rewards=pack([0, 1], F32),
+                     reward=1.0, success=True, finish="done", turn_limit=2, segment_ends=pack(ends, I32), prefix_breaks=1)  # fmt: skip
+        return Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=[ep])
+
+    guard = Guard(group_size=1, max_episode_tokens=16, vocab_size=None)
+    assert guard.content(episode([2, 4])) is None
+    assert collate([episode([2, 4])], 0).input_ids.tolist() == [[1, 2], [3, 4]]
+    for bad in ([2, 3], [0, 4], [3, 2, 4]):
+        assert guard.content(episode(bad)) == "segment_ends_out_of_order_or_range"

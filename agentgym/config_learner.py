@@ -96,6 +96,9 @@ class LearnerConfig(Section):
     """Flight recorder: an actor whose behaviour logprobs disagree with the learner's by more than
     this mean per-token KL (k3) over a step's groups, and by more than 4 times the median of the
     step's actors, is flagged (logprob_outlier)."""
+    inbox_mib: Annotated[int, Field(ge=1)] = 256
+    """Bytes of unread messages ZeroMQ may hold per actor on the control port: its receive queue
+    holds as many messages as groups of the largest size fit in this (learner/bounds.py)."""
     weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 16
     """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
     agentgym's processes set it, agentgym/allocator.py), an actor's received frames reuse freed

@@ -31,7 +31,8 @@ from typing import Any
 METRIC_KEYS = ("step", "success_rate", "reward_mean", "turn_limit", "staleness_mean", "trajectories_per_s",
                "tokens_per_s", "loss", "grad_norm", "lr", "clip_frac", "approx_kl", "entropy", "kl_ref", "kl_penalty",
                "is_weight_mean", "is_weight_max", "is_truncated_frac", "is_rejected_frac", "learner_utilisation",
-               "learner_export_s")  # fmt: skip
+               "learner_export_s", "weights_digest_mismatch", "logprob_mismatch_kl_max", "logprob_outliers",
+               "tickets_deadline_reissued", "late_answers")  # fmt: skip
 EVAL_KEYS = ("step", "version", "success_rate", "reward_mean", "split", "episodes", "pinned")
 METRIC_PATTERN = re.compile(r"env/[^/]+/(success_rate|turn_limit)")  # per-env curves
 EVAL_PATTERN = re.compile(r"(avg|pass)@\d+|env/[^/]+/success_rate")  # avg@k, pass@k (k = group size), per env

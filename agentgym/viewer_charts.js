@@ -192,7 +192,11 @@ function chartSpecs(D) {
     ["kl_ref", "KL to reference"], ["kl_penalty", "KL penalty"], ["is_weight_mean", "importance weight (mean)"],
     ["is_weight_max", "importance weight (max)"], ["is_truncated_frac", "importance weights truncated", unit],
     ["is_rejected_frac", "importance weights rejected", unit], ["staleness_mean", "staleness (versions)"],
-    ["learner_utilisation", "learner utilisation", unit], ["learner_export_s", "weight export (s)"]]) specs.push(one(key, title, key, opts));
+    ["learner_utilisation", "learner utilisation", unit], ["learner_export_s", "weight export (s)"],
+    // flight recorder and stragglers (docs/operations.md): flat at 0 in a healthy run
+    ["weights_digest_mismatch", "weight digest mismatches (flight recorder)", steps],
+    ["logprob_mismatch_kl_max", "behaviour vs learner logprobs, worst actor (KL)"], ["logprob_outliers", "logprob outliers flagged", steps],
+    ["tickets_deadline_reissued", "tickets re-issued past their deadline", steps], ["late_answers", "late answers (duplicates)", steps]]) specs.push(one(key, title, key, opts));
   // A chart is drawn when its run has data for it (success and reward always).
   return specs.filter(s => s.always || s.series.some(x => x.points.length));
 }

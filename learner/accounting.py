@@ -27,6 +27,7 @@ each named. ADR 0010 says why.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,6 +57,8 @@ class TicketLedger:
         """Rollouts for training ids this run never issued (e.g. from a learner life whose
         journal lines were lost), by ack status: outside the identity, shown beside it."""
         self._out = None
+        self.settled: Counter[str] = Counter()
+        """Tickets folded into counts by ``compact``, by final fate (no longer kept one by one)."""
 
     # ------------------------------------------------------------------ journal
     def _write(self, rec: dict[str, object]) -> None:
@@ -75,6 +78,33 @@ class TicketLedger:
         if self._out is not None:
             self._out.close()
             self._out = None
+
+    def compact(self, keep_from_step: int) -> int:
+        """Fold the tickets settled for good into counts and rewrite the journal without them, so
+        neither it nor this ledger grows with the run. Settled for good: a final fate other than
+        trained, or trained at a step <= ``keep_from_step`` (the oldest checkpoint kept: a resume
+        from any kept checkpoint re-opens only what was trained after it, and those stay). The
+        new journal is written beside the old one and renamed over it (a kill leaves one whole).
+        Returns the tickets folded."""
+        done = [g for g, f in self.fate.items() if f in FATES and (f != "trained" or self.trained_at[g] <= keep_from_step)]
+        if not done:
+            return 0
+        for g in done:
+            self.settled[self.fate.pop(g)] += 1
+            del self.tickets[g]
+            self.trained_at.pop(g, None)
+        recs: list[dict[str, object]] = [{"e": "base", "settled": dict(self.settled), "lost": dict(self.lost_in_restart)}]
+        for g, t in self.tickets.items():
+            recs.append({"e": "issue", "t": msgspec.to_builtins(t)})
+            f = self.fate.get(g)
+            if f is not None:
+                recs.append({"e": f, "g": g, **({"s": self.trained_at[g]} if f == "trained" else {})})
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w") as out:
+            out.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in recs)
+        self.close()
+        os.replace(tmp, self.path)
+        return len(done)
 
     # ------------------------------------------------------------------ events
     def issued(self, tickets: Iterable[Ticket]) -> None:
@@ -119,7 +149,10 @@ class TicketLedger:
                 except json.JSONDecodeError:
                     continue  # the last line of a killed learner may be cut short
                 e = rec.get("e")
-                if e == "issue":
+                if e == "base":  # a compacted journal's first line: what was folded into counts
+                    self.settled.update(rec.get("settled", {}))
+                    self.lost_in_restart.update(rec.get("lost", {}))
+                elif e == "issue":
                     t = msgspec.convert(rec["t"], Ticket)
                     self.tickets.setdefault(t.group_id, t)
                 elif e == "reopen":  # by an earlier resume: counted in this run's totals too
@@ -149,14 +182,15 @@ class TicketLedger:
     def summary(self, buffered: Iterable[str], in_flight: Iterable[str]) -> dict[str, object]:
         """The accounting table at the end of a learner life. ``buffered``: group ids accepted
         and still in the buffer; ``in_flight``: ids held by actors or queued for re-issue."""
-        by_fate = Counter(self.fate.values())
+        by_fate = Counter(self.fate.values()) + self.settled
+        issued = len(self.tickets) + sum(self.settled.values())
         buffered_ids = {g for g in buffered if g in self.tickets}
         open_ids = {g for g in in_flight if g in self.tickets and g not in self.fate}
-        out: dict[str, object] = {"issued": len(self.tickets), **{f: by_fate.get(f, 0) for f in FATES}}
+        out: dict[str, object] = {"issued": issued, **{f: by_fate.get(f, 0) for f in FATES}}
         out["untrained_at_end"] = by_fate.get("accepted", 0)
         out["in_flight_at_end"] = len(open_ids)
         settled = sum(int(out[k]) for k in (*FATES, "untrained_at_end", "in_flight_at_end"))  # type: ignore[call-overload]
-        out["unaccounted"] = len(self.tickets) - settled
+        out["unaccounted"] = issued - settled
         """Tickets with no fate that no actor holds and no queue has: must be 0."""
         out["accepted_not_buffered"] = by_fate.get("accepted", 0) - len(buffered_ids)
         """Acknowledged accepted, never trained nor expired, and gone from the buffer: must be 0."""

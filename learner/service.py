@@ -27,8 +27,10 @@ from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.learner.accounting import TicketLedger
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.batch import trainable_episodes
+from agentgym.learner.bounds import SocketBounds
 from agentgym.learner.control import ActorControl, version_span
 from agentgym.learner.curriculum import Curriculum, success_counts
+from agentgym.learner.dedupe import SeenSet
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.evaluation import EvalRound, Evaluations, env_stats
 from agentgym.learner.flight_recorder import FlightRecorder, LogprobAgreement
@@ -85,7 +87,8 @@ class Learner(ActorControl):
         self.clock = LearnerClock()
         self.mix = EpisodeMix()
         self.filter = GroupFilter(cfg.learner.filter_groups, cfg.learner.batch_groups)  # dynamic sampling, in judge
-        self.seen: set[str] = set()
+        self.seen = SeenSet()
+        """Group ids answered, compact (learner/dedupe.py): checkpointed, whatever the run's length."""
         self.counters = Counters()
         self.new_data = trio.Event()
         self.step = 0
@@ -263,17 +266,23 @@ class Learner(ActorControl):
         await trio.to_thread.run_sync(self.trainer.save, path, self.checkpoint_state())
         self.last_checkpoint = (self.step, time.monotonic())
         log.info("checkpoint_saved", step=self.step, path=str(path), reason=reason)
+        # The journal keeps what a resume from any checkpoint still kept needs, the rest as counts.
+        kept = [int(p.name.split("_")[1]) for p in path.parent.glob("step_*") if p.name.split("_")[1].isdigit()]
+        folded = self.ledger.compact(min(kept, default=self.step))
+        if folded:
+            log.debug("ticket_journal_compacted", folded=folded, open=len(self.ledger.tickets), keep_from_step=min(kept))
 
     def checkpoint_state(self) -> dict[str, object]:
         """What the service needs after a resume (step and version come from the trainer's step):
         the dedupe set, the ticket counter, the open tickets and the turn-limit curriculum."""
-        return {"seen": sorted(self.seen), "issued": self.sched.issued, "open_tickets": self.guard.state(),
+        return {"seen": self.seen.state(), "issued": self.sched.issued, "open_tickets": self.guard.state(),
                 "curriculum": self.curriculum.state(), "owners": dict(self.sched.owners)}  # fmt: skip
 
     def restore(self, extra: dict[str, object]) -> None:
         self.step = self.trainer.step
-        self.seen = set(extra.get("seen", []))  # type: ignore[arg-type]
+        self.seen = SeenSet.load(extra.get("seen", []))
         self.sched.issued = int(extra.get("issued", 0))  # type: ignore[arg-type]
+        self.seen.start(self.run_id, self.sched.issued)  # this life numbers its tickets on from there
         self.guard.restore(extra.get("open_tickets", []))  # type: ignore[arg-type]  # their late rollouts still count
         self.sched.owners = dict(extra.get("owners", {}))  # type: ignore[call-overload]  # ids stay their keys'
         fresh = self.curriculum.restore(extra.get("curriculum"), self.step)  # type: ignore[arg-type]
@@ -286,7 +295,8 @@ class Learner(ActorControl):
         # The journal knows better: groups buffered, in flight or trained after this checkpoint
         # are issued again under their old ids (ADR 0010); they go first, outside the rule.
         reopened = self.ledger.resume(self.step)
-        self.seen -= {t.group_id for t in reopened}
+        for t in reopened:
+            self.seen.discard(t.group_id)
         self.sched.requeue.extend(reopened)
         self.last_checkpoint = (self.step, time.monotonic())
         log.info("tickets_reopened", count=len(reopened), by_reason=dict(self.ledger.lost_in_restart))
@@ -313,7 +323,10 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         extra = await trio.to_thread.run_sync(trainer.load_checkpoint, ckpt)
         log.info("learner_resumed", checkpoint=str(ckpt), step=trainer.step, version=trainer.version)
     lc = cfg.learner
-    async with open_hub(lc.bind, keys=ServerKeys.load(lc.secret_key, lc.authorized_keys), insecure=lc.insecure) as hub:
+    bounds = SocketBounds.from_config(cfg)  # frame caps and receive queue from the run's limits
+    async with open_hub(lc.bind, keys=ServerKeys.load(lc.secret_key, lc.authorized_keys), insecure=lc.insecure,
+                        max_msg_bytes=bounds.control_frame, weights_max_bytes=bounds.weights_frame,
+                        inbox_size=bounds.inbox_messages) as hub:  # fmt: skip
         learner = Learner(cfg, run_dir, trainer, hub)
         if extra is not None:
             learner.restore(extra)

@@ -240,11 +240,13 @@ class Hub:
     """The control inbox on the trio thread and the weight server's thread; see the module docstring."""
 
     def __init__(self, bind: str, inbox_size: int = 1024, max_msg_bytes: int | None = None,
-                 keys: ServerKeys | None = None) -> None:  # fmt: skip
+                 keys: ServerKeys | None = None, weights_max_bytes: int | None = None) -> None:  # fmt: skip
         self.bind = bind
         self.keys = keys
         self.inbox_size = inbox_size
         self.max_msg_bytes = max_msg_bytes or max_frame_bytes()
+        self.weights_max_bytes = weights_max_bytes or self.max_msg_bytes
+        """The weights port's frame cap (learner/bounds.py: only WeightRequests come in there)."""
         self._ctx = zmq.Context()
         self._control: zmq.Socket | None = None
         self.inbox: Inbox  # set by open() once the control socket is bound
@@ -304,9 +306,9 @@ class Hub:
             pass
 
     # ---------------------------------------------------------------- both sockets
-    def _make_router(self, addr: str, rcvhwm: int = 10_000) -> zmq.Socket:
+    def _make_router(self, addr: str, rcvhwm: int = 10_000, max_bytes: int | None = None) -> zmq.Socket:
         s = self._ctx.socket(zmq.ROUTER)
-        s.setsockopt(zmq.MAXMSGSIZE, self.max_msg_bytes)  # refuse oversized frames before reading them
+        s.setsockopt(zmq.MAXMSGSIZE, max_bytes or self.max_msg_bytes)  # refuse oversized frames before reading them
         s.setsockopt(zmq.LINGER, 2000)
         s.setsockopt(zmq.SNDHWM, 10_000)
         s.setsockopt(zmq.RCVHWM, rcvhwm)
@@ -321,7 +323,7 @@ class Hub:
     # ---------------------------------------------------------------- weights thread
     def _run(self) -> None:
         try:
-            weights = self._make_router(weights_address(self.bind))
+            weights = self._make_router(weights_address(self.bind), max_bytes=self.weights_max_bytes)
         except zmq.ZMQError as exc:
             self._error = OSError(f"learner cannot bind its weights port {weights_address(self.bind)}: {exc}")
             self._ready.set()
@@ -371,7 +373,7 @@ class Hub:
 @asynccontextmanager
 async def open_hub(
     bind: str, max_msg_bytes: int | None = None, *, keys: ServerKeys | None = None, insecure: bool = False,
-    inbox_size: int = 1024,
+    inbox_size: int = 1024, weights_max_bytes: int | None = None,
 ) -> AsyncIterator[Hub]:
     """Bind the control socket here and start the weights thread; close both on exit.
 
@@ -380,7 +382,7 @@ async def open_hub(
     authenticator; without them a non-loopback ``bind`` is refused unless ``insecure``
     (learner/auth.py)."""
     check_bind(bind, keys, insecure)
-    hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys)
+    hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys, weights_max_bytes=weights_max_bytes)
     auth = None
     thread: threading.Thread | None = None
     try:

@@ -136,5 +136,15 @@ class LiveLearner:
         assert self.proc.returncode == 0, self.text()[-3000:]
         return json.loads((self.run_dir / "summary.json").read_text())
 
+    def __enter__(self) -> LiveLearner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A test that failed before ``run`` leaves no learner behind."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
     def text(self) -> str:
         return (self.tmp / "learner.log").read_text(errors="replace")

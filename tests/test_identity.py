@@ -38,58 +38,58 @@ def test_an_actor_id_is_its_keys_and_future_versions_are_invalid(model_dir: Path
     k = tmp_path / "keys"
     write_keys(k, ["one", "two"])
     key = {n: ClientKeys.load(k / "actors" / f"{n}.key_secret", k / "learner.key") for n in ("one", "two")}
-    ln = LiveLearner(model_dir, tmp_path, 2, keys=k)
-    ctx = zmq.Context()
-    first = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["one"])
-    until(first, lambda: first.granted)
-    held = list(first.granted)
-    first.close()  # gone from ZeroMQ, still registered with the learner: its id is free to connect under
-    time.sleep(1.0)
-    thief = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["two"])
-    until(thief, lambda: any(isinstance(m, Reject) for m in thief.got))
-    (rej,) = [m for m in thief.got if isinstance(m, Reject)]
-    assert rej.field == "actor_id" and "another CURVE key" in rej.reason
-    assert not any(isinstance(m, Welcome | Grant) for m in thief.got)  # none of a's tickets
-    thief.send(play(held[0], "a", 0, GROUP))  # nor may it answer them
-    thief.step(300)
-    assert held[0].group_id not in thief.acks
-    thief.close()
-    # The owner's key gets its id, and its tickets, back; a group from the future is invalid.
-    back = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["one"])
-    until(back, lambda: back.welcomed and back.granted)
-    assert held[0].group_id in {t.group_id for t in back.granted}
-    future = play(back.granted[0], "a", 10**6, GROUP)
-    back.send(future)
-    until(back, lambda: future.group_id in back.acks)
-    assert back.acks[future.group_id] == "invalid"
-    back.delay_s = 0.0  # now it plays honestly: what it holds, and what it is granted next
-    back.due = [(0.0, t) for t in back.granted[1:]]
-    summary = ln.run([back])
-    back.close()
-    ctx.term()
-    assert summary["step"] == 2
-    assert summary["dropped_messages"]["actor_id_of_another_key"] >= 2  # the Hello and the rollout
-    assert summary["invalid_reasons"] == {"version_out_of_range": 1}
+    with LiveLearner(model_dir, tmp_path, 2, keys=k) as ln:
+        ctx = zmq.Context()
+        first = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["one"])
+        until(first, lambda: first.granted)
+        held = list(first.granted)
+        first.close()  # gone from ZeroMQ, still registered with the learner: its id is free to connect under
+        time.sleep(1.0)
+        thief = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["two"])
+        until(thief, lambda: any(isinstance(m, Reject) for m in thief.got))
+        (rej,) = [m for m in thief.got if isinstance(m, Reject)]
+        assert rej.field == "actor_id" and "another CURVE key" in rej.reason
+        assert not any(isinstance(m, Welcome | Grant) for m in thief.got)  # none of a's tickets
+        thief.send(play(held[0], "a", 0, GROUP))  # nor may it answer them
+        thief.step(300)
+        assert held[0].group_id not in thief.acks
+        thief.close()
+        # The owner's key gets its id, and its tickets, back; a group from the future is invalid.
+        back = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["one"])
+        until(back, lambda: back.welcomed and back.granted)
+        assert held[0].group_id in {t.group_id for t in back.granted}
+        future = play(back.granted[0], "a", 10**6, GROUP)
+        back.send(future)
+        until(back, lambda: future.group_id in back.acks)
+        assert back.acks[future.group_id] == "invalid"
+        back.delay_s = 0.0  # now it plays honestly: what it holds, and what it is granted next
+        back.due = [(0.0, t) for t in back.granted[1:]]
+        summary = ln.run([back])
+        back.close()
+        ctx.term()
+        assert summary["step"] == 2
+        assert summary["dropped_messages"]["actor_id_of_another_key"] >= 2  # the Hello and the rollout
+        assert summary["invalid_reasons"] == {"version_out_of_range": 1}
 
 
 def test_without_keys_a_live_id_is_refused_to_another_process(model_dir: Path, tmp_path: Path) -> None:
-    ln = LiveLearner(model_dir, tmp_path, 2)
-    ctx = zmq.Context()
-    first = ScriptedActor(ctx, ln.addr, "b", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, session="s1")
-    until(first, lambda: first.granted)
-    held = {t.group_id for t in first.granted}
-    first.close()
-    # ZeroMQ ignores a connection under a routing id it still holds: let the learner's side of
-    # the closed one end first (a second process starts later than this anyway).
-    time.sleep(1.0)
-    other = ScriptedActor(ctx, ln.addr, "b", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, session="s2")
-    until(other, lambda: any(isinstance(m, Reject) for m in other.got))
-    assert [m.field for m in other.got if isinstance(m, Reject)] == ["actor_id"]
-    assert not other.granted
-    other.close()
-    same = ScriptedActor(ctx, ln.addr, "b", delay_s=0.0, fingerprint=ln.fingerprint, group_size=GROUP, session="s1")
-    until(same, lambda: same.welcomed and held <= {t.group_id for t in same.granted})  # its own tickets again
-    summary = ln.run([same])
-    same.close()
-    ctx.term()
-    assert summary["step"] == 2 and summary["dropped_messages"] == {"actor_id_in_use": 1}
+    with LiveLearner(model_dir, tmp_path, 2) as ln:
+        ctx = zmq.Context()
+        first = ScriptedActor(ctx, ln.addr, "b", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, session="s1")
+        until(first, lambda: first.granted)
+        held = {t.group_id for t in first.granted}
+        first.close()
+        # ZeroMQ ignores a connection under a routing id it still holds: let the learner's side of
+        # the closed one end first (a second process starts later than this anyway).
+        time.sleep(1.0)
+        other = ScriptedActor(ctx, ln.addr, "b", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, session="s2")
+        until(other, lambda: any(isinstance(m, Reject) for m in other.got))
+        assert [m.field for m in other.got if isinstance(m, Reject)] == ["actor_id"]
+        assert not other.granted
+        other.close()
+        same = ScriptedActor(ctx, ln.addr, "b", delay_s=0.0, fingerprint=ln.fingerprint, group_size=GROUP, session="s1")
+        until(same, lambda: same.welcomed and held <= {t.group_id for t in same.granted})  # its own tickets again
+        summary = ln.run([same])
+        same.close()
+        ctx.term()
+        assert summary["step"] == 2 and summary["dropped_messages"] == {"actor_id_in_use": 1}

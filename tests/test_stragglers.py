@@ -34,58 +34,58 @@ def test_a_heartbeating_hoarder_never_stalls_training(model_dir: Path, tmp_path:
     steps = 8
     # max_staleness 0: the staleness rule admits one batch (2 tickets) at a time, so the hoarder's
     # tickets are the whole pipeline: without deadlines not one step would be trained.
-    ln = LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.5",
-                     "learner.ticket_deadline_max_s=2")  # fmt: skip
-    ctx = zmq.Context()
-    # The hoarder comes first and asks for everything: before anyone has answered, it gets
-    # grant_start tickets with the cap as deadline, and never any more.
-    hoarder = ScriptedActor(ctx, ln.addr, "hoarder", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, max_groups=64)
-    while not hoarder.welcomed:
-        hoarder.step(50)
-    honest = ScriptedActor(ctx, ln.addr, "honest", delay_s=0.02, fingerprint=ln.fingerprint, group_size=GROUP)
-    try:
-        summary = ln.run([hoarder, honest])
-    finally:
-        hoarder.close()
-        honest.close()
-        ctx.term()
-    assert summary["reason"] == "run finished" and summary["step"] == steps
-    assert 1 <= len(hoarder.granted) <= 2, hoarder.granted  # learner.grant_start
-    t = summary["tickets"]
-    assert t["deadline_reissued"] >= len(hoarder.granted) and t["late_answers"] == 0
-    assert {g.group_id for g in hoarder.granted} <= set(honest.sent)  # its tickets were played by another
-    accounted(summary)
-    assert "ticket_overdue" in ln.text()
+    with LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.5",
+                     "learner.ticket_deadline_max_s=2") as ln:  # fmt: skip
+        ctx = zmq.Context()
+        # The hoarder comes first and asks for everything: before anyone has answered, it gets
+        # grant_start tickets with the cap as deadline, and never any more.
+        hoarder = ScriptedActor(ctx, ln.addr, "hoarder", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, max_groups=64)
+        while not hoarder.welcomed:
+            hoarder.step(50)
+        honest = ScriptedActor(ctx, ln.addr, "honest", delay_s=0.02, fingerprint=ln.fingerprint, group_size=GROUP)
+        try:
+            summary = ln.run([hoarder, honest])
+        finally:
+            hoarder.close()
+            honest.close()
+            ctx.term()
+        assert summary["reason"] == "run finished" and summary["step"] == steps
+        assert 1 <= len(hoarder.granted) <= 2, hoarder.granted  # learner.grant_start
+        t = summary["tickets"]
+        assert t["deadline_reissued"] >= len(hoarder.granted) and t["late_answers"] == 0
+        assert {g.group_id for g in hoarder.granted} <= set(honest.sent)  # its tickets were played by another
+        accounted(summary)
+        assert "ticket_overdue" in ln.text()
 
 
 def test_an_actor_ten_times_slower_is_counted_not_lost_and_training_keeps_stepping(model_dir: Path, tmp_path: Path) -> None:
     steps = 12
     # max_staleness 0: each step waits for its own two tickets, so a ticket the slow actor holds
     # holds up the step until its deadline passes.
-    ln = LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.3",
-                     "learner.ticket_deadline_max_s=5", "learner.ticket_deadline_factor=2")  # fmt: skip
-    ctx = zmq.Context()
-    fast = [ScriptedActor(ctx, ln.addr, f"fast{i}", delay_s=0.1, fingerprint=ln.fingerprint, group_size=GROUP) for i in range(2)]
-    made: list[ScriptedActor] = []
+    with LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.3",
+                     "learner.ticket_deadline_max_s=5", "learner.ticket_deadline_factor=2") as ln:  # fmt: skip
+        ctx = zmq.Context()
+        fast = [ScriptedActor(ctx, ln.addr, f"fast{i}", delay_s=0.1, fingerprint=ln.fingerprint, group_size=GROUP) for i in range(2)]
+        made: list[ScriptedActor] = []
 
-    def slow() -> ScriptedActor:  # joins once the fast ones have answered: its first deadline is theirs
-        made.append(ScriptedActor(ctx, ln.addr, "slow", delay_s=1.0, fingerprint=ln.fingerprint, group_size=GROUP))
-        return made[0]
+        def slow() -> ScriptedActor:  # joins once the fast ones have answered: its first deadline is theirs
+            made.append(ScriptedActor(ctx, ln.addr, "slow", delay_s=1.0, fingerprint=ln.fingerprint, group_size=GROUP))
+            return made[0]
 
-    try:
-        summary = ln.run(list(fast), join={2: slow})
-        for a in [*fast, *made]:  # what was still on the way when the learner finished
-            a.step(200)
-    finally:
-        for a in [*fast, *made]:
-            a.close()
-        ctx.term()
-    assert summary["reason"] == "run finished" and summary["step"] == steps
-    (s,) = made
-    t = summary["tickets"]
-    assert t["deadline_reissued"] >= 1 and t["late_answers"] >= 1, (t, s.statuses, s.sent, ln.text()[-2000:])
-    assert s.statuses["duplicate"] >= 1 and summary["groups"]["duplicate"] >= t["late_answers"]
-    acked_late = [g for g in s.sent if s.acks.get(g) == "duplicate"]
-    assert all(g in {x for a in fast for x in a.sent} for g in acked_late)  # its copy was played by another first
-    assert s.statuses["accepted"] >= 1  # once timed, its own deadlines fit it: its groups are trained
-    accounted(summary)
+        try:
+            summary = ln.run(list(fast), join={2: slow})
+            for a in [*fast, *made]:  # what was still on the way when the learner finished
+                a.step(200)
+        finally:
+            for a in [*fast, *made]:
+                a.close()
+            ctx.term()
+        assert summary["reason"] == "run finished" and summary["step"] == steps
+        (s,) = made
+        t = summary["tickets"]
+        assert t["deadline_reissued"] >= 1 and t["late_answers"] >= 1, (t, s.statuses, s.sent, ln.text()[-2000:])
+        assert s.statuses["duplicate"] >= 1 and summary["groups"]["duplicate"] >= t["late_answers"]
+        acked_late = [g for g in s.sent if s.acks.get(g) == "duplicate"]
+        assert all(g in {x for a in fast for x in a.sent} for g in acked_late)  # its copy was played by another first
+        assert s.statuses["accepted"] >= 1  # once timed, its own deadlines fit it: its groups are trained
+        accounted(summary)

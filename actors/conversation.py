@@ -73,6 +73,22 @@ class Conversation:
         conv._awaiting_agent = True
         return conv
 
+    @classmethod
+    def restore(cls, tokenizer: Any, system: str | None, token_ids: Sequence[int], loss_mask: Sequence[int],
+                logprobs: Sequence[float], versions: Sequence[int], turn_ends: Sequence[int]) -> Conversation:  # fmt: skip
+        """A conversation another actor began, from its arrays (a hand-over, actors/handover.py):
+        it ends with the generation prompt of the next turn, as ``prompt_ids`` needs."""
+        conv = cls(tokenizer, system)
+        conv._ids, conv._mask = [int(t) for t in token_ids], [int(m) for m in loss_mask]
+        conv._logprobs, conv._versions = [float(x) for x in logprobs], [int(v) for v in versions]
+        for end in (int(e) for e in turn_ends):
+            start = end
+            while start > 0 and conv._mask[start - 1] == 1:  # the turn's sampled tokens: a run of mask 1
+                start -= 1
+            conv.turn_spans.append((start, end))
+        conv._awaiting_agent = True
+        return conv
+
     @property
     def prompt_ids(self) -> list[int]:
         """Every token so far, ending with the generation prompt: what the engine continues."""

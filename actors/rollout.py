@@ -9,6 +9,8 @@ An environment that crashes or hangs fails this episode only (finish="env_failur
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from dataclasses import replace
 
 import numpy as np
@@ -18,8 +20,8 @@ from agentgym.actors.conversation import Conversation
 from agentgym.actors.critic import Critic, CritiqueLoop
 from agentgym.actors.engine import InferenceEngine, SamplingSpec
 from agentgym.envpool.pool import EnvFailure, EnvPool
-from agentgym.protocol import Episode, RolloutSpec, Ticket
-from agentgym.protocol.arrays import F32, I32, U8, pack
+from agentgym.protocol import Episode, PartialEpisode, RolloutSpec, Ticket
+from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +40,15 @@ async def play_episode(
     turn_limit: int,
     seed: int | None = None,
     critic: Critic | None = None,
+    stop: asyncio.Event | None = None,
+    resume: PartialEpisode | None = None,
 ) -> Episode:
+    """Play one episode. ``stop``: once set, the episode ends at the next turn boundary (the turn
+    being sampled is aborted) by raising ``Interrupted`` with where it stands, when it can be
+    handed over (a replayable env, no critique loop), else it plays on. ``resume``: continue an
+    episode another actor stopped (actors/handover.py): its actions are replayed on a fresh env
+    and, if that reaches the same observation, play goes on from its next turn; else the episode
+    is played from the start."""
     eos = getattr(tokenizer, "eos_token_id", None)
     sampling = SamplingSpec(
         max_tokens=spec.max_tokens_per_turn,
@@ -53,20 +63,36 @@ async def play_episode(
     conv: Conversation | None = None
     turn_rewards: list[float] = []
     finish, failure, success = "turn_limit", "", False
+    actions: list[str] = []
+    last_obs = ""
+    resumed_at = first_turn = 0
     # Critique in the loop (actors/critic.py): off unless the spec has a critic; evaluation
     # tickets are played without it unless critic.at_eval.
     cs = spec.critic
     loop = CritiqueLoop(critic, cs) if critic and cs and (ticket.split == "train" or cs.at_eval) else None
     attempts = 1 + (cs.max_revisions if loop and loop.wants("retry") else 0)
+    handable = loop is None and attempts == 1 and pool.replayable
+    if resume is not None and not handable:
+        resume = None
     critique = pending = None
     try:
         task_id = ticket.task_id if ticket.split == "train" else _eval_task(pool, ticket)
-        for _attempt in range(attempts):
+        # One more pass when resuming: a replay that diverges plays the episode again on a fresh env.
+        for _attempt in range(attempts + (resume is not None)):
             async with pool.episode(task_id) as ep:
-                obs = await ep.reset()
+                obs = last_obs = await ep.reset()
                 # The config's system prompt wins; "" means none; None means the env's instructions.
                 system = spec.system_prompt if spec.system_prompt is not None else (ep.instructions or None)
-                if conv is None:
+                if resume is not None:
+                    conv, last_obs = await _replay(tokenizer, ep, system, resume, ticket, obs)
+                    if conv is None:  # the replay went elsewhere: the next pass plays it from the start
+                        resume = None
+                        continue
+                    turn_rewards, actions = [float(x) for x in unpack(resume.turn_rewards, F32)], list(resume.actions)
+                    resumed_at, first_turn, turn_limit, resume = len(conv), len(actions), resume.turn_limit, None
+                if resumed_at:
+                    pass  # the conversation another actor began, ending with its next turn's prompt
+                elif conv is None:
                     conv = Conversation.start(tokenizer, system or None, obs[: MAX_CHARS_PER_TOKEN * budget])
                     if len(conv) > budget - conv.closing_tokens - 1:  # no room for even one sampled token
                         conv.truncate(budget)  # the loop below ends it at once as token_limit
@@ -86,17 +112,23 @@ async def play_episode(
                 # Token budgets: a turn samples at most max_tokens_per_turn, and no more than leaves
                 # room for its end-of-turn tokens within max_episode_tokens; an observation that
                 # does not fit ends the episode. The episode never exceeds its budget.
-                for turn in range(turn_limit):
+                for turn in range(first_turn, turn_limit):
                     room = budget - len(conv) - conv.closing_tokens
                     if room < 1:
                         finish = "token_limit"
                         break
-                    gen = await engine.generate(
-                        f"{ticket.group_id}/{index}/{turn}", conv.prompt_ids,
+                    if handable and stop is not None and stop.is_set():
+                        raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit))
+                    rid = f"{ticket.group_id}/{index}/{turn}"
+                    gen = await _generate(
+                        engine, rid, conv.prompt_ids,
                         # Each turn its own seed: the same seed every turn would correlate the turns.
                         replace(sampling, max_tokens=min(spec.max_tokens_per_turn, room),
                                 seed=None if seed is None else seed + turn),
+                        stop if handable else None,
                     )  # fmt: skip
+                    if isinstance(gen, int):  # asked to leave while sampling: that turn is dropped, the rest handed over
+                        raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit), dropped=gen)
                     conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                     action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                     for rnd in range(cs.max_revisions if loop and loop.wants("draft") else 0):
@@ -117,6 +149,8 @@ async def play_episode(
                         action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                     result = await ep.step(action)
                     turn_rewards.append(float(result.reward))
+                    actions.append(action)
+                    last_obs = result.observation
                     if loop:
                         loop.last_action = action
                         loop.transcript += [("agent", action), ("env", result.observation)]
@@ -147,15 +181,75 @@ async def play_episode(
                         finish = "token_limit"
                     if critique and len(conv) > mark:
                         loop.mark(mark, len(conv))
-            if success or finish == "token_limit":
+            if success or finish == "token_limit" or resumed_at:
                 break
     except EnvFailure as exc:
         finish, failure = "env_failure", str(exc)
         log.warning("episode_env_failure", group=ticket.group_id, task=ticket.task_id, error=failure)
     episode = _to_episode(conv, turn_rewards, finish, failure, success, turn_limit)
+    episode.resumed_at = resumed_at
     if loop and loop.spans:
         episode.critiques = pack([x for span in loop.spans for x in span], I32)
     return episode
+
+
+class Interrupted(Exception):
+    """An episode stopped at a turn boundary because its actor is leaving."""
+
+    def __init__(self, partial: PartialEpisode, dropped: int = 0) -> None:
+        super().__init__("interrupted at a turn boundary")
+        self.partial = partial
+        self.dropped = dropped
+        """Tokens of the turn being sampled when it stopped (aborted: lost)."""
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+async def _generate(engine: InferenceEngine, rid: str, prompt: list[int], sampling: SamplingSpec,
+                    stop: asyncio.Event | None):  # fmt: skip
+    """``engine.generate``, or when ``stop`` is set first the number of tokens the aborted
+    request had sampled (dropped)."""
+    if stop is None:
+        return await engine.generate(rid, prompt, sampling)
+    gen = asyncio.ensure_future(engine.generate(rid, prompt, sampling))
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({gen, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if gen.done():
+        return gen.result()
+    await engine.abort(rid)
+    return len((await gen).token_ids)  # it returns with finish "abort" and the tokens so far
+
+
+def _partial(conv: Conversation, turn_rewards: list[float], actions: list[str], last_obs: str, turn_limit: int) -> PartialEpisode:
+    return PartialEpisode(
+        token_ids=pack(conv.token_ids, I32), logprobs=pack(conv.logprobs, F32), loss_mask=pack(conv.loss_mask, U8),
+        versions=pack(conv.versions, I32), turn_ends=pack([end for _, end in conv.turn_spans], I32),
+        turn_rewards=pack(turn_rewards, F32), actions=list(actions), observation_sha256=sha256(last_obs),
+        turn_limit=turn_limit,
+    )  # fmt: skip
+
+
+async def _replay(tokenizer: object, ep: object, system: str | None, p: PartialEpisode, ticket: Ticket, obs: str):
+    """Step a fresh env (just reset, its first observation ``obs``) through ``p.actions``; returns
+    the restored conversation and the last observation, or (None, "") when the env ended early
+    or reached another observation."""
+    done = False
+    for action in p.actions:
+        result = await ep.step(action)  # type: ignore[attr-defined]
+        obs, done = result.observation, result.done
+        if done:
+            break
+    if done or sha256(obs) != p.observation_sha256:
+        log.warning("handover_replay_diverged", group=ticket.group_id, task=ticket.task_id, actions=len(p.actions))
+        return None, ""
+    conv = Conversation.restore(tokenizer, system, unpack(p.token_ids, I32), unpack(p.loss_mask, U8),
+                                unpack(p.logprobs, F32), unpack(p.versions, I32), unpack(p.turn_ends, I32))  # fmt: skip
+    return conv, obs
 
 
 def _eval_task(pool: EnvPool, ticket: Ticket) -> int:

@@ -36,6 +36,7 @@ from agentgym.protocol.weights import WeightBuffers
 from agentgym.protocol import (
     Ack,
     Grant,
+    Handover,
     Heartbeat,
     Hello,
     Leave,
@@ -98,6 +99,8 @@ class Actor:
         """The learner's last heartbeat stats: staleness headroom and its stale-group count."""
         self.last_from_learner = time.monotonic()
         self.stats = {"groups_sent": 0, "episodes_sent": 0, "acked": 0, "resent": 0, "weight_updates": 0}
+        self.leaving = asyncio.Event()  # set on SIGTERM: episodes stop at a turn boundary (actors/handover.py)
+        self.handovers: list[Handover] = []  # what the Leave carries to the learner
         self.ack_statuses: dict[str, int] = {}
         self.engine_ready = asyncio.Event()
         self.weights_synced = False
@@ -309,7 +312,7 @@ class Actor:
 
     async def player(self, n: int) -> None:
         from agentgym.actors.critic import shared_critic
-        from agentgym.actors.rollout import play_episode
+        from agentgym.actors.handover import play_group
 
         spec = self.welcome.rollout
         critic = await shared_critic(spec.critic, self.engine, self.tokenizer, self.cfg.run.seed)  # None: off
@@ -317,18 +320,19 @@ class Actor:
             while n >= self.concurrency.target:  # this player is beyond the current capacity: idle
                 await self.capacity_changed.wait()
             ticket = await self.tickets.get()
+            if self.leaving.is_set():  # the Leave returns it to the learner
+                return
             await self.wait_version(max(ticket.min_version, 0))
             agents = self.agents if self.agents is not None and self.agents.plays(ticket.env) else None
             pool = None if agents else await self.pool_for(ticket.env)
             self.running_groups += 1
             t0 = time.monotonic()
             turn_limit = self.turn_limits.get(ticket.env, self.turn_limit)
-            episodes = await asyncio.gather(*(
-                agents.play(ticket, i, spec, turn_limit) if agents else
-                play_episode(self.engine, self.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic)
-                for i in range(spec.group_size)
-            ))  # fmt: skip
+            episodes = await (asyncio.gather(*(agents.play(ticket, i, spec, turn_limit) for i in range(spec.group_size)))
+                              if agents else play_group(self, ticket, pool, spec, turn_limit, critic))  # fmt: skip
             self.running_groups -= 1
+            if episodes is None:  # stopped to leave: handed over in self.handovers
+                return
             rollout = Rollout(
                 group_id=ticket.group_id, actor_id=self.actor_id, env=ticket.env, task_id=ticket.task_id,
                 episodes=list(episodes), elapsed_s=time.monotonic() - t0,
@@ -348,7 +352,11 @@ class Actor:
             loop.add_signal_handler(sig, lambda s=sig: stop_signal.done() or stop_signal.set_result(Stop(f"got {signal.Signals(s).name}", 0)))
 
         async def watch_signal() -> None:
-            raise await stop_signal
+            from agentgym.actors.handover import leave
+
+            stop = await stop_signal
+            await leave(self)  # live episodes stop at a turn boundary and are handed over
+            raise stop
 
         try:
             async with asyncio.TaskGroup() as tg:
@@ -373,7 +381,7 @@ class Actor:
             stop = eg.exceptions[0]
         if stop.reason.startswith("got SIG"):
             with _ignore_errors():
-                await asyncio.wait_for(self.link.send(Leave(actor_id=self.actor_id, reason=stop.reason)), 2)
+                await asyncio.wait_for(self.link.send(Leave(actor_id=self.actor_id, reason=stop.reason, handovers=self.handovers)), 5)
         return stop
 
     async def close(self) -> None:

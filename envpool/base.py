@@ -61,6 +61,11 @@ class Env(abc.ABC):
     """One environment instance; reused across episodes (each starts with ``reset``)."""
 
     name: ClassVar[str]
+    replayable: ClassVar[bool] = True
+    """Whether replaying an episode's actions on a new instance after ``reset(task_id)`` rebuilds
+    its state (the contract above). An actor that leaves hands its episodes of a replayable env
+    over to another actor, which replays them and plays on; an env whose state lives elsewhere
+    (a remote server, a live site) sets False and its episodes are played again from the start."""
 
     def __init__(self, **kwargs: object) -> None:
         # Subclasses take their options as keyword arguments and pass the rest here, so a typo in

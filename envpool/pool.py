@@ -181,6 +181,11 @@ class EnvPool:
         self._starts: collections.Counter[str] = collections.Counter()  # workers started: forked / exec
         self._tasks: dict[str, Sequence[int]] = {}
 
+    @property
+    def replayable(self) -> bool:
+        """The env's ``Env.replayable``: whether its episodes can be handed to another actor."""
+        return bool(getattr(load_target(self.target, self.env_name), "replayable", False))
+
     def task_id(self, split: str, index: int) -> int:
         """The ``index``-th task id (wrapping around) of the env's ``split`` under this pool's
         options: how evaluation tickets, which name a split and an index, become episodes."""

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import msgspec
 
-from agentgym.protocol import Ticket
+from agentgym.protocol import Handover, Rollout, Ticket
 
 FATES = ("trained", "expired", "stale", "invalid", "failed", "filtered")
 """Final fates; ``accepted`` is a waiting state, not a final one."""
@@ -52,6 +52,10 @@ class TicketLedger:
         self.fate: dict[str, str] = {}
         self.trained_at: dict[str, int] = {}
         self.reissued = 0
+        self.handovers: Counter[str] = Counter()
+        """Hand-overs from actors that left (actors/handover.py): groups, their partial and
+        finished episodes, the tokens carried; and episodes trained-to-be (accepted) that a
+        second actor continued. Events beside the identity: a handed-over group is one ticket."""
         self.lost_in_restart: Counter[str] = Counter()
         self.unissued: Counter[str] = Counter()
         """Rollouts for training ids this run never issued (e.g. from a learner life whose
@@ -126,6 +130,16 @@ class TicketLedger:
         self.fate[group_id] = status
         self._write({"e": status, "g": group_id})
 
+    def handed_over(self, h: Handover) -> None:
+        self.handovers["groups"] += 1
+        self.handovers["partial_episodes"] += len(h.partial)
+        self.handovers["finished_episodes"] += len(h.finished)
+        self.handovers["tokens_carried"] += sum(len(p.token_ids) // 4 for p in h.partial)
+
+    def resumed(self, r: Rollout) -> None:
+        """An accepted rollout: count its episodes that were continued from a hand-over."""
+        self.handovers["episodes_resumed_accepted"] += sum(1 for e in r.episodes if e.resumed_at > 0)
+
     def trained(self, group_ids: Iterable[str], step: int) -> None:
         for g in group_ids:
             if g in self.tickets:
@@ -195,6 +209,7 @@ class TicketLedger:
         out["accepted_not_buffered"] = by_fate.get("accepted", 0) - len(buffered_ids)
         """Acknowledged accepted, never trained nor expired, and gone from the buffer: must be 0."""
         out["reissued"] = self.reissued
+        out["handovers"] = dict(self.handovers)
         out["lost_in_restart"] = dict(self.lost_in_restart)
         out["unissued_arrivals"] = dict(self.unissued)
         return out

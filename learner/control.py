@@ -26,6 +26,7 @@ from agentgym.protocol import (
     AckStatus,
     CriticSpec,
     Grant,
+    Handover,
     Heartbeat,
     Hello,
     Leave,
@@ -37,6 +38,14 @@ from agentgym.protocol import (
 from agentgym.protocol.arrays import I32, U8, unpack
 
 log = structlog.get_logger(__name__)
+
+
+def handover_digest(token_ids: bytes) -> str:
+    """A short digest of a handed-over prefix's token ids (logged; tests compare it with the
+    trained episode's first ``resumed_at`` tokens)."""
+    import hashlib
+
+    return hashlib.sha256(token_ids).hexdigest()[:16]
 
 
 def rollout_spec(cfg: Config) -> RolloutSpec:
@@ -71,6 +80,14 @@ class ActorControl:
             self.guard.issue(actor_id, tickets)
             self.ledger.issued(tickets)
             self.hub.send(self.sched.actors[actor_id].peer, Grant(tickets=tickets))
+
+    def note_resumed(self, r: Rollout) -> None:
+        """Count (and log, with the digest of the handed-over prefix) episodes another actor continued."""
+        self.ledger.resumed(r)
+        for e in r.episodes:
+            if e.resumed_at:
+                log.info("episode_resumed", group=r.group_id, actor_id=r.actor_id, resumed_at=e.resumed_at,
+                         tokens=e.num_tokens, prefix=handover_digest(e.token_ids[: 4 * e.resumed_at]))  # fmt: skip
 
     def user_id(self) -> str:
         """The CURVE key (ZAP user id) of the connection the message being handled came from."""
@@ -175,7 +192,7 @@ class ActorControl:
         self.counters.groups[status] += 1
         if status == "accepted":
             self.counters.episodes["accepted"] += len(trainable_episodes(r))
-            self.ledger.resumed(r)  # episodes continued from a hand-over, counted apart
+            self.note_resumed(r)  # episodes continued from a hand-over, counted apart
             self.buffer.add(r, *version_span(r, self.version))
             self.new_data.set()
         elif status == "eval":
@@ -190,6 +207,24 @@ class ActorControl:
         if status not in ("accepted", "eval", "filtered"):
             log.info("rollout_not_accepted", group=r.group_id, status=status, actor_id=r.actor_id)
         self.grant()
+
+    def take_handovers(self, state, handovers: list[Handover]) -> int:  # type: ignore[no-untyped-def]
+        """Put each hand-over of a leaving actor on its ticket (actors/handover.py), so the actor
+        that gets the ticket next continues those episodes. Only training tickets the actor holds,
+        and no more episodes than a group has; the rest is dropped (the group is played again)."""
+        taken = 0
+        size = self.cfg.rollout.group_size
+        for h in handovers:
+            t = state.outstanding.get(h.group_id)
+            if t is None or t.split != "train" or h.actor_id != state.actor_id or len(h.finished) + len(h.partial) > size:
+                self.guard.drop("bad_handover", kind="Leave", actor_id=state.actor_id, group=h.group_id)
+                continue
+            state.outstanding[h.group_id] = msgspec.structs.replace(t, handover=h)
+            self.ledger.handed_over(h)
+            taken += 1
+            log.info("handover_received", group=h.group_id, actor_id=state.actor_id, finished=len(h.finished),
+                     partial=len(h.partial), prefixes=[handover_digest(p.token_ids) for p in h.partial])  # fmt: skip
+        return taken
 
     async def control_loop(self) -> None:
         async for peer, msg in self.hub.inbox:
@@ -224,8 +259,9 @@ class ActorControl:
                 self.sched.set_capacity(actor_id, int(msg.stats.get("capacity", 0)))
                 self.actor_memory[actor_id] = {k: v for k, v in msg.stats.items() if k.endswith("_mib")}
             elif isinstance(msg, Leave):
+                handed = self.take_handovers(state, msg.handovers)
                 back = self.sched.remove(actor_id)
-                log.info("actor_left", actor=state.index, reason=msg.reason, tickets_returned=len(back))
+                log.info("actor_left", actor=state.index, reason=msg.reason, tickets_returned=len(back), handed_over=handed)
                 self.grant()
             else:
                 log.warning("unexpected_message", kind=type(msg).__name__, actor=state.index)

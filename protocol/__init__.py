@@ -11,10 +11,12 @@ from agentgym.protocol.messages import (
     AckStatus,
     Episode,
     Grant,
+    Handover,
     Heartbeat,
     Hello,
     Leave,
     Message,
+    PartialEpisode,
     Reject,
     Rollout,
     RolloutSpec,
@@ -35,4 +37,5 @@ __all__ = [
     "Hello", "Leave", "Message", "ProtocolError", "Reject", "Rollout", "RolloutSpec", "CriticSpec", "Shutdown",
     "TensorMeta", "Ticket", "VersionMismatch", "WeightChunk", "WeightGone", "WeightRequest",
     "WeightsReady", "Welcome", "decode", "encode", "encode_into", "max_frame_bytes", "peek_kind",
+    "Handover", "PartialEpisode",
 ]  # fmt: skip

@@ -148,6 +148,9 @@ class Leave(Message):
     KIND: ClassVar[int] = 9
     actor_id: ShortStr
     reason: Text
+    handovers: list[Handover] = []
+    """Groups it stopped mid-play, with what another actor needs to finish them (the learner
+    puts each on its ticket when it goes back to the pool)."""
 
 
 class Shutdown(Message):
@@ -171,6 +174,8 @@ class Ticket(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     split: Literal["train", "dev", "test"] = "train"
     """Task split. "train": ``task_id`` is the task id itself. "dev"/"test" (evaluation, never
     trained on): ``task_id`` is an index into the env's ``tasks(split)``, resolved by the actor."""
+    handover: Handover | None = None
+    """Set on a ticket whose first actor left mid-play: continue its episodes (actors/handover.py)."""
 
 
 class Grant(Message):
@@ -210,6 +215,9 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sequence of its own, never attending to the one before."""
     prefix_breaks: NonNeg = 0
     """Calls of an agent conversation that did not extend the previous call's tokens."""
+    resumed_at: NonNeg = 0
+    """Tokens played by an actor that left before this one continued the episode from them
+    (a hand-over, actors/handover.py); 0: one actor played it all."""
 
     def __post_init__(self) -> None:
         # Fast path: every rule below as one expression of lengths (the learner decodes every
@@ -252,6 +260,45 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def truncated(self) -> bool:
         """Cut by a limit (turns or tokens) rather than ended by the environment."""
         return self.finish in ("turn_limit", "token_limit")
+
+
+class PartialEpisode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An episode stopped at a turn boundary by an actor that left: its arrays so far (as in
+    ``Episode``; the tokens end with the next turn's generation prompt) and the env actions
+    taken, which another actor replays on the same task to rebuild the env's state."""
+
+    token_ids: bytes
+    logprobs: bytes
+    loss_mask: bytes
+    versions: bytes
+    turn_ends: bytes
+    turn_rewards: bytes
+    actions: list[Text]
+    """One per turn so far, in order."""
+    observation_sha256: ShortStr
+    """sha256 (hex) of the last observation's text: a replay must reach it, else the episode
+    is played again from the start."""
+    turn_limit: Positive
+
+    def __post_init__(self) -> None:
+        n = count(self.token_ids, I32)
+        for name, data, dtype in (("logprobs", self.logprobs, F32), ("loss_mask", self.loss_mask, U8), ("versions", self.versions, I32)):
+            if count(data, dtype) != n:
+                raise ValueError(f"{name} has {count(data, dtype)} items but token_ids has {n}")
+        turns = count(self.turn_ends, I32)
+        if count(self.turn_rewards, F32) != turns or len(self.actions) != turns:
+            raise ValueError(f"turn_ends has {turns} items, turn_rewards {count(self.turn_rewards, F32)}, actions {len(self.actions)}")
+
+
+class Handover(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A group its actor stopped mid-play: the episodes it finished and where the others stand.
+    The group's remaining episodes (group size less both lists) are played from the start."""
+
+    group_id: ShortStr
+    actor_id: ShortStr
+    """The actor that played so far."""
+    finished: list[Episode] = []
+    partial: list[PartialEpisode] = []
 
 
 class Rollout(Message):

@@ -17,7 +17,7 @@ from typing import Final
 import msgspec
 
 from agentgym.protocol.errors import ProtocolError, VersionMismatch
-from agentgym.protocol.messages import MESSAGE_TYPES, Message, Rollout, WeightChunk
+from agentgym.protocol.messages import MESSAGE_TYPES, Grant, Leave, Message, Rollout, WeightChunk
 
 PROTOCOL_VERSION: Final = 2
 MAGIC: Final = b"AG"
@@ -25,7 +25,8 @@ HEADER_LEN: Final = 4
 
 KiB, MiB = 1024, 1024 * 1024
 DEFAULT_MAX_BODY: Final = 1 * MiB
-MAX_BODY: Final[dict[type[Message], int]] = {Rollout: 256 * MiB}
+MAX_BODY: Final[dict[type[Message], int]] = {Rollout: 256 * MiB, Leave: 256 * MiB, Grant: 256 * MiB}
+"""Leave and Grant carry hand-overs (a group's tokens so far) as a Rollout carries episodes."""
 MAX_WEIGHT_DATA: Final = 1024 * MiB
 """Largest raw data frame of a weight chunk (chunks are built well under this)."""
 

@@ -152,7 +152,8 @@ def test_frames_are_plain_msgpack_readable_by_any_client() -> None:
     frames = encode(Grant(tickets=[Ticket(group_id="g1", env="guess_number", task_id=4)]))
     assert frames[0] == b"AG" + bytes([PROTOCOL_VERSION, Grant.KIND])
     body = msgpack.unpackb(frames[1])
-    assert body == {"tickets": [{"group_id": "g1", "env": "guess_number", "task_id": 4, "min_version": -1, "split": "train"}]}
+    assert body == {"tickets": [{"group_id": "g1", "env": "guess_number", "task_id": 4, "min_version": -1, "split": "train",
+                                 "handover": None}]}  # fmt: skip
 
 
 def test_weight_chunks_round_trip_and_detect_corruption() -> None:

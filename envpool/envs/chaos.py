@@ -26,6 +26,7 @@ from agentgym.envpool.base import Env, StepResult
 
 class Chaos(Env):
     name = "chaos"
+    replayable = False  # it crashes and hangs on request: a replay would misbehave again
 
     def __init__(
         self,

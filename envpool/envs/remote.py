@@ -210,6 +210,7 @@ def _text(reply: Any, where: str) -> str:
 
 class Remote(Env):
     name = "remote"
+    replayable = False  # the episode's state lives on the server: played again, not replayed
 
     def __init__(
         self,

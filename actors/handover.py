@@ -1,0 +1,90 @@
+"""Episode hand-over: an actor asked to leave passes its live episodes on instead of losing them.
+
+    episodes = await play_group(actor, ticket, pool, spec, turn_limit, critic)  # None: handed over
+    await leave(actor)                                # on SIGTERM: stop at turn boundaries, collect
+    Leave(actor_id=..., reason=..., handovers=actor.handovers)
+
+When the actor gets SIGTERM (Slurm's scancel and preemption send it), ``actor.leaving`` is set:
+every episode stops at its next turn boundary (a turn being sampled is aborted and dropped) and
+the group becomes a ``Handover``: the episodes it finished, and for each stopped one its tokens
+so far with their logprobs, versions and loss mask, the turn rewards, and the env's actions
+(``PartialEpisode``). The actor sends them in its ``Leave``; the learner puts each on its ticket
+when it goes back to the pool, and the actor that gets the ticket next replays the actions on a
+fresh env of the same task (``Env.replayable``: deterministic given task and actions; it checks
+that the replay reaches the same observation), restores the conversation and plays on. The
+trained episode is the first actor's tokens followed by the second's, bitwise; every token keeps
+the version that sampled it, so importance weights and staleness stay exact.
+``Episode.resumed_at`` marks where the second actor took over.
+
+Not handed over (played again from the start, as before): episodes of envs that are not
+replayable, episodes with a critique loop, ones stopped before their first turn, evaluation
+tickets, and groups played by external agents (actors/agents).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from agentgym.actors.rollout import Interrupted, play_episode
+from agentgym.protocol import Episode, Handover, RolloutSpec, Ticket
+
+log = structlog.get_logger(__name__)
+
+LEAVE_GRACE_S = 30.0
+"""Most seconds a leaving actor waits for its episodes to reach a turn boundary (an env step in
+flight finishes first; a stuck one is cut at this and its group played again elsewhere)."""
+
+
+async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit: int, critic) -> list[Episode] | None:  # type: ignore[no-untyped-def]
+    """The group's episodes, or None when ``actor.leaving`` stopped it: then its ``Handover`` is
+    in ``actor.handovers`` (training tickets only; an evaluation ticket is just played again)."""
+    h = ticket.handover
+    finished = list(h.finished) if h else []
+    partial = list(h.partial) if h else []
+    fresh = max(0, spec.group_size - len(finished) - len(partial))
+    if h is not None:
+        actor.stats["handovers_taken"] = actor.stats.get("handovers_taken", 0) + 1
+        log.info("handover_taken", group=ticket.group_id, from_actor=h.actor_id, finished=len(finished),
+                 partial=len(partial), fresh=fresh)  # fmt: skip
+    stop = actor.leaving if ticket.split == "train" else None
+
+    async def one(i: int, resume) -> Episode | Interrupted:  # type: ignore[no-untyped-def]
+        try:
+            return await play_episode(actor.engine, actor.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic,
+                                      stop=stop, resume=resume)  # fmt: skip
+        except Interrupted as exc:
+            return exc
+
+    results = await asyncio.gather(*(one(i, p) for i, p in enumerate([*partial, *[None] * fresh])))
+    done = finished + [r for r in results if isinstance(r, Episode)]
+    if len(done) >= spec.group_size:
+        return done[: spec.group_size]
+    stopped = [r for r in results if isinstance(r, Interrupted)]
+    # An episode stopped before its first turn is played again from the start (nothing is lost).
+    kept = [r.partial for r in stopped if r.partial.actions]
+    s = actor.stats
+    # Sampled tokens: those of turns aborted mid-sampling are lost; those handed over are not.
+    s["sampled_tokens_dropped"] = s.get("sampled_tokens_dropped", 0) + sum(r.dropped for r in stopped)
+    if not done and not kept:  # nothing played yet worth keeping: the ticket just goes back
+        return None
+    actor.handovers.append(Handover(group_id=ticket.group_id, actor_id=actor.actor_id, finished=done, partial=kept))
+    s["handover_groups"] = s.get("handover_groups", 0) + 1
+    s["handover_partial"] = s.get("handover_partial", 0) + len(kept)
+    s["handover_finished"] = s.get("handover_finished", 0) + len(done)
+    sampled = sum(len(p.loss_mask) - p.loss_mask.count(0) for p in kept) + sum(len(e.loss_mask) - e.loss_mask.count(0) for e in done)
+    s["sampled_tokens_handed_over"] = s.get("sampled_tokens_handed_over", 0) + sampled
+    return None
+
+
+async def leave(actor) -> None:  # type: ignore[no-untyped-def]
+    """Stop every running group at its episodes' next turn boundary and wait (at most
+    ``LEAVE_GRACE_S``) until each has been handed over; players take no new ticket meanwhile."""
+    t0 = time.monotonic()
+    actor.leaving.set()
+    while actor.running_groups and time.monotonic() - t0 < LEAVE_GRACE_S:
+        await asyncio.sleep(0.02)
+    log.info("handover_ready", groups=len(actor.handovers), still_running=actor.running_groups,
+             seconds=round(time.monotonic() - t0, 3), partial=sum(len(h.partial) for h in actor.handovers))  # fmt: skip

@@ -1,9 +1,14 @@
 """``agentgym eval``: evaluate a checkpoint, an HF model or a remote endpoint on held-out tasks.
 
-    agentgym eval --model runs/quickstart/checkpoints/step-000100 --env guess_number --tasks 32 -k 4
+    agentgym eval --model runs/quickstart/checkpoints/step_000100 --env guess_number --tasks 32 -k 4
     agentgym eval --model runs/quickstart --engine vllm --temperature 0 -k 1      # latest checkpoint
     agentgym eval --model models/tiny --engine remote --url http://host:8000 --served-model tiny
     agentgym eval --model runs/quickstart --critic -o critic.kind=\"oracle\" -o critic.when=\"every_turn\"
+
+A run directory (or a checkpoint in it) brings its ``config.toml``: the evaluation plays with
+the token budgets, env options, sampling and engine the run trained with, unless ``--config``
+is given; flags and ``-o`` override it, with a warning for each setting that then differs from
+training (a model trained to answer in one token scores nothing when given eight).
 
 No learner is started: the command loads one engine, starts one env pool per env and plays
 ``tasks`` tasks of ``split`` ``k`` times each with the rollout code actors use
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -28,11 +34,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "eval", help="evaluate a checkpoint or model on held-out tasks (avg@k, pass@k)",
         description="Play TASKS held-out tasks of each env K times with one engine (no learner) and report "
         "avg@k and pass@k per env. Greedy with --temperature 0. Seeded per request: the same command gives "
-        "the same numbers. Env options and token budgets come from the config.",
+        "the same numbers. Env options, token budgets and the engine come from the config: the run's own "
+        "config.toml when --model is a run (or one of its checkpoints), else --config or the defaults.",
     )  # fmt: skip
     add_config_args(e)
     e.add_argument("--model", type=Path, required=True,
-                   help="HF model directory, a checkpoint directory, or a run directory (its latest checkpoint); "
+                   help="HF model directory, a checkpoint directory, or a run directory (its latest checkpoint, and "
+                   "its config.toml unless --config is given); a hub id ORG/NAME in the local Hugging Face cache; "
                    "with --engine remote: the tokenizer's directory")  # fmt: skip
     e.add_argument("--engine", choices=["hf", "vllm", "remote"], help="overrides actor.engine")
     e.add_argument("--url", help="OpenAI-compatible server (with --engine remote)")
@@ -43,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("-k", type=int, default=1, help="samples per task (pass@k, avg@k)")
     e.add_argument("--temperature", type=float, help="0: greedy (default: rollout.temperature)")
     e.add_argument("--seed", type=int, help="base seed of every request (default: run.seed)")
-    e.add_argument("--turn-limit", type=int, help="turns per episode (default: the schedule's last limit)")
+    e.add_argument("--turn-limit", type=int, help="turns per episode (default: the schedule's limit at the "
+                   "checkpoint's step, as the run's own evaluation played it; for other models its last limit)")
     e.add_argument("--concurrency", type=int, default=8, help="episodes played at once")
     e.add_argument("--out", type=Path, help="write the JSON report here")
     e.add_argument("--critic", action="store_true",
@@ -52,17 +61,66 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def resolve_model(path: Path) -> Path:
-    """An HF directory as given; a checkpoint root or a run directory: its newest checkpoint."""
+    """An HF directory as given; a checkpoint root or a run directory: its newest checkpoint;
+    otherwise the model rule every command follows (a hub id in the local Hugging Face cache,
+    agentgym/model_path.py), whose ``ModelNotFound`` says how to download the model."""
     if (path / "config.json").is_file():
         return path
     from agentgym.learner.checkpoint import latest_checkpoint
+    from agentgym.model_path import ModelNotFound, find_model
 
     for root in (path, path / "checkpoints"):
         if root.is_dir():
             found = latest_checkpoint(root)
             if found is not None:
                 return found
-    raise FileNotFoundError(f"--model {path}: no config.json there and no checkpoint under it or {path / 'checkpoints'}")
+    if path.is_dir():
+        raise ModelNotFound(f"--model {path}: no config.json there and no checkpoint under it or {path / 'checkpoints'}")
+    return find_model(path, "--model")
+
+
+def trained_config(model: Path) -> Path | None:
+    """The ``config.toml`` of the run that made ``model``: a run directory, its ``checkpoints``
+    folder or one checkpoint in it; None for a model that no run of this machine trained."""
+    candidates = [model / "config.toml"]
+    if model.name == "checkpoints":
+        candidates.append(model.parent / "config.toml")
+    if model.parent.name == "checkpoints":
+        candidates.append(model.parent.parent / "config.toml")
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def checkpoint_step(model: Path) -> int | None:
+    """The optimizer step of a checkpoint directory (``step_000150``), None for any other model."""
+    m = re.fullmatch(r"step_(\d+)", model.name)
+    return int(m.group(1)) if m else None
+
+
+def turn_limit_at(cfg, env: str, step: int | None) -> int:
+    """The turn limit ``env`` had at ``step`` of a run with ``cfg`` (its last stage when the step
+    is unknown or the stages advance by success): what the learner's own evaluation played."""
+    sch = cfg.schedule.for_env(env)
+    return sch.turn_limit(step) if step is not None and not sch.by_success else sch.final_limit
+
+
+def trained_differences(cfg, trained, envs: list[str], temperature: float, turn_limit: int | None,
+                        step: int | None = None) -> list[str]:  # fmt: skip
+    """What this evaluation plays differently from how the model was trained (``trained``, up to
+    ``step``): the rollout settings, the sampling temperature, the turn limit, the envs' options."""
+    out = [f"rollout.{k} = {v!r} (trained with {getattr(trained.rollout, k)!r})"
+           for k, v in cfg.rollout.model_dump().items() if k != "temperature" and v != getattr(trained.rollout, k)]  # fmt: skip
+    if temperature != trained.rollout.temperature:
+        out.append(f"temperature {temperature} (trained with rollout.temperature = {trained.rollout.temperature})")
+    ours = {e.name: e.kwargs for e in cfg.env.specs}
+    theirs = {e.name: e for e in trained.env.specs}
+    for env in envs:
+        if env in theirs:
+            last = turn_limit_at(trained, env, step)
+            if turn_limit is not None and turn_limit != last:
+                out.append(f"--turn-limit {turn_limit} on {env} (trained with {last} turns)")
+            if ours.get(env, {}) != theirs[env].kwargs:
+                out.append(f"{env} options {ours.get(env, {})} (trained with {theirs[env].kwargs})")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     flags = [f'actor.engine="{args.engine}"'] if args.engine else []
     if args.url:
         flags += [f'actor.remote.url="{args.url}"', f'actor.remote.model="{args.served_model}"']
+    trained_path = trained_config(args.model)
+    if args.config is None and trained_path is not None:
+        args.config = trained_path  # play as the run played: its token budgets, env options, engine
+        print(f"eval: settings from {trained_path} (flags and -o override them)", file=sys.stderr, flush=True)
     cfg = resolve_config(args, flags)
     k = args.k
     tasks = args.tasks if args.tasks is not None else cfg.eval.tasks
@@ -84,19 +146,26 @@ def run(args: argparse.Namespace) -> int:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
     from agentgym.envpool.registry import UnknownEnvError, env_target
+    from agentgym.model_path import ModelNotFound
 
     envs = args.env or [e.name for e in cfg.env.specs]
     try:
         for env in envs:
             env_target(env, "--env")
-    except UnknownEnvError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
         model = resolve_model(args.model)
-    except FileNotFoundError as exc:
+    except (UnknownEnvError, ModelNotFound) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    step = checkpoint_step(model)
+    if trained_path is not None:
+        from agentgym.config import ConfigError, load_config
+
+        try:
+            trained = load_config(trained_path)
+        except ConfigError:
+            trained = None  # a run of an older version: nothing to compare with
+        for diff in trained_differences(cfg, trained, envs, temperature, args.turn_limit, step) if trained else []:
+            print(f"eval: warning: {diff}: the model was trained otherwise ({trained_path})", file=sys.stderr)
     report = asyncio.run(_run(cfg, model, envs, args, tasks, k, temperature))
     report["model"] = str(model)
     from agentgym.evaluate import table
@@ -114,8 +183,8 @@ async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, task
     from agentgym.evaluate import evaluate
 
     seed = args.seed if args.seed is not None else cfg.run.seed
-    # the last stage's limit (the longest among the envs when they have their own schedules)
-    turn_limit = args.turn_limit or max(cfg.schedule.for_env(e).final_limit for e in envs)
+    # the limit at the checkpoint's step, else the last stage's (the longest among the envs)
+    turn_limit = args.turn_limit or max(turn_limit_at(cfg, e, checkpoint_step(model)) for e in envs)
     print(f"eval: starting the {cfg.actor.engine} engine on {model}", file=sys.stderr, flush=True)
     tokenizer = await asyncio.to_thread(load_tokenizer, model)
     engine = make_engine(cfg, model)

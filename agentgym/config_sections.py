@@ -46,7 +46,9 @@ class RunConfig(Section):
 
 class ModelConfig(Section):
     path: Path = Path("models/tiny")
-    """HF model directory (config.json, weights, tokenizer): any causal LM checkpoint."""
+    """HF model directory (config.json, weights, tokenizer): any causal LM checkpoint; or a hub
+    id ORG/NAME already in the local Hugging Face cache (nothing is downloaded: a model found
+    neither way stops the command with the ``hf download`` line to run; agentgym/model_path.py)."""
     create_tiny: bool = False
     """Create a tiny random model at ``path`` if it does not exist (the quickstart does)."""
     pretrain_steps: Annotated[int, Field(ge=0)] = 0

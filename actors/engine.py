@@ -372,7 +372,9 @@ class GatedEngine:
         engine that can read its parameters back overrides this with what it serves)."""
         if not isinstance(tensors, Mapping):
             return -1, 0
-        return weights_digest(tensor_digest(n, tensor_bytes(t)) for n, t in tensors.items()), len(tensors)
+        # A crc32 pass over the update (zlib-ng, GIL released): on a worker, not the event loop.
+        return await asyncio.to_thread(
+            lambda: (weights_digest(tensor_digest(n, tensor_bytes(t)) for n, t in tensors.items()), len(tensors)))
 
     def _in_flight(self) -> tuple[int, int]:
         """(running, waiting at the gate) among this engine's requests."""

@@ -58,6 +58,8 @@ class SamplingSpec:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    banned_token_ids: tuple[int, ...] = ()
+    """Ids sampled with probability 0 (the logprobs are of the distribution without them)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -195,7 +195,7 @@ class HfEngine(GatedEngine):
             x = torch.tensor([state["next"]], device=model.device)
             out = model(input_ids=x, past_key_values=state["cache"], use_cache=True)
             state["cache"] = out.past_key_values
-            return sample(out.logits[0, -1].float().cpu(), spec.temperature, spec.top_p, gen)
+            return sample(out.logits[0, -1].float().cpu(), spec.temperature, spec.top_p, gen, spec.banned_token_ids)
 
     async def _abort(self, segment_id: str) -> None:
         if segment_id in self._stop:
@@ -225,9 +225,14 @@ class HfEngine(GatedEngine):
         return await self._run(_read_back_digest, self._require(), {n: t.dtype for n, t in tensors.items()})
 
 
-def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> tuple[int, float]:
-    """One token from float32 ``logits`` [V] and its logprob in the distribution it came from."""
+def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator,
+           banned: tuple[int, ...] = ()) -> tuple[int, float]:  # fmt: skip
+    """One token from float32 ``logits`` [V] and its logprob in the distribution it came from
+    (``banned`` ids at probability 0, as the learner scores them: protocol/vocab.py)."""
     import torch
+
+    if banned:
+        logits = logits.index_fill(0, torch.tensor(banned, dtype=torch.long), float("-inf"))
 
     if temperature == 0:
         logp = torch.log_softmax(logits, dim=-1)

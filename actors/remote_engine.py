@@ -212,6 +212,8 @@ class RemoteEngine(GatedEngine):
         }
         if spec.seed is not None:
             body["seed"] = spec.seed
+        if spec.banned_token_ids:  # protocol/vocab.py; the server applies it before its logprobs
+            body["logit_bias"] = {str(i): -100 for i in spec.banned_token_ids}
         acc: dict[str, Any] = {"ids": [], "logprobs": [], "finish": None}
         task = asyncio.create_task(self._stream(segment_id, body, acc))
         self._streams[segment_id] = task

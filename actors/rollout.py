@@ -22,6 +22,7 @@ from agentgym.actors.engine import InferenceEngine, SamplingSpec
 from agentgym.envpool.pool import EnvFailure, EnvPool
 from agentgym.protocol import Episode, PartialEpisode, RolloutSpec, Ticket
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
+from agentgym.protocol.vocab import banned_action_ids
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +57,7 @@ async def play_episode(
         top_p=spec.top_p,
         stop_token_ids=(eos,) if eos is not None else (),
         seed=seed,
+        banned_token_ids=() if spec.allow_special_tokens else banned_action_ids(tokenizer),
     )
     # The episode's token budget is also bounded by the engine's context: a prompt never reaches
     # the engine's limit, so no observation can make generate() raise.

@@ -112,7 +112,10 @@ class SimEngine(GatedEngine):
                 while len(ids) < due and finish == "length":
                     rng = self._draw(base, len(prompt_ids) + len(ids))
                     stops = bool(spec.stop_token_ids) and rng.random() < self.stop_p
-                    ids.append(spec.stop_token_ids[0] if stops else rng.randrange(self.vocab_size))
+                    tok = spec.stop_token_ids[0] if stops else rng.randrange(self.vocab_size)
+                    while tok in spec.banned_token_ids:  # never sampled (protocol/vocab.py)
+                        tok = rng.randrange(self.vocab_size)
+                    ids.append(tok)
                     logprobs.append(math.log(0.02 + 0.98 * rng.random()))
                     if stops:
                         finish = "stop"

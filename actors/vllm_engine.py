@@ -190,6 +190,10 @@ class VllmEngine(GatedEngine):
             top_p=spec.top_p,
             stop_token_ids=list(spec.stop_token_ids),
             seed=spec.seed,
+            # Banned ids (protocol/vocab.py): a bias vLLM applies before it computes the
+            # processed logprobs, so they are of the distribution the learner scores (-100 is
+            # vLLM's floor: e^-100 of the mass, nothing at float32).
+            logit_bias={i: -100.0 for i in spec.banned_token_ids} or None,
             logprobs=0,  # only the sampled token's logprob
             flat_logprobs=True,
             detokenize=False,

@@ -126,6 +126,10 @@ class RolloutConfig(Section):
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     system_prompt: str | None = None
     """System message of every episode (None: the environment's instructions only)."""
+    allow_special_tokens: bool = False
+    """Let actions contain the tokenizer's special tokens (``<|im_start|>`` ...; EOS always may).
+    Off: the engine never samples them and the learner scores actions without them, so the
+    policy cannot settle on a chat-template token (protocol/vocab.py)."""
 
 
 class RemoteEngineConfig(Section):

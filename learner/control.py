@@ -56,6 +56,7 @@ def rollout_spec(cfg: Config) -> RolloutSpec:
         temperature=rc.temperature, top_p=rc.top_p, env_kwargs={e.name: dict(e.kwargs) for e in cfg.env.specs},
         system_prompt=rc.system_prompt,
         critic=critic_spec(cfg) if cfg.critic.enabled else None,
+        allow_special_tokens=rc.allow_special_tokens,
     )  # fmt: skip
 
 

@@ -43,7 +43,7 @@ def _check(fn: str, logits: Tensor, token_ids: Tensor, temperature: float) -> No
 
 
 def _logprobs_and_entropy(
-    logits: Tensor, token_ids: Tensor, temperature: float, want_entropy: bool
+    logits: Tensor, token_ids: Tensor, temperature: float, want_entropy: bool, banned: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
     B, T, V = logits.shape
     if T == 0:
@@ -53,10 +53,20 @@ def _logprobs_and_entropy(
     lp_chunks, ent_chunks = [zero], [zero]
     pred, target = logits[:, :-1], token_ids[:, 1:]
     step = max(1, _CHUNK_ELEMENTS // max(1, B * V))
+    ban = None
+    if banned is not None and banned.numel():
+        ban = torch.zeros(V, dtype=torch.bool, device=logits.device)
+        ban[banned] = True
     for s in range(0, T - 1, step):
         z = pred[:, s : s + step].float()
         if temperature != 1.0:
             z = z / temperature
+        if ban is not None:
+            # The policy without the banned ids (protocol/vocab.py), where the next token is not
+            # one of them (a prompt's own <|im_start|> keeps a finite logprob; no loss reads it).
+            # The float32 minimum, not -inf: its probability is exactly 0 and 0 * z stays 0.
+            y = target[:, s : s + step]
+            z = z.masked_fill(ban & ~ban[y][..., None], torch.finfo(z.dtype).min)
         lse = torch.logsumexp(z, dim=-1)
         # log softmax(z)[y] = z[y] − logsumexp(z): gathers one logit instead of normalising all V.
         lp_chunks.append(z.gather(-1, target[:, s : s + step, None]).squeeze(-1) - lse)
@@ -66,25 +76,26 @@ def _logprobs_and_entropy(
     return logp, torch.cat(ent_chunks, dim=1) if want_entropy else None
 
 
-def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
+def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0, banned: Tensor | None = None) -> Tensor:
     """log softmax(z_{t−1}/τ)[y_t] for every position t ≥ 1, 0 at t = 0; float32 [B, T].
 
     ``logits`` [B, T, V] (any float dtype; upcast per chunk), ``token_ids`` [B, T] (long).
+    ``banned``: ids at probability 0 where the next token is not banned (protocol/vocab.py).
     Differentiable with respect to the logits.
     """
     _check("token_logprobs", logits, token_ids, temperature)
-    return _logprobs_and_entropy(logits, token_ids, temperature, want_entropy=False)[0]
+    return _logprobs_and_entropy(logits, token_ids, temperature, False, banned)[0]
 
 
 @overload
 def sequence_logprobs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
-    *, return_entropy: Literal[False] = ...,
+    *, return_entropy: Literal[False] = ..., banned: Tensor | None = ...,
 ) -> Tensor: ...  # fmt: skip
 @overload
 def sequence_logprobs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
-    *, return_entropy: Literal[True],
+    *, return_entropy: Literal[True], banned: Tensor | None = ...,
 ) -> tuple[Tensor, Tensor]: ...  # fmt: skip
 def sequence_logprobs(
     model: torch.nn.Module,
@@ -93,6 +104,7 @@ def sequence_logprobs(
     temperature: float = 1.0,
     *,
     return_entropy: bool = False,
+    banned: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token logprobs [B, T] of right-padded sequences under any HF causal LM.
 
@@ -100,13 +112,15 @@ def sequence_logprobs(
     is in ``torch.no_grad``) and applies :func:`token_logprobs`; padding positions
     (attention_mask 0) get 0. With ``return_entropy=True`` also returns the entropy [B, T] of
     the temperature-τ distribution each token was drawn from (position 0 and padding: 0).
+    ``banned``: token ids the policy gives probability 0 (protocol/vocab.py; the engine sampled
+    without them), as a long tensor on the logits' device.
     """
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"sequence_logprobs: attention_mask {tuple(attention_mask.shape)} must have "
                          f"the shape of input_ids {tuple(input_ids.shape)}")  # fmt: skip
     out: _CausalLMOutput = model(input_ids=input_ids, attention_mask=attention_mask)
     _check("sequence_logprobs", out.logits, input_ids, temperature)
-    logp, ent = _logprobs_and_entropy(out.logits, input_ids, temperature, return_entropy)
+    logp, ent = _logprobs_and_entropy(out.logits, input_ids, temperature, return_entropy, banned)
     real = attention_mask != 0
     logp = torch.where(real, logp, 0.0)
     if ent is None:

@@ -55,16 +55,18 @@ def forward_tokens(
     temperature: float,
     *,
     value_head: ValueHead | SeparateValueModel | None = None,
+    banned: Tensor | None = None,
 ) -> Forward:
-    """One forward pass of right-padded rows: logprobs and entropies at ``temperature``, values."""
+    """One forward pass of right-padded rows: logprobs and entropies at ``temperature`` (without
+    the ``banned`` ids: protocol/vocab.py), values."""
     if value_head is None or value_head.own_body:
-        logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True)
+        logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned)
         if value_head is None:
             return Forward(logp, ent, None, None)
         v_state = value_head.state_values(None, input_ids, attention_mask)
     else:
         keep = _KeepHidden(model)
-        logp, ent = sequence_logprobs(keep, input_ids, attention_mask, temperature, return_entropy=True)
+        logp, ent = sequence_logprobs(keep, input_ids, attention_mask, temperature, return_entropy=True, banned=banned)
         v_state = value_head.state_values(keep.hidden, input_ids, attention_mask)  # [B, T]: V after token t
     values, last_value = align_values(v_state, attention_mask)
     return Forward(logp, ent, values, last_value)

@@ -54,6 +54,7 @@ from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, v
 from agentgym.learner.staleness import StalenessRule
 from agentgym.learner.trainer_state import TrainerState
 from agentgym.learner.policy import forward_tokens, load_causal_lm
+from agentgym.protocol.vocab import banned_action_ids
 from agentgym.learner.value_model import SeparateValueModel, ValueHead, build_value_model
 from agentgym.protocol import Rollout
 
@@ -90,6 +91,8 @@ class Trainer(TrainerState):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = pad_id
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(cfg.model.path)
+        self.banned = self._action_ban()
+        """Token ids the policy gives probability 0 (protocol/vocab.py), as the engines sample."""
         # The reference is the policy as it is now (the initial model); a resume loads checkpoint
         # weights into the policy only, so the reference stays the initial model.
         self.ref_model: torch.nn.Module | None = None
@@ -127,6 +130,14 @@ class Trainer(TrainerState):
         trains from different threads, and the other ranks must see the commands in order."""
         self.step = 0
         """Optimizer steps taken; the weights after step s are weight version s (``version``)."""
+
+    def _action_ban(self) -> torch.Tensor | None:
+        if self.cfg.rollout.allow_special_tokens:
+            return None
+        from transformers import AutoTokenizer
+
+        ids = banned_action_ids(AutoTokenizer.from_pretrained(self.tokenizer_dir))
+        return torch.tensor(ids, dtype=torch.long, device=self.device) if ids else None
 
     @classmethod
     def build(cls, cfg: Config, dp: DataParallel) -> Trainer:
@@ -196,12 +207,12 @@ class Trainer(TrainerState):
         z = torch.zeros((), device=self.device)
         with self._autocast():
             if policy:
-                f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
+                f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned)
                 z = z + f.logp.sum() + f.entropy.sum()
                 if f.values is not None and f.last_value is not None:
                     z = z + f.values.sum() + f.last_value.sum()
             if ref and self.ref_model is not None:
-                z = z + sequence_logprobs(self.ref_model, ids, attn, temp).sum()
+                z = z + sequence_logprobs(self.ref_model, ids, attn, temp, banned=self.banned).sum()
         return z * 0.0
 
     def _no_grad_pass(self, b: Batch, micros: list[torch.Tensor | None], need_prox: bool) -> dict[str, torch.Tensor]:
@@ -226,13 +237,13 @@ class Trainer(TrainerState):
                 L = int(b.lengths[rows].max())
                 ids, attn = b.input_ids[rows, :L], b.attention_mask[rows, :L]
                 if "prox" in out:
-                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
+                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned)
                     out["prox"][rows, :L] = f.logp.float()
                     if f.values is not None and f.last_value is not None:
                         out["values"][rows, :L] = f.values.float()
                         out["last_value"][rows] = f.last_value.float()
                 if self.ref_model is not None:
-                    out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp).float()
+                    out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp, banned=self.banned).float()
         for v in out.values():
             self.dp.all_reduce_(v)
         return out
@@ -297,7 +308,7 @@ class Trainer(TrainerState):
                 tok_scale = loc_tok / tok_total
                 scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
                 with self._autocast():
-                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head)
+                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned)
                 prox = pre["prox"][rows, :L] if several else f.logp.detach()
                 if int(mb[0]) in first_epoch:
                     d = (prox - b.behav_logp[rows, :L]).double()

@@ -91,6 +91,9 @@ class RolloutSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     system_prompt: Text | None = None
     critic: CriticSpec | None = None
     """Critique in the loop; None: off."""
+    allow_special_tokens: bool = False
+    """False: actions never contain the tokenizer's special tokens other than EOS; the engine
+    samples without them and the learner scores without them (protocol/vocab.py)."""
 
 
 class LoraSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

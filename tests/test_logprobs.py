@@ -111,3 +111,38 @@ def test_sequence_logprobs_backpropagate_into_the_model(tiny_qwen2: torch.nn.Mod
     grad = tiny_qwen2.get_input_embeddings().weight.grad
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
     tiny_qwen2.zero_grad(set_to_none=True)
+
+
+def test_banned_ids_get_probability_zero_where_an_action_could_hold_them() -> None:
+    from agentgym.actors.hf_engine import sample
+
+    # vocabulary of 4, id 3 banned (a special token): at t1 the next token (1) is allowed, so the
+    # distribution is renormalised over {0, 1, 2}; at t2 the next token IS 3 (a prompt's own
+    # special token): its logprob stays the unmasked one, finite.
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, math.log(2), 0.0, 9.0], [1.0, 1.0, 1.0, 1.0]]])
+    ids = torch.tensor([[2, 1, 3]])
+    banned = torch.tensor([3])
+    out = token_logprobs(logits, ids, banned=banned)
+    assert out[0, 1].item() == pytest.approx(math.log(1 / 3))
+    assert out[0, 2].item() == pytest.approx(math.log(math.exp(9.0) / (4 + math.exp(9.0))), abs=1e-6)
+    # With a logit of 9 on the banned id the unbanned policy would pick it ~98% of the time.
+    gen = torch.Generator().manual_seed(0)
+    picks = [sample(logits[0, 1], 1.0, 1.0, gen, (3,)) for _ in range(200)]
+    assert {t for t, _ in picks} <= {0, 1, 2}
+    assert all(lp == pytest.approx(math.log((2 if t == 1 else 1) / 4)) for t, lp in picks)
+    # Entropy stays finite and is that of the renormalised distribution.
+    model = _Fixed(logits)
+    logp, ent = sequence_logprobs(model, ids, torch.ones_like(ids), return_entropy=True, banned=banned)
+    assert ent[0, 1].item() == pytest.approx(math.log(3), rel=1e-5)  # uniform over the 3 allowed
+    assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
+
+
+class _Fixed(torch.nn.Module):
+    """A "model" whose logits are given: the logprob functions' only input from a model."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):  # type: ignore[no-untyped-def]
+        return type("Out", (), {"logits": self.logits})()

@@ -22,6 +22,7 @@ from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
 from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
@@ -76,6 +77,7 @@ def test_episode_tokens_are_the_sampled_ones_and_the_learner_agrees(setup) -> No
     model_dir, tok, model = setup
     spec = RolloutSpec(group_size=3, max_tokens_per_turn=6, max_episode_tokens=1024, temperature=1.0, top_p=1.0)
     episodes, seen = play(model_dir, tok, spec, 3, turn_limit=4)
+    banned = torch.tensor(banned_action_ids(tok), dtype=torch.long)
     diffs = []
     for i, ep in enumerate(episodes):
         ids, lps, mask, vers, turn_ends = arrays(ep)
@@ -90,8 +92,10 @@ def test_episode_tokens_are_the_sampled_ones_and_the_learner_agrees(setup) -> No
         # What the learner computes on this very token list gives back the behaviour logprobs.
         t = torch.tensor(ids, dtype=torch.long)[None]
         with torch.no_grad():
-            ref = sequence_logprobs(model, t, torch.ones_like(t), spec.temperature)[0].numpy()
+            ref = sequence_logprobs(model, t, torch.ones_like(t), spec.temperature, banned=banned)[0].numpy()
         diffs.append(np.abs(ref[mask == 1] - lps[mask == 1]))
+        # No action holds a special token other than EOS (protocol/vocab.py).
+        assert not set(ids[mask == 1].tolist()) & set(banned_action_ids(tok))
     d = np.concatenate(diffs)
     print(f"\nepisode logprob parity hf vs learner: max={d.max():.3g} mean={d.mean():.3g} n={d.size}")
     assert d.max() < 1e-3

@@ -16,8 +16,11 @@ trained at minus the version of the weights that sampled it):
 
 - async admission: a ticket is the (live+1)-th group not yet trained, counted over tickets still
   in play or buffered (``live``); trained oldest-first, it lands in the batch ``live // B`` steps
-  from now, so it is issued only while ``live // B <= K``: played now, its tokens are at most K
-  old when trained.
+  from now, so it is issued only while ``live // B <= K``, and with ``min_version = version +
+  live // B - K``: the actor plays it with weights at least that new (it waits for the update it
+  is already fetching), so its tokens are at most K old when trained. Without the min_version an
+  actor that lags the learner by L versions adds L to every token's staleness (measured: tokens
+  5-8 versions old at K = 2 before this bound was put on tickets).
 - sync admission: after publishing version v exactly B tickets are issued, to be played with
   weights >= v; a forfeited one is replaced.
 - arrival (async): a group is refused ("stale") only when none of its agent tokens is within K,
@@ -68,15 +71,21 @@ class StalenessRule:
         if self.mode == "sync":
             self._round_version, self._round_left = version, self.batch_groups
 
-    def min_version(self, live: int) -> int | None:
+    def min_version(self, live: int, version: int) -> int | None:
         """The ``min_version`` of a new training ticket, or None while the rule admits none.
-        ``live``: training tickets issued and neither trained nor forfeited."""
+        ``live``: training tickets issued and neither trained nor forfeited; ``version``: the
+        learner's version now."""
         if self.mode == "sync":
             if self._round_version < 0 or self._round_left <= 0:
                 return None
             self._round_left -= 1
             return self._round_version
-        return -1 if live // self.batch_groups <= self.max_staleness else None
+        ahead = live // self.batch_groups
+        if ahead > self.max_staleness:
+            return None
+        # Trained at version + ahead, its tokens must be sampled by weights >= that - K. The
+        # bound is <= version: an actor behind it fetches the published weights and plays.
+        return max(-1, version + ahead - self.max_staleness)
 
     def headroom(self, live: int) -> int:
         """How many more training tickets the rule would issue now (what actors may grow into)."""

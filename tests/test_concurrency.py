@@ -88,17 +88,20 @@ def test_the_scheduler_grants_each_actor_up_to_its_reported_capacity() -> None:
 
 def test_the_staleness_rule_admits_by_the_batch_a_ticket_will_be_trained_in() -> None:
     rule = StalenessRule(mode="async", max_staleness=2, batch_groups=4, token_mode="drop")
-    assert [rule.min_version(live) for live in (0, 11, 12)] == [-1, -1, None]  # 12 // 4 = 3 > K
+    assert [rule.min_version(live, 0) for live in (0, 11, 12)] == [-1, 0, None]  # 12 // 4 = 3 > K
+    # At version 10: the next batch (live < 4) may be played by weights 8..10, the batch K steps
+    # ahead (live 8..11) only by the weights of now, so no trained token is older than K.
+    assert [rule.min_version(live, 10) for live in (0, 3, 4, 8, 11, 12)] == [8, 8, 9, 10, 10, None]
     assert rule.headroom(5) == 7 and rule.headroom(20) == 0
     assert rule.verdict(oldest=0, newest=3, version=5) == "accepted"  # its later turns are trainable
     assert rule.verdict(oldest=0, newest=2, version=5) == "stale"
     assert rule.verdict(oldest=6, newest=6, version=5) == "stale"  # weights the learner never had
     sync = StalenessRule(mode="sync", max_staleness=2, batch_groups=2)
-    assert sync.min_version(0) is None  # no round open
+    assert sync.min_version(0, 3) is None  # no round open
     sync.on_version(3)
-    assert [sync.min_version(0), sync.min_version(0), sync.min_version(0)] == [3, 3, None]
+    assert [sync.min_version(0, 3), sync.min_version(0, 3), sync.min_version(0, 3)] == [3, 3, None]
     sync.on_forfeit()
-    assert sync.headroom(0) == 1 and sync.min_version(0) == 3
+    assert sync.headroom(0) == 1 and sync.min_version(0, 3) == 3
     assert sync.verdict(oldest=2, newest=3, version=3) == "stale"
 
 

@@ -38,6 +38,12 @@ class RunConfig(Section):
     weights and actors wait for new weights between batches (the AgentGym-RL/verl way)."""
     max_steps: Annotated[int, Field(ge=0)] = 100
     """Optimizer steps to run; the learner then tells actors to shut down."""
+    health_window: Annotated[int, Field(ge=1)] = 10
+    """Steps in a row with every group's rewards equal (no gradient) before the learner warns
+    ``no_reward_signal``, and ``run_collapsed`` when one action also holds >= 90% of the plays
+    (learner/health.py)."""
+    stop_on_collapse: bool = False
+    """End the run (exit code 3, a one-line reason) when it collapses, instead of training on."""
 
     @property
     def path(self) -> Path:

@@ -101,7 +101,7 @@ class EpisodeLog:
         self._writer: MetricsWriter | None = None
         self._tok: Any = None
 
-    def _decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int]) -> str:
         if self._tok is None:
             from transformers import AutoTokenizer
 
@@ -116,7 +116,7 @@ class EpisodeLog:
             self._writer = MetricsWriter(self.path)
         picked = pick_episodes(rollouts, self.per_step)
         for r, i in picked:
-            self._writer.write(episode_record(kind, step, version, r, i, self._decode))
+            self._writer.write(episode_record(kind, step, version, r, i, self.decode))
         return len(picked)
 
     def close(self) -> None:

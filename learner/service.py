@@ -36,6 +36,7 @@ from agentgym.learner.evaluation import EvalRound, Evaluations, env_stats
 from agentgym.learner.flight_recorder import FlightRecorder, LogprobAgreement
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
 from agentgym.learner.group_filter import GroupFilter
+from agentgym.learner.health import RunHealth
 from agentgym.learner.run_stats import Counters
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.staleness import StalenessRule, TrainBuffer
@@ -113,6 +114,9 @@ class Learner(ActorControl):
         self.mid_step = False
         """True while a training step runs: its state is not consistent enough to checkpoint."""
         self.progress = StepClock(cfg.run.max_steps)  # console: step N/total and time left
+        self.health = RunHealth(cfg.run.health_window, decode=self.episode_log.decode)
+        """No reward signal / collapse warnings (learner/health.py); ``collapsed`` ends a run."""
+        self.collapsed: str | None = None
 
     @property
     def version(self) -> int:
@@ -194,6 +198,8 @@ class Learner(ActorControl):
                              step=adv.step, reason=adv.reason, **extra)  # fmt: skip
             for r in batch:
                 self.mix.add("trained", r)
+            verdict = self.health.observe(self.step, batch, stats.get("entropy", 0.0), stats.get("advantage_abs_mean"))
+            stats.update(self.health.metrics())
             stats = {**stats, **per_env, **self.mix.step_record(), **self.curriculum.metrics(played)}
             with self.clock.part("export"):
                 await self.publish()
@@ -207,6 +213,9 @@ class Learner(ActorControl):
                 await self.checkpoint()
             if ec.every and self.step % ec.every == 0:
                 self.start_eval()
+            if verdict is not None and cfg.run.stop_on_collapse:
+                self.collapsed = verdict.reason
+                break
         await self.checkpoint("end")
         if ec.at_end:
             rnd = self.start_eval()
@@ -356,6 +365,8 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
                         await learner.checkpoint("crash")
                     raise
                 nursery.cancel_scope.cancel()
+        if learner.collapsed:
+            reason = learner.collapsed
         if reason != "run finished":
             with trio.CancelScope(shield=True):
                 await learner.checkpoint("interrupted")  # resume with --resume
@@ -384,6 +395,10 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
             "learner_memory": peak_memory(), "actor_memory": learner.actor_memory,
             "flight_recorder": {**learner.flight.summary(), "logprob_agreement": learner.agreement.summary()},
+            "health": learner.health.summary(),
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
+    if learner.collapsed:
+        log.error("learner_stopped", reason=learner.collapsed)
+        return 3
     return 0 if reason == "run finished" else 130

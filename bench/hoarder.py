@@ -1,0 +1,156 @@
+"""A hoarding peer against a training run: the learner's step rate with the peer, over its rate
+without it (the same run, one honest actor).
+
+    python bench/hoarder.py [--warmup 60] [--window 90] [--engine hf] [--out /tmp/hoarder]
+
+Each condition starts a learner on the quickstart config (tiny model, no evaluation, no
+checkpoints, a run too long to end) and one honest actor process (``agentgym.actors.main``, the
+HF engine). With the peer, a scripted actor registers first, with the model's fingerprint,
+asks for ``max_groups=64``, heartbeats every 0.5 s and never answers a ticket: a hoarder, or a
+hung engine behind a live heartbeat. After ``--warmup`` seconds the learner's optimizer steps
+are counted over ``--window`` seconds (its metrics.jsonl). Prints and writes OUT/hoarder.json:
+steps/s per condition, their ratio (the target is >= 0.8), how many tickets the peer was
+granted, and how many tickets the learner issued again past their deadline. ``--scripted S``
+replaces the honest actor by a scripted one (tests/scripted_actor.py) answering each group
+after S seconds: the engine's CPU is then out of the measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hoard(addr: str, fingerprint: str, stop: threading.Event, got: list[int]) -> None:
+    import zmq
+
+    from agentgym.protocol import Grant, Heartbeat, Hello, decode, encode
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.ROUTING_ID, b"hoarder")
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(addr)
+    s.send_multipart(encode(Hello(actor_id="hoarder", hostname="bench", pid=os.getpid(), model_fingerprint=fingerprint,
+                                  engine="none", max_groups=64, session="hoarder")))  # fmt: skip
+    try:
+        while not stop.is_set():
+            while s.poll(500):
+                msg = decode(s.recv_multipart())[0]
+                if isinstance(msg, Grant):
+                    got[0] += len(msg.tickets)
+            s.send_multipart(encode(Heartbeat(actor_id="hoarder", weight_version=0, stats={"capacity": 64.0})))
+    finally:
+        s.close(0)
+        ctx.term()
+
+
+def step_times(metrics: Path) -> list[tuple[float, dict]]:
+    if not metrics.exists():
+        return []
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [(r["time"], r) for r in recs if "tickets_in_flight" in r and "time" in r]
+
+
+def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Namespace) -> dict:
+    from agentgym.config import model_fingerprint
+
+    work.mkdir(parents=True, exist_ok=True)
+    addr = f"tcp://127.0.0.1:{port}"
+    overrides = [f'model.path="{model}"', "model.create_tiny=false", "eval.at_start=false", "eval.at_end=false",
+                 "eval.every=0", "learner.log_episodes=0", "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
+                 "run.max_steps=100000"]  # fmt: skip
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.learner.main", "--config", str(ROOT / "configs/quickstart.toml"), "--run-dir",
+         str(work / "run"), "--bind", addr, "--log-level", "warning", *[a for o in overrides for a in ("-o", o)]],
+        cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+    stop, got = threading.Event(), [0]
+    peer = None
+    if with_peer:  # first in line, before the honest actor has answered anything
+        peer = threading.Thread(target=hoard, args=(addr, model_fingerprint(model), stop, got), daemon=True)
+        peer.start()
+        time.sleep(3)
+    if args.scripted is None:
+        actor = subprocess.Popen(
+            [sys.executable, "-m", "agentgym.actors.main", "--config", str(ROOT / "configs/quickstart.toml"), "--learner", addr,
+             "--model", str(model), "--run-dir", str(work / "actor"),
+             *[a for o in [*overrides, f'actor.engine="{args.engine}"'] for a in ("-o", o)]],
+            cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+    else:  # a scripted honest actor in a process of its own: the engine's CPU out of the measure
+        actor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted)],
+                                 cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        time.sleep(args.warmup)
+        t0 = time.time()
+        time.sleep(args.window)
+        t1 = time.time()
+    finally:
+        stop.set()
+        for p in (actor, learner):
+            p.terminate()
+        for p in (actor, learner):
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if peer is not None:
+            peer.join(5)
+    recs = step_times(work / "run" / "metrics.jsonl")
+    window = [r for t, r in recs if t0 <= t <= t1]
+    last = recs[-1][1] if recs else {}
+    return {"peer": with_peer, "steps_in_window": len(window), "steps_per_s": len(window) / (t1 - t0),
+            "peer_tickets": got[0], "deadline_reissued": last.get("tickets_deadline_reissued", 0),
+            "late_answers": last.get("late_answers", 0), "steps_total": len(recs)}  # fmt: skip
+
+
+def play(addr: str, model: str, delay_s: float) -> int:
+    """The scripted honest actor (tests/scripted_actor.py): 8 groups at once, each after delay_s."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import zmq
+    from scripted_actor import ScriptedActor
+
+    from agentgym.config import model_fingerprint
+
+    ctx = zmq.Context()
+    a = ScriptedActor(ctx, addr, "honest", delay_s=delay_s, fingerprint=model_fingerprint(Path(model)), group_size=8, max_groups=8)
+    while True:
+        a.step(10)
+
+
+def main() -> int:
+    if len(sys.argv) == 5 and sys.argv[1] == "--play":
+        return play(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--warmup", type=float, default=60.0)
+    p.add_argument("--window", type=float, default=90.0)
+    p.add_argument("--engine", default="hf", help="the honest actor's engine (hf on a CPU, vllm on a GPU)")
+    p.add_argument("--scripted", type=float, metavar="SECONDS",
+                   help="a scripted honest actor that answers each group after SECONDS instead of a real one "
+                        "(what is measured is then the scheduling alone, on a loaded machine)")
+    p.add_argument("--out", type=Path, default=Path("/tmp/hoarder"))
+    args = p.parse_args()
+    from agentgym.netutil import free_port_pair
+    from agentgym.tiny_model import make_default_tiny_model
+
+    model = make_default_tiny_model(args.out / "tiny", seed=0).resolve()
+    rows = [run(peer, model, free_port_pair(), args.out / ("with_peer" if peer else "alone"), args) for peer in (False, True)]
+    ratio = rows[1]["steps_per_s"] / max(rows[0]["steps_per_s"], 1e-9)
+    out = {"rows": rows, "ratio": ratio, "load": os.getloadavg(), "warmup_s": args.warmup, "window_s": args.window}
+    for r in rows:
+        print(f"peer={r['peer']!s:5}  steps/s={r['steps_per_s']:.3f}  ({r['steps_in_window']} steps)  "
+              f"peer tickets={r['peer_tickets']}  reissued past deadline={r['deadline_reissued']}")
+    print(f"ratio (with / without) = {ratio:.2f}")
+    (args.out / "hoarder.json").write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

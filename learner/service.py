@@ -39,7 +39,7 @@ from agentgym.learner.group_filter import GroupFilter
 from agentgym.learner.health import RunHealth
 from agentgym.learner.run_stats import Counters
 from agentgym.learner.scheduler import Scheduler
-from agentgym.learner.staleness import StalenessRule, TrainBuffer
+from agentgym.learner.staleness import StalenessRule, StalenessTally, TrainBuffer
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.learner.validate import Guard, vocab_size
 from agentgym.learner.weight_export import WeightExporter
@@ -117,6 +117,8 @@ class Learner(ActorControl):
         self.health = RunHealth(cfg.run.health_window, decode=self.episode_log.decode)
         """No reward signal / collapse warnings (learner/health.py); ``collapsed`` ends a run."""
         self.collapsed: str | None = None
+        self.staleness = StalenessTally(lc.max_staleness)
+        """Trained tokens by staleness over the run (summary.json: is the bound honoured?)."""
 
     @property
     def version(self) -> int:
@@ -200,6 +202,7 @@ class Learner(ActorControl):
                 self.mix.add("trained", r)
             verdict = self.health.observe(self.step, batch, stats.get("entropy", 0.0), stats.get("advantage_abs_mean"))
             stats.update(self.health.metrics())
+            self.staleness.add(stats)
             stats = {**stats, **per_env, **self.mix.step_record(), **self.curriculum.metrics(played)}
             with self.clock.part("export"):
                 await self.publish()
@@ -396,6 +399,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             "learner_memory": peak_memory(), "actor_memory": learner.actor_memory,
             "flight_recorder": {**learner.flight.summary(), "logprob_agreement": learner.agreement.summary()},
             "health": learner.health.summary(),
+            "trained_staleness": learner.staleness.summary(),
         }, indent=2))  # fmt: skip
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     if learner.collapsed:

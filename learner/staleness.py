@@ -156,3 +156,27 @@ class TrainBuffer:
     def take(self, n: int) -> list[Rollout]:
         """The ``n`` groups with the earliest deadlines (fewer if fewer are buffered)."""
         return [heapq.heappop(self._heap).rollout for _ in range(min(n, len(self._heap)))]
+
+
+class StalenessTally:
+    """Trained agent tokens by staleness over the whole run, from each step's histogram
+    (the trainer's ``staleness_frac_<s>`` / ``staleness_frac_gt<K>``), for summary.json."""
+
+    def __init__(self, max_staleness: int) -> None:
+        self.K = max_staleness
+        self.tokens: dict[str, float] = {}
+        self.max = 0
+
+    def add(self, stats: dict[str, float]) -> None:
+        n = stats.get("agent_tokens", 0.0)
+        for key, frac in stats.items():
+            if key.startswith("staleness_frac_"):
+                bucket = key.removeprefix("staleness_frac_").replace("gt", ">")
+                self.tokens[bucket] = self.tokens.get(bucket, 0.0) + frac * n
+        self.max = max(self.max, int(stats.get("staleness_max", 0)))
+
+    def summary(self) -> dict[str, object]:
+        total = sum(self.tokens.values())
+        over = self.tokens.get(f">{self.K}", 0.0)
+        return {"max_staleness": self.K, "tokens": {k: round(v) for k, v in self.tokens.items()},
+                "over_bound_share": round(over / total, 5) if total else 0.0, "max_seen": self.max}  # fmt: skip

@@ -125,3 +125,15 @@ def test_an_env_pool_grows_with_the_actor_and_runs_the_new_workers() -> None:
             return pool.size, len(set(pids))
 
     assert asyncio.run(main()) == (3, 3)
+
+
+def test_the_staleness_tally_counts_trained_tokens_per_bucket_over_the_run() -> None:
+    from agentgym.learner.staleness import StalenessTally
+
+    t = StalenessTally(max_staleness=2)
+    t.add({"agent_tokens": 100.0, "staleness_frac_0": 0.5, "staleness_frac_1": 0.3, "staleness_frac_2": 0.2,
+           "staleness_frac_gt2": 0.0, "staleness_max": 2.0})  # fmt: skip
+    t.add({"agent_tokens": 50.0, "staleness_frac_0": 0.0, "staleness_frac_1": 0.0, "staleness_frac_2": 0.8,
+           "staleness_frac_gt2": 0.2, "staleness_max": 4.0})  # fmt: skip
+    assert t.summary() == {"max_staleness": 2, "tokens": {"0": 50, "1": 30, "2": 60, ">2": 10},
+                           "over_bound_share": round(10 / 150, 5), "max_seen": 4}  # fmt: skip

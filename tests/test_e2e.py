@@ -122,6 +122,12 @@ def test_learner_and_two_actors_train_and_account_for_every_group(tiny_model: Pa
     assert summary["bad_messages"] == 0
     fr = summary["flight_recorder"]  # both actors serve what the learner exported, every version
     assert not fr["alarm"] and fr["weights_digest_mismatch"] == 0 and fr["weights_digest_match"] >= 2, fr
+    # Trained tokens by staleness over the run: every agent token of every step, in its bucket.
+    ts = summary["trained_staleness"]
+    assert ts["max_staleness"] == 2 and set(ts["tokens"]) == {"0", "1", "2", ">2"}, ts
+    assert sum(ts["tokens"].values()) == pytest.approx(sum(r["agent_tokens"] for r in records), abs=4 * steps)
+    print(f"\ntrained tokens past max_staleness: {ts['over_bound_share']:.4f} (max seen {ts['max_seen']})")
+    assert summary["health"]["collapsed"] is None  # a learning run is not called collapsed
 
 
 def test_actor_with_no_learner_exits_with_a_clear_error(tmp_path: Path) -> None:

@@ -42,7 +42,10 @@ from agentgym.config import Config, load_config  # noqa: E402
 ROWS = ("maze3", "maze5", "textcraft1", "textcraft2", "wordle", "babyai", "deepsearch", "sciworld", "webshop")
 """Rows of the table, in order: configs/envs/<row>.toml."""
 
-COMMAND = "nice python bench/results.py --rows {rows} --seeds 0,1,2 --steps 100 --max-wall-s 1200"
+COMMAND = (
+    "nice python bench/results.py --rows {rows} --seeds 0,1,2 --steps 100 --max-wall-s 1200 "
+    "--table docs/results.md --plot docs/img/results_curves.png"
+)
 
 
 def config(row: str, seed: int, overrides: list[str]) -> Config:
@@ -148,8 +151,9 @@ def table(out: Path, rows: list[str]) -> str:
     missing = []
     for row in rows:
         s = summarise(out / row)
-        if s is None:
+        if s is None or len(s["final"]) < 3:
             missing.append(row)
+        if s is None:
             continue
         steps = "/".join(str(n) for n in s["steps"]) or "-"
         wall = "/".join(f"{w:.0f}" for w in s["wall_s"]) or "-"
@@ -157,7 +161,8 @@ def table(out: Path, rows: list[str]) -> str:
                      f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | {verdict(s)} |")  # fmt: skip
     if missing:
         lines.append("")
-        lines.append(f"Not run yet: {', '.join(missing)}. Command: `{COMMAND.format(rows=','.join(missing))}`")
+        lines.append(f"Rows without 3 finished RL seeds: {', '.join(missing)}. To run them: "
+                     f"`{COMMAND.format(rows=','.join(missing))}`")
     return "\n".join(lines)
 
 

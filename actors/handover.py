@@ -5,7 +5,8 @@
     Leave(actor_id=..., reason=..., handovers=actor.handovers)
 
 When the actor gets SIGTERM (Slurm's scancel and preemption send it), ``actor.leaving`` is set:
-every episode stops at its next turn boundary (a turn being sampled is aborted and dropped) and
+every episode stops at its next turn boundary (a turn being sampled gets ``TURN_GRACE_S`` to
+finish, then is aborted and dropped) and
 the group becomes a ``Handover``: the episodes it finished, and for each stopped one its tokens
 so far with their logprobs, versions and loss mask, the turn rewards, and the env's actions
 (``PartialEpisode``). The actor sends them in its ``Leave``; the learner puts each on its ticket
@@ -40,7 +41,8 @@ flight finishes first; a stuck one is cut at this and its group played again els
 
 async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit: int, critic) -> list[Episode] | None:  # type: ignore[no-untyped-def]
     """The group's episodes, or None when ``actor.leaving`` stopped it: then its ``Handover`` is
-    in ``actor.handovers`` (training tickets only; an evaluation ticket is just played again)."""
+    in ``actor.handovers`` (training tickets only: an evaluation group stops too, and is played
+    again from the start)."""
     h = ticket.handover
     finished = list(h.finished) if h else []
     partial = list(h.partial) if h else []
@@ -49,7 +51,7 @@ async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit:
         actor.stats["handovers_taken"] = actor.stats.get("handovers_taken", 0) + 1
         log.info("handover_taken", group=ticket.group_id, from_actor=h.actor_id, finished=len(finished),
                  partial=len(partial), fresh=fresh)  # fmt: skip
-    stop = actor.leaving if ticket.split == "train" else None
+    stop = actor.leaving
 
     async def one(i: int, resume) -> Episode | Interrupted:  # type: ignore[no-untyped-def]
         try:
@@ -68,8 +70,8 @@ async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit:
     s = actor.stats
     # Sampled tokens: those of turns aborted mid-sampling are lost; those handed over are not.
     s["sampled_tokens_dropped"] = s.get("sampled_tokens_dropped", 0) + sum(r.dropped for r in stopped)
-    if not done and not kept:  # nothing played yet worth keeping: the ticket just goes back
-        return None
+    if ticket.split != "train" or (not done and not kept):  # evaluation, or nothing played worth keeping:
+        return None  # the ticket just goes back
     actor.handovers.append(Handover(group_id=ticket.group_id, actor_id=actor.actor_id, finished=done, partial=kept))
     s["handover_groups"] = s.get("handover_groups", 0) + 1
     s["handover_partial"] = s.get("handover_partial", 0) + len(kept)

@@ -195,6 +195,11 @@ async def play_episode(
     return episode
 
 
+TURN_GRACE_S = 5.0
+"""An actor asked to leave lets a turn being sampled finish for this long before aborting it
+(docs/operations.md, "Preemption": the tokens of an aborted turn are lost)."""
+
+
 class Interrupted(Exception):
     """An episode stopped at a turn boundary because its actor is leaving."""
 
@@ -211,8 +216,8 @@ def sha256(text: str) -> str:
 
 async def _generate(engine: InferenceEngine, rid: str, prompt: list[int], sampling: SamplingSpec,
                     stop: asyncio.Event | None):  # fmt: skip
-    """``engine.generate``, or when ``stop`` is set first the number of tokens the aborted
-    request had sampled (dropped)."""
+    """``engine.generate``; when ``stop`` is set first, the turn gets ``TURN_GRACE_S`` more to
+    finish, then it is aborted and the number of tokens it had sampled (dropped) is returned."""
     if stop is None:
         return await engine.generate(rid, prompt, sampling)
     gen = asyncio.ensure_future(engine.generate(rid, prompt, sampling))
@@ -223,6 +228,10 @@ async def _generate(engine: InferenceEngine, rid: str, prompt: list[int], sampli
         waiter.cancel()
     if gen.done():
         return gen.result()
+    try:  # a turn close to its end is worth finishing: it is handed over whole
+        return await asyncio.wait_for(asyncio.shield(gen), TURN_GRACE_S)
+    except TimeoutError:
+        pass
     await engine.abort(rid)
     return len((await gen).token_ids)  # it returns with finish "abort" and the tokens so far
 

@@ -5,14 +5,15 @@
 A real learner and two actors (``hf`` engine, the tiny model; agentgym.cmd_chaos.Scenario on
 loopback) play long episodes: guess_number over 1..1000 (rarely guessed), ``--turns`` turns of up
 to ``--tokens`` sampled tokens each. ``--preemptions`` times, one actor gets SIGTERM (Slurm's
-scancel and preemption send it) while the run trains, and a new one takes its place.
+scancel and preemption send it) ``--play-s`` seconds after it joined, while the run trains,
+and a new one takes its place.
 
 Per preemption, from the stopped actor's own counters (RUN/actors/ID.json) and the learner's log:
   - live: the sampled tokens of its live groups at SIGTERM. Before hand-over every one of them
     was lost (the groups were played again from the start), so this is "lost before";
-  - lost: what is lost with hand-over: tokens of turns aborted mid-sampling
-    (``sampled_tokens_dropped``), plus those of handed-over episodes whose replay diverged
-    (none for built-in envs);
+  - lost: what is lost with hand-over: tokens of turns still sampling ``TURN_GRACE_S`` after
+    SIGTERM, aborted (``sampled_tokens_dropped``), plus those of handed-over episodes whose
+    replay diverged (none for built-in envs);
   - SIGTERM to exit (s), and the part of it spent reaching turn boundaries (``handover_ready``).
 Prints one JSON line per preemption and a summary; ``--out`` keeps the run directory.
 """
@@ -36,7 +37,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preemptions", type=int, default=3)
     p.add_argument("--turns", type=int, default=20)
-    p.add_argument("--tokens", type=int, default=4, help="max sampled tokens per turn")
+    p.add_argument("--tokens", type=int, default=16, help="max sampled tokens per turn")
+    p.add_argument("--play-s", type=float, default=60.0, help="seconds an actor plays before its SIGTERM")
     p.add_argument("--out", type=Path, help="work directory (default: a temporary one)")
     args = p.parse_args()
     work = args.out or Path(tempfile.mkdtemp(prefix="agentgym-preemption-"))
@@ -50,10 +52,11 @@ def main() -> int:
         victim = sc.start_actor("a1")
         sc.start_actor("a2")
         sc.start_learner()
-        sc.wait(lambda: sc.step() >= 2, 900, "2 steps")
+        sc.wait(lambda: sc.step() >= 1, 900, "a first step")
         for n in range(args.preemptions):
-            at = sc.step()
-            sc.wait(lambda a=at: sc.step() >= a + 1, 900, "a step")  # the actor has been playing a while
+            joined = lambda v=victim: [e for e in sc.events("actor_joined") if e["actor_id"] == v]  # noqa: E731
+            sc.wait(lambda: bool(joined()), 300, "the actor to join")
+            time.sleep(args.play_s)  # it plays a while: its episodes are some turns in
             t0 = time.monotonic()
             sc.actors[victim].send_signal(15)
             code = sc.actors[victim].wait(timeout=300)

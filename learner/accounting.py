@@ -220,6 +220,7 @@ def format_table(acc: dict[str, object]) -> str:
     rows = [("issued", acc["issued"])]
     rows += [(k, acc[k]) for k in (*FATES, "untrained_at_end", "in_flight_at_end", "unaccounted")]
     rows += [("reissued (event)", acc["reissued"])]
+    rows += [(f"handed over: {k} (event)", v) for k, v in sorted(dict(acc.get("handovers", {})).items())]  # type: ignore[call-overload]
     rows += [(f"lost_in_restart: {k} (re-issued)", v) for k, v in sorted(dict(acc["lost_in_restart"]).items())]  # type: ignore[call-overload]
     rows += [(f"unissued arrivals: {k}", v) for k, v in sorted(dict(acc["unissued_arrivals"]).items())]  # type: ignore[call-overload]
     width = max(len(k) for k, _ in rows)

@@ -58,6 +58,7 @@ class ScriptedActor:
         self.got: list[object] = []
         self.welcomed = False
         self._beat = 0.0
+        self._hello = time.monotonic()
         self.send(self.hello)
 
     def send(self, msg: object) -> None:
@@ -91,8 +92,9 @@ class ScriptedActor:
             self.sent.append(item[1].group_id)
         if now - self._beat >= self.heartbeat_s:
             self._beat = now
-            if not self.welcomed and not any(isinstance(m, Reject) for m in self.got):
-                self.send(self.hello)  # as actors do until answered: a connection may have lost it
+            if not self.welcomed and now - self._hello >= 2.0 and not any(isinstance(m, Reject) for m in self.got):
+                self._hello = now  # every 2 s until answered, as actors do: a connection may have lost it
+                self.send(self.hello)
             self.send(Heartbeat(actor_id=self.name, weight_version=self.version, stats={"capacity": float(self.hello.max_groups)}))
 
     def close(self) -> None:

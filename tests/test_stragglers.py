@@ -50,9 +50,9 @@ def test_a_heartbeating_hoarder_never_stalls_training(model_dir: Path, tmp_path:
             honest.close()
             ctx.term()
         assert summary["reason"] == "run finished" and summary["step"] == steps
-        assert 1 <= len(hoarder.granted) <= 2, hoarder.granted  # learner.grant_start
+        assert 1 <= len({t.group_id for t in hoarder.granted}) <= 2, hoarder.granted  # learner.grant_start
         t = summary["tickets"]
-        assert t["deadline_reissued"] >= len(hoarder.granted) and t["late_answers"] == 0
+        assert t["deadline_reissued"] >= len({g.group_id for g in hoarder.granted}) and t["late_answers"] == 0, t
         assert {g.group_id for g in hoarder.granted} <= set(honest.sent)  # its tickets were played by another
         accounted(summary)
         assert "ticket_overdue" in ln.text()

@@ -110,7 +110,13 @@ class _Wandb:
         self.run.log({f"{prefix}/step": step, **{f"{prefix}/{k}": v for k, v in values.items()}})
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() can return before W&B's core process has written the run's last records
+        # (seen with wandb 0.31 offline: a run file holding its header only); teardown waits
+        # for the core to exit, so the run directory is complete when the learner exits.
+        wandb.teardown()
 
 
 class SinkWriter:

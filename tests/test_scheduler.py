@@ -25,8 +25,13 @@ def test_async_admission_bounds_tickets_by_version_and_staleness() -> None:
     # ticket n is admissible while n // 4 <= 0 + 1: tickets 0..7
     assert len(granted) == 8
     assert s.fill(version=0) == {}
-    assert len(s.fill(version=1)["a"]) == 4  # one more version: one more batch
-    assert all(100 <= t.task_id < 150 and t.min_version == -1 for t in granted)
+    later = s.fill(version=1)["a"]
+    assert len(later) == 4  # one more version: one more batch
+    assert all(100 <= t.task_id < 150 for t in granted)
+    # Each ticket's min_version keeps its tokens within K of the step it is trained at: the
+    # first batch (trained at version 0) any weights, the second (version 1) at least version 0.
+    assert [t.min_version for t in granted] == [-1] * 4 + [0] * 4
+    assert [t.min_version for t in later] == [1] * 4  # trained at version 2
 
 
 def test_capacity_is_respected_and_tickets_spread_over_actors() -> None:

@@ -1,0 +1,137 @@
+"""What an optimizer step costs: agentgym (learner + actor processes) against an in-process GRPO
+trainer (TRL's ``GRPOTrainer``) on the same model, task, batch and optimizer, side by side.
+
+    pip install trl          # the bench extra: pip install -e '.[bench]'
+    python bench/step_cost.py --model models/tiny-gn-base --steps 40 [--engines hf,vllm] [--out runs/step_cost]
+
+The task is the echo probe (observation: a number 1-8; reward 1 for saying it), one token per
+turn, 8 groups of 8 per step, temperature 1, AdamW at a constant lr 3e-3, grad clip 1.0, no KL.
+TRL renders the same prompts with the model's chat template and generates with plain
+``transformers``; agentgym runs ``agentgym train --mode sync`` (and async) with 2 actors of each
+engine. Steady-state steps/s: steps after the first over the time between them (agentgym: the
+``time`` stamps of metrics.jsonl; TRL: a callback's clock). Also the engine start-up: from the
+launch to the first step's data (agentgym's first ``learner_wait_s``).
+
+Prints a table and writes ``OUT/step_cost.json``. Compare figures from one invocation only: the
+machine's load moves them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SETTINGS = [
+    "rollout.group_size=8", "learner.batch_groups=8", "rollout.max_tokens_per_turn=1", "rollout.temperature=1.0",
+    "learner.lr=3e-3", 'learner.lr_schedule="constant"', "learner.max_grad_norm=1.0", "learner.kl_coef=0.0",
+    "learner.max_staleness=2", "eval.at_start=false", "eval.at_end=false", "eval.every=0", "model.create_tiny=false",
+    'env.name="probe"', 'env.kwargs={kind="echo", low=1, high=8}', "schedule.turn_limits=[[0, 1]]", "learner.log_episodes=0",
+    "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
+]  # fmt: skip
+
+
+def agentgym_run(model: Path, engine: str, mode: str, steps: int, out: Path, port: int) -> dict:
+    run_dir = out / f"agentgym-{engine}-{mode}"
+    overrides = [*SETTINGS, f'model.path="{model}"', f'actor.engine="{engine}"', f'learner.bind="tcp://127.0.0.1:{port}"']
+    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
+           "--run-dir", str(run_dir), "--mode", mode, "--max-steps", str(steps), "--actors", "2",
+           *[x for o in overrides for x in ("-o", o)]]  # fmt: skip
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        return {"system": f"agentgym {mode}, {engine}", "error": proc.stderr[-1500:]}
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    parts = {k: sum(r.get(f"learner_{k}_s", 0.0) for r in recs[1:]) / max(len(recs) - 1, 1) for k in ("wait", "train", "export")}
+    return {
+        "system": f"agentgym {mode}, {engine}", "steps": len(recs), "wall_s": round(time.time() - t0, 1),
+        "steps_per_s": round((len(recs) - 1) / (recs[-1]["time"] - recs[0]["time"]), 3),
+        "startup_s": round(recs[0].get("learner_wait_s", float("nan")), 1),
+        "per_step_s": {k: round(v, 4) for k, v in parts.items()},
+        "success_last10": round(sum(r["success_rate"] for r in recs[-10:]) / min(10, len(recs)), 3),
+    }
+
+
+def trl_run(model: Path, steps: int, out: Path) -> dict:
+    """TRL's GRPOTrainer on the same prompts, reward, batch and optimizer."""
+    try:
+        from datasets import Dataset
+        from transformers import AutoTokenizer, TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:
+        return {"system": "TRL GRPOTrainer", "error": f"{e} (pip install trl)"}
+    sys.path.insert(0, str(REPO))
+    from agentgym.envpool.envs.probe import Probe
+
+    env = Probe(kind="echo")
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = []
+    for task in range(10_000, 10_000 + 64 * steps):
+        obs = env.reset(task)
+        rows.append({"prompt": [{"role": "system", "content": env.instructions()}, {"role": "user", "content": obs}],
+                     "target": obs})  # fmt: skip
+    random.Random(0).shuffle(rows)
+
+    def reward(completions, target, **_):  # type: ignore[no-untyped-def]
+        return [1.0 if c[0]["content"].strip() == t else 0.0 for c, t in zip(completions, target)]
+
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            stamps.append(time.time())
+
+    cfg = GRPOConfig(
+        output_dir=str(out / "trl"), per_device_train_batch_size=64, num_generations=8, max_completion_length=1,
+        learning_rate=3e-3, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, beta=0.0,
+        temperature=1.0, max_steps=steps, use_cpu=True, report_to=[], logging_steps=10, save_strategy="no",
+        dataloader_num_workers=0, seed=0,
+    )  # fmt: skip
+    t0 = time.time()
+    trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
+                          processing_class=tok, callbacks=[Clock()])  # fmt: skip
+    start = time.time() - t0
+    trainer.train()
+    return {"system": "TRL GRPOTrainer (in-process)", "steps": len(stamps), "wall_s": round(time.time() - t0, 1),
+            "steps_per_s": round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 3), "startup_s": round(start, 1)}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--engines", default="hf,vllm")
+    p.add_argument("--modes", default="sync,async")
+    p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "step_cost")
+    args = p.parse_args()
+    args.model = args.model.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = [] if args.skip_trl else [trl_run(args.model, args.steps, args.out)]
+    port = 5800
+    for engine in args.engines.split(","):
+        for mode in args.modes.split(","):
+            results.append(agentgym_run(args.model, engine, mode, args.steps, args.out, port))
+            port += 2
+    (args.out / "step_cost.json").write_text(json.dumps(results, indent=2))
+    ref = next((r["steps_per_s"] for r in results if r["system"].startswith("TRL") and "error" not in r), None)
+    print("\n| system | steps/s | vs TRL | start-up s | per step: wait / train / export s |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['system']} | error: {r['error'][-200:]!r} | | | |")
+            continue
+        ratio = f"{r['steps_per_s'] / ref:.2f}x" if ref else "-"
+        ps = r.get("per_step_s", {})
+        parts = " / ".join(f"{ps[k]:.3f}" for k in ("wait", "train", "export")) if ps else "-"
+        print(f"| {r['system']} | {r['steps_per_s']:.2f} | {ratio} | {r['startup_s']} | {parts} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

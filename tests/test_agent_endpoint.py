@@ -27,6 +27,7 @@ from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.config_sections import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.batch import collate, segments  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 from agentgym.learner.validate import Guard  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
@@ -80,10 +81,12 @@ def play(model_dir: Path, tok, cfg: AgentEndpointConfig, turn_limit: int = 4, n:
     return asyncio.run(asyncio.wait_for(go(), 240))
 
 
-def learner_logprobs(model, ids: np.ndarray) -> np.ndarray:
+def learner_logprobs(model, ids: np.ndarray, tok) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The learner's logprobs: the policy without the special tokens (protocol/vocab.py)."""
     t = torch.tensor(ids, dtype=torch.long)[None]
+    banned = torch.tensor(banned_action_ids(tok), dtype=torch.long)
     with torch.no_grad():
-        return sequence_logprobs(model, t, torch.ones_like(t), 1.0)[0].numpy()
+        return sequence_logprobs(model, t, torch.ones_like(t), 1.0, banned=banned)[0].numpy()
 
 
 def test_an_openai_sdk_agent_trains_exactly_the_engines_tokens(setup) -> None:
@@ -116,7 +119,7 @@ def test_an_openai_sdk_agent_trains_exactly_the_engines_tokens(setup) -> None:
         # The learner's batch row is the same tokens, and recomputes the same logprobs.
         n = int(batch.lengths[row])
         assert batch.input_ids[row, :n].tolist() == ids.tolist() and batch.loss_mask[row, :n].tolist() == mask.tolist()
-        ref = learner_logprobs(model, ids)
+        ref = learner_logprobs(model, ids, tok)
         assert np.abs(ref[mask == 1] - lps[mask == 1]).max() < 1e-3
     assert any(ep.num_turns > 1 for ep in episodes), "no multi-call episode: nothing shows the prefix extension"
 
@@ -156,7 +159,7 @@ def test_a_history_rewriting_agent_is_split_and_each_segment_trains_correctly(se
             # Each row carries the episode's reward, and is only ever truncated at the last segment.
             assert float(batch.token_rewards[row].sum()) == pytest.approx(0.5)
             assert float(batch.truncated[row]) == float(k == 2)
-            ref = learner_logprobs(model, seg)  # the context the model really saw, and only it
+            ref = learner_logprobs(model, seg, tok)  # the context the model really saw, and only it
             assert np.abs(ref[mask[s:t] == 1] - lps[s:t][mask[s:t] == 1]).max() < 1e-3
             row += 1
 

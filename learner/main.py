@@ -67,15 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.insecure:
         flags.append("learner.insecure=true")
     cfg = resolve_config(args, flags)
-    # env names, sink libraries, the model (a local dir or the hub cache): one line, before torch loads
-    cfg = preflight(cfg, "--model" if args.model else "model.path")
-    run_dir = args.run_dir or cfg.run.path
     from agentgym.learner.auth import check_server_config
 
-    problem = check_server_config(cfg.learner)  # before torch loads: a refused bind fails at once
+    # The config's own rules first (a refused bind needs nothing from this host), then what the
+    # host must have: env names, sink libraries, the model (a local dir or the hub cache). Each
+    # is one line, before torch loads.
+    problem = check_server_config(cfg.learner)
     if problem:
         sys.stderr.write(f"error: {problem}\n")
         return 2
+    cfg = preflight(cfg, "--model" if args.model else "model.path")
+    run_dir = args.run_dir or cfg.run.path
 
     import trio
 

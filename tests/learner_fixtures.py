@@ -23,8 +23,11 @@ CLOSING = [2, 10]
 
 def make_cfg(model_dir: Path, *overrides: str) -> Config:
     # CPU: these tests check float32 results bit for bit and gloo ranks, whatever GPUs the host has.
+    # allow_special_tokens: the synthetic episodes' behaviour logprobs (good_logprob) are of the
+    # full softmax, so the trainer scores that one too (the ban itself: tests/test_logprobs.py).
     base = [f'model.path="{model_dir}"', "learner.lr=1e-2", "learner.threads=1", "rollout.temperature=1.0",
-            "rollout.max_episode_tokens=64", "run.max_steps=10", 'learner.device="cpu"']  # fmt: skip
+            "rollout.max_episode_tokens=64", "run.max_steps=10", 'learner.device="cpu"',
+            "rollout.allow_special_tokens=true"]  # fmt: skip
     return load_config(None, [*base, *overrides])
 
 

@@ -26,6 +26,7 @@ from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.episode_log import segments  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 from agentgym.protocol import CriticSpec, Episode, Rollout, RolloutSpec, Ticket, decode, encode  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
 from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
@@ -77,7 +78,8 @@ def check_masked_and_on_policy(ep: Episode, model, tok) -> int:
         assert "Critique:" in tok.decode(ids[a:b].tolist())
     with torch.no_grad():
         t = torch.from_numpy(ids.astype(np.int64))[None]
-        ref = sequence_logprobs(model, t, torch.ones_like(t))[0].numpy()
+        banned = torch.tensor(banned_action_ids(tok), dtype=torch.long)  # the policy's support (protocol/vocab.py)
+        ref = sequence_logprobs(model, t, torch.ones_like(t), banned=banned)[0].numpy()
     assert np.abs(ref[mask == 1] - logps[mask == 1]).max() < 1e-3
     assert np.isfinite(logps).all() and (logps[mask == 1] <= 0).all() and (vers[mask == 0] == -1).all()
     return len(spans)

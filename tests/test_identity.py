@@ -87,6 +87,7 @@ def test_without_keys_a_live_id_is_refused_to_another_process(model_dir: Path, t
         assert [m.field for m in other.got if isinstance(m, Reject)] == ["actor_id"]
         assert not other.granted
         other.close()
+        time.sleep(1.0)  # as above: the learner's side of the refused connection ends first
         same = ScriptedActor(ctx, ln.addr, "b", delay_s=0.0, fingerprint=ln.fingerprint, group_size=GROUP, session="s1")
         until(same, lambda: same.welcomed and held <= {t.group_id for t in same.granted})  # its own tickets again
         summary = ln.run([same])

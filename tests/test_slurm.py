@@ -109,7 +109,10 @@ def accounted(tickets: dict) -> None:  # type: ignore[type-arg]
 def test_a_slurm_job_with_a_cancelled_actor_step_and_a_requeue_trains_to_the_end(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    job, run_dir = submit(slurm, tmp_path, steps=8)
+    # Steps enough that the requeue (after the first checkpoint, at step 4) lands mid-run on a fast
+    # machine too: at 8 the first start could finish before Slurm stopped it.
+    steps = 24
+    job, run_dir = submit(slurm, tmp_path, steps=steps)
     why = lambda: job_output(tmp_path, slurm)  # noqa: E731
     wait(lambda: step_of(run_dir) >= 2, 400, "2 steps", why)
 
@@ -152,7 +155,7 @@ def test_a_slurm_job_with_a_cancelled_actor_step_and_a_requeue_trains_to_the_end
     starts = events("learner_starting")
     assert [e["resume"] for e in starts] == [False, True]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["step"] == 8 and summary["reason"] == "run finished"
+    assert summary["step"] == steps and summary["reason"] == "run finished"
     accounted(summary["tickets"])
     joined = read_events(run_dir / "logs" / "learner.jsonl", "actor_joined")
     assert {e["actor_id"].rsplit("-", 1)[0] for e in joined} == {"slurm-n2-0", "slurm-n3-0"}

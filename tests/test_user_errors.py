@@ -89,11 +89,19 @@ def test_a_mistake_is_one_line_and_a_nonzero_exit(args: list[str], words: list[s
 
 def test_a_closed_pipe_ends_output_quietly(tmp_path: Path) -> None:
     """`agentgym config --explain | head -1`: the reader leaves after one line."""
+    import fcntl
+
+    # A pipe of one page (Linux's F_SETPIPE_SZ): the ~30 KB of output cannot all be written
+    # before the reader leaves, whatever the timing, so the writer really meets a closed pipe.
+    r, w = os.pipe()
+    fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ
     proc = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "config", "--explain"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    assert proc.stdout is not None and proc.stderr is not None
-    first = proc.stdout.readline()
-    proc.stdout.close()  # what `head -1` does after its line
+                            stdout=w, stderr=subprocess.PIPE)  # fmt: skip
+    os.close(w)
+    reader = os.fdopen(r, "rb")
+    assert proc.stderr is not None
+    first = reader.readline()
+    reader.close()  # what `head -1` does after its line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) != 0 and first.strip()
     assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -56,9 +56,10 @@ class ActorState:
     """The Hello's per-process nonce: without keys, a Hello under a live id with another one is refused."""
     deadlines: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Outstanding group id -> (granted at, deadline), monotonic seconds; inf once past it."""
-    late: dict[str, float] = field(default_factory=dict)
-    """Tickets answered first by another actor that this one still plays: each holds a slot
-    until its (duplicate) answer comes, so an actor that never answers is never given more."""
+    late: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Tickets answered first by another actor that this one still plays (group id -> when it was
+    granted, its deadline): each holds a slot until its (duplicate) answer comes, so an actor
+    that never answers is never given more."""
     earned: int = 0
     """Tickets this actor may hold on its record (see the module docstring)."""
     turnaround_s: float | None = None
@@ -330,7 +331,10 @@ class Scheduler:
         if state is not None:
             state.groups_done += 1
             if group_id in state.late:  # another actor answered first: this is the duplicate
-                self._observe(state, now - state.late.pop(group_id))  # still how long it takes
+                t0, deadline = state.late.pop(group_id)
+                self._observe(state, now - t0)  # still how long it takes
+                if now <= deadline != math.inf:  # in time by its own deadline (inf: it missed it): a race lost, not a failure
+                    state.earned = min(state.earned + 1, max(state.max_groups, self.grant_start))
                 self.late_answers += 1
                 return None
             ticket = state.outstanding.pop(group_id, None)
@@ -345,7 +349,7 @@ class Scheduler:
         for other in holders - {actor_id}:  # copies issued past a deadline: their answers are late now
             o = self.actors.get(other)
             if o is not None and o.outstanding.pop(group_id, None) is not None:
-                o.late[group_id] = o.deadlines.pop(group_id, (now, 0.0))[0]
+                o.late[group_id] = o.deadlines.pop(group_id, (now, 0.0))
         if ticket is not None:
             self._drop_queued(group_id)
             return ticket

@@ -205,7 +205,11 @@ def test_the_late_holder_answering_first_wins_and_the_copy_becomes_late() -> Non
     assert s.fill(0)["fast"] == [t]
     assert s.complete("slow", t.group_id) == t
     assert s.actors["fast"].late.keys() == {t.group_id} and s.actors["slow"].turnaround_s is not None
+    earned = s.actors["fast"].earned
     assert s.complete("fast", t.group_id) is None and s.late_answers == 1
+    # In time by its own deadline, the copy's holder lost a race: it earns as an answer does (a
+    # late joiner handed copies would otherwise never grow past grant_start).
+    assert s.actors["fast"].earned == earned + 1
 
 
 def test_deadlines_follow_each_actors_observed_time_within_floor_and_cap() -> None:

@@ -201,7 +201,7 @@ def test_the_late_holder_answering_first_wins_and_the_copy_becomes_late() -> Non
     s.register("slow", b"s", "h", max_groups=1)
     t = s.fill(0)["slow"][0]
     s.overdue(s.actors["slow"].deadlines[t.group_id][1] + 1)
-    s.register("fast", b"f", "h", max_groups=1)
+    s.register("fast", b"f", "h", max_groups=4)  # grant_start 1: still one ticket at first
     assert s.fill(0)["fast"] == [t]
     assert s.complete("slow", t.group_id) == t
     assert s.actors["fast"].late.keys() == {t.group_id} and s.actors["slow"].turnaround_s is not None

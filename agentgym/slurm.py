@@ -169,9 +169,11 @@ class Job:
         relay = ["--weights-relay", self.lay.relay_url] if self.lay.relays else []
         argv = [self.py, "-m", "agentgym.actors.main", *self.common, "--learner", self.lay.learner_url, *relay,
                 "--run-dir", str(self.run_dir), "--connect-timeout", "600"]  # fmt: skip
-        # Named by node, task and step: the learner's logs name the host, and a restarted step is a
-        # new actor (an id still held by a killed one would be refused until it times out).
-        script = 'exec "$@" --actor-id "slurm-$SLURMD_NODENAME-$SLURM_LOCALID-$SLURM_STEP_ID"'
+        # Named by node, task, job start and step: the learner's logs name the host, a restarted
+        # step is a new actor (an id still held by a killed one would be refused until it times
+        # out), and a requeued job's step ids, which start again, name other actors than the first
+        # start's (whose RUN_DIR/actors/ID.json would otherwise be overwritten).
+        script = f'exec "$@" --actor-id "slurm-$SLURMD_NODENAME-$SLURM_LOCALID-{self.lay.restart_count}.$SLURM_STEP_ID"'
         self.actors[node] = self.srun(f"agentgym-actors-{node}", [node], self.actors_per_node,
                                       ["sh", "-c", script, "sh", *argv])  # fmt: skip
 

@@ -171,4 +171,6 @@ def test_a_slurm_job_with_a_cancelled_actor_step_and_a_requeue_trains_to_the_end
         "agentgym-learner",
         "agentgym-relay",
     ]
-    assert started.count("agentgym-learner") == 2 and started.count("agentgym-actors-n3") == 3
+    # n3's actors: the first start, the restart after the cancel, the requeued start (and, when
+    # the requeue's stop reaches the driver after the step's end, one more restart it began).
+    assert started.count("agentgym-learner") == 2 and started.count("agentgym-actors-n3") >= 3, started

@@ -19,15 +19,11 @@ from agentgym.learner.flight_recorder import FlightRecorder
 from agentgym.learner.service import Learner
 from agentgym.protocol import Ack, Heartbeat, Rollout, Ticket
 from agentgym.protocol.weights import RawTensor, chunks_digest, make_chunks
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
-    if not (path / "config.json").exists():
-        make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
-    return path
+def model_dir(fallback_model: Path) -> Path:
+    return fallback_model  # tests/conftest.py
 
 
 class SkipsOne(HfEngine):

@@ -30,7 +30,6 @@ from agentgym.keys import ClientKeys, apply_client, write_keys
 from agentgym.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Leave, Reject, Rollout, Ticket, WeightsReady, decode, encode
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP, BATCH, STEPS = 2, 2, 6
@@ -64,12 +63,8 @@ def group(t: object, actor: str, version: int, token: int = GOOD) -> Rollout:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # one model shared by test_validate and test_fuzz_learner (made once per session)
-    path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
-    if not (path / "config.json").exists():
-        make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
-    return path
+def model_dir(fallback_model: Path) -> Path:
+    return fallback_model  # tests/conftest.py
 
 
 def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(model_dir: Path, tmp_path: Path) -> None:

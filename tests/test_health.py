@@ -58,7 +58,7 @@ def test_the_trainers_advantage_decides_when_given() -> None:
     assert h.observe(2, [group([BAD] * 4, [0.0] * 4)], entropy=0.0, advantage_abs_mean=0.0) is not None
 
 
-def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(fallback_model, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A real learner process fed, over its real sockets, groups that all play BAD for reward 0:
     after run.health_window steps it says which action, stops, and exits 3 with the reason."""
     import json
@@ -66,9 +66,6 @@ def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(tmp_path, monkeyp
     import zmq
 
     import scripted_actor as sa
-    from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
-
-    model = make_tiny_model(tmp_path / "m", corpus=FALLBACK_CORPUS, seed=0)
 
     def settled(t, actor, version, group_size, logprob=-0.7):  # type: ignore[no-untyped-def]
         eps = [episode(PROMPTS[0], [[BAD]], [0.0], version=version, behav=[logprob]) for _ in range(group_size)]
@@ -76,7 +73,7 @@ def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(tmp_path, monkeyp
 
     monkeypatch.setattr(sa, "play", settled)
     ctx = zmq.Context()
-    with sa.LiveLearner(model, tmp_path, 50, "run.health_window=3", "run.stop_on_collapse=true") as live:
+    with sa.LiveLearner(fallback_model, tmp_path, 50, "run.health_window=3", "run.stop_on_collapse=true") as live:
         actor = sa.ScriptedActor(ctx, live.addr, "a1", delay_s=0.01, fingerprint=live.fingerprint, group_size=sa.GROUP)
         with pytest.raises(AssertionError):  # run() expects exit code 0
             live.run([actor], timeout_s=240)

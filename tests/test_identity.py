@@ -16,15 +16,11 @@ from scripted_actor import GROUP, LiveLearner, ScriptedActor, play
 
 from agentgym.keys import ClientKeys, write_keys
 from agentgym.protocol import Grant, Reject, Welcome
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
-    if not (path / "config.json").exists():
-        make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
-    return path
+def model_dir(fallback_model: Path) -> Path:
+    return fallback_model  # tests/conftest.py
 
 
 def until(actor: ScriptedActor, ok, timeout_s: float = 180) -> None:  # type: ignore[no-untyped-def]

@@ -12,17 +12,13 @@ import pytest
 import zmq
 from scripted_actor import LiveLearner, ScriptedActor
 
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 GROUP = 2
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
-    if not (path / "config.json").exists():
-        make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
-    return path
+def model_dir(fallback_model: Path) -> Path:
+    return fallback_model  # tests/conftest.py
 
 
 def accounted(summary: dict) -> None:

@@ -27,19 +27,14 @@ from agentgym.learner.validate import vocab_size
 from agentgym.protocol import Ack, ProtocolError, Rollout, Ticket, decode, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 GROUP = 2
 ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # one model shared by test_validate and test_fuzz_learner (made once per session)
-    path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
-    if not (path / "config.json").exists():
-        make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
-    return path
+def tiny_model(fallback_model: Path) -> Path:
+    return fallback_model  # tests/conftest.py
 
 
 class Acks:

@@ -210,6 +210,10 @@ class LearnerConfig(Section):
     """Dual-clip PPO's c (verl's and AReaL's clip_ratio_c): a token with a negative advantage
     contributes at most c * |A| however far its ratio pi_theta/pi_prox has grown (None: off).
     Acts only with several optimizer steps per batch (minibatches or epochs > 1; with one, the ratio is 1)."""
+    behav_clip: bool = False
+    """A stale token whose pi_prox/mu has already left [1 - clip_low, 1 + clip_high] in the direction
+    its advantage asks for gets no gradient: the steps taken since it was sampled already did what it
+    asks (PPO's clip, tested against the sampling policy). Never binds on fresh data (sync)."""
     secret_key: Path | None = None
     """CURVE: the learner's key pair file (DIR/learner.key_secret from ``agentgym keys DIR``). With
     ``authorized_keys``, both ports admit only allow-listed actors, and traffic is encrypted."""

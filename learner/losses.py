@@ -104,6 +104,7 @@ def decoupled_ppo_loss(
     agg: Agg = "token_mean",
     norm_const: float | None = None,
     dual_clip: float | None = None,
+    behav_clip: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Decoupled PPO-clip with a truncated behaviour importance weight; returns (loss, metrics).
 
@@ -125,6 +126,11 @@ def decoupled_ppo_loss(
     for A_t < 0 the term is also bounded, ℓ_t = −w_t·max(min(r_t·A_t, clip(r_t)·A_t), c·A_t), so a
     token whose ratio has run far above 1 + ε_high cannot push with an unbounded −r_t·A_t
     (None: off). It acts only where r_t > c, i.e. with several minibatches per batch.
+    ``behav_clip``: a token whose π_prox/μ has already left the clip range in the direction its
+    advantage asks for (A_t > 0 and π_prox/μ > 1 + ε_high, or A_t < 0 and π_prox/μ < 1 − ε_low) gets
+    ℓ_t = 0: the updates made since it was sampled already did what it asks, and pushing again
+    compounds a delayed gradient (the same test PPO's clip makes against the sampling policy; it
+    still counts in the normaliser). With fresh data (π_prox = μ) it never binds.
     With prox_logp == behav_logp, w = 1 exactly and this is plain PPO-clip; with
     logp == prox_logp == behav_logp its value is −mean(A) and its gradient −A·∇logp per token,
     the on-policy policy gradient.
@@ -136,7 +142,8 @@ def decoupled_ppo_loss(
 
     Metrics (means over agent tokens, detached): is_weight_mean / is_weight_max of the uncapped
     π_prox/μ, is_truncated_frac (above C), is_rejected_frac, clip_frac (the clipped term binds,
-    so the token has no gradient), dual_clip_frac (the dual clip binds), approx_kl (k3 estimate of KL(π_prox‖π_θ)), num_tokens.
+    so the token has no gradient), dual_clip_frac (the dual clip binds), behav_clip_frac (tokens
+    ``behav_clip`` zeroes, or would zero when off), approx_kl (k3 estimate of KL(π_prox‖π_θ)), num_tokens.
     """
     _same_shape("decoupled_ppo_loss", logp=logp, prox_logp=prox_logp, behav_logp=behav_logp,
                 advantages=advantages, loss_mask=loss_mask)  # fmt: skip
@@ -169,6 +176,9 @@ def decoupled_ppo_loss(
     w = behav_ratio if behav_weight_cap is None else behav_ratio.clamp(max=behav_weight_cap)
     if behav_reject_above is not None:
         w = torch.where(behav_ratio > behav_reject_above, 0.0, w)
+    moved = ((adv > 0) & (behav_ratio > 1.0 + clip_high)) | ((adv < 0) & (behav_ratio < 1.0 - clip_low))
+    if behav_clip:
+        w = torch.where(moved, 0.0, w)
     loss = _aggregate(w * pg, loss_mask, agg, norm_const)
 
     with torch.no_grad():
@@ -184,6 +194,7 @@ def decoupled_ppo_loss(
             "is_rejected_frac": masked_mean((behav_ratio > reject).to(agent.dtype), agent),
             "clip_frac": masked_mean((surr_clipped < surr).to(agent.dtype), agent),
             "dual_clip_frac": masked_mean(dual.to(agent.dtype), agent),
+            "behav_clip_frac": masked_mean(moved.to(agent.dtype), agent),
             "approx_kl": masked_mean(torch.expm1(log_r) - log_r, agent),
             "num_tokens": n.to(agent.dtype),
         }

@@ -63,7 +63,7 @@ __all__ = ["Batch", "Trainer", "collate", "trainable_episodes"]
 log = structlog.get_logger(__name__)
 
 # Token-weighted means summed over micro-batches and ranks (value x tokens, then / tokens).
-_TOKEN_METRICS = ("is_weight_mean", "is_truncated_frac", "is_rejected_frac", "clip_frac", "dual_clip_frac", "approx_kl")
+_TOKEN_METRICS = ("is_weight_mean", "is_truncated_frac", "is_rejected_frac", "clip_frac", "dual_clip_frac", "behav_clip_frac", "approx_kl")
 
 
 class Trainer(TrainerState):
@@ -317,7 +317,7 @@ class Trainer(TrainerState):
                 pg, m = decoupled_ppo_loss(
                     f.logp, prox, b.behav_logp[rows, :L], adv[rows, :L], w, clip_low=lc.clip_low,
                     clip_high=lc.clip_high, behav_weight_cap=lc.tis_cap, behav_reject_above=lc.tis_reject_above,
-                    agg=lc.loss_agg, norm_const=norm_const, dual_clip=lc.dual_clip,
+                    agg=lc.loss_agg, norm_const=norm_const, dual_clip=lc.dual_clip, behav_clip=lc.behav_clip,
                 )  # fmt: skip
                 loss = pg
                 if lc.entropy_coef > 0:

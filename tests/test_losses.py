@@ -121,6 +121,29 @@ def test_dual_clip_bounds_negative_advantage_tokens_by_hand() -> None:
         decoupled_ppo_loss(logp, zeros, zeros, adv, mask, dual_clip=1.0)
 
 
+def test_behav_clip_zeroes_tokens_already_moved_their_advantages_way_by_hand() -> None:
+    # π_prox/μ per token: 1.5, 1.5, 0.5, 0.5, 1.1 with A = +1, -1, -1, +1, -1 (clip 0.2 / 0.28).
+    # a (A > 0, already up past 1.28) and c (A < 0, already down past 0.8) have done what their
+    # advantage asks: behav_clip zeroes them; b and d ask for the way back, e is inside the range.
+    prox = torch.tensor([[L(1.5), L(1.5), L(0.5), L(0.5), L(1.1)]])
+    logp = prox.clone().requires_grad_(True)  # one optimizer step per batch: π_θ = π_prox, r = 1
+    behav, mask = torch.zeros(1, 5), torch.ones(1, 5)
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0, -1.0]])
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "behav_weight_cap": None}
+    loss, m = decoupled_ppo_loss(logp, prox, behav, adv, mask, behav_clip=True, **kw)
+    # ℓ = −w·r·A with w = π_prox/μ: b +1.5, d −0.5, e +1.1; a and c contribute 0, counted in the mean
+    assert loss.item() == pytest.approx((1.5 - 0.5 + 1.1) / 5)
+    assert m["behav_clip_frac"].item() == pytest.approx(2 / 5)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 1.5, 0.0, -0.5, 1.1]]) / 5)
+    off, m_off = decoupled_ppo_loss(logp, prox, behav, adv, mask, **kw)
+    assert off.item() == pytest.approx((-1.5 + 1.5 + 0.5 - 0.5 + 1.1) / 5)
+    assert m_off["behav_clip_frac"].item() == pytest.approx(2 / 5)  # reported even when off
+    # fresh data (π_prox = μ): it never binds
+    fresh, m_fresh = decoupled_ppo_loss(logp, prox, prox, adv, mask, behav_clip=True, **kw)
+    assert fresh.item() == pytest.approx(-adv.mean().item()) and m_fresh["behav_clip_frac"].item() == 0.0
+
+
 def test_decoupled_ppo_clip_higher_rejection_and_aggregations_by_hand() -> None:
     logp, prox, behav, adv, mask = _hand_batch()
     # clip-higher: a -> min(1.4, 1.28) = 1.28 -> -2.56

@@ -9,13 +9,16 @@ not rewrite. The resolved config is written to the run directory as ``config.tom
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from agentgym.config_learner import LearnerConfig, LoraConfig  # noqa: F401
 # Every section is imported from here (the sections live in two modules to keep each under 400 lines).
@@ -72,21 +75,50 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     node[leaf] = _parse_value(raw.strip())
 
 
+def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The config section (a pydantic model) that holds the key at ``loc``, walking fields,
+    list items and dict values (``env.mix[1]``, ``schedule.envs.maze``); None where it is not one."""
+    node: Any = Config
+    for part in loc[:-1]:
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(str(part))
+            if field is None:
+                return None
+            node = field.annotation
+        elif typing.get_origin(node) in (list, dict):  # an index or a dict key: step into the item type
+            node = typing.get_args(node)[-1]
+        else:
+            return None
+        while typing.get_origin(node) in (typing.Union, types.UnionType):  # X | None
+            node = next((a for a in typing.get_args(node) if a is not type(None)), None)
+    return node if isinstance(node, type) and issubclass(node, BaseModel) else None
+
+
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """``unknown key``, with the closest known key of that section when one is close."""
+    section = _section_at(loc)
+    near = difflib.get_close_matches(str(loc[-1]), list(section.model_fields) if section else [], n=1)
+    return f"unknown key (did you mean {near[0]}?)" if near else "unknown key"
+
+
 def _format_errors(exc: ValidationError, source: str) -> str:
-    """One line per problem; a single problem is one line in all (what a user reads first)."""
-    lines = []
+    """One line in all, every problem named: ``invalid config (F): 3 problems: A; B; C``. A
+    terminal shows it whole, and a log or CI grep finds the config's error on one line."""
+    problems = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc)
         if err["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key")
+            problems.append(f"{where}: {_unknown_key(loc)}")
         elif err["type"] == "value_error":  # our validators' messages name the key and the value
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(msg if msg.startswith(where) else f"{where}: {msg}")
+            problems.append(msg if msg.startswith(where) else f"{where}: {msg}")
         else:
-            lines.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
-    if len(lines) == 1:
-        return f"invalid config ({source}): {lines[0]}"
-    return "\n  ".join([f"invalid config ({source}):", *lines])
+            problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    problems = [" ".join(p.split()) for p in problems]  # a message never breaks the line
+    if len(problems) == 1:
+        return f"invalid config ({source}): {problems[0]}"
+    return f"invalid config ({source}): {len(problems)} problems: " + "; ".join(problems)
 
 
 def load_config(path: Path | None = None, overrides: list[str] = ()) -> Config:

@@ -126,3 +126,19 @@ def test_a_hub_id_in_the_local_cache_is_found(tmp_path: Path, monkeypatch: pytes
     proc = _run(["agentgym.actors.main", "--model", "acme/tiny", "--learner", "tcp://127.0.0.1:1",
                  "--connect-timeout", "0.5"], tmp_path)  # fmt: skip
     assert "hf download" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_config_with_several_mistakes_is_one_line_naming_each(tmp_path: Path) -> None:
+    """`agentgym train --config bad.toml` with three mistakes: one line that counts them and names
+    each key (with the known key a typo is closest to), before anything starts."""
+    (tmp_path / "bad.toml").write_text(
+        "[learner]\nlrr = 1e-3\nbatch_groups = 0\n[rollout]\ntempreature = 0.5\n")
+    proc = _run(["agentgym.cli", "train", "--config", "bad.toml"], tmp_path)
+    err = proc.stderr.strip()
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    assert len(err.splitlines()) == 1, err
+    assert "invalid config (bad.toml): 3 problems: " in err, err
+    for words in ("learner.lrr: unknown key (did you mean lr?)", "learner.batch_groups: ",
+                  "rollout.tempreature: unknown key (did you mean temperature?)"):
+        assert words in err, f"{words!r} not in: {err}"
+    assert not [p for p in tmp_path.glob("runs/**/*") if p.is_file() and p.parent.name != "logs"]

@@ -242,6 +242,9 @@ class GatedEngine:
         self.update_mode: UpdateMode = update_mode
         self.version = 0
         self.resumed_segments = 0
+        self.sampled_tokens = 0
+        """Tokens every segment returned (an aborted one's too): what this engine sampled; a
+        leaving actor's lost tokens are these less those it sent and handed over."""
         self.weights_digest = -1
         """Flight recorder: ``protocol.weights.weights_digest`` of the tensors the last update
         loaded, as this engine serves them (read back where the engine allows; else as handed
@@ -301,6 +304,7 @@ class GatedEngine:
                     finally:
                         req.running = False
                 ids += out.token_ids
+                self.sampled_tokens += len(out.token_ids)
                 logprobs += out.logprobs
                 versions += [version] * len(out.token_ids)
                 finish = out.finish_reason

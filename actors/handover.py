@@ -61,13 +61,15 @@ async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit:
             return exc
 
     results = await asyncio.gather(*(one(i, p) for i, p in enumerate([*partial, *[None] * fresh])))
-    done = finished + [r for r in results if isinstance(r, Episode)]
+    played = [r for r in results if isinstance(r, Episode)]
+    done = finished + played
+    s = actor.stats
     if len(done) >= spec.group_size:
+        s["sampled_tokens_sent"] = s.get("sampled_tokens_sent", 0) + sum(_own(e.loss_mask, e.resumed_at) for e in played)
         return done[: spec.group_size]
     stopped = [r for r in results if isinstance(r, Interrupted)]
     # An episode stopped before its first turn is played again from the start (nothing is lost).
     kept = [r.partial for r in stopped if r.partial.actions]
-    s = actor.stats
     # Sampled tokens: those of turns aborted mid-sampling are lost; those handed over are not.
     s["sampled_tokens_dropped"] = s.get("sampled_tokens_dropped", 0) + sum(r.dropped for r in stopped)
     if ticket.split != "train" or (not done and not kept):  # evaluation, or nothing played worth keeping:
@@ -76,9 +78,17 @@ async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit:
     s["handover_groups"] = s.get("handover_groups", 0) + 1
     s["handover_partial"] = s.get("handover_partial", 0) + len(kept)
     s["handover_finished"] = s.get("handover_finished", 0) + len(done)
-    sampled = sum(len(p.loss_mask) - p.loss_mask.count(0) for p in kept) + sum(len(e.loss_mask) - e.loss_mask.count(0) for e in done)
+    # This actor's own tokens only: not those of episodes it was handed (finished, or the prefix
+    # of one it continued), so that sampled = sent + handed over + lost holds per actor.
+    sampled = sum(_own(r.partial.loss_mask, r.resumed_at) for r in stopped if r.partial.actions)
+    sampled += sum(_own(e.loss_mask, e.resumed_at) for e in played)
     s["sampled_tokens_handed_over"] = s.get("sampled_tokens_handed_over", 0) + sampled
     return None
+
+
+def _own(loss_mask: bytes, resumed_at: int) -> int:
+    """Sampled tokens (loss mask 1) from ``resumed_at`` on: those this actor sampled."""
+    return len(loss_mask) - resumed_at - loss_mask[resumed_at:].count(0)
 
 
 async def leave(actor) -> None:  # type: ignore[no-untyped-def]

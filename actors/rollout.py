@@ -120,7 +120,7 @@ async def play_episode(
                         finish = "token_limit"
                         break
                     if handable and stop is not None and stop.is_set():
-                        raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit))
+                        raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit), resumed_at=resumed_at)
                     rid = f"{ticket.group_id}/{index}/{turn}"
                     gen = await _generate(
                         engine, rid, conv.prompt_ids,
@@ -130,7 +130,8 @@ async def play_episode(
                         stop if handable else None,
                     )  # fmt: skip
                     if isinstance(gen, int):  # asked to leave while sampling: that turn is dropped, the rest handed over
-                        raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit), dropped=gen)
+                        raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit), dropped=gen,
+                                          resumed_at=resumed_at)  # fmt: skip
                     conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                     action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                     for rnd in range(cs.max_revisions if loop and loop.wants("draft") else 0):
@@ -203,11 +204,13 @@ TURN_GRACE_S = 5.0
 class Interrupted(Exception):
     """An episode stopped at a turn boundary because its actor is leaving."""
 
-    def __init__(self, partial: PartialEpisode, dropped: int = 0) -> None:
+    def __init__(self, partial: PartialEpisode, dropped: int = 0, resumed_at: int = 0) -> None:
         super().__init__("interrupted at a turn boundary")
         self.partial = partial
         self.dropped = dropped
         """Tokens of the turn being sampled when it stopped (aborted: lost)."""
+        self.resumed_at = resumed_at
+        """Where this actor took the episode over (0: it played it from the start)."""
 
 
 def sha256(text: str) -> str:

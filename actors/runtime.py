@@ -55,9 +55,11 @@ log = structlog.get_logger(__name__)
 class Stop(Exception):
     """Raised inside the task group to end the actor (learner shutdown or a signal)."""
 
-    def __init__(self, reason: str, code: int = 0) -> None:
+    def __init__(self, reason: str, code: int = 0, leave: bool = False) -> None:
         super().__init__(reason)
         self.reason, self.code = reason, code
+        self.leave = leave
+        """Asked to leave (a signal, the learner's leave request): hand over, then send Leave."""
 
 
 class Actor:
@@ -100,6 +102,8 @@ class Actor:
         self.last_from_learner = time.monotonic()
         self.stats = {"groups_sent": 0, "episodes_sent": 0, "acked": 0, "resent": 0, "weight_updates": 0}
         self.leaving = asyncio.Event()  # set on SIGTERM: episodes stop at a turn boundary (actors/handover.py)
+        self.leave_asked: asyncio.Future[Stop] | None = None
+        """Resolved by a signal or the learner's leave request (Shutdown.leave): see ``run``."""
         self.handovers: list[Handover] = []  # what the Leave carries to the learner
         self.ack_statuses: dict[str, int] = {}
         self.engine_ready = asyncio.Event()
@@ -187,6 +191,8 @@ class Actor:
                 self.rehello.set()
             elif msg.stats:
                 self.learner_hint = dict(msg.stats)
+        elif isinstance(msg, Shutdown) and msg.leave:  # only this actor goes: as on SIGTERM
+            self.ask_to_leave(Stop(f"learner asked this actor to leave: {msg.reason}", 0, leave=True))
         elif isinstance(msg, Shutdown):
             raise Stop(f"learner: {msg.reason}")
         elif isinstance(msg, Reject):
@@ -347,15 +353,17 @@ class Actor:
         self.resend = asyncio.Event()
         await self.connect()
         loop = asyncio.get_running_loop()
-        stop_signal: asyncio.Future[Stop] = loop.create_future()
+        self.leave_asked = loop.create_future()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, lambda s=sig: stop_signal.done() or stop_signal.set_result(Stop(f"got {signal.Signals(s).name}", 0)))
+            loop.add_signal_handler(sig, lambda s=sig: self.ask_to_leave(Stop(f"got {signal.Signals(s).name}", 0, leave=True)))
 
         async def watch_signal() -> None:
             from agentgym.actors.handover import leave
 
-            stop = await stop_signal
-            await leave(self)  # live episodes stop at a turn boundary and are handed over
+            stop = await self.leave_asked
+            log.info("actor_leaving", reason=stop.reason, handover=self.cfg.actor.handover, running_groups=self.running_groups)
+            if self.cfg.actor.handover:
+                await leave(self)  # live episodes stop at a turn boundary and are handed over
             raise stop
 
         try:
@@ -379,10 +387,15 @@ class Actor:
                     tg.create_task(self.player(n))  # tickets -> episodes -> Rollout
         except* Stop as eg:
             stop = eg.exceptions[0]
-        if stop.reason.startswith("got SIG"):
+        if stop.leave:
             with _ignore_errors():
                 await asyncio.wait_for(self.link.send(Leave(actor_id=self.actor_id, reason=stop.reason, handovers=self.handovers)), 5)
         return stop
+
+    def ask_to_leave(self, stop: Stop) -> None:
+        """Leave as on SIGTERM (the first request wins; later ones change nothing)."""
+        if self.leave_asked is not None and not self.leave_asked.done():
+            self.leave_asked.set_result(stop)
 
     async def close(self) -> None:
         if self.agents is not None:
@@ -416,6 +429,11 @@ async def run_actor(cfg: Config, run_dir: Path, actor_id: str | None = None) -> 
         stop = await actor.run()
     finally:
         await actor.close()
+    s = actor.stats
+    if actor.engine is not None and actor.agents is None:
+        # Sampled but neither sent nor handed over: what leaving (or the run's end) threw away.
+        s["sampled_tokens"] = getattr(actor.engine, "sampled_tokens", 0)
+        s["sampled_tokens_lost"] = s["sampled_tokens"] - s.get("sampled_tokens_sent", 0) - s.get("sampled_tokens_handed_over", 0)
     log.info("actor_stopped", reason=stop.reason, **actor.stats, acks=actor.ack_statuses)
     (run_dir / "actors").mkdir(parents=True, exist_ok=True)
     import json

@@ -10,6 +10,7 @@
     agentgym chaos [--minutes M] [--seed S]                       train under random failures, print the accounting
     agentgym make-model --arch ARCH DIR                           a random model of a real shape
     agentgym slurm --run-dir DIR [--config F] [-o ...]            a run as the steps of a Slurm job (slurm.py)
+    agentgym actors leave ACTOR_ID --run RUN_DIR                  ask one actor to leave; it hands its episodes over
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
-    from agentgym import cmd_chaos, cmd_eval, cmd_make_model, slurm
+    from agentgym import cmd_actors, cmd_chaos, cmd_eval, cmd_make_model, slurm
 
     cmd_bench.add_parser(sub)
     cmd_keys.add_parser(sub)
@@ -103,7 +104,10 @@ def _main(argv: list[str] | None = None) -> int:
     cmd_make_model.add_parser(sub)
     cmd_eval.add_parser(sub)
     slurm.add_parser(sub)
+    cmd_actors.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "actors":
+        return cmd_actors.run(args)
     if args.cmd == "slurm":
         return slurm.run(args)
     if args.cmd == "eval":

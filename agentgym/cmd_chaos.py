@@ -83,14 +83,14 @@ class Scenario:
                     *[a for o in [*self.overrides, *extra] for a in ("-o", o)]]  # fmt: skip
         self.learner = self.net.spawn("learner", argv, self.learner_home, self.work / "consoles" / "learner.log", self.env)
 
-    def start_actor(self, host: str) -> str:
-        """A new actor process on ``host`` (new id); returns its id."""
+    def start_actor(self, host: str, extra: list[str] = []) -> str:  # noqa: B006 - never mutated
+        """A new actor process on ``host`` (new id); returns its id. ``extra``: more ``-o`` overrides."""
         self.started += 1
         actor_id = f"{host}-{self.started}"
         argv = [sys.executable, "-m", "agentgym.actors.main", "--learner", self.address, "--actor-id", actor_id,
                 "--run-dir", str(self.actor_home / host), "-o", f'actor.engine="{self.engine}"',
                 "-o", "actor.env_workers=4",  # 4 processes, not 16: an actor starts faster on 2 cores
-                "--connect-timeout", "120"]  # fmt: skip
+                "--connect-timeout", "120", *[a for o in extra for a in ("-o", o)]]  # fmt: skip
         self.actors[actor_id] = self.net.spawn(host, argv, self.actor_home, self.work / "consoles" / f"{actor_id}.log", self.env)
         return actor_id
 

@@ -268,6 +268,10 @@ class ActorConfig(Section):
     by rollout.max_episode_tokens). An episode that would pass it ends as a token_limit truncation."""
     agent_endpoint: AgentEndpointConfig = AgentEndpointConfig()
     """Train an existing agent through an OpenAI-compatible endpoint (off by default)."""
+    handover: bool = True
+    """Asked to leave (SIGTERM, SIGINT, ``agentgym actors leave``), stop live episodes at a turn
+    boundary and hand them over to the learner for another actor to continue (actors/handover.py).
+    False: leave at once; the groups in flight are played again from the start elsewhere."""
 
     @field_validator("learner", "weights_relay")
     @classmethod

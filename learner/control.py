@@ -33,6 +33,7 @@ from agentgym.protocol import (
     Reject,
     Rollout,
     RolloutSpec,
+    Shutdown,
     Welcome,
 )
 from agentgym.protocol.arrays import I32, U8, unpack
@@ -262,7 +263,8 @@ class ActorControl:
             elif isinstance(msg, Leave):
                 handed = self.take_handovers(state, msg.handovers)
                 back = self.sched.remove(actor_id)
-                log.info("actor_left", actor=state.index, reason=msg.reason, tickets_returned=len(back), handed_over=handed)
+                log.info("actor_left", actor=state.index, actor_id=actor_id, reason=msg.reason, tickets_returned=len(back),
+                         handed_over=handed)  # fmt: skip
                 self.grant()
             else:
                 log.warning("unexpected_message", kind=type(msg).__name__, actor=state.index)
@@ -294,4 +296,20 @@ class ActorControl:
                 self.counters.groups["stale"] + self.counters.expired["groups"])}
             for a in self.sched.actors.values():
                 self.hub.send(a.peer, Heartbeat(weight_version=self.version, stats=hint))
+            self.serve_leave_requests()
             self.grant()
+
+    def serve_leave_requests(self) -> None:
+        """``agentgym actors leave``: ask each named actor to leave as on SIGTERM (it hands its live
+        episodes over in its Leave, which returns its tickets); learner/requests.py."""
+        from agentgym.learner.requests import leave_requests
+
+        for actor_id, answer in leave_requests(self.run_dir):
+            state = self.sched.actors.get(actor_id)
+            if state is None:
+                log.warning("leave_request_unknown_actor", actor_id=actor_id, actors=sorted(self.sched.actors))
+                answer({"status": "unknown_actor", "actors": sorted(self.sched.actors)})
+                continue
+            self.hub.send(state.peer, Shutdown(reason="agentgym actors leave", leave=True))
+            log.info("actor_asked_to_leave", actor=state.index, actor_id=actor_id, tickets=len(state.outstanding))
+            answer({"status": "sent", "tickets": len(state.outstanding)})

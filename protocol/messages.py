@@ -161,6 +161,9 @@ class Shutdown(Message):
 
     KIND: ClassVar[int] = 10
     reason: Text
+    leave: bool = False
+    """Only this actor is asked to go (``agentgym actors leave``): it leaves as on SIGTERM, handing
+    its live episodes over in its ``Leave``, while the run goes on."""
 
 
 # ---------------------------------------------------------------- work and trajectories

@@ -1,0 +1,90 @@
+"""Asking an actor to leave from the learner's side, and leaving without hand-over: real learner
+and actor processes on loopback (agentgym.cmd_chaos.Scenario), real sockets, the real CLI.
+
+  - ``agentgym actors leave ID --run RUN_DIR`` for an id the learner does not know exits 1 and
+    names the registered actors;
+  - for a live actor: the learner sends the request, the actor leaves as on SIGTERM (its live
+    episodes handed over in its Leave) and exits 0, the command reports the departure, and
+    another actor continues the handed-over episodes;
+  - an actor with ``actor.handover = false`` leaves on SIGTERM at once: nothing handed over, its
+    tickets issued again; its sampled tokens are all accounted for (sent, or lost);
+  - the run trains to the end with every ticket accounted for.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from netns import Loopback
+
+from agentgym.cmd_chaos import FAST, Scenario
+from agentgym.logs import read_events
+from agentgym.tiny_model import make_default_tiny_model
+
+LONG = [
+    "env.kwargs={low=1, high=1000}", "schedule.turn_limits=[[0, 12]]", "rollout.max_episode_tokens=512",
+    "learner.batch_groups=2", "learner.max_staleness=4", "rollout.group_size=4",
+]  # fmt: skip
+
+
+def leave(run_dir: Path, actor_id: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentgym.cli", "actors", "leave", actor_id, "--run", str(run_dir),
+                           "--timeout", "120"], capture_output=True, text=True, timeout=200)  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves_at_once(tmp_path: Path) -> None:
+    model = make_default_tiny_model(tmp_path / "shared" / "tiny", seed=0)
+    with Loopback(["learner", "a1", "a2", "a3"]) as net:
+        sc = Scenario(net, tmp_path, model.resolve(), [*FAST, *LONG, "run.max_steps=4"])
+        a1 = sc.start_actor("a1")
+        sc.start_learner()
+        sc.wait(lambda: sc.step() >= 1, 400, "a first step")
+
+        unknown = leave(sc.run_dir, "nobody")
+        assert unknown.returncode == 1 and "no actor 'nobody'" in unknown.stderr and a1 in unknown.stderr, unknown
+
+        asked = leave(sc.run_dir, a1)
+        assert asked.returncode == 0, (asked.stdout, asked.stderr, sc.tail("learner"))
+        assert f"actor {a1} left" in asked.stdout, asked.stdout
+        assert sc.actors[a1].wait(timeout=120) == 0, sc.tail(a1)
+
+        # Without hand-over: SIGTERM once it plays (it took a ticket), and it leaves at once.
+        a2 = sc.start_actor("a2", ["actor.handover=false"])
+        log2 = sc.actor_home / "a2" / "logs" / f"actor-{a2}.jsonl"
+        sc.wait(lambda: bool(read_events(log2, "env_pool_started")), 300, "the second actor to play")
+        sc.actors[a2].send_signal(15)
+        assert sc.actors[a2].wait(timeout=120) == 0, sc.tail(a2)
+
+        a3 = sc.start_actor("a3")
+        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]
+        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]
+        assert sc.actors[a3].wait(timeout=60) == 0, sc.tail(a3)
+
+    asked_events = sc.events("actor_asked_to_leave")
+    assert [e["actor_id"] for e in asked_events] == [a1]
+    left = {e["actor_id"]: e for e in sc.events("actor_left")}
+    received = sc.events("handover_received")
+    assert received and {e["actor_id"] for e in received} == {a1}, sc.tail("learner")
+    assert left[a1]["handed_over"] == len(received) and left[a2]["handed_over"] == 0
+    assert left[a2]["tickets_returned"] >= 1, left[a2]
+    resumed = sc.events("episode_resumed")
+    assert resumed and all(e["actor_id"] in (a2, a3) for e in resumed)
+
+    s1 = json.loads((sc.actor_home / "a1" / "actors" / f"{a1}.json").read_text())
+    assert s1["reason"] == "learner asked this actor to leave: agentgym actors leave", s1
+    assert s1["handover_groups"] == len(received)
+    s2 = json.loads((sc.actor_home / "a2" / "actors" / f"{a2}.json").read_text())
+    assert s2["reason"] == "got SIGTERM" and "handover_groups" not in s2, s2
+    # Every token a2's engine sampled was sent or lost (none handed over).
+    assert s2.get("sampled_tokens_handed_over", 0) == 0
+    assert s2["sampled_tokens"] == s2.get("sampled_tokens_sent", 0) + s2["sampled_tokens_lost"] and s2["sampled_tokens"] > 0, s2
+
+    t = sc.summary()["tickets"]
+    parts = ("trained", "expired", "stale", "invalid", "failed", "untrained_at_end", "in_flight_at_end")
+    assert t["unaccounted"] == 0 and t["issued"] == sum(t[k] for k in parts), t
+    assert t["trained"] == 4 * 2 and t["handovers"]["groups"] == len(received)

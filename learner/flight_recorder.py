@@ -19,9 +19,15 @@ never reached the engine) is logged as an error, counted, and raises the alarm; 
 KL between the behaviour logprobs each actor reported for its trained groups and the learner's
 own at the batch start (the trainer's ``group_mismatch_kl``: the same mismatch its importance
 weights correct). A buggy engine, a mis-applied update and a forging actor all show there
-first. An actor whose mean over a step exceeds ``learner.logprob_outlier_kl`` and ``OUTLIER_FACTOR``
-times the median of the step's actors (with one actor: ``OUTLIER_FACTOR`` times the threshold)
-is flagged: logged (``logprob_outlier``), counted, in metrics and summary.json.
+first. That KL also holds the policy's own drift since the group's version (0.1-0.25 per token
+early in a healthy quickstart at lr 1e-2, its groups 1-2 versions old), so an actor is compared
+only with groups of the same lag (learner version minus the group's oldest): its mean over a
+step's groups of one lag is flagged when it exceeds ``learner.logprob_outlier_kl`` and
+``OUTLIER_FACTOR`` times the median of the OTHER actors' means at that lag. With no other actor
+at that lag, only lag 0 is judged (no drift: against ``OUTLIER_FACTOR`` times the threshold); a
+lone actor's older groups cannot be told from drift. Flagged: logged (``logprob_outlier``),
+counted once per actor and step, in metrics and summary.json; every step's per-actor means are
+in the JSON log (``logprob_agreement``, debug).
 """
 
 from __future__ import annotations
@@ -99,6 +105,11 @@ class FlightRecorder:
         return {**self.metrics(), "alarm": self.alarm, "mismatched_actors": dict(self.mismatched)}
 
 
+def _median(xs: list[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 class LogprobAgreement:
     OUTLIER_FACTOR = 4.0
 
@@ -112,28 +123,32 @@ class LogprobAgreement:
         """Actor id -> its mean KL in the last step it had groups in."""
 
     def observe(self, step: int, groups: list[tuple[str, int, float]]) -> list[str]:
-        """A step's trained groups as (actor id, version, mean KL; < 0: no token measured);
-        returns the actors flagged in it."""
+        """A step's trained groups as (actor id, lag in versions, mean KL; < 0: no token
+        measured); returns the actors flagged in it."""
         per: dict[str, list[float]] = {}
-        for actor, _version, kl in groups:
+        by_lag: dict[int, dict[str, list[float]]] = {}
+        for actor, lag, kl in groups:
             if kl >= 0:
                 per.setdefault(actor, []).append(kl)
-        means = {a: sum(v) / len(v) for a, v in per.items()}
+                by_lag.setdefault(max(0, lag), {}).setdefault(actor, []).append(kl)
         for a, v in per.items():
             total, n = self.kl.get(a, (0.0, 0))
             self.kl[a] = (total + sum(v), n + len(v))
-        self.last.update(means)
-        if not means:
-            return []
-        ranked = sorted(means.values())
-        median = ranked[len(ranked) // 2] if len(ranked) % 2 else (ranked[len(ranked) // 2 - 1] + ranked[len(ranked) // 2]) / 2
-        bar = self.OUTLIER_FACTOR * (median if len(means) > 1 else self.threshold)
-        out = [a for a, m in means.items() if m > self.threshold and m > bar]
-        for a in out:
+        self.last.update({a: sum(v) / len(v) for a, v in per.items()})
+        out: dict[str, tuple[int, float, float | None]] = {}
+        for lag, actors in sorted(by_lag.items()):
+            means = {a: sum(v) / len(v) for a, v in actors.items()}
+            log.debug("logprob_agreement", step=step, lag=lag, means={a: round(m, 5) for a, m in means.items()})
+            for a, m in means.items():
+                others = sorted(x for b, x in means.items() if b != a)
+                ref = _median(others) if others else (self.threshold if lag == 0 else None)
+                if ref is not None and m > self.threshold and m > self.OUTLIER_FACTOR * ref and a not in out:
+                    out[a] = (lag, m, _median(others) if others else None)
+        for a, (lag, m, median) in out.items():
             self.flagged[a] += 1
-            log.warning("logprob_outlier", actor_id=a, step=step, mismatch_kl=round(means[a], 5),
-                        fleet_median=round(median, 5), threshold=self.threshold)  # fmt: skip
-        return out
+            log.warning("logprob_outlier", actor_id=a, step=step, lag=lag, mismatch_kl=round(m, 5),
+                        others_median=None if median is None else round(median, 5), threshold=self.threshold)  # fmt: skip
+        return list(out)
 
     def metrics(self) -> dict[str, float]:
         return {"logprob_mismatch_kl_max": max(self.last.values(), default=0.0),

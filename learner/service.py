@@ -186,7 +186,8 @@ class Learner(ActorControl):
                     stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
                 group_kl = stats.pop("group_mismatch_kl", None)
                 if isinstance(group_kl, list):  # flight recorder: whose logprobs disagree with ours
-                    self.agreement.observe(self.trainer.step, [(r.actor_id, version_span(r, self.version)[1], kl)
+                    # compared at equal lag: the KL also holds the policy's drift since the group's version
+                    self.agreement.observe(self.trainer.step, [(r.actor_id, self.version - version_span(r, self.version)[0], kl)
                                                                for r, kl in zip(batch, group_kl)])  # fmt: skip
                 self.mid_step = False
                 self.step = self.trainer.step

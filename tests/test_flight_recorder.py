@@ -112,3 +112,22 @@ def test_an_actor_reporting_forged_logprobs_is_flagged_and_honest_ones_are_not(m
     s = agree.summary()
     assert s["forger"]["flagged_steps"] == 1 and s["h0"]["flagged_steps"] == 0 and agree.metrics()["logprob_outliers"] == 1
     assert agree.observe(2, [("h0", 1, 0.001), ("h1", 1, 0.002)]) == []  # a healthy step raises nothing
+
+
+def test_logprob_agreement_compares_actors_at_equal_lag() -> None:
+    """The KL holds the policy's drift since a group's version (0.1-0.25 early in a healthy
+    quickstart, groups 1-2 versions old): a group is compared only with others of its lag, and an
+    actor with the other actors' median, itself left out (with two actors, a median that includes
+    the forger could never be exceeded 4 times over)."""
+    from agentgym.learner.flight_recorder import LogprobAgreement
+
+    agree = LogprobAgreement(threshold=0.05)
+    # a healthy step: drift at lag 2 for one actor, fresh groups for the other; one lone actor's drift
+    assert agree.observe(1, [("a", 2, 0.24), ("a", 2, 0.2), ("b", 0, 0.001), ("b", 1, 0.08)]) == []
+    assert agree.observe(2, [("a", 2, 0.24), ("b", 2, 0.19)]) == []
+    assert agree.observe(3, [("solo", 1, 0.3), ("solo", 2, 0.25)]) == []
+    # two actors, one forging: flagged against the other at the same lag, once per step
+    assert agree.observe(4, [("forger", 1, 3.9), ("forger", 2, 4.2), ("b", 1, 0.02), ("b", 2, 0.05)]) == ["forger"]
+    # a lone actor forging fresh groups (lag 0: no drift to excuse it)
+    assert agree.observe(5, [("solo", 0, 3.9)]) == ["solo"]
+    assert agree.summary()["forger"]["flagged_steps"] == 1 and agree.metrics()["logprob_outliers"] == 2

@@ -32,6 +32,7 @@ from agentgym.memstats import peak_memory
 from agentgym.actors.transport import ControlLink
 from agentgym.actors.weight_fetch import fetch_weights, to_torch, weights_addr
 from agentgym.keys import ClientKeys, KeyFileError, load_public
+from agentgym.protocol.limits import actor_control_frame, weights_frame
 from agentgym.protocol.weights import WeightBuffers
 from agentgym.protocol import (
     Ack,
@@ -70,7 +71,11 @@ class Actor:
         self.served = (-1, -1)  # (version, weights digest) the engine serves: heartbeats report it
         self.ctx = zmq.asyncio.Context()
         self.keys = ClientKeys.load(cfg.actor.secret_key, cfg.actor.learner_key)  # None: plain TCP
-        self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id, self.keys)
+        # Frames from the learner are capped by the rollout limits (protocol/limits.py): this
+        # config's until the learner's Welcome says its own (connect() raises the cap to them).
+        self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id, self.keys,
+                                max_frame=actor_control_frame(cfg.rollout.group_size, cfg.rollout.max_episode_tokens,
+                                                              cfg.actor.max_groups))  # fmt: skip
         self.relay_keys = None  # CURVE to this host's weight relay: this actor's pair, the relay's public key
         if cfg.actor.relay_key is not None:
             if self.keys is None:
@@ -136,6 +141,16 @@ class Actor:
                     f"this host has no model at {own} and the learner's {self.welcome.model_path} is "
                     "missing or different here; pass --model DIR with the same model"
                 )
+            self.welcome = await self.link.handshake(self.hello(fp), self.cfg.actor.connect_timeout_s)
+        spec = self.welcome.rollout
+        need = actor_control_frame(spec.group_size, spec.max_episode_tokens, self.cfg.actor.max_groups)
+        if need > self.link.max_frame:
+            # The learner's limits pass this config's: a Grant carrying hand-overs could be refused.
+            # A cap holds for a connection's life, so connect again with the learner's (the
+            # re-Hello gets the Welcome, weights and tickets again).
+            log.info("control_frame_cap_raised", frame_cap_bytes=need, was=self.link.max_frame)
+            self.link.close()
+            self.link = ControlLink(self.ctx, self.cfg.actor.learner, self.actor_id, self.keys, max_frame=need)
             self.welcome = await self.link.handshake(self.hello(fp), self.cfg.actor.connect_timeout_s)
         structlog.contextvars.bind_contextvars(actor=self.welcome.actor_index)
         log.info("actor_registered", actor_id=self.actor_id, run_id=self.welcome.run_id, mode=self.welcome.mode)
@@ -217,6 +232,9 @@ class Actor:
             await asyncio.sleep(w.heartbeat_interval_s)
             if self.engine_ready.is_set():
                 self.resize()
+            if drops := self.link.report_drops():  # connected again: say Hello (tickets, weights, resends)
+                self.stats["learner_connection_drops"] = self.stats.get("learner_connection_drops", 0) + drops
+                self.rehello.set()
             await self.link.send(Heartbeat(
                 actor_id=self.actor_id, running_groups=self.running_groups,
                 weight_version=self.engine.version if self.engine_ready.is_set() else -1,
@@ -290,8 +308,16 @@ class Actor:
                 t0 = time.monotonic()
                 # An engine that loads a subset of tensors fetches only what changed since its version.
                 have = self.engine.version if self.weights_synced and self.engine.partial_updates else -1
-                version, raw = await fetch_weights(self.ctx, sources, ready, have_version=have, keys=source_keys,
-                                                   stall_s=self.cfg.actor.relay_stall_s, into=self.weight_buffers)  # fmt: skip
+                try:
+                    version, raw = await fetch_weights(self.ctx, sources, ready, have_version=have, keys=source_keys,
+                                                       stall_s=self.cfg.actor.relay_stall_s, into=self.weight_buffers,
+                                                       max_frame=weights_frame(ready.total_bytes, ready.tensors))  # fmt: skip
+                except TimeoutError as exc:  # no source delivered (or each sent frames over the cap): try again
+                    self.stats["weight_fetch_failures"] = self.stats.get("weight_fetch_failures", 0) + 1
+                    log.error("weights_fetch_failed", version=ready.version, error=str(exc))
+                    await asyncio.sleep(5.0)
+                    self.weights_wanted.set()
+                    continue
                 tensors = to_torch(raw)
                 t1 = time.monotonic()
                 if version < self.engine.version:  # a restarted learner resumed an older checkpoint

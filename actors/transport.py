@@ -63,17 +63,20 @@ class ActorRejected(RuntimeError):
 
 def dealer_socket(
     ctx: zmq.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
-    before_connect: Callable[[zmq.Socket], None] | None = None, plain: bool = False,
+    before_connect: Callable[[zmq.Socket], None] | None = None, plain: bool = False, max_frame: int | None = None,
 ) -> zmq.Socket:
     """A DEALER to ``addr`` with the actor's settings: routing id, CURVE keys, frame limit,
-    linger, reconnect back-off (``before_connect`` runs just before the connect)."""
+    linger, reconnect back-off (``before_connect`` runs just before the connect).
+
+    ``max_frame``: the largest frame accepted (protocol/limits.py; None: the wire's ceiling).
+    ZeroMQ drops the connection on a larger one before reading it, and connects again."""
     # plain: a blocking-API socket even on an asyncio context, still made (and so tracked) by
     # ``ctx``: its destroy() closes it, and a context dropped without close never hangs in term.
     s = ctx.socket(zmq.DEALER, socket_class=zmq.Socket) if plain else ctx.socket(zmq.DEALER)
     if identity is not None:
         s.setsockopt(zmq.ROUTING_ID, identity)
     apply_client(s, keys)  # CURVE: talk only to the learner holding keys.server's secret
-    s.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes())
+    s.setsockopt(zmq.MAXMSGSIZE, max_frame or max_frame_bytes())
     s.setsockopt(zmq.LINGER, 1000)
     s.setsockopt(zmq.RECONNECT_IVL, 200)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
@@ -85,6 +88,7 @@ def dealer_socket(
 
 _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                      | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)  # fmt: skip
+_MONITORED = _HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
 
 
 def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
@@ -115,20 +119,26 @@ class ControlLink:
     """The actor's control DEALER, driven from the running asyncio loop; see the module docstring
     for the edge-trigger rules this class keeps."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, actor_id: str, keys: ClientKeys | None = None) -> None:
+    def __init__(self, ctx: zmq.Context, addr: str, actor_id: str, keys: ClientKeys | None = None,
+                 max_frame: int | None = None) -> None:  # fmt: skip
         self.addr = addr
         self.keys = keys
+        self.max_frame = max_frame or max_frame_bytes()
+        """The largest frame this link takes from the learner (protocol/limits.py)."""
         self._monitor: zmq.Socket | None = None
+        self._problem: str | None = None  # the last handshake's failure, if it failed
+        self._drops: list[str] = []  # endpoints whose connection dropped, not yet reported
 
         def watch(s: zmq.Socket) -> None:  # before connect: the first handshake is seen too
             # get_monitor_socket would make the PAIR with the context's own (asyncio) class.
             monitor_addr = f"inproc://agentgym-link-monitor-{id(self)}"
-            s.monitor(monitor_addr, _HANDSHAKE_EVENTS)
+            s.monitor(monitor_addr, _MONITORED)
             self._monitor = ctx.socket(zmq.PAIR, socket_class=zmq.Socket)
             self._monitor.connect(monitor_addr)
 
         # A plain socket on the caller's context (asyncio or not): no Future per call.
-        self.sock: zmq.Socket = dealer_socket(ctx, addr, actor_id.encode(), keys, watch, plain=True)
+        self.sock: zmq.Socket = dealer_socket(ctx, addr, actor_id.encode(), keys, watch, plain=True,
+                                              max_frame=self.max_frame)  # fmt: skip
         self._fd: int = self.sock.getsockopt(zmq.FD)
         self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
         self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits
@@ -192,15 +202,44 @@ class ControlLink:
     def _handshake_refused(self) -> str | None:
         """Why ZeroMQ's handshake with the learner failed (CURVE key refused, keys on one side
         only, wrong learner key), if it did and has not succeeded since; None otherwise."""
-        problem = None
+        self._read_monitor()
+        return self._problem
+
+    def _read_monitor(self) -> None:
         while self._monitor is not None:
             try:
                 frames = self._monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            event = parse_monitor_message(frames)["event"]
-            problem = None if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else _handshake_problem(event, self.keys)
-        return problem
+            ev = parse_monitor_message(frames)
+            if ev["event"] == zmq.EVENT_DISCONNECTED:
+                self._drops.append(ev["endpoint"].decode(errors="replace"))
+            else:
+                self._problem = None if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED else _handshake_problem(ev["event"], self.keys)
+
+    def report_drops(self) -> int:
+        """Log each connection to the learner that dropped since the last call, and connect
+        again (the actor's heartbeat calls it, then says Hello again); returns how many.
+
+        ZeroMQ drops a connection when a frame over ``max_frame`` arrives, before reading it (its
+        size is not known then), and does not reconnect after such a protocol error: this does.
+        A learner or network that went away drops it too (ZeroMQ would reconnect; a fresh
+        connect does the same). Messages queued for the old connection are lost: the re-Hello
+        gets the learner's tickets and weights again, and unacked rollouts are sent again."""
+        self._read_monitor()
+        drops, self._drops = self._drops, []
+        for peer in drops:
+            log.warning("learner_connection_dropped", peer=peer, frame_cap_bytes=self.max_frame,
+                        why="a frame from the peer over frame_cap_bytes (refused unread), or the peer or network went away; reconnecting")  # fmt: skip
+        if drops:
+            try:
+                self.sock.disconnect(self.addr)
+            except zmq.ZMQError:  # already gone
+                pass
+            self.sock.connect(self.addr)
+            if self._readers or self._senders:  # the calls may have taken a signal they wait on
+                self._serve()
+        return len(drops)
 
     # ------------------------------------------------------------------ messages
     async def send(self, msg: Message) -> None:

@@ -40,7 +40,7 @@ def weights_addr(control_addr: str, port: int) -> str:
 async def fetch_weights(
     ctx: zmq.asyncio.Context, addr: str | list[str], ready: WeightsReady, *, have_version: int = -1, window: int = 4,
     timeout_s: float = 120.0, keys: ClientKeys | None | list[ClientKeys | None] = None, stall_s: float = 5.0,
-    into: WeightBuffers | None = None,
+    into: WeightBuffers | None = None, max_frame: int | None = None,
 ) -> tuple[int, list[RawTensor]]:
     """Pull ``ready.version`` (``window`` requests in flight), each chunk checked by crc32 and
     copied once, from the received frame into its tensors' buffers (protocol/weights.py).
@@ -60,13 +60,17 @@ async def fetch_weights(
     copied into them as it arrives and its frame freed at once, so an update does not fault in
     fresh memory; the tensors returned are valid until the next fetch into the same buffers.
     Without it, tensors whole in one chunk are views into their received frames.
+
+    ``max_frame``: the largest frame taken (protocol/limits.py ``weights_frame`` of the manifest;
+    None: the wire's ceiling). A source that sends a larger one has its connection dropped unread
+    and delivers nothing: it stalls, and is left as above (the last one times out).
     """
     sources = [addr] if isinstance(addr, str) else list(addr)
     source_keys = keys if isinstance(keys, list) else [keys] * len(sources)
     if not sources or len(source_keys) != len(sources):
         raise ValueError(f"fetch_weights: {len(sources)} sources but {len(source_keys)} keys")
     at = 0
-    sock = dealer_socket(ctx, sources[at], keys=source_keys[at])
+    sock = dealer_socket(ctx, sources[at], keys=source_keys[at], max_frame=max_frame)
     try:
         version, num_chunks = ready.version, ready.num_chunks
         wanted = list(range(num_chunks))
@@ -93,12 +97,13 @@ async def fetch_weights(
                     if last:
                         raise TimeoutError(
                             f"weights v{version}: {len(got)}/{len(wanted)} chunks from {sources[at]} after {timeout_s:.0f} s"
+                            + (f" (frames over {max_frame} bytes are refused unread)" if max_frame else "")
                         ) from None
                     log.warning("weights_source_stalled", source=sources[at], next=sources[at + 1], version=version,
-                                chunks_done=len(got), chunks=len(wanted), stall_s=stall_s)  # fmt: skip
+                                chunks_done=len(got), chunks=len(wanted), stall_s=stall_s, frame_cap_bytes=max_frame)  # fmt: skip
                     sock.close(linger=0)
                     at += 1
-                    sock = dealer_socket(ctx, sources[at], keys=source_keys[at])
+                    sock = dealer_socket(ctx, sources[at], keys=source_keys[at], max_frame=max_frame)
                     todo += sorted(in_flight, reverse=True)  # asked again of the next source, first
                     in_flight = []
                     deadline = time.monotonic() + timeout_s
@@ -130,7 +135,7 @@ async def fetch_weights(
             log.info("weights_superseded", wanted=version, latest=restart)
             # Drain replies of the abandoned version, then ask for the new one's first chunk to learn its size.
             sock.close(linger=0)
-            sock = dealer_socket(ctx, sources[at], keys=source_keys[at])
+            sock = dealer_socket(ctx, sources[at], keys=source_keys[at], max_frame=max_frame)  # same model, same size
             version, num_chunks, wanted = restart, 1, [0]
     finally:
         sock.close(linger=0)

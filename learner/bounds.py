@@ -25,14 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KiB, MiB = 1024, 1024 * 1024
-TOKEN_BYTES = 13 + 8 + 8 + 4 + 64
-"""Per token: ids, logprobs, versions (4 each) and the loss mask (1); per turn (a turn is at
-least a token) its end and reward (8), a critique span (8) and a segment end (4); and 64 bytes
-of action text, what a token decodes to and more."""
-EPISODE_FIXED = 320 * KiB
-"""Per episode: the failure text (64 Ki characters, up to 4 bytes each) and the keys."""
-MARGIN = 1 * MiB
+# The per-token and per-episode figures are the actor's too (its caps): one definition.
+from agentgym.protocol.limits import EPISODE_FIXED, MARGIN, TOKEN_BYTES, KiB, MiB, group_bytes
+
+__all__ = ["EPISODE_FIXED", "MARGIN", "TOKEN_BYTES", "KiB", "MiB", "MIN_INBOX", "WEIGHTS_FRAME", "SocketBounds"]
 WEIGHTS_FRAME = 4 * KiB
 MIN_INBOX = 16
 
@@ -46,7 +42,7 @@ class SocketBounds:
 
     @classmethod
     def build(cls, *, group_size: int, max_episode_tokens: int, pipeline: int, inbox_mib: int) -> SocketBounds:
-        group = group_size * (max_episode_tokens * TOKEN_BYTES + EPISODE_FIXED)
+        group = group_bytes(group_size, max_episode_tokens)
         control = max(group, group * max(1, pipeline)) + MARGIN
         return cls(group, control, WEIGHTS_FRAME, max(MIN_INBOX, inbox_mib * MiB // group))
 

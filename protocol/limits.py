@@ -1,0 +1,46 @@
+"""How large a frame can honestly be, from the run's limits: the caps both sides set on sockets.
+
+    group_bytes(group_size=8, max_episode_tokens=4096)       # one group's rollout, at most
+    actor_control_frame(group_size, max_episode_tokens, max_groups)  # the actor's control DEALER
+    weights_frame(ready.total_bytes, ready.tensors)           # the actor's weights DEALER
+
+ZeroMQ refuses a frame over a socket's ``MAXMSGSIZE`` before reading it (the connection is
+dropped and made again), so a peer cannot make the receiver allocate more than the cap. The
+learner's caps are learner/bounds.py (built on these figures); the actor's are here:
+
+- control (from the learner): the largest message is a Grant; every ticket in it may carry a
+  hand-over (at most a group: the finished and partial episodes of a leaving actor), and an
+  actor holds at most ``actor.max_groups`` tickets (a re-Hello gets them all at once). Welcome,
+  WeightsReady and the rest are small next to ``MARGIN``.
+- weights (from the learner or a relay): a chunk's data frame holds at most the version's
+  ``total_bytes`` (WeightsReady, the manifest), its header one ``TensorMeta`` per tensor.
+"""
+
+from __future__ import annotations
+
+KiB, MiB = 1024, 1024 * 1024
+TOKEN_BYTES = 13 + 8 + 8 + 4 + 64
+"""Per token: ids, logprobs, versions (4 each) and the loss mask (1); per turn (a turn is at
+least a token) its end and reward (8), a critique span (8) and a segment end (4); and 64 bytes
+of action text, what a token decodes to and more."""
+EPISODE_FIXED = 320 * KiB
+"""Per episode: the failure text (64 Ki characters, up to 4 bytes each) and the keys."""
+MARGIN = 1 * MiB
+TENSOR_META = 512
+"""Per tensor of a weight chunk's header: its name (up to 256 bytes), dtype, shape, offsets."""
+
+
+def group_bytes(group_size: int, max_episode_tokens: int) -> int:
+    """The largest encoded group of ``group_size`` episodes at the rollout limits."""
+    return group_size * (max_episode_tokens * TOKEN_BYTES + EPISODE_FIXED)
+
+
+def actor_control_frame(group_size: int, max_episode_tokens: int, max_groups: int) -> int:
+    """Cap on a frame the actor's control socket takes from the learner (a Grant of ``max_groups``
+    tickets, each with a hand-over of a group)."""
+    return max(1, max_groups) * group_bytes(group_size, max_episode_tokens) + MARGIN
+
+
+def weights_frame(total_bytes: int, tensors: int) -> int:
+    """Cap on a frame the actor's weights socket takes (a chunk of a version of ``total_bytes``)."""
+    return total_bytes + max(tensors, 1) * TENSOR_META + MARGIN

@@ -210,6 +210,10 @@ class LearnerConfig(Section):
     """Dual-clip PPO's c (verl's and AReaL's clip_ratio_c): a token with a negative advantage
     contributes at most c * |A| however far its ratio pi_theta/pi_prox has grown (None: off).
     Acts only with several optimizer steps per batch (minibatches or epochs > 1; with one, the ratio is 1)."""
+    importance_baseline: bool = True
+    """grpo/rloo on stale rows: each group's advantages are re-centred on the baseline estimated
+    under pi_prox (self-normalised importance weights), so the weights add no net push up or down
+    the group's sampled tokens (learner/advantages.py: importance_recentred). No effect on fresh data."""
     behav_clip: bool = False
     """A stale token whose pi_prox/mu has already left [1 - clip_low, 1 + clip_high] in the direction
     its advantage asks for gets no gradient: the steps taken since it was sampled already did what it

@@ -316,3 +316,32 @@ def broadcast_sequence_advantages(adv: Tensor, loss_mask: Tensor) -> Tensor:
         raise ValueError(f"broadcast_sequence_advantages: need adv [B] and loss_mask [B, T], got "
                          f"{tuple(adv.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
     return torch.where(loss_mask != 0, adv[:, None], 0.0).to(adv.dtype)
+
+
+def importance_recentred(adv: Tensor, weights: Tensor, group_index: Tensor) -> Tensor:
+    """Group-relative advantages re-centred so that the importance weights add no net push.
+
+    ``weights`` [B, T] is each agent token's effective weight in the loss (the truncated
+    π_prox/μ times any staleness weight; 0 off the agent tokens). Per group g, with c_g =
+    Σ_{b∈g,t} w·Â / Σ_{b∈g,t} w, returns Â − c_g on the agent tokens, so Σ_{b∈g,t} w·Â' = 0.
+
+    Why: on fresh data (w = 1) a GRPO group's advantages sum to zero, so its update moves
+    probability between the sampled answers. On stale data the weights break that sum: answers
+    the policy has grown since sampling (w > 1) are usually the rewarded ones, the group then
+    pushes up its sampled tokens as a whole and the policy sharpens step after step; with the
+    sum negative it pushes them all down and the mass leaks to tokens nobody sampled. Subtracting
+    c_g is the group baseline estimated under π_prox by self-normalised importance sampling (for
+    one-token answers Â' = (R − Σ w R / Σ w) / σ), which leaves the expected gradient unchanged.
+    """
+    if adv.shape != weights.shape or group_index.shape != adv.shape[:1]:
+        raise ValueError(f"importance_recentred: adv and weights must be [B, T] and group_index [B], got "
+                         f"{tuple(adv.shape)}, {tuple(weights.shape)}, {tuple(group_index.shape)}")  # fmt: skip
+    _, inv = torch.unique(group_index, return_inverse=True)
+    G = int(inv.max()) + 1 if inv.numel() else 0
+    on = weights != 0
+    w = torch.where(on, weights, 0.0).double()
+    wa = (w * torch.where(on, adv, 0.0).double()).sum(-1)
+    num = torch.zeros(G, dtype=torch.float64, device=adv.device).index_add_(0, inv, wa)
+    den = torch.zeros(G, dtype=torch.float64, device=adv.device).index_add_(0, inv, w.sum(-1))
+    c = (num / torch.where(den > 0, den, 1.0)).to(adv.dtype)
+    return torch.where(on, adv - c[inv].unsqueeze(-1), adv)

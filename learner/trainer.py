@@ -44,6 +44,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from agentgym.config import Config
+from agentgym.learner.advantages import importance_recentred
 from agentgym.learner.algorithms import bootstrap_values, compute_advantages, explained_variance, lr_factor
 from agentgym.learner.batch import Batch, collate, micro_batches, shard_rows, trainable_episodes
 from agentgym.learner.checkpoint import tied_groups
@@ -266,7 +267,8 @@ class Trainer(TrainerState):
         kl_reward = lc.kl_coef > 0 and lc.kl_mode == "reward"
         kl_loss = lc.kl_coef > 0 and lc.kl_mode == "loss"
         several = n_mb > 1 or lc.epochs > 1  # several optimizer steps: pi_prox is the batch start's
-        pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=several or kl_reward)
+        recentre = lc.importance_baseline and lc.algorithm in ("grpo", "rloo") and bool(((b.versions >= 0) & (b.versions < self.version)).any())
+        pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=several or kl_reward or recentre)
 
         # Advantages on the whole batch: identical on every rank.
         agent = b.loss_mask != 0
@@ -282,6 +284,11 @@ class Trainer(TrainerState):
         )  # fmt: skip
         weights = b.loss_mask * StalenessRule.from_config(cfg).token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
+        if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
+            raw = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)
+            w_is = raw.clamp(max=lc.tis_cap or float("inf"))
+            w_is = w_is if lc.tis_reject_above is None else torch.where(raw > lc.tis_reject_above, 0.0, w_is)
+            adv = importance_recentred(adv, weights * w_is, b.group_index)
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in

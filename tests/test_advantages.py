@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentgym.learner.advantages import (
+    importance_recentred,
     broadcast_sequence_advantages,
     episode_rewards_to_tokens,
     gae,
@@ -247,3 +248,29 @@ def test_turn_baseline_is_grpo_when_every_episode_plays_the_same_turns_and_zero_
     assert (turn_baseline_advantages(r, groups, mask)[2:] == 0).all()  # all-equal group: exactly 0
     alone = turn_baseline_advantages(torch.tensor([1.0]), torch.tensor([0]), torch.tensor([[1, 0, 1]]))
     assert (alone == 0).all()  # a group of one has no baseline
+
+
+def test_importance_recentred_by_hand_and_the_zero_sum_it_restores() -> None:
+    # Group 0: one-token answers with rewards 1, 0, 0, 0 (GRPO, no std: Â = 0.75, -0.25 x 3) and
+    # weights 2, 1, 1, 0 (the rewarded answer grew since sampling, one token rejected). The
+    # weighted baseline is Σ w R / Σ w = 2/4, so Â' = R - 0.5 on the weighted tokens. Group 1
+    # keeps its own baseline; padding and zero-weight tokens keep their advantage untouched.
+    adv = torch.tensor([[0.75, 0.0], [-0.25, 0.0], [-0.25, 0.0], [-0.25, 0.0], [0.5, 0.5], [-0.5, 0.0]])
+    w = torch.tensor([[2.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [2.0, 0.0]])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])
+    out = importance_recentred(adv, w, groups)
+    # group 1: c = (0.5 + 0.5 - 1.0) / 4 = 0, nothing moves
+    assert torch.allclose(out, torch.tensor([[0.5, 0.0], [-0.5, 0.0], [-0.5, 0.0], [-0.25, 0.0], [0.5, 0.5], [-0.5, 0.0]]))
+    # Σ w·Â' = 0 in every group, whatever the weights
+    g = torch.Generator().manual_seed(0)
+    adv, w = torch.randn(12, 5, generator=g), torch.rand(12, 5, generator=g) * 3
+    w[w < 0.5] = 0.0
+    out = importance_recentred(adv, w, torch.arange(12) // 4)
+    for k in range(3):
+        assert abs(float((w * out)[4 * k : 4 * k + 4].sum())) < 1e-5
+    # with all weights 1 on a group-centred GRPO advantage, nothing changes
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    a = grpo_advantages(r, torch.tensor([0, 0, 0, 1, 1, 1]))[:, None].repeat(1, 3)
+    assert torch.allclose(importance_recentred(a, torch.ones(6, 3), torch.tensor([0, 0, 0, 1, 1, 1])), a, atol=1e-6)
+    with pytest.raises(ValueError, match="importance_recentred"):
+        importance_recentred(adv, w[:, :2], torch.arange(12))

@@ -4,6 +4,7 @@ equality, staleness weights, gradient accumulation, exact resume and checkpoint 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from agentgym.learner.checkpoint import latest_checkpoint
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.trainer import Trainer
 from agentgym.protocol import Rollout
-from agentgym.protocol.arrays import I32, U8, pack, unpack
+from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 
@@ -87,7 +88,8 @@ def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_d
 @pytest.mark.parametrize("mode", ["downweight", "drop"])
 def test_stale_tokens_are_weighted_per_token(model_dir: Path, mode: str) -> None:
     cfg = make_cfg(model_dir, f"learner.staleness_mode={mode}", "learner.max_staleness=1",
-                   "learner.staleness_decay=0.5", "learner.std_normalize=false", "learner.tis_cap=2.0")  # fmt: skip
+                   "learner.staleness_decay=0.5", "learner.std_normalize=false", "learner.tis_cap=2.0",
+                   "learner.importance_baseline=false")  # fmt: skip
     tr = Trainer.load(cfg)
     tr.step = 3
     prompt = PROMPTS[0]
@@ -105,6 +107,26 @@ def test_stale_tokens_are_weighted_per_token(model_dir: Path, mode: str) -> None
     assert m["staleness_weight_mean"] == pytest.approx((2 + 2 * s) / 4)
     assert m["trained_tokens"] == n and m["staleness_frac_0"] == 0.5 and m["staleness_frac_gt1"] == 0.5
     assert m["staleness_max"] == 3.0
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_stale_groups_are_recentred_on_the_importance_weighted_baseline(model_dir: Path, on: bool) -> None:
+    """A group sampled two versions ago whose rewarded answer has grown since (μ gave it less
+    than π_prox does): with learner.importance_baseline the weighted advantages sum to 0, so at
+    r = 1 the policy loss is 0 (no net push on the sampled tokens); without, the push is upwards."""
+    cfg = make_cfg(model_dir, "learner.std_normalize=false", "learner.tis_cap=2.0", f"learner.importance_baseline={str(on).lower()}")
+    tr = Trainer.load(cfg)
+    tr.step = 2
+    eps = [episode(PROMPTS[0], [[t]], [r], version=0) for t, r in ((GOOD, 1.0), (BAD, 0.0), (BAD, 0.0), (BAD, 0.0))]
+    rollouts = _own_behaviour(tr, [Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=eps)])
+    for e, shift in zip(rollouts[0].episodes, (math.log(1.5), 0.0, 0.0, math.log(0.5)), strict=True):
+        agent = unpack(e.loss_mask, U8) == 1
+        e.versions = pack(np.where(agent, 0, -1), I32)  # stale: sampled at version 0, trained at 2
+        e.logprobs = pack(unpack(e.logprobs, F32) - np.float32(shift), F32)  # π_prox/μ = 1.5, 1, 1, 0.5
+    m = tr.train_step(rollouts)
+    # A = 0.75, -0.25 x 3; w = 1.5, 1, 1, 0.5: Σ w·A = 1.125 - 0.625 = 0.5 over 4 tokens
+    assert m["pg_loss"] == pytest.approx(0.0 if on else -0.5 / 4, abs=1e-5)
+    assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
 
 
 def _run(cfg, steps: int, model_dir: Path) -> tuple[Trainer, list[dict[str, float]]]:  # type: ignore[no-untyped-def]

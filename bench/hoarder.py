@@ -1,16 +1,21 @@
 """A hoarding peer against a training run: the learner's step rate with the peer, over its rate
 without it (the same run, one honest actor).
 
-    python bench/hoarder.py [--warmup 60] [--window 90] [--engine hf] [--out /tmp/hoarder]
+    python bench/hoarder.py [--warmup 60] [--window 90] [--engine hf] [--peer-after STEPS] [--out /tmp/hoarder]
 
 Each condition starts a learner on the quickstart config (tiny model, no evaluation, no
 checkpoints, a run too long to end) and one honest actor process (``agentgym.actors.main``, the
-HF engine). With the peer, a scripted actor registers first, with the model's fingerprint,
-asks for ``max_groups=64``, heartbeats every 0.5 s and never answers a ticket: a hoarder, or a
-hung engine behind a live heartbeat. After ``--warmup`` seconds the learner's optimizer steps
-are counted over ``--window`` seconds (its metrics.jsonl). Prints and writes OUT/hoarder.json:
-steps/s per condition, their ratio (the target is >= 0.8), how many tickets the peer was
-granted, and how many tickets the learner issued again past their deadline. ``--scripted S``
+HF engine; ``--engine vllm`` for the quickstart's). With the peer, a scripted actor registers
+with the model's fingerprint, asks for ``max_groups=64``, heartbeats every 0.5 s and never
+answers a ticket: a hoarder, or a hung engine behind a live heartbeat. It registers before the
+honest actor starts, or with ``--peer-after STEPS`` once the learner has made STEPS optimizer
+steps: the honest actor has then answered groups, so the peer's tickets get the deadline derived
+from its turnaround instead of the cap (``learner.ticket_deadline_max_s``). The learner's
+optimizer steps are counted over ``--window`` seconds (its metrics.jsonl), ``--warmup`` seconds
+after its first step (after STEPS steps with ``--peer-after``, in both conditions). Prints and
+writes OUT/hoarder.json: steps/s per condition, their ratio (the target is >= 0.8), how many
+tickets the peer was granted, how many tickets the learner issued again past their deadline,
+and the seconds from the peer's registration to its first missed deadline. ``--scripted S``
 replaces the honest actor by a scripted one (tests/scripted_actor.py) answering each group
 after S seconds: the engine's CPU is then out of the measure.
 """
@@ -53,6 +58,31 @@ def hoard(addr: str, fingerprint: str, stop: threading.Event, got: list[int]) ->
         ctx.term()
 
 
+def wait_steps(metrics: Path, n: int, timeout_s: float, procs: list[subprocess.Popen]) -> float:
+    """Wait until the learner has logged ``n`` optimizer steps; the time then."""
+    t_end = time.time() + timeout_s
+    while len(step_times(metrics)) < n:
+        if time.time() > t_end or any(p.poll() is not None for p in procs):
+            raise SystemExit(f"hoarder bench: {n} steps not reached in {timeout_s:.0f} s (see {metrics.parent.parent})")
+        time.sleep(0.5)
+    return time.time()
+
+
+def overdue_events(log: Path, actor_id: str) -> list[float]:
+    """Unix times of the learner's ``ticket_overdue`` events for ``actor_id`` (its JSON log)."""
+    from datetime import datetime
+
+    out = []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if e.get("event") == "ticket_overdue" and e.get("actor_id") == actor_id:
+            out.append(datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp())
+    return out
+
+
 def step_times(metrics: Path) -> list[tuple[float, dict]]:
     if not metrics.exists():
         return []
@@ -73,10 +103,12 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
          str(work / "run"), "--bind", addr, "--log-level", "warning", *[a for o in overrides for a in ("-o", o)]],
         cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
     stop, got = threading.Event(), [0]
-    peer = None
-    if with_peer:  # first in line, before the honest actor has answered anything
+    peer, peer_t = None, None
+    if with_peer:
         peer = threading.Thread(target=hoard, args=(addr, model_fingerprint(model), stop, got), daemon=True)
+    if peer is not None and not args.peer_after:  # first in line, before the honest actor has answered anything
         peer.start()
+        peer_t = time.time()
         time.sleep(3)
     if args.scripted is None:
         actor = subprocess.Popen(
@@ -87,7 +119,12 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
     else:  # a scripted honest actor in a process of its own: the engine's CPU out of the measure
         actor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted)],
                                  cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+    metrics = work / "run" / "metrics.jsonl"
     try:
+        wait_steps(metrics, max(1, args.peer_after), args.start_timeout, [actor, learner])
+        if peer is not None and args.peer_after:  # the honest actor has answered: deadlines are its own
+            peer.start()
+            peer_t = time.time()
         time.sleep(args.warmup)
         t0 = time.time()
         time.sleep(args.window)
@@ -103,12 +140,15 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
                 p.kill()
         if peer is not None:
             peer.join(5)
-    recs = step_times(work / "run" / "metrics.jsonl")
+    recs = step_times(metrics)
     window = [r for t, r in recs if t0 <= t <= t1]
     last = recs[-1][1] if recs else {}
+    overdue = overdue_events(work / "run" / "logs" / "learner.jsonl", "hoarder")
     return {"peer": with_peer, "steps_in_window": len(window), "steps_per_s": len(window) / (t1 - t0),
             "peer_tickets": got[0], "deadline_reissued": last.get("tickets_deadline_reissued", 0),
-            "late_answers": last.get("late_answers", 0), "steps_total": len(recs)}  # fmt: skip
+            "late_answers": last.get("late_answers", 0), "steps_total": len(recs),
+            "peer_overdue": len(overdue),
+            "peer_first_deadline_s": round(overdue[0] - peer_t, 1) if overdue and peer_t else None}  # fmt: skip
 
 
 def play(addr: str, model: str, delay_s: float) -> int:
@@ -135,6 +175,10 @@ def main() -> int:
     p.add_argument("--scripted", type=float, metavar="SECONDS",
                    help="a scripted honest actor that answers each group after SECONDS instead of a real one "
                         "(what is measured is then the scheduling alone, on a loaded machine)")
+    p.add_argument("--peer-after", type=int, default=0, metavar="STEPS",
+                   help="register the peer once the learner has made STEPS steps (0: before the honest actor starts)")
+    p.add_argument("--start-timeout", type=float, default=600.0,
+                   help="seconds to wait for the first steps (an engine's start on a loaded machine)")
     p.add_argument("--out", type=Path, default=Path("/tmp/hoarder"))
     args = p.parse_args()
     from agentgym.netutil import free_port_pair
@@ -143,10 +187,12 @@ def main() -> int:
     model = make_default_tiny_model(args.out / "tiny", seed=0).resolve()
     rows = [run(peer, model, free_port_pair(), args.out / ("with_peer" if peer else "alone"), args) for peer in (False, True)]
     ratio = rows[1]["steps_per_s"] / max(rows[0]["steps_per_s"], 1e-9)
-    out = {"rows": rows, "ratio": ratio, "load": os.getloadavg(), "warmup_s": args.warmup, "window_s": args.window}
+    out = {"rows": rows, "ratio": ratio, "load": os.getloadavg(), "warmup_s": args.warmup, "window_s": args.window,
+           "engine": "scripted" if args.scripted is not None else args.engine, "peer_after": args.peer_after}
     for r in rows:
         print(f"peer={r['peer']!s:5}  steps/s={r['steps_per_s']:.3f}  ({r['steps_in_window']} steps)  "
-              f"peer tickets={r['peer_tickets']}  reissued past deadline={r['deadline_reissued']}")
+              f"peer tickets={r['peer_tickets']}  reissued past deadline={r['deadline_reissued']}  "
+              f"peer's first deadline after {r['peer_first_deadline_s']} s")
     print(f"ratio (with / without) = {ratio:.2f}")
     (args.out / "hoarder.json").write_text(json.dumps(out, indent=2))
     return 0

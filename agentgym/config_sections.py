@@ -401,6 +401,13 @@ class LaunchConfig(Section):
     """CPU niceness added to the local actors (and their engines and env workers): on a host
     where they share cores with the learner, a higher value lets the learner's step take the CPU
     it needs first, so an asynchronous learner is not slowed by the generation it overlaps."""
+    slurm_learner_gpus: Annotated[int, Field(ge=0, le=64)] | None = None
+    """``agentgym slurm``: GPUs the learner's step asks Slurm for (``srun --gpus-per-task``), on
+    the job's first node. None: ``learner.dp_size`` when ``learner.device = "cuda"`` (one per
+    data-parallel rank), else none (a CPU learner). The job must hold them (``sbatch --gres=gpu:N``)."""
+    slurm_actor_gpus: Annotated[int, Field(ge=0, le=64)] | None = None
+    """``agentgym slurm``: GPUs each actor task asks Slurm for (``srun --gpus-per-task``; an actor
+    step runs ``--actors-per-node`` tasks). None: 1 when ``actor.device = "cuda"``, else none."""
 
 
 class WandbConfig(Section):

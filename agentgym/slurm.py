@@ -8,6 +8,12 @@ every other node runs one ``agentgym-relay`` step (bound to its loopback, fed by
 weights port) and one actor step of ``--actors-per-node`` actors that fetch weights from that
 relay. A one-node job runs the learner and its actors on that node (no relay).
 
+GPUs: the learner's step asks for ``launch.slurm_learner_gpus`` (default: ``learner.dp_size``
+when ``learner.device = "cuda"``, else none) and each actor task for ``launch.slurm_actor_gpus``
+(default: 1 when ``actor.device = "cuda"``, else none), as ``srun --gpus-per-task=N``: Slurm
+binds them (``CUDA_VISIBLE_DEVICES``) and keeps steps off each other's GPUs. The job must hold
+them: ``sbatch --gres=gpu:N`` (or ``--gpus-per-node``).
+
 Addresses and ports come from Slurm: the learner's host is the first node's ``NodeAddr``
 (``scontrol show node``), and the ports are ``--port`` or ``20000 + 4 * (SLURM_JOB_ID % 2000)``
 (control; weights on +1, the relays on +2), so two jobs sharing a node do not collide.
@@ -113,6 +119,15 @@ def layout_from_env(env: dict[str, str] | os._Environ[str], port: int | None = N
     )
 
 
+def step_gpus(cfg: object) -> tuple[int, int]:
+    """(GPUs for the learner's step, GPUs per actor task) from the config (``launch.slurm_*_gpus``,
+    else from the devices): none for a CPU run."""
+    la, lc, ac = cfg.launch, cfg.learner, cfg.actor  # type: ignore[attr-defined]
+    learner = la.slurm_learner_gpus if la.slurm_learner_gpus is not None else (lc.dp_size if lc.device == "cuda" else 0)
+    actor = la.slurm_actor_gpus if la.slurm_actor_gpus is not None else (1 if ac.device == "cuda" else 0)
+    return learner, actor
+
+
 def has_checkpoint(run_dir: Path) -> bool:
     return any(run_dir.glob("checkpoints/step_*/trainer/state.pt"))
 
@@ -121,8 +136,9 @@ class Job:
     """The batch step's children: one ``srun`` per learner, relay and per-node actor step."""
 
     def __init__(self, lay: Layout, run_dir: Path, common: list[str], actors_per_node: int, resume: bool,
-                 max_actor_restarts: int) -> None:  # fmt: skip
+                 max_actor_restarts: int, gpus: tuple[int, int] = (0, 0)) -> None:  # fmt: skip
         self.lay, self.run_dir, self.common = lay, run_dir, common
+        self.learner_gpus, self.actor_gpus = gpus
         self.actors_per_node, self.resume, self.max_actor_restarts = (
             actors_per_node,
             resume,
@@ -137,17 +153,20 @@ class Job:
         self.signalled: int | None = None
         """The signal the batch step got (the main loop acts on it: a handler must not block)."""
 
-    def srun(self, name: str, nodes: list[str], ntasks_per_node: int, argv: list[str]) -> subprocess.Popen:  # type: ignore[type-arg]
+    @staticmethod
+    def srun_argv(name: str, nodes: list[str], ntasks_per_node: int, argv: list[str], gpus_per_task: int = 0) -> list[str]:
+        """The ``srun`` command line of one step."""
         # --overlap: the steps share the nodes' CPUs (an actor next to its node's relay);
-        # --kill-on-bad-exit=0: one task that fails does not end its step's other tasks.
-        cmd = ["srun", f"--job-name={name}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * ntasks_per_node}",
-               f"--nodelist={','.join(nodes)}", "--overlap", "--kill-on-bad-exit=0", *argv]  # fmt: skip
-        log.info(
-            "step_starting",
-            step=name,
-            nodes=",".join(nodes),
-            tasks=len(nodes) * ntasks_per_node,
-        )
+        # --kill-on-bad-exit=0: one task that fails does not end its step's other tasks;
+        # --gpus-per-task: Slurm binds that many of the job's GPUs to each task (none: no GPU flag).
+        gpus = [f"--gpus-per-task={gpus_per_task}"] if gpus_per_task else []
+        return ["srun", f"--job-name={name}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * ntasks_per_node}",
+                f"--nodelist={','.join(nodes)}", *gpus, "--overlap", "--kill-on-bad-exit=0", *argv]  # fmt: skip
+
+    def srun(self, name: str, nodes: list[str], ntasks_per_node: int, argv: list[str], gpus_per_task: int = 0) -> subprocess.Popen:  # type: ignore[type-arg]
+        cmd = self.srun_argv(name, nodes, ntasks_per_node, argv, gpus_per_task)
+        log.info("step_starting", step=name, nodes=",".join(nodes), tasks=len(nodes) * ntasks_per_node,
+                 gpus_per_task=gpus_per_task)  # fmt: skip
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
 
     def start_learner(self) -> None:
@@ -156,7 +175,8 @@ class Job:
         log.info("learner_starting", node=lay.learner_node, address=lay.learner_url, resume=self.resume,
                  restart_count=lay.restart_count)  # fmt: skip
         self.learner = self.srun("agentgym-learner", [lay.learner_node], 1,
-                                 [self.py, "-m", "agentgym.learner.main", *self.common, *where, "--bind", lay.learner_url])  # fmt: skip
+                                 [self.py, "-m", "agentgym.learner.main", *self.common, *where, "--bind", lay.learner_url],
+                                 self.learner_gpus)  # fmt: skip
 
     def start_relays(self) -> None:
         if not self.lay.relays:
@@ -175,7 +195,7 @@ class Job:
         # start's (whose RUN_DIR/actors/ID.json would otherwise be overwritten).
         script = f'exec "$@" --actor-id "slurm-$SLURMD_NODENAME-$SLURM_LOCALID-{self.lay.restart_count}.$SLURM_STEP_ID"'
         self.actors[node] = self.srun(f"agentgym-actors-{node}", [node], self.actors_per_node,
-                                      ["sh", "-c", script, "sh", *argv])  # fmt: skip
+                                      ["sh", "-c", script, "sh", *argv], self.actor_gpus)  # fmt: skip
 
     def shut_down(self) -> None:
         """After a signal: actors first (they hand their live episodes over and leave while the
@@ -302,14 +322,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = ["--config", str(args.config)] if args.config else []
     common = [*config, *[a for o in args.override for a in ("-o", o)]]
-    job = Job(lay, run_dir, common, args.actors_per_node, resume, args.max_actor_restarts)
-    log.info(
-        "slurm_job",
-        job_id=lay.job_id,
-        nodes=lay.nodes,
-        learner=lay.learner_url,
-        restart_count=lay.restart_count,
-    )
+    from agentgym.cli_common import resolve_config
+
+    gpus = step_gpus(resolve_config(args, []))  # a bad key or value exits 2 here, before any step
+    job = Job(lay, run_dir, common, args.actors_per_node, resume, args.max_actor_restarts, gpus)
+    log.info("slurm_job", job_id=lay.job_id, nodes=lay.nodes, learner=lay.learner_url, restart_count=lay.restart_count,
+             learner_gpus=gpus[0], actor_gpus_per_task=gpus[1])  # fmt: skip
 
     def on_signal(sig: int, _frame: object) -> None:
         log.warning("slurm_job_signalled", signal=signal.Signals(sig).name)

@@ -38,6 +38,10 @@ BINARIES = (
 )
 
 
+GPU_STANDINS = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random")
+"""Character devices that stand in for GPUs in gres.conf (at most this many GPUs per node)."""
+
+
 class SlurmUnavailable(RuntimeError):
     """Slurm's daemons did not come up here (the message says why)."""
 
@@ -51,10 +55,13 @@ def slurm_unavailable() -> str | None:
 
 
 class SlurmCluster:
-    def __init__(self, work: Path, nodes: int = 3, cpus: int = 2) -> None:
+    def __init__(self, work: Path, nodes: int = 3, cpus: int = 2, gpus: int = 0) -> None:
         self.dir = work / "slurm"
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.cpus = cpus
+        self.gpus = gpus
+        """GPUs declared per node (gres ``gpu``, each backed by a character device that is not one:
+        Slurm allocates and binds them, sets CUDA_VISIBLE_DEVICES, and nothing opens them)."""
         self.net = Cluster(["ctl", *self.names])
         self.conf = self.dir / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -83,9 +90,14 @@ class SlurmCluster:
                         f"--log-file={d / 'munged.log'}", f"--seed-file={d / 'munged.seed'}"], check=True, timeout=30)  # fmt: skip
         self.net.__enter__()
         net = self.net
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
         nodes = "\n".join(
-            f"NodeName={n} NodeAddr={net.addr(n)} CPUs={self.cpus} RealMemory=1000 State=UNKNOWN" for n in self.names
+            f"NodeName={n} NodeAddr={net.addr(n)} CPUs={self.cpus} RealMemory=1000{gres} State=UNKNOWN" for n in self.names
         )
+        if self.gpus:
+            devices = GPU_STANDINS[: self.gpus]
+            (d / "gres.conf").write_text("AutoDetect=off\n" + "".join(
+                f"NodeName={','.join(self.names)} Name=gpu File={dev}\n" for dev in devices))  # fmt: skip
         self.conf.write_text(f"""ClusterName=agentgymtest
 SlurmctldHost=ctl({net.addr("ctl")})
 SlurmUser=root
@@ -108,6 +120,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobCompType=jobcomp/none
+{"GresTypes=gpu" if self.gpus else ""}
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 SwitchType=switch/none

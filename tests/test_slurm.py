@@ -3,6 +3,10 @@ network-namespace host (tests/slurm_cluster.py), jobs submitted with scripts/slu
 exactly as docs/operations.md shows.
 
   - the learner on n1, a relay and an actor on n2 and on n3;
+  - the nodes declare a GPU each (gres, backed by a stand-in device: tests/slurm_cluster.py); the
+    job holds them (``sbatch --gres=gpu:1``) and ``launch.slurm_learner_gpus = 1`` makes the
+    learner's step ask for one: Slurm binds it to the learner (``scontrol show step``, and the
+    learner process's SLURM_STEP_GPUS / CUDA_VISIBLE_DEVICES), and the actor steps ask for none;
   - an actor step cancelled mid-run (``scancel --signal=TERM JOB.STEP``) is started again;
   - the job requeued whole (``scontrol requeue``, as preemption with PreemptMode=REQUEUE does)
     starts again, its learner resumes from the checkpoint with --resume, and it trains to the
@@ -38,7 +42,7 @@ pytestmark = pytest.mark.skipif(NO_SLURM is not None, reason=f"no Slurm here: {N
 @pytest.fixture
 def slurm(tmp_path: Path):  # type: ignore[no-untyped-def]
     try:
-        cluster = SlurmCluster(tmp_path, nodes=3).__enter__()
+        cluster = SlurmCluster(tmp_path, nodes=3, gpus=1).__enter__()
     except SlurmUnavailable as exc:
         pytest.skip(f"Slurm did not start here: {exc}")
     try:
@@ -51,13 +55,13 @@ def submit(slurm: SlurmCluster, tmp_path: Path, steps: int) -> tuple[str, Path]:
     model = make_default_tiny_model(tmp_path / "shared" / "tiny", seed=0)
     run_dir = tmp_path / "run"
     overrides = [*FAST, f"run.max_steps={steps}", f'model.path="{model.resolve()}"', "model.create_tiny=false",
-                 "learner.insecure=true", 'actor.engine="hf"', "actor.env_workers=4"]  # fmt: skip
+                 "learner.insecure=true", 'actor.engine="hf"', "actor.env_workers=4", "launch.slurm_learner_gpus=1"]  # fmt: skip
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PYTHONUNBUFFERED": "1",
     }
-    args = ["-N", "3", "--output", str(tmp_path / "job-%j.out"), str(REPO / "scripts/slurm/agentgym.sbatch"),
+    args = ["-N", "3", "--gres=gpu:1", "--output", str(tmp_path / "job-%j.out"), str(REPO / "scripts/slurm/agentgym.sbatch"),
             "--run-dir", str(run_dir), "--config", str(REPO / "configs/quickstart.toml"),
             *[a for o in overrides for a in ("-o", o)]]  # fmt: skip
     return slurm.sbatch(args, env, cwd=tmp_path), run_dir
@@ -80,6 +84,28 @@ def step_of(run_dir: Path) -> int:
 def job_output(tmp_path: Path, slurm: SlurmCluster) -> str:
     outs = "\n".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.glob("job-*.out"))
     return f"{outs}\n{slurm.logs()}"
+
+
+def step_tres(slurm: SlurmCluster, step_id: str) -> str:
+    """What a running step asked per task (``TresPerTask=...``; "" when nothing beyond CPUs)."""
+    for field in slurm.run("scontrol", "show", "step", "--oneliner", step_id).stdout.split():
+        if field.startswith("TresPerTask="):
+            return field.split("=", 1)[1]
+    return ""
+
+
+def process_env(marker: str, module: str) -> dict[str, str]:
+    """The environment of the running ``python -m MODULE`` process whose command line holds ``marker``."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            python = Path(argv[0].decode(errors="replace")).name.startswith("python")  # not srun's own line
+            if python and module.encode() in argv and any(marker.encode() in a for a in argv):
+                env = (proc / "environ").read_bytes().split(b"\0")
+                return dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
+        except (OSError, ValueError):
+            continue
+    return {}
 
 
 def finished(slurm: SlurmCluster, job: str) -> bool:
@@ -115,6 +141,13 @@ def test_a_slurm_job_with_a_cancelled_actor_step_and_a_requeue_trains_to_the_end
     job, run_dir = submit(slurm, tmp_path, steps=steps)
     why = lambda: job_output(tmp_path, slurm)  # noqa: E731
     wait(lambda: step_of(run_dir) >= 2, 400, "2 steps", why)
+
+    # The learner's step holds the GPU it asked for; the actors' steps ask for none.
+    steps_now = slurm.steps(job)
+    assert step_tres(slurm, steps_now["agentgym-learner"]) == "gres:gpu:1", slurm.run("scontrol", "show", "step", steps_now["agentgym-learner"]).stdout
+    assert "gpu" not in step_tres(slurm, steps_now["agentgym-actors-n2"])
+    env = process_env(str(run_dir), "agentgym.learner.main")
+    assert env.get("SLURM_STEP_GPUS") == "0" and env.get("CUDA_VISIBLE_DEVICES") == "0", {k: v for k, v in env.items() if "GPU" in k or "CUDA" in k}
 
     # One node's actor step cancelled (docs/operations.md, "On Slurm"): it is started again.
     # (Slurm 22.05's scancel signals the step, then reports "Invalid job id specified" for it:

@@ -29,7 +29,7 @@ from agentgym.config import Config, model_fingerprint
 from agentgym.actors.concurrency import Concurrency, Signals
 from agentgym.actors.engines import load_tokenizer, make_engine
 from agentgym.memstats import peak_memory
-from agentgym.actors.transport import ControlLink
+from agentgym.actors.transport import RECONNECT_AFTER_S, ControlLink
 from agentgym.actors.weight_fetch import fetch_weights, to_torch, weights_addr
 from agentgym.keys import ClientKeys, KeyFileError, load_public
 from agentgym.protocol.limits import actor_control_frame, weights_frame
@@ -150,6 +150,7 @@ class Actor:
             # re-Hello gets the Welcome, weights and tickets again).
             log.info("control_frame_cap_raised", frame_cap_bytes=need, was=self.link.max_frame)
             self.link.close()
+            await asyncio.sleep(RECONNECT_AFTER_S)  # the learner lets the old connection go first
             self.link = ControlLink(self.ctx, self.cfg.actor.learner, self.actor_id, self.keys, max_frame=need)
             self.welcome = await self.link.handshake(self.hello(fp), self.cfg.actor.connect_timeout_s)
         structlog.contextvars.bind_contextvars(actor=self.welcome.actor_index)

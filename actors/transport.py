@@ -114,6 +114,11 @@ def _send_parts(sock: zmq.Socket, frames: list[bytes], copy: bool) -> None:
 COPY_BELOW = 1024 * 1024
 """Frames smaller than this are copied into ZeroMQ's buffer when sent (see ControlLink.send)."""
 
+RECONNECT_AFTER_S = 1.0
+"""How long after a connection dropped (or was closed) the actor connects again under the same
+routing id: the learner's ROUTER must have let the old connection go first, else it takes the
+new one for a duplicate and ignores its routing id (ZeroMQ's ROUTER without ROUTER_HANDOVER)."""
+
 
 class ControlLink:
     """The actor's control DEALER, driven from the running asyncio loop; see the module docstring
@@ -128,6 +133,7 @@ class ControlLink:
         self._monitor: zmq.Socket | None = None
         self._problem: str | None = None  # the last handshake's failure, if it failed
         self._drops: list[str] = []  # endpoints whose connection dropped, not yet reported
+        self._reconnect_at: float | None = None  # when to connect again after a drop
 
         def watch(s: zmq.Socket) -> None:  # before connect: the first handshake is seen too
             # get_monitor_socket would make the PAIR with the context's own (asyncio) class.
@@ -232,6 +238,9 @@ class ControlLink:
             log.warning("learner_connection_dropped", peer=peer, frame_cap_bytes=self.max_frame,
                         why="a frame from the peer over frame_cap_bytes (refused unread), or the peer or network went away; reconnecting")  # fmt: skip
         if drops:
+            self._reconnect_at = time.monotonic() + RECONNECT_AFTER_S
+        if self._reconnect_at is not None and time.monotonic() >= self._reconnect_at:
+            self._reconnect_at = None
             try:
                 self.sock.disconnect(self.addr)
             except zmq.ZMQError:  # already gone
@@ -239,7 +248,8 @@ class ControlLink:
             self.sock.connect(self.addr)
             if self._readers or self._senders:  # the calls may have taken a signal they wait on
                 self._serve()
-        return len(drops)
+            return max(1, len(drops))
+        return 0
 
     # ------------------------------------------------------------------ messages
     async def send(self, msg: Message) -> None:

@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     while not done.exists():
         if time.monotonic() > deadline:
+            # Withdrawn: a learner started later must not act on a request nobody waits for.
+            done.with_name(args.actor_id).unlink(missing_ok=True)
             print(f"agentgym actors leave: the learner of {run_dir} did not answer within {args.timeout:.0f} s "
-                  "(is it running? it reads requests once a heartbeat)", file=sys.stderr)  # fmt: skip
+                  "(is it running? it reads requests once a heartbeat); the request is withdrawn", file=sys.stderr)  # fmt: skip
             return 1
         time.sleep(0.2)
     answer = json.loads(done.read_text())

@@ -94,7 +94,7 @@ def test_a_frame_over_the_control_cap_is_refused_logged_and_the_link_goes_on() -
                 with structlog.testing.capture_logs() as logs:
                     async with asyncio.timeout(20):
                         while link.report_drops() == 0:  # the actor's heartbeat does this each tick
-                            await asyncio.sleep(0.05)
+                            await asyncio.sleep(0.05)  # (it connects again RECONNECT_AFTER_S after the drop)
                 # Connected again; the actor says Hello again (here a heartbeat does), and the
                 # learner's next message arrives.
                 await link.send(Heartbeat(actor_id="a1"))
@@ -145,3 +145,46 @@ def test_a_weights_source_sending_chunks_over_the_manifest_is_left_for_the_next(
     stalled = [e for e in logs if e["event"] == "weights_source_stalled"]
     assert stalled and stalled[0]["source"] == bad and stalled[0]["frame_cap_bytes"] == cap, logs
     assert len(huge) * 4 > cap > ready.total_bytes
+
+
+def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_with_theirs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from agentgym.actors.runtime import Actor
+    from agentgym.config import load_config
+    from agentgym.protocol import Hello, RolloutSpec, Welcome
+
+    port = free_port_pair()
+    addr = f"tcp://127.0.0.1:{port}"
+    (tmp_path / "config.json").write_text("{}")  # a model directory of its own: its Hello has a fingerprint
+    cfg = load_config(None, [f'actor.learner="{addr}"', f'model.path="{tmp_path}"', "rollout.group_size=1",
+                             "rollout.max_episode_tokens=8", "actor.max_groups=1"])  # fmt: skip
+    spec = RolloutSpec(group_size=8, max_tokens_per_turn=64, max_episode_tokens=4096, temperature=1.0, top_p=1.0)
+    with HubThread(addr) as ht:
+        hellos: list[Hello] = []
+
+        def learner() -> None:  # answers every Hello with a Welcome carrying its own limits
+            peer, msg = ht.received.get(timeout=20)
+            assert isinstance(msg, Hello)
+            hellos.append(msg)
+            welcome = Welcome(run_id="r", actor_index=0, weights_port=port + 1, model_path=str(tmp_path),
+                              model_fingerprint=msg.model_fingerprint, mode="async", heartbeat_interval_s=1.0,
+                              actor_timeout_s=30.0, rollout=spec)  # fmt: skip
+            ht.commands.put(lambda hub: hub.send(peer, welcome))
+
+        async def main() -> tuple[int, int, list[dict]]:  # type: ignore[type-arg]
+            actor = Actor(cfg, "a1")
+            before = actor.link.max_frame
+            try:
+                with structlog.testing.capture_logs() as logs:
+                    task = asyncio.ensure_future(actor.connect())
+                    for _ in range(2):
+                        await asyncio.to_thread(learner)
+                    await asyncio.wait_for(task, 20)
+                return before, actor.link.sock.getsockopt(zmq.MAXMSGSIZE), logs
+            finally:
+                actor.link.close()
+                actor.ctx.term()
+
+        before, after, logs = asyncio.run(main())
+    assert before == actor_control_frame(1, 8, 1) and after == actor_control_frame(8, 4096, 1) > before
+    assert [e["frame_cap_bytes"] for e in logs if e["event"] == "control_frame_cap_raised"] == [after]
+    assert len(hellos) == 2 and hellos[0].session == hellos[1].session  # the same actor, said again

@@ -88,3 +88,17 @@ def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves
     parts = ("trained", "expired", "stale", "invalid", "failed", "untrained_at_end", "in_flight_at_end")
     assert t["unaccounted"] == 0 and t["issued"] == sum(t[k] for k in parts), t
     assert t["trained"] == 4 * 2 and t["handovers"]["groups"] == len(received)
+
+
+def test_a_leave_request_nobody_answers_is_withdrawn_and_bad_arguments_exit_2(tmp_path: Path) -> None:
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentgym.cli", "actors", "leave", *argv], capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+
+    assert cli("a1", "--run", str(tmp_path)).returncode == 2  # no config.toml: not a run directory
+    (tmp_path / "config.toml").write_text("")
+    bad = cli("../a1", "--run", str(tmp_path))
+    assert bad.returncode == 2 and "actor id '../a1'" in bad.stderr, bad.stderr
+    late = cli("a1", "--run", str(tmp_path), "--timeout", "1")  # no learner reads the requests
+    assert late.returncode == 1 and "withdrawn" in late.stderr, late.stderr
+    assert not list((tmp_path / "requests" / "leave").iterdir())

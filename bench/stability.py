@@ -99,15 +99,16 @@ def main() -> int:
                 results.append(r)
                 print(json.dumps({k: v for k, v in r.items() if k != "curve"}), flush=True)
                 (args.out / "results.json").write_text(json.dumps(results))
-    print("\n| task | mode | collapsed | held-out mean (min-max) | train success, last 10 | tokens past bound |")
-    print("|---|---|---|---|---|---|")
+    print("\n| task | mode | collapsed (bench rule) | run_collapsed fired | held-out mean (min-max) | train success, last 10 | tokens past bound |")
+    print("|---|---|---|---|---|---|---|")
     for task in args.tasks.split(","):
         for mode in args.modes.split(","):
             rs = [r for r in results if r["task"] == task and r["mode"] == mode and "error" not in r]
             if not rs:
                 continue
             held = [r["held_out"] for r in rs if r["held_out"] is not None]
-            print(f"| {task} | {mode} | {sum(r['collapse_step'] is not None for r in rs)}/{len(rs)} | "
+            fired = sum(bool((r.get("health") or {}).get("collapsed")) for r in rs)
+            print(f"| {task} | {mode} | {sum(r['collapse_step'] is not None for r in rs)}/{len(rs)} | {fired}/{len(rs)} | "
                   f"{statistics.mean(held):.3f} ({min(held):.2f}-{max(held):.2f}) | "
                   f"{statistics.mean(r['train_last10'] for r in rs):.3f} | "
                   f"{statistics.mean(r['over_bound_share'] or 0 for r in rs):.4f} |")  # fmt: skip

@@ -70,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentgym.actors.runtime import run_actor
     from agentgym.actors.transport import ActorRejected, LearnerUnreachable
-    from agentgym.allocator import keep_freed_memory
-    from agentgym.guardian import start_guardian
+    from agentgym.host.allocator import keep_freed_memory
+    from agentgym.host.guardian import start_guardian
     from agentgym.keys import KeyFileError
-    from agentgym.logs import quiet_libraries, setup_logging
+    from agentgym.observe.logs import quiet_libraries, setup_logging
 
     start_guardian()  # vLLM's engine processes must not outlive a killed actor
     keep_freed_memory()  # each rollout's buffers are reused, not returned to the OS and faulted back in

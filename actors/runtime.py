@@ -28,7 +28,7 @@ import zmq.asyncio
 from agentgym.config import Config, model_fingerprint
 from agentgym.actors.concurrency import Concurrency, Signals
 from agentgym.actors.engines import load_tokenizer, make_engine
-from agentgym.memstats import peak_memory
+from agentgym.observe.memstats import peak_memory
 from agentgym.actors.transport import RECONNECT_AFTER_S, ControlLink
 from agentgym.actors.weight_fetch import fetch_weights, to_torch, weights_addr
 from agentgym.keys import ClientKeys, KeyFileError, load_public

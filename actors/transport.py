@@ -37,7 +37,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from agentgym.keys import ClientKeys, apply_client
-from agentgym.netutil import EVENTS, MORE, NOBLOCK, POLLIN, POLLOUT
+from agentgym.host.netutil import EVENTS, MORE, NOBLOCK, POLLIN, POLLOUT
 from agentgym.protocol import (
     Hello,
     Message,

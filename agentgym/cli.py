@@ -122,7 +122,7 @@ def _main(argv: list[str] | None = None) -> int:
     if args.cmd == "bench":
         return cmd_bench.run(args)
     if args.cmd == "view":
-        from agentgym.viewer import write_page
+        from agentgym.observe.viewer import write_page
 
         try:
             out = write_page(args.run_dir, args.out, args.limit)
@@ -166,9 +166,9 @@ def _main(argv: list[str] | None = None) -> int:
     cfg = resolve_config(args, flags)
     cmd_keys.check_train_keys(cfg)
     cfg = preflight(cfg)  # env names, sink libraries, the model: one line before any process starts
-    from agentgym.guardian import start_guardian
+    from agentgym.host.guardian import start_guardian
     from agentgym.launch import launch
-    from agentgym.logs import setup_logging
+    from agentgym.observe.logs import setup_logging
 
     run_dir = args.run_dir or cfg.run.path
     start_guardian()  # a killed launcher takes its learner and actors along

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def one_run(mode: str, config: Path, args: argparse.Namespace, seed: int, run_dir: Path) -> dict:
-    from agentgym.netutil import free_port_pair
+    from agentgym.host.netutil import free_port_pair
 
     port = args.port or free_port_pair()
     cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(config), "--mode", mode,

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agentgym.logs import read_events
+from agentgym.observe.logs import read_events
 from agentgym.netns import Cluster, Loopback, netns_unavailable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ class Scenario:
             d.mkdir(parents=True, exist_ok=True)
         self.port = PORT
         if isinstance(net, Loopback):
-            from agentgym.netutil import free_port_pair
+            from agentgym.host.netutil import free_port_pair
 
             self.port = free_port_pair()
         self.learner: subprocess.Popen | None = None  # type: ignore[type-arg]

@@ -124,7 +124,7 @@ def trained_differences(cfg, trained, envs: list[str], temperature: float, turn_
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentgym.logs import setup_logging
+    from agentgym.observe.logs import setup_logging
 
     # Console at warning unless asked: the progress lines below are what a user reads.
     setup_logging("eval", None, args.log_level if args.log_level != "info" else "warning")

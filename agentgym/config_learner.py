@@ -101,7 +101,7 @@ class LearnerConfig(Section):
     holds as many messages as groups of the largest size fit in this (learner/bounds.py)."""
     weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 16
     """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
-    agentgym's processes set it, agentgym/allocator.py), an actor's received frames reuse freed
+    agentgym's processes set it, agentgym/host/allocator.py), an actor's received frames reuse freed
     memory instead of faulting in fresh pages (docs/adr/0011-weight-transfer.md)."""
     threads: Annotated[int, Field(ge=0)] = 0
     """torch threads for training (0: torch's default)."""

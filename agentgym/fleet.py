@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-json", type=Path)
     args = p.parse_args(argv)
 
-    from agentgym.logs import setup_logging
+    from agentgym.observe.logs import setup_logging
 
     setup_logging(f"fleet-{args.role}", args.log_json, "info")
     if args.role == "source":

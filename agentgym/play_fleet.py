@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connect-timeout", type=float, default=120.0)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    from agentgym.logs import setup_logging
+    from agentgym.observe.logs import setup_logging
 
     setup_logging("play-fleet", None, "warning")
     counts = asyncio.run(run_fleet(args))

@@ -273,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentgym-relay: {exc}", file=sys.stderr)
         return 2
 
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
     from agentgym.learner.auth import InsecureBind, ServerKeys, check_bind
-    from agentgym.logs import setup_logging
+    from agentgym.observe.logs import setup_logging
 
     keep_freed_memory()  # weight frames of one version freed are reused for the next's, as in actors
     setup_logging("relay", args.log_json, args.log_level)

@@ -301,7 +301,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentgym.logs import setup_logging
+    from agentgym.observe.logs import setup_logging
 
     if args.actors_per_node < 1:
         print(

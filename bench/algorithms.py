@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 
 REPO = Path(__file__).resolve().parents[1]
 

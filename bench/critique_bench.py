@@ -95,7 +95,7 @@ def test_time(model_dir: Path, episodes: int, turn_limit: int, envs: tuple[str, 
 
 def train(model_dir: Path, out: Path, steps: int, seed: int, critic: bool) -> dict:
     run_dir = out / f"train_{'critic' if critic else 'plain'}_s{seed}"
-    from agentgym.netutil import free_port_pair
+    from agentgym.host.netutil import free_port_pair
 
     args = ["train", "--config", str(REPO / "configs" / "quickstart.toml"), "--run-dir", str(run_dir),
             "--actors", "1", "--max-steps", str(steps), "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',

@@ -34,7 +34,7 @@ from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.keys import ClientKeys, write_keys
 from agentgym.learner.auth import ServerKeys
 from agentgym.learner.transport import WeightSnapshot, open_hub
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Episode, Rollout, WeightsReady, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 from agentgym.protocol.weights import RawTensor, make_chunks

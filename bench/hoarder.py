@@ -181,7 +181,7 @@ def main() -> int:
                    help="seconds to wait for the first steps (an engine's start on a loaded machine)")
     p.add_argument("--out", type=Path, default=Path("/tmp/hoarder"))
     args = p.parse_args()
-    from agentgym.netutil import free_port_pair
+    from agentgym.host.netutil import free_port_pair
     from agentgym.tiny_model import make_default_tiny_model
 
     model = make_default_tiny_model(args.out / "tiny", seed=0).resolve()

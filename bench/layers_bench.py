@@ -22,7 +22,7 @@
    ``--transport-repeats`` for each side, alternated; CPU seconds per rollout (both processes,
    all their threads, and each process apart) are reported too, being less at the mercy of other
    work on a shared machine. Every process, raw or not, runs with the allocator settings
-   agentgym's own processes use (agentgym/allocator.py).
+   agentgym's own processes use (agentgym/host/allocator.py).
 3. env pool: per-step time of guess_number through a one-worker ``EnvPool`` (a request/reply
    over the worker's pipes) vs calling the env in this process; the overhead is the difference,
    compared with a typical env step (the waiting env's median, 0.3 s, and a 10 ms one).
@@ -121,7 +121,7 @@ def bench_protocol(r, n: int, repeats: int) -> dict[str, float]:
 def _hub_server(addr: str, n: int, ready, cpu) -> None:
     import trio
 
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
 
     keep_freed_memory()  # as agentgym-learner does at start
     from agentgym.learner.transport import open_hub
@@ -149,7 +149,7 @@ def _raw_server(addr: str, n: int, ready, cpu, codec: bool) -> None:
     encoded Ack, as the layer's bound; otherwise neither (the wire's ceiling)."""
     import zmq
 
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
 
     keep_freed_memory()  # the raw bound gets the same allocator as the project
     from agentgym.protocol import Ack, decode, encode
@@ -309,7 +309,7 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = p.parse_args()
     globals()["WINDOW"] = args.window
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
 
     keep_freed_memory()  # as agentgym-actor does at start; the raw client runs here too, so gets it as well
     import structlog

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from agentgym.cmd_chaos import FAST, Scenario
-from agentgym.logs import read_events
+from agentgym.observe.logs import read_events
 from agentgym.netns import Loopback
 from agentgym.tiny_model import make_default_tiny_model
 

@@ -96,9 +96,9 @@ def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str,
     from agentgym.actors.engines import make_engine
     from agentgym.actors.weight_fetch import fetch_weights, to_torch
     from agentgym.protocol.weights import WeightBuffers
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
     from agentgym.config import load_config
-    from agentgym.memstats import peak_memory
+    from agentgym.observe.memstats import peak_memory
 
     keep_freed_memory()  # as agentgym-actor does at start
     cfg = load_config(None, overrides)
@@ -154,8 +154,8 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     from agentgym.learner.trainer import Trainer
     from agentgym.learner.transport import WeightSnapshot
     from agentgym.learner.weight_export import WeightExporter
-    from agentgym.memstats import peak_memory
-    from agentgym.netutil import free_port_pair
+    from agentgym.observe.memstats import peak_memory
+    from agentgym.host.netutil import free_port_pair
     from agentgym.protocol import WeightsReady
 
     dtype = "float32" if shape == "tiny" else "bfloat16"
@@ -237,7 +237,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     from agentgym.cmd_make_model import make_model
 
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
     from agentgym.config_learner import LearnerConfig
 
     keep_freed_memory()  # as the actor process (and agentgym's own) does: the bound gets the same allocator

@@ -77,7 +77,7 @@ def main() -> int:
     run_dir = args.out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    from agentgym.netutil import free_port_pair
+    from agentgym.host.netutil import free_port_pair
 
     port = free_port_pair()
     cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),

@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--kwargs is not JSON: {exc}")
     if not isinstance(kwargs, dict):
         p.error(f"--kwargs must be a JSON object, got {args.kwargs}")
-    from agentgym.logs import setup_logging
+    from agentgym.observe.logs import setup_logging
 
     setup_logging("env-server")
     server = EnvServer(args.env, kwargs, args.size, host=args.host, port=args.port, step_timeout_s=args.step_timeout)

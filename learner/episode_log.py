@@ -10,7 +10,7 @@ learner trains on it: the prompt, then each agent turn (loss-mask 1: the sampled
 their weight versions, mean behaviour logprob and the turn's reward) and each environment
 message between turns (loss-mask 0), decoded with the model's tokenizer, special tokens kept so
 the chat template is visible. ``agentgym view RUN_DIR`` turns the file into a page
-(agentgym/viewer.py).
+(agentgym/observe/viewer.py).
 
 Which episodes (:func:`pick_episodes`): one per group in turn, alternately the best and the worst
 of its group, then a second pass taking the other one, so successes and failures both show.
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.logs import MetricsWriter
+from agentgym.observe.logs import MetricsWriter
 from agentgym.protocol import Episode, Rollout
 from agentgym.protocol.arrays import F32, I32, U8, unpack
 

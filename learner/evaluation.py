@@ -24,7 +24,7 @@ from agentgym.evaluate import summarize_groups
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
-from agentgym.logs import MetricsWriter
+from agentgym.observe.logs import MetricsWriter
 from agentgym.protocol import Rollout
 from agentgym.protocol.arrays import I32, U8, unpack
 

@@ -81,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import trio
 
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
     from agentgym.base_model import ensure_model
-    from agentgym.guardian import start_guardian
+    from agentgym.host.guardian import start_guardian
     from agentgym.learner.service import run_learner
-    from agentgym.logs import quiet_libraries, setup_logging
+    from agentgym.observe.logs import quiet_libraries, setup_logging
 
     start_guardian()  # data-parallel rank processes must not outlive a killed learner
     keep_freed_memory()  # each rollout's buffers are reused, not returned to the OS and faulted back in

@@ -43,12 +43,12 @@ from agentgym.learner.staleness import StalenessRule, StalenessTally, TrainBuffe
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.learner.validate import Guard, vocab_size
 from agentgym.learner.weight_export import WeightExporter
-from agentgym.logs import MetricsWriter
-from agentgym.memstats import peak_memory
-from agentgym.progress import StepClock
+from agentgym.observe.logs import MetricsWriter
+from agentgym.observe.memstats import peak_memory
+from agentgym.observe.progress import StepClock
 from agentgym.protocol import Shutdown, WeightsReady
 from agentgym.protocol.weights import chunks_digest
-from agentgym.sinks import with_sinks
+from agentgym.observe.sinks import with_sinks
 
 log = structlog.get_logger(__name__)
 
@@ -98,7 +98,7 @@ class Learner(ActorControl):
         self.exporter = WeightExporter(cfg.learner.weight_chunk_mib * 1024 * 1024)
         self.actor_memory: dict[str, dict[str, float | int | bool | str]] = {}
         """Each actor's memory figures from its latest heartbeat (for summary.json)."""
-        sinks = cfg.metrics.sinks  # agentgym/sinks.py: TensorBoard / W&B beside the JSONL files
+        sinks = cfg.metrics.sinks  # agentgym/observe/sinks.py: TensorBoard / W&B beside the JSONL files
         self.metrics = with_sinks(MetricsWriter(run_dir / "metrics.jsonl"), sinks, run_dir, "train", cfg=cfg)
         self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval", cfg=cfg)
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)

@@ -42,7 +42,7 @@ import trio
 import zmq
 
 from agentgym.learner.auth import ServerKeys, check_bind, make_server, start_authenticator
-from agentgym.netutil import EVENTS, NOBLOCK, POLLIN, RCVMORE
+from agentgym.host.netutil import EVENTS, NOBLOCK, POLLIN, RCVMORE
 from agentgym.protocol import (
     PROTOCOL_VERSION,
     Ack,

@@ -25,7 +25,7 @@ from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.config import model_fingerprint, to_toml
 from agentgym.keys import ClientKeys, apply_client
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Reject, Rollout, Ticket, WeightsReady, Welcome, decode, encode
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ import zmq
 import zmq.asyncio
 
 from agentgym.actors.transport import ControlLink
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Episode, Heartbeat, Rollout, decode, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 

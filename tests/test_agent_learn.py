@@ -31,7 +31,7 @@ from agentgym.config import load_config  # noqa: E402
 from agentgym.config_sections import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
-from agentgym.netutil import free_port_pair  # noqa: E402
+from agentgym.host.netutil import free_port_pair  # noqa: E402
 from agentgym.protocol import Rollout, Ticket  # noqa: E402
 from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
 

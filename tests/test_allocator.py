@@ -1,4 +1,4 @@
-"""agentgym/allocator.py: freed message buffers stay in the process instead of being faulted back in.
+"""agentgym/host/allocator.py: freed message buffers stay in the process instead of being faulted back in.
 
 Each case runs in a fresh interpreter (the allocator's settings are per process) and counts the
 page faults of a loop that builds and drops a 106 KiB buffer twice per round, the way a rollout
@@ -17,7 +17,7 @@ LOOP = r"""
 import json, resource, sys
 tuned = False
 if sys.argv[1] == "tuned":
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
     tuned = keep_freed_memory()
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 rounds, f0 = 2000, faults()

@@ -27,7 +27,7 @@ from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.keys import ClientKeys, apply_client, write_keys
 from agentgym.learner.auth import InsecureBind, ServerKeys, is_loopback
 from agentgym.learner.transport import WeightSnapshot, open_hub
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, decode, encode
 from agentgym.protocol.weights import RawTensor, make_chunks
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION

@@ -23,8 +23,8 @@ from test_learner_resume import BATCH, GROUP_SIZE, REPO, ScriptedActor, _learner
 
 from agentgym.config import to_toml
 from agentgym.learner.checkpoint import latest_checkpoint
-from agentgym.logs import read_events
-from agentgym.netutil import free_port_pair
+from agentgym.observe.logs import read_events
+from agentgym.host.netutil import free_port_pair
 from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
 
 

@@ -154,7 +154,7 @@ def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
     import subprocess
     import sys
 
-    from agentgym.netutil import free_port_pair
+    from agentgym.host.netutil import free_port_pair
 
     model_dir = setup[0]
     run_dir, steps = tmp_path / "run", 3
@@ -173,7 +173,7 @@ def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
     critiqued = [e for e in logged if e["critiques"]]
     assert critiqued, "no logged episode had a critique"
     assert all(any(s["role"] == "critique" and "Critique:" in s["text"] for s in e["segments"]) for e in critiqued)
-    from agentgym.viewer import build_page, run_data
+    from agentgym.observe.viewer import build_page, run_data
 
     shown = run_data(run_dir)["episodes"]
     assert any(e["critiques"] and any(s["role"] == "critique" for s in e["segments"]) for e in shown)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.tiny_model import make_default_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

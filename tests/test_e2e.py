@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.tiny_model import FALLBACK_CORPUS, default_corpus, make_default_tiny_model, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from agentgym.config import load_config
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -105,7 +105,7 @@ def test_flags_that_change_how_the_model_plays_are_warned_about(run: Path) -> No
 def test_wandb_history_holds_every_train_and_eval_point(run: Path) -> None:
     from wandb_history import read_wandb_run
 
-    from agentgym.logs import read_metrics
+    from agentgym.observe.logs import read_metrics
 
     rows, metrics, config = read_wandb_run(next(run.glob("wandb/offline-run-*/run-*.wandb")))
     train = read_metrics(run / "metrics.jsonl")

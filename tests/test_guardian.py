@@ -11,7 +11,7 @@ import psutil
 
 PARENT = textwrap.dedent("""
     import subprocess, sys, time
-    from agentgym.guardian import start_guardian
+    from agentgym.host.guardian import start_guardian
     start_guardian(interval_s=0.2, grace_s=2)
     # a child that ignores SIGTERM (so the guardian must escalate) and one that does not
     stubborn = subprocess.Popen([sys.executable, "-c",
@@ -42,7 +42,7 @@ def test_children_of_a_killed_process_are_stopped() -> None:
 
 
 def test_guardian_exits_with_its_process_after_a_clean_exit() -> None:
-    code = "from agentgym.guardian import start_guardian; import sys; print(start_guardian(interval_s=0.2).pid)"
+    code = "from agentgym.host.guardian import start_guardian; import sys; print(start_guardian(interval_s=0.2).pid)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     guardian = psutil.Process(int(out))
     guardian.wait(timeout=30)  # raises TimeoutExpired if it lingers

@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from agentgym.actors.transport import ControlLink
 from agentgym.learner.transport import open_hub
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Heartbeat, decode, encode
 
 

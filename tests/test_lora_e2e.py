@@ -14,7 +14,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.tiny_model import make_default_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentgym.progress import StepClock, fmt_seconds
+from agentgym.observe.progress import StepClock, fmt_seconds
 
 
 def test_fmt_seconds() -> None:

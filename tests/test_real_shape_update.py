@@ -24,7 +24,7 @@ from agentgym.learner.distributed import DataParallel  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.learner.transport import WeightSnapshot  # noqa: E402
 from agentgym.learner.weight_export import WeightExporter  # noqa: E402
-from agentgym.netutil import free_port_pair  # noqa: E402
+from agentgym.host.netutil import free_port_pair  # noqa: E402
 from agentgym.protocol import WeightsReady  # noqa: E402
 
 

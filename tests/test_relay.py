@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from netns import Cluster, netns_unavailable
 
-from agentgym.logs import read_events
+from agentgym.observe.logs import read_events
 
 NO_NETNS = netns_unavailable()
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from agentgym.config import ConfigError, load_config
-from agentgym.logs import MetricsWriter, read_metrics
-from agentgym.sinks import SinkError, SinkWriter, check_sinks, scalars, with_sinks
+from agentgym.observe.logs import MetricsWriter, read_metrics
+from agentgym.observe.sinks import SinkError, SinkWriter, check_sinks, scalars, with_sinks
 
 
 def test_scalars_keep_numbers_only() -> None:

@@ -31,7 +31,7 @@ import pytest
 from slurm_cluster import SlurmCluster, SlurmUnavailable, slurm_unavailable
 
 from agentgym.cmd_chaos import FAST
-from agentgym.logs import read_events
+from agentgym.observe.logs import read_events
 from agentgym.tiny_model import make_default_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

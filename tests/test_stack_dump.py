@@ -10,7 +10,7 @@ import time
 
 SCRIPT = """
 import threading, time
-from agentgym.logs import setup_logging
+from agentgym.observe.logs import setup_logging
 setup_logging("probe", level="warning")
 def parked_in_a_worker():
     time.sleep(60)

@@ -1,5 +1,5 @@
 """Read an offline W&B run back: the history rows, metric definitions and config of a
-``run-*.wandb`` file, for tests of agentgym/sinks.py.
+``run-*.wandb`` file, for tests of agentgym/observe/sinks.py.
 
     rows, metrics, config = read_wandb_run(next(run_dir.glob("wandb/offline-run-*/run-*.wandb")))
 

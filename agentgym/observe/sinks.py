@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentgym.logs import MetricsWriter
+from agentgym.observe.logs import MetricsWriter
 
 _LIBRARIES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 

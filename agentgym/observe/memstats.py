@@ -1,6 +1,6 @@
 """Peak memory of this process, for the learner's per-step metrics and the actors' heartbeats.
 
-    from agentgym.memstats import peak_memory
+    from agentgym.observe.memstats import peak_memory
     metrics.update(peak_memory())   # {"peak_rss_mib": ..., ["cuda_max_allocated_mib": ...]}
 
 RSS is the kernel's high-water mark (``getrusage``; Linux reports KiB). It counts this process

@@ -1,6 +1,6 @@
 """The C allocator's settings for processes that move large messages (actors, learner).
 
-    from agentgym.allocator import keep_freed_memory
+    from agentgym.host.allocator import keep_freed_memory
     keep_freed_memory()   # once, at process start
 
 glibc returns the top of its heap to the OS whenever more than ``M_TRIM_THRESHOLD`` (128 KiB

@@ -1,4 +1,4 @@
-// The charts of `agentgym view` (agentgym/viewer.py inlines this file into the page; no outside
+// The charts of `agentgym view` (agentgym/observe/viewer.py inlines this file into the page; no outside
 // resources). Each chart: axes with "nice" ticks (1, 2 or 5 times a power of ten) and a grid, a
 // y range fitted to the data, training curves smoothed like TensorBoard's slider (an exponential
 // moving average, debiased; the raw curve stays drawn faintly), evaluations as points, and a

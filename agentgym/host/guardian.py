@@ -1,6 +1,6 @@
 """A watcher process that cleans up after a process that dies without cleaning up itself.
 
-    from agentgym.guardian import start_guardian
+    from agentgym.host.guardian import start_guardian
     start_guardian()   # first thing in a role's main(), before any child process exists
 
 An actor owns child processes it did not write: vLLM's engine core and its workers, the env
@@ -28,7 +28,7 @@ def start_guardian(pid: int | None = None, *, interval_s: float = 1.0, grace_s: 
     """Start a guardian for ``pid`` (default: this process); returns its handle."""
     pid = os.getpid() if pid is None else pid
     return subprocess.Popen(
-        [sys.executable, "-m", "agentgym.guardian", str(pid), "--interval", str(interval_s), "--grace", str(grace_s)],
+        [sys.executable, "-m", "agentgym.host.guardian", str(pid), "--interval", str(interval_s), "--grace", str(grace_s)],
         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         close_fds=True,
     )  # fmt: skip
@@ -68,7 +68,7 @@ def guard(pid: int, interval_s: float, grace_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agentgym.guardian", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agentgym.host.guardian", description=__doc__.split("\n\n")[0])
     p.add_argument("pid", type=int, help="process to watch")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between looks at the process tree")
     p.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL of leftovers")

@@ -31,7 +31,7 @@ from agentgym.actors.engines import load_tokenizer, make_engine
 from agentgym.observe.memstats import peak_memory
 from agentgym.actors.transport import RECONNECT_AFTER_S, ControlLink
 from agentgym.actors.weight_fetch import fetch_weights, to_torch, weights_addr
-from agentgym.keys import ClientKeys, KeyFileError, load_public
+from agentgym.auth.keys import ClientKeys, KeyFileError, load_public
 from agentgym.protocol.limits import actor_control_frame, weights_frame
 from agentgym.protocol.weights import WeightBuffers
 from agentgym.protocol import (

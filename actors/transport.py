@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from agentgym.keys import ClientKeys, apply_client
+from agentgym.auth.keys import ClientKeys, apply_client
 from agentgym.host.netutil import EVENTS, MORE, NOBLOCK, POLLIN, POLLOUT
 from agentgym.protocol import (
     Hello,

@@ -18,7 +18,7 @@ import structlog
 import zmq.asyncio
 
 from agentgym.actors.transport import dealer_socket
-from agentgym.keys import ClientKeys
+from agentgym.auth.keys import ClientKeys
 from agentgym.protocol import (
     WeightChunk,
     WeightGone,

@@ -4,7 +4,7 @@
     agentgym keys keys/ --name gpu-7            # add one more actor later (the learner pair is kept)
     agentgym train --keys keys/ ...             # local learner and actors use them
 
-Layout and loading: agentgym/keys.py; why CURVE: docs/adr/0009-authentication.md.
+Layout and loading: agentgym/auth/keys.py; why CURVE: docs/adr/0009-authentication.md.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentgym.keys import KeyFileError, write_keys
+    from agentgym.auth.keys import KeyFileError, write_keys
 
     d: Path = args.dir
     start = len(list((d / "actors").glob("actor-*.key_secret"))) if (d / "actors").is_dir() else 0

@@ -41,7 +41,7 @@ from pathlib import Path
 import structlog
 import zmq
 
-from agentgym.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
+from agentgym.auth.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
 from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode, max_frame_bytes
 from agentgym.protocol.weights import verify_chunk
 
@@ -70,7 +70,7 @@ class Relay:
         self.down.setsockopt(zmq.SNDHWM, 100_000)  # a ROUTER drops past its high-water mark
         self.down.setsockopt(zmq.LINGER, 0)
         if server_keys is not None:
-            from agentgym.learner.auth import make_server, start_authenticator
+            from agentgym.auth.server import make_server, start_authenticator
 
             self.auth, self.allow = start_authenticator(self.ctx, server_keys)  # type: ignore[arg-type]
             make_server(self.down, server_keys)  # type: ignore[arg-type]
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from agentgym.host.allocator import keep_freed_memory
-    from agentgym.learner.auth import InsecureBind, ServerKeys, check_bind
+    from agentgym.auth.server import InsecureBind, ServerKeys, check_bind
     from agentgym.observe.logs import setup_logging
 
     keep_freed_memory()  # weight frames of one version freed are reused for the next's, as in actors

@@ -31,8 +31,8 @@ import zmq.asyncio
 
 from agentgym.actors.transport import ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
-from agentgym.keys import ClientKeys, write_keys
-from agentgym.learner.auth import ServerKeys
+from agentgym.auth.keys import ClientKeys, write_keys
+from agentgym.auth.server import ServerKeys
 from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Episode, Rollout, WeightsReady, encode

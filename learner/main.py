@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.insecure:
         flags.append("learner.insecure=true")
     cfg = resolve_config(args, flags)
-    from agentgym.learner.auth import check_server_config
+    from agentgym.auth.server import check_server_config
 
     # The config's own rules first (a refused bind needs nothing from this host), then what the
     # host must have: env names, sink libraries, the model (a local dir or the hub cache). Each

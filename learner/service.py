@@ -25,7 +25,7 @@ import trio
 
 from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.learner.accounting import TicketLedger
-from agentgym.learner.auth import ServerKeys
+from agentgym.auth.server import ServerKeys
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.bounds import SocketBounds
 from agentgym.learner.control import ActorControl, version_span

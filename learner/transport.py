@@ -24,7 +24,7 @@ queue fill and the actor's sends wait. The training step runs in a worker thread
 Weights: a daemon thread owns the weights ROUTER (control port + 1) and serves chunks from the
 latest immutable snapshot, so weight traffic never waits on trio or on training.
 
-With CURVE keys (learner/auth.py) ZeroMQ's ZAP handshake admits only allow-listed actors on both
+With CURVE keys (agentgym/auth/server.py) ZeroMQ's ZAP handshake admits only allow-listed actors on both
 ports: frames of any other peer never reach this module. A Hello of another protocol version is
 answered with a Reject naming both versions.
 """
@@ -41,7 +41,7 @@ import structlog
 import trio
 import zmq
 
-from agentgym.learner.auth import ServerKeys, check_bind, make_server, start_authenticator
+from agentgym.auth.server import ServerKeys, check_bind, make_server, start_authenticator
 from agentgym.host.netutil import EVENTS, NOBLOCK, POLLIN, RCVMORE
 from agentgym.protocol import (
     PROTOCOL_VERSION,
@@ -380,7 +380,7 @@ async def open_hub(
     ``inbox_size``: messages ZeroMQ holds per actor that the learner has not read yet, before
     that actor's sends wait. With ``keys`` both ROUTERs are CURVE servers behind a ZAP
     authenticator; without them a non-loopback ``bind`` is refused unless ``insecure``
-    (learner/auth.py)."""
+    (agentgym/auth/server.py)."""
     check_bind(bind, keys, insecure)
     hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys, weights_max_bytes=weights_max_bytes)
     auth = None

@@ -24,7 +24,7 @@ import zmq
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.config import model_fingerprint, to_toml
-from agentgym.keys import ClientKeys, apply_client
+from agentgym.auth.keys import ClientKeys, apply_client
 from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Reject, Rollout, Ticket, WeightsReady, Welcome, decode, encode
 

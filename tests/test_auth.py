@@ -24,8 +24,8 @@ import zmq.auth
 
 from agentgym.actors.transport import ActorRejected, ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
-from agentgym.keys import ClientKeys, apply_client, write_keys
-from agentgym.learner.auth import InsecureBind, ServerKeys, is_loopback
+from agentgym.auth.keys import ClientKeys, apply_client, write_keys
+from agentgym.auth.server import InsecureBind, ServerKeys, is_loopback
 from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, decode, encode

@@ -14,7 +14,7 @@ import pytest
 import zmq
 from scripted_actor import GROUP, LiveLearner, ScriptedActor, play
 
-from agentgym.keys import ClientKeys, write_keys
+from agentgym.auth.keys import ClientKeys, write_keys
 from agentgym.protocol import Grant, Reject, Welcome
 
 

@@ -12,7 +12,7 @@ Layout of DIR (ZeroMQ's own certificate files, readable by ``zmq.auth.load_certi
     DIR/authorized/NAME.key       actors' public keys: the learner's allow-list directory
     DIR/actors/NAME.key_secret    an actor's pair: copied to that actor's host only
 
-Used by both sides (``learner/`` and ``actors/`` may import ``agentgym`` helpers, not each other).
+Used by the learner, the actors and the relay (``learner/`` and ``actors/`` never import each other).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The learner's CURVE security: its key pair, the allow-list of actor keys, the bind check.
+"""The serving side of CURVE security (the learner and the relay): its key pair, the allow-list of
+actor keys, the bind check.
 
     keys = ServerKeys.load(lc.secret_key, lc.authorized_keys)   # None: plain TCP
     check_bind(lc.bind, keys, lc.insecure)                      # refuses an open non-loopback bind
@@ -25,7 +26,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from agentgym.keys import KeyFileError, load_keypair
+from agentgym.auth.keys import KeyFileError, load_keypair
 
 log = structlog.get_logger(__name__)
 ZAP_DOMAIN = "agentgym"

@@ -42,7 +42,7 @@ import structlog
 from agentgym.actors.agent_endpoint import AgentEndpoint, Session
 from agentgym.actors.agent_trace import AgentTrace
 from agentgym.actors.engine import InferenceEngine, SamplingSpec
-from agentgym.config_sections import AgentEndpointConfig
+from agentgym.config.actor import AgentEndpointConfig
 from agentgym.envpool.registry import env_target, load_target
 from agentgym.protocol import Episode, RolloutSpec, Ticket
 from agentgym.protocol.vocab import banned_action_ids

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentgym.cli_common import add_config_args, fail, resolve_config
+from agentgym.config.args import add_config_args, fail, resolve_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     flags += [f'actor.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("learner_key", args.learner_key),
                                                ("weights_relay", args.weights_relay)) if v]  # fmt: skip
     cfg = resolve_config(args, flags)
-    from agentgym.model_path import ModelNotFound, with_model_found
+    from agentgym.config.model_path import ModelNotFound, with_model_found
 
-    try:  # a local dir or a hub id in the local cache (agentgym/model_path.py), before any engine starts
+    try:  # a local dir or a hub id in the local cache (agentgym/config/model_path.py), before any engine starts
         cfg = with_model_found(cfg, "--model" if args.model else "model.path")
     except ModelNotFound as exc:
         if args.model:  # named on the command line: it must be here

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from agentgym import cmd_bench, cmd_keys
-from agentgym.cli_common import add_config_args, preflight, resolve_config
+from agentgym.config.args import add_config_args, preflight, resolve_config
 
 
 def _version() -> str:

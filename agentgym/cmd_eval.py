@@ -26,7 +26,7 @@ import re
 import sys
 from pathlib import Path
 
-from agentgym.cli_common import add_config_args, resolve_config
+from agentgym.config.args import add_config_args, resolve_config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -63,11 +63,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def resolve_model(path: Path) -> Path:
     """An HF directory as given; a checkpoint root or a run directory: its newest checkpoint;
     otherwise the model rule every command follows (a hub id in the local Hugging Face cache,
-    agentgym/model_path.py), whose ``ModelNotFound`` says how to download the model."""
+    agentgym/config/model_path.py), whose ``ModelNotFound`` says how to download the model."""
     if (path / "config.json").is_file():
         return path
     from agentgym.learner.checkpoint import latest_checkpoint
-    from agentgym.model_path import ModelNotFound, find_model
+    from agentgym.config.model_path import ModelNotFound, find_model
 
     for root in (path, path / "checkpoints"):
         if root.is_dir():
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
     from agentgym.envpool.registry import UnknownEnvError, env_target
-    from agentgym.model_path import ModelNotFound
+    from agentgym.config.model_path import ModelNotFound
 
     envs = args.env or [e.name for e in cfg.env.specs]
     try:

@@ -3,7 +3,7 @@
     print(explain(Config))          # one block per field, dotted names, sections in order
 
 Read from the pydantic models themselves (annotations, ``Field`` constraints and attribute
-docstrings), so it cannot drift from agentgym/config.py and its section modules.
+docstrings), so it cannot drift from agentgym/config/__init__.py and its section modules.
 """
 
 from __future__ import annotations

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-json", type=Path, help="JSON log file")
     args = p.parse_args(argv)
-    from agentgym.config_sections import check_tcp
+    from agentgym.config.sections import check_tcp
 
     try:  # one line naming the flag, not zmq's "Invalid argument" from bind or connect
         check_tcp(args.bind, "--bind")

@@ -265,7 +265,7 @@ class Job:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from agentgym.cli_common import add_config_args
+    from agentgym.config.args import add_config_args
 
     s = sub.add_parser("slurm", help="run a learner, relays and actors as steps of the Slurm job it runs in",
                        description=__doc__.split("\n\n")[2])  # fmt: skip

@@ -30,7 +30,7 @@ async def main(args: argparse.Namespace) -> None:
 
     from agentgym.actors.agent_runner import AgentRunner
     from agentgym.actors.rollout import play_episode
-    from agentgym.config_sections import AgentEndpointConfig
+    from agentgym.config.actor import AgentEndpointConfig
     from agentgym.envpool.pool import EnvPool
     from agentgym.protocol import RolloutSpec, Ticket
     from agentgym.tiny_model import make_default_tiny_model

@@ -238,7 +238,7 @@ def main() -> int:
     from agentgym.cmd_make_model import make_model
 
     from agentgym.host.allocator import keep_freed_memory
-    from agentgym.config_learner import LearnerConfig
+    from agentgym.config.learner import LearnerConfig
 
     keep_freed_memory()  # as the actor process (and agentgym's own) does: the bound gets the same allocator
     frame = LearnerConfig().weight_chunk_mib << 20  # the chunks' size: the bound moves the same frames

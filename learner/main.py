@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentgym.cli_common import add_config_args, preflight, resolve_config
+from agentgym.config.args import add_config_args, preflight, resolve_config
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ openai = pytest.importorskip("openai")
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.config_sections import AgentEndpointConfig  # noqa: E402
+from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.batch import collate, segments  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
 from agentgym.protocol.vocab import banned_action_ids  # noqa: E402

@@ -28,7 +28,7 @@ pytest.importorskip("openai")
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
-from agentgym.config_sections import AgentEndpointConfig  # noqa: E402
+from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.host.netutil import free_port_pair  # noqa: E402

@@ -117,7 +117,7 @@ def test_a_hub_id_in_the_local_cache_is_found(tmp_path: Path, monkeypatch: pytes
     (snap.parent.parent / "refs" / "main").write_text("0123abc")
     import huggingface_hub.constants
 
-    from agentgym.model_path import find_model
+    from agentgym.config.model_path import find_model
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     assert find_model("acme/tiny", "model.path") == snap

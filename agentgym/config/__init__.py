@@ -20,11 +20,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError, model_validator
 
-from agentgym.config_learner import LearnerConfig, LoraConfig  # noqa: F401
-# Every section is imported from here (the sections live in two modules to keep each under 400 lines).
-from agentgym.config_sections import (  # noqa: F401
-    ActorConfig, CriticConfig, EnvConfig, EnvSpec, EvalConfig, LaunchConfig, MetricsConfig, ModelConfig,
-    RemoteEngineConfig, RolloutConfig, RunConfig, ScheduleConfig, Section, SimEngineConfig, TurnSchedule
+from agentgym.config.learner import LearnerConfig, LoraConfig  # noqa: F401
+# Every section is imported from here (the sections live in three modules to keep each under 400 lines).
+from agentgym.config.actor import (  # noqa: F401
+    ActorConfig, AgentEndpointConfig, RemoteEngineConfig, SimEngineConfig
+)
+from agentgym.config.sections import (  # noqa: F401
+    CriticConfig, EnvConfig, EnvSpec, EvalConfig, LaunchConfig, MetricsConfig, ModelConfig,
+    RolloutConfig, RunConfig, ScheduleConfig, Section, TurnSchedule
 )
 
 

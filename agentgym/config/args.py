@@ -41,10 +41,10 @@ def fail(message: str, code: int = 2) -> SystemExit:
 def preflight(cfg: Config, model_key: str = "model.path") -> Config:
     """What a run needs from this host, checked before any engine, model or socket starts: every
     env name is known (envpool/registry.py), every metrics sink's library is installed
-    (agentgym/observe/sinks.py), and the model is found (agentgym/model_path.py, named ``model_key`` in
+    (agentgym/observe/sinks.py), and the model is found (agentgym/config/model_path.py, named ``model_key`` in
     the error). Returns ``cfg`` with ``model.path`` resolved; exits with one line on a problem."""
     from agentgym.envpool.registry import UnknownEnvError, env_target
-    from agentgym.model_path import ModelNotFound, with_model_found
+    from agentgym.config.model_path import ModelNotFound, with_model_found
     from agentgym.observe.sinks import SinkError, check_sinks
 
     try:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from agentgym.config_sections import Section, check_tcp
+from agentgym.config.sections import Section, check_tcp
 
 
 class LoraConfig(Section):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.actors.engine import Generation
-from agentgym.chat_templates import CHATML_TEMPLATE
+from agentgym.protocol.chat_template import CHATML_TEMPLATE
 from agentgym.protocol import Episode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 

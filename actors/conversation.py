@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.chat_templates import CHATML_TEMPLATE
+from agentgym.protocol.chat_template import CHATML_TEMPLATE
 
 # Placeholder contents for the scaffold conversation; never part of a real prompt. Plain
 # letters, so templates that trim or escape contents leave them alone.

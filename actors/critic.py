@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol
 
 import structlog
 
-from agentgym.chat_templates import CHATML_TEMPLATE
+from agentgym.protocol.chat_template import CHATML_TEMPLATE
 from agentgym.protocol import CriticSpec
 
 log = structlog.get_logger(__name__)

@@ -89,7 +89,7 @@ def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = N
 def _tokenizer(corpus: list[str], max_length: int):
     from transformers import PreTrainedTokenizerFast
 
-    from agentgym.chat_templates import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
+    from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
     from agentgym.tiny_model import train_tokenizer
 
     raw = train_tokenizer(corpus, 512)

@@ -26,7 +26,7 @@ import argparse
 import string
 from pathlib import Path
 
-from agentgym.chat_templates import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START, SPECIAL_TOKENS  # noqa: F401 (re-exported)
+from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START, SPECIAL_TOKENS  # noqa: F401 (re-exported)
 
 # Head sizes vLLM's CPU attention supports (16 is not among them).
 _HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -1,10 +1,11 @@
-"""Chat-template constants shared by the actors and the model makers.
+"""The chat template of the token stream: the constants the actors and the model makers share.
 
-    from agentgym.chat_templates import CHATML_TEMPLATE, IM_END
+    from agentgym.protocol.chat_template import CHATML_TEMPLATE, IM_END
 
 The actors fall back on ChatML for a tokenizer that has no chat template of its own; the model
-makers (``agentgym/tiny_model.py``, ``agentgym/cmd_make_model.py``) write it into the tokenizers
-they train. Living here, neither depends on the other.
+makers (``agentgym/models/``, ``agentgym make-model``) write it into the tokenizers they train.
+Living in ``protocol/`` (it says what the token ids of a rollout mean, as ``vocab.py`` does),
+neither depends on the other.
 """
 
 from __future__ import annotations

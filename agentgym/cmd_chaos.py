@@ -191,7 +191,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     from agentgym.learner.accounting import format_table
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     work = args.work or Path(tempfile.mkdtemp(prefix="agentgym-chaos-"))
     model = work / "model" / "tiny"

@@ -9,11 +9,11 @@ Writes an ordinary HF model directory (config.json, model.safetensors, tokenizer
 generation_config.json) that ``AutoModelForCausalLM.from_pretrained`` and vLLM load like the
 published checkpoint: same architecture class, same tensor names and shapes, tied embeddings
 as the real one, the real checkpoint's dtype (bfloat16). The weights are random (seeded). The
-tokenizer is the project's own (``agentgym.tiny_model.train_tokenizer``, ChatML template); the
+tokenizer is the project's own (``agentgym.models.tiny.train_tokenizer``, ChatML template); the
 model's vocabulary is the published one, larger than the tokenizer's, as in the real Qwen2.5
 checkpoints (151936 rows for 151665 tokens): the extra rows are never produced by the tokenizer.
-No hub access. Shapes: ``agentgym/model_shapes.py``. ``agent-tiny`` and ``agent-small`` are the
-demo family whose tokenizer covers every built-in env (``agentgym/agent_model.py``), float32.
+No hub access. Shapes: ``agentgym/models/shapes.py``. ``agent-tiny`` and ``agent-small`` are the
+demo family whose tokenizer covers every built-in env (``agentgym/models/agent.py``), float32.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ log = structlog.get_logger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from agentgym.agent_model import SIZES
-    from agentgym.model_shapes import SHAPES
+    from agentgym.models.agent import SIZES
+    from agentgym.models.shapes import SHAPES
 
     p = sub.add_parser(
         "make-model", help="write a random model with a real architecture's shape (no hub access)",
@@ -42,21 +42,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="dtype of the saved weights (default: the real checkpoint's, bfloat16)")
     p.add_argument("--pretrain-steps", type=int, default=0, metavar="N",
                    help="then train it N steps as a language model on random play of --pretrain-env "
-                   "(agentgym.base_model: the demo's stand-in for a pretrained checkpoint; float32)")
+                   "(agentgym.models.base: the demo's stand-in for a pretrained checkpoint; float32)")
     p.add_argument("--pretrain-env", default="guess_number",
-                   help="env whose random play it is pretrained on; 'mix': the game envs (agentgym.agent_model.GAME_MIX)")
+                   help="env whose random play it is pretrained on; 'mix': the game envs (agentgym.models.agent.GAME_MIX)")
     p.add_argument("--pretrain-turns", type=int, default=6, metavar="N", help="turns per random-play transcript")
     p.add_argument("out", type=Path, help="output directory")
 
 
 def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = None) -> Path:
     """Write the model of shape ``arch`` to ``out_dir``; returns ``out_dir``."""
-    from agentgym.model_shapes import SHAPES
-    from agentgym.tiny_model import FALLBACK_CORPUS, default_corpus, make_default_tiny_model
+    from agentgym.models.shapes import SHAPES
+    from agentgym.models.tiny import FALLBACK_CORPUS, default_corpus, make_default_tiny_model
 
     if arch == "tiny":
         return make_default_tiny_model(out_dir, seed=seed)
-    from agentgym.agent_model import SIZES, make_agent_model
+    from agentgym.models.agent import SIZES, make_agent_model
 
     if arch in SIZES:
         return make_agent_model(out_dir, arch, seed=seed)
@@ -90,7 +90,7 @@ def _tokenizer(corpus: list[str], max_length: int):
     from transformers import PreTrainedTokenizerFast
 
     from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
-    from agentgym.tiny_model import train_tokenizer
+    from agentgym.models.tiny import train_tokenizer
 
     raw = train_tokenizer(corpus, 512)
     tok = PreTrainedTokenizerFast(
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"make-model: --pretrain-steps must be >= 0, got {args.pretrain_steps}")
     out = make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype if not args.pretrain_steps else "float32")
     if args.pretrain_steps:
-        from agentgym.base_model import pretrain_on_play
+        from agentgym.models.base import pretrain_on_play
 
         pretrain_on_play(out, out, args.pretrain_env, steps=args.pretrain_steps, seed=args.seed,
                          turns=args.pretrain_turns)

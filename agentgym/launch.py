@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from agentgym.base_model import ensure_model
+from agentgym.models.base import ensure_model
 from agentgym.config import Config
 
 log = structlog.get_logger(__name__)

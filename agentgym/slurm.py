@@ -320,6 +320,14 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not resume:
         log.error("nothing_to_resume", run_dir=str(run_dir))
         return 2
+    from agentgym.config import ConfigError, load_config
+    from agentgym.models.base import ensure_model
+
+    try:  # the demo model (model.create_tiny) is made once, here, before any step starts
+        ensure_model(load_config(args.config, args.override))
+    except ConfigError as exc:
+        print(f"agentgym slurm: {exc}", file=sys.stderr)
+        return 2
     config = ["--config", str(args.config)] if args.config else []
     common = [*config, *[a for o in args.override for a in ("-o", o)]]
     from agentgym.cli_common import resolve_config

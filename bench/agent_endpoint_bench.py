@@ -33,7 +33,7 @@ async def main(args: argparse.Namespace) -> None:
     from agentgym.config.actor import AgentEndpointConfig
     from agentgym.envpool.pool import EnvPool
     from agentgym.protocol import RolloutSpec, Ticket
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     model_dir = make_default_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -51,7 +51,7 @@ def main() -> int:
 
     from agentgym.learner.service import Learner
     from agentgym.protocol import Rollout
-    from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+    from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="growth-"))
     model = make_tiny_model(work / "model", corpus=FALLBACK_CORPUS, seed=0)

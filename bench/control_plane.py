@@ -110,7 +110,7 @@ def main() -> int:
     p.add_argument("--window", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=Path("/tmp/control_plane"))
     args = p.parse_args()
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     model = make_default_tiny_model(args.out / "tiny", seed=0).resolve()
     load = os.getloadavg()

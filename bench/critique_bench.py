@@ -128,7 +128,7 @@ def main() -> int:
     p.add_argument("--trained-episodes", type=int, default=64,
                    help="test-time episodes on each trained policy, with and without the oracle (0: skip)")
     a = p.parse_args()
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     a.out.mkdir(parents=True, exist_ok=True)
     model_dir = make_default_tiny_model(a.out / "tiny", seed=0)

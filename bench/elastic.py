@@ -41,7 +41,7 @@ def main() -> int:
     p.add_argument("--phase", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=Path("/tmp/elastic"))
     args = p.parse_args()
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     work = args.out
     work.mkdir(parents=True, exist_ok=True)

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentgym.tiny_model import FALLBACK_CORPUS, default_corpus, make_tiny_model
+    from agentgym.models.tiny import FALLBACK_CORPUS, default_corpus, make_tiny_model
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

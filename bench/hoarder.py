@@ -182,7 +182,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("/tmp/hoarder"))
     args = p.parse_args()
     from agentgym.host.netutil import free_port_pair
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     model = make_default_tiny_model(args.out / "tiny", seed=0).resolve()
     rows = [run(peer, model, free_port_pair(), args.out / ("with_peer" if peer else "alone"), args) for peer in (False, True)]

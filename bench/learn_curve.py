@@ -139,7 +139,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=REPO / "runs" / "curves")
     p.add_argument("--plot", action="store_true")
     args = p.parse_args()
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     for seed in [int(s) for s in args.seeds.split(",")]:
         overrides = [f"run.seed={seed}", 'learner.device="cpu"', "model.create_tiny=false", *args.override]

@@ -35,7 +35,7 @@ from pathlib import Path
 from agentgym.cmd_chaos import FAST, Scenario
 from agentgym.observe.logs import read_events
 from agentgym.netns import Loopback
-from agentgym.tiny_model import make_default_tiny_model
+from agentgym.models.tiny import make_default_tiny_model
 
 
 def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) -> dict:  # type: ignore[type-arg]

@@ -10,7 +10,7 @@ held-out test tasks (the first ``--eval-tasks`` of the env's test split, ``EVAL_
 each) at the config's final turn limit:
 
     random     ``Env.random_action`` every turn (uniform over the action space, or its stand-in)
-    base       the config's base model before RL (agentgym.base_model: pretrained on random play)
+    base       the config's base model before RL (agentgym.models.base: pretrained on random play)
     base + RL  the base model after at most ``--steps`` RL steps or ``--max-wall-s`` seconds of
                training, one run per seed (mean and spread over the seeds)
     expert     ``Env.expert_action``: the scripted ceiling (privileged state)
@@ -85,7 +85,7 @@ def scripted(cfg: Config, policy: str, tasks: int, episodes: int, seed: int = 0)
 
 
 def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
-    from agentgym.base_model import ensure_model
+    from agentgym.models.base import ensure_model
 
     out = args.out / row
     out.mkdir(parents=True, exist_ok=True)

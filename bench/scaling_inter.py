@@ -78,13 +78,13 @@ def main() -> int:
     p.add_argument("--row", default="", help="a results-table row instead: configs/envs/ROW.toml")
     p.add_argument("--limits", default=f"{SHORT},{MID},{LONG}", help="SHORT,MID,LONG turn limits")
     args = p.parse_args()
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     short, mid, long = (int(x) for x in args.limits.split(","))
     base = ["env.kwargs={ low = 1, high = 8 }", "rollout.max_tokens_per_turn=1", "rollout.group_size=8",
             "learner.batch_groups=4", f"run.max_steps={args.steps}", 'learner.device="cpu"', "model.create_tiny=false"]  # fmt: skip
     if args.row:
-        from agentgym.base_model import ensure_model
+        from agentgym.models.base import ensure_model
 
         args.config = REPO / "configs" / "envs" / f"{args.row}.toml"
         ensure_model(load_config(args.config, [*args.override]))

@@ -96,7 +96,7 @@ class Env(abc.ABC):
     def random_action(self, rng: random.Random) -> str:
         """A uniformly random action for the current episode (no better than chance, no privileged
         state), used to write the random-play transcripts a demo base model is pretrained on
-        (``agentgym.base_model``). Optional: the default says the env has none."""
+        (``agentgym.models.base``). Optional: the default says the env has none."""
         raise NotImplementedError(f"env {type(self).__name__} does not define random_action()")
 
     def instructions(self) -> str:

@@ -77,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {problem}\n")
         return 2
     cfg = preflight(cfg, "--model" if args.model else "model.path")
+    if not Path(cfg.model.path).exists():  # model.create_tiny: the launcher makes the demo model, not the learner
+        sys.stderr.write(f"error: model.path {cfg.model.path}: no model there yet; `agentgym train` makes the demo "
+                         f"model that model.create_tiny asks for (or: agentgym make-model {cfg.model.path})\n")
+        return 2
     run_dir = args.run_dir or cfg.run.path
 
     import trio
 
     from agentgym.host.allocator import keep_freed_memory
-    from agentgym.base_model import ensure_model
     from agentgym.host.guardian import start_guardian
     from agentgym.learner.service import run_learner
     from agentgym.observe.logs import quiet_libraries, setup_logging
@@ -93,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     worker = worker_rank()
     role = "learner" if worker is None else f"learner-rank{worker}"
     setup_logging(role, run_dir / "logs" / f"{role}.jsonl", args.log_level)
-    ensure_model(cfg)  # model.create_tiny (and model.pretrain_steps): the demo's model, made once
     if worker is not None:  # RANK > 0 (torchrun or by hand): a data-parallel worker of rank 0
         from agentgym.learner.distributed import run_worker
 

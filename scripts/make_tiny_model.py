@@ -2,12 +2,12 @@
 
     python scripts/make_tiny_model.py --out models/tiny --seed 0
 
-Thin wrapper over ``agentgym.tiny_model.main`` (see that module for what is written).
+Thin wrapper over ``agentgym.models.tiny.main`` (see that module for what is written).
 """
 
 from __future__ import annotations
 
-from agentgym.tiny_model import main
+from agentgym.models.tiny import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 
 @pytest.fixture(scope="session")

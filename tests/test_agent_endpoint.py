@@ -31,7 +31,7 @@ from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 from agentgym.learner.validate import Guard  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
-from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "guess_number_agent.py")

@@ -33,7 +33,7 @@ from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.host.netutil import free_port_pair  # noqa: E402
 from agentgym.protocol import Rollout, Ticket  # noqa: E402
-from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.toml"

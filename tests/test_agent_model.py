@@ -1,4 +1,4 @@
-"""The demo model family for every env (agentgym/agent_model.py): its tokenizer makes each env's
+"""The demo model family for every env (agentgym/models/agent.py): its tokenizer makes each env's
 actions a few tokens, every game env can be played at random, and random-play pretraining takes
 multi-token actions and env mixes."""
 
@@ -12,8 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.agent_model import GAME_MIX, SIZES, agent_corpus, make_agent_model  # noqa: E402
-from agentgym.base_model import ensure_model, pretrain_on_play  # noqa: E402
+from agentgym.models.agent import GAME_MIX, SIZES, agent_corpus, make_agent_model  # noqa: E402
+from agentgym.models.base import ensure_model, pretrain_on_play  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.registry import resolve_env  # noqa: E402
 

@@ -39,7 +39,7 @@ from agentgym.learner.algorithms import ALGORITHMS
 from agentgym.learner.control import rollout_spec
 from agentgym.learner.trainer import Trainer
 from agentgym.protocol import Rollout, RolloutSpec, Ticket
-from agentgym.tiny_model import make_default_tiny_model
+from agentgym.models.tiny import make_default_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.toml"

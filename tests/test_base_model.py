@@ -1,4 +1,4 @@
-"""The demo's base model (agentgym/base_model.py): language-model pretraining on random play
+"""The demo's base model (agentgym/models/base.py): language-model pretraining on random play
 teaches the tiny model to read the history, never shows a good move, and is made once."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentgym.actors.conversation import Conversation  # noqa: E402
-from agentgym.base_model import ensure_model, pretrain_on_play, random_play  # noqa: E402
+from agentgym.models.base import ensure_model, pretrain_on_play, random_play  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.envs.guess_number import GuessNumber  # noqa: E402
 from agentgym.envpool.envs.maze import Maze  # noqa: E402
-from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Histories after which the hint to the last guess is forced: (guesses and hints, guess, the hint).

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from agentgym.actors.conversation import Conversation
-from agentgym.tiny_model import train_tokenizer
+from agentgym.models.tiny import train_tokenizer
 
 CORPUS = ["guess a number from 1 to 8", "higher", "lower", "correct", "invalid", "model", "INST", *map(str, range(1, 9))]
 

@@ -25,7 +25,7 @@ from agentgym.config import to_toml
 from agentgym.learner.checkpoint import latest_checkpoint
 from agentgym.observe.logs import read_events
 from agentgym.host.netutil import free_port_pair
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 
 @pytest.fixture(scope="module")

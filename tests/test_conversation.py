@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from agentgym.actors.conversation import Conversation
-from agentgym.tiny_model import CHATML_TEMPLATE, IM_END, make_tiny_model
+from agentgym.models.tiny import CHATML_TEMPLATE, IM_END, make_tiny_model
 
 CORPUS = ["guess a number from 1 to 8", "higher", "lower", "correct", "invalid", *map(str, range(1, 9))]
 SYSTEM = "You play a guessing game. Answer with one number."

@@ -16,7 +16,7 @@ from agentgym.config import Config, ConfigError, load_config, to_toml
 from agentgym.learner.curriculum import Advance, Curriculum, success_counts
 from agentgym.learner.evaluation import env_stats
 from agentgym.learner.service import Learner
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 MIX = ['env.mix=[{name = "guess_number"}, {name = "maze"}]']
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from agentgym.host.netutil import free_port_pair
-from agentgym.tiny_model import make_default_tiny_model
+from agentgym.models.tiny import make_default_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 4

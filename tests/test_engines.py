@@ -31,7 +31,7 @@ uvloop = pytest.importorskip("uvloop")
 from agentgym.actors.engine import InferenceEngine, SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
-from agentgym.tiny_model import make_tiny_model  # noqa: E402
+from agentgym.models.tiny import make_tiny_model  # noqa: E402
 
 CORPUS = ["guess a number from 1 to 8", "higher", "lower", "correct", *map(str, range(1, 9))]
 PROMPTS = [[1, 5, 6, 7, 8, 9, 2, 1], [1, 20, 21, 22, 2, 1, 30], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]

@@ -5,7 +5,7 @@ run's offline W&B history holds every train and eval point of metrics.jsonl and 
 on its own step axis, and TensorBoard holds the config.
 
 One short run of the quickstart (hf engine, one actor) serves every test here. Its model is
-pretrained on random play for 100 steps (``model.pretrain_steps``, agentgym/base_model.py), so
+pretrained on random play for 100 steps (``model.pretrain_steps``, agentgym/models/base.py), so
 it answers with a number from the first step and its success is well above 0 (about 0.5; the
 random model's is near 0 with any settings, and the quickstart's lr of 1e-2, tuned for that
 model, would wreck this one within three steps: lr 1e-4 keeps it).

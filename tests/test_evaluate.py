@@ -44,7 +44,7 @@ def test_episode_seed_depends_on_identity_only() -> None:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
-    from agentgym.tiny_model import make_tiny_model
+    from agentgym.models.tiny import make_tiny_model
 
     corpus = ["guess a number from 1 to 8", "higher", "lower", "correct", *map(str, range(1, 9))]
     return make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", corpus=corpus, seed=0)

@@ -19,7 +19,7 @@ import pytest
 from netns import Loopback
 
 from agentgym.cmd_chaos import FAST, Scenario
-from agentgym.tiny_model import make_default_tiny_model
+from agentgym.models.tiny import make_default_tiny_model
 
 LONG = [
     "env.kwargs={low=1, high=1000}", "schedule.turn_limits=[[0, 12]]", "rollout.max_episode_tokens=512",

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from learner_fixtures import bandit_rollouts, make_cfg
 
 from agentgym.learner.trainer import Trainer
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 # Every path that crosses ranks: the no-grad pass (π_prox, values, π_ref summed over ranks),
 # several minibatches, gradient accumulation, the value head, KL and entropy terms, and an

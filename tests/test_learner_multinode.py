@@ -24,7 +24,7 @@ from agentgym.config import to_toml
 from agentgym.learner.distributed import free_port, launch_env, rendezvous
 from agentgym.learner.lora import adapter_state
 from agentgym.learner.trainer import Trainer
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 COMMON = ("learner.algorithm=ppo", "learner.minibatches=2", "learner.micro_batch_tokens=16", "learner.kl_coef=0.05",
           "learner.entropy_coef=0.01", "learner.lr=3e-3", "learner.dist_timeout_s=120", "learner.lora.rank=4")  # fmt: skip

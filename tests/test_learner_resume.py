@@ -30,7 +30,7 @@ from agentgym.observe.logs import read_metrics
 from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Hello, Rollout, WeightsReady, Welcome
 from agentgym.protocol.wire import decode, encode, max_frame_bytes
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP_SIZE, BATCH = 4, 2

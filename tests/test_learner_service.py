@@ -10,7 +10,7 @@ from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 from agentgym.learner.control import version_span
 from agentgym.learner.service import Learner
 from agentgym.protocol import Rollout, Ticket
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 
 @pytest.fixture(scope="module")

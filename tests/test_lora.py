@@ -15,7 +15,7 @@ from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.lora import BaseModelView, adapter_state
 from agentgym.learner.policy import load_causal_lm
 from agentgym.learner.trainer import Trainer
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 LORA = ("learner.lora.rank=4", "learner.lora.alpha=8", "learner.kl_coef=0.05", "learner.lr=2e-2")
 

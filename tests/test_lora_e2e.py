@@ -15,7 +15,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from agentgym.host.netutil import free_port_pair
-from agentgym.tiny_model import make_default_tiny_model
+from agentgym.models.tiny import make_default_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 RANK, TARGETS = 8, ("q_proj", "v_proj")

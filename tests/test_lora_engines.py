@@ -18,7 +18,7 @@ from agentgym.config import LoraConfig
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.lora import adapter_state, lora_spec, wrap_lora
 from agentgym.learner.policy import load_causal_lm
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 try:
     import vllm  # noqa: F401

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.model_shapes import SHAPES  # noqa: E402
+from agentgym.models.shapes import SHAPES  # noqa: E402
 
 PUBLISHED = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "llama-3.2-1b": 1_235_814_400}
 

@@ -27,7 +27,7 @@ import pytest
 from netns import Cluster, Loopback, netns_unavailable
 
 from agentgym.cmd_chaos import FAST, Scenario
-from agentgym.tiny_model import make_default_tiny_model
+from agentgym.models.tiny import make_default_tiny_model
 
 AFTER_RESUME = 30
 """Steps the resumed learner trains past the step it was killed at (the run's end is set then).

@@ -25,7 +25,7 @@ from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
 from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
-from agentgym.tiny_model import make_default_tiny_model  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 
 class RecordingEngine(HfEngine):

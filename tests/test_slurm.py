@@ -32,7 +32,7 @@ from slurm_cluster import SlurmCluster, SlurmUnavailable, slurm_unavailable
 
 from agentgym.cmd_chaos import FAST
 from agentgym.observe.logs import read_events
-from agentgym.tiny_model import make_default_tiny_model
+from agentgym.models.tiny import make_default_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 NO_SLURM = slurm_unavailable()

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentgym.tiny_model import (
+from agentgym.models.tiny import (
     ENDOFTEXT,
     IM_END,
     IM_START,

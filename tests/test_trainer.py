@@ -19,7 +19,7 @@ from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.trainer import Trainer
 from agentgym.protocol import Rollout
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 
 @pytest.fixture(scope="module")

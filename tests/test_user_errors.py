@@ -56,6 +56,9 @@ MISTAKES: list[tuple[list[str], list[str]]] = [
      ["key file nokey does not exist", "agentgym keys"]),
     (["agentgym.learner.main", "--secret-key", "nokey", "-o", "model.create_tiny=true"],
      ["learner.secret_key", "learner.authorized_keys"]),
+    # the learner takes a model; the demo's is made by the launcher (agentgym train), not by it
+    (["agentgym.learner.main", "-o", "model.create_tiny=true", "-o", 'model.path="models/not-made"'],
+     ["model.path", "models/not-made", "agentgym train"]),
     # command flags
     (["agentgym.cli", "eval", "--model", "models/none", "-k", "0"], ["-k", ">= 1"]),
     (["agentgym.cli", "view", "nosuchrun"], ["nosuchrun"]),

@@ -15,7 +15,7 @@ from agentgym.learner.policy import forward_tokens
 from agentgym.learner.trainer import Trainer
 from agentgym.learner.value_model import SeparateValueModel, ValueHead
 from agentgym.protocol import Rollout
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 SEPARATE = ("learner.algorithm=ppo", 'learner.value_model="separate"')
 

@@ -18,7 +18,7 @@ from learner_fixtures import episode
 from agentgym.learner.episode_log import EpisodeLog, pick_episodes
 from agentgym.observe.logs import MetricsWriter, read_metrics
 from agentgym.protocol import Rollout
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.observe.viewer import write_page
 
 REPO = Path(__file__).resolve().parents[1]

@@ -161,7 +161,7 @@ def test_the_trainer_names_what_it_trains_as_its_export_names_it(tmp_path: Path)
 
     from agentgym.learner.distributed import DataParallel
     from agentgym.learner.trainer import Trainer
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     trainer = Trainer.build(make_cfg(make_default_tiny_model(tmp_path / "m")), DataParallel())
     exported = {t.name for t in trainer.export_weights()}
@@ -208,7 +208,7 @@ def test_tensors_written_into_their_chunks_by_the_trainer_make_the_same_chunks(t
     from agentgym.learner.distributed import DataParallel
     from agentgym.learner.trainer import Trainer
     from agentgym.learner.trainer_state import TorchSource
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     trainer = Trainer.build(make_cfg(make_default_tiny_model(tmp_path / "m")), DataParallel())
     for dtype in ("float32", "bfloat16"):

@@ -58,16 +58,18 @@ class ModelConfig(Section):
     id ORG/NAME already in the local Hugging Face cache (nothing is downloaded: a model found
     neither way stops the command with the ``hf download`` line to run; agentgym/config/model_path.py)."""
     create_tiny: bool = False
-    """Create a tiny random model at ``path`` if it does not exist (the quickstart does)."""
+    """Create a tiny random model at ``path`` if it does not exist (the quickstart does): the
+    launcher does, ``agentgym train`` and ``agentgym slurm``; ``agentgym-learner`` started alone
+    needs the model there."""
     pretrain_steps: Annotated[int, Field(ge=0)] = 0
     """With ``create_tiny``: train the new model this many steps as a language model on random
     play of the run's envs (by weight) before the run starts, the demo's stand-in for a pretrained
-    checkpoint (``agentgym.base_model``; 1,000 steps, past the point where the tiny model learns to
+    checkpoint (``agentgym.models.base``; 1,000 steps, past the point where the tiny model learns to
     read the history, take 80-100 s on 2 cores). 0: the random model as is."""
     arch: Literal["tiny", "agent-tiny", "agent-small"] = "tiny"
     """With ``create_tiny``: which demo model to make. ``tiny``: the quickstart's (a tokenizer of
     guess_number's words); ``agent-tiny`` / ``agent-small``: the family whose tokenizer covers
-    every built-in env (``agentgym.agent_model``), for the other envs."""
+    every built-in env (``agentgym.models.agent``), for the other envs."""
     pretrain_turns: Annotated[int, Field(ge=1)] = 6
     """With ``pretrain_steps``: turns per random-play transcript (at least the run's turn limit
     teaches the format at every position the run reaches)."""

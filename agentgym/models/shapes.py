@@ -1,6 +1,6 @@
 """The published shapes of a few real architectures, to build same-shaped random models locally.
 
-    from agentgym.model_shapes import SHAPES
+    from agentgym.models.shapes import SHAPES
     SHAPES["qwen2.5-0.5b"].hf_config(vocab_size=151936, eos=2, pad=0)   # a transformers config
 
 Sources (the checkpoints' own ``config.json`` files on the Hugging Face hub, as transformers'

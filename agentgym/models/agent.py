@@ -1,6 +1,6 @@
 """The demo model family that can act in every built-in env: one tokenizer, a ladder of sizes.
 
-    from agentgym.agent_model import make_agent_model
+    from agentgym.models.agent import make_agent_model
     make_agent_model(Path("models/agent-small"), "agent-small", seed=0)
 
     agentgym make-model --arch agent-small --pretrain-steps 1500 --pretrain-env mix models/agent-small-base
@@ -11,14 +11,14 @@ action of another env is many bytes' worth of tokens (``move up`` 7, ``craft 4 o
 on the text of every built-in env (``agent_corpus``: their instructions, and the observations and
 actions of seeded random and expert play), so an env's words are one token each and an action a
 few tokens (``move up`` 2, ``turn left`` 2, a craft command 10: digits are always one token each,
-as in Qwen2). The architecture, file layout and tokenizer rules are ``agentgym.tiny_model``'s;
+as in Qwen2). The architecture, file layout and tokenizer rules are ``agentgym.models.tiny``'s;
 only the corpus, the vocabulary bound and the sizes differ. The ladder (``SIZES``):
 
     agent-tiny    hidden 64, 2 layers    the tests' model (the tiny model's sizes)
     agent-small   hidden 128, 4 layers   the results' model (bench/results.py), sized so that a
                                          results run fits 20 minutes on 2 CPU cores
 
-The random weights know nothing; ``agentgym.base_model`` pretrains them on random play of an
+The random weights know nothing; ``agentgym.models.base`` pretrains them on random play of an
 env or of the env mix (``GAME_MIX``) to stand in for a pretrained checkpoint. SciWorld's texts
 come from its instructions and action forms only (its task descriptions and rooms need the JVM),
 WebShop's from its instructions and catalogue, deep search's from its instructions, questions
@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from agentgym.tiny_model import FALLBACK_CORPUS, make_tiny_model
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 SIZES: dict[str, dict[str, int]] = {
     "agent-tiny": dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=192),
@@ -90,7 +90,7 @@ def agent_corpus() -> list[str]:
     texts += list(RAW) + [f"{m} {t}" for m in MATERIALS for t in THINGS]
     for depth in (1, 2, 3):
         texts += _play_texts(TextCraft(depth=depth, distractors=2), 40, 12, seed=depth)
-    small = Path(__file__).resolve().parents[1] / "configs" / "envs" / "wordle-small.txt"
+    small = Path(__file__).resolve().parents[2] / "configs" / "envs" / "wordle-small.txt"
     if small.exists():
         texts += small.read_text().split() * 10
         texts += _play_texts(Wordle(word_list=str(small)), 20, 6, seed=0)

@@ -1,9 +1,9 @@
 """A tiny random causal LM made from scratch: the stand-in for a real checkpoint on CPU machines.
 
-    from agentgym.tiny_model import make_tiny_model
+    from agentgym.models.tiny import make_tiny_model
     make_tiny_model(Path("models/tiny"), corpus=texts, seed=0)
 
-    python scripts/make_tiny_model.py --out models/tiny --seed 0     # or: python -m agentgym.tiny_model
+    python scripts/make_tiny_model.py --out models/tiny --seed 0     # or: python -m agentgym.models.tiny
 
 The result is an ordinary Hugging Face model directory (``config.json``, ``model.safetensors``,
 ``generation_config.json``, tokenizer files with a ChatML chat template) that

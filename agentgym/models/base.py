@@ -43,7 +43,7 @@ PRETRAIN_TURNS = 6
 
 
 MIX = "mix"
-"""``--pretrain-env mix``: the game envs of ``agentgym.agent_model.GAME_MIX``, equal weights."""
+"""``--pretrain-env mix``: the game envs of ``agentgym.models.agent.GAME_MIX``, equal weights."""
 
 EnvMix = Sequence[tuple[str, dict[str, Any], float]]
 """(env name, its options, its weight) per env that random play draws episodes from."""
@@ -84,7 +84,7 @@ def lm_loss(model: Any, episodes: list[list[int]], pad_id: int) -> Any:
 def mix_of(env_name: str, env_kwargs: dict[str, Any] | None = None) -> EnvMix:
     """The envs that ``env_name`` stands for: itself with ``env_kwargs``, or ``MIX``'s games."""
     if env_name == MIX:
-        from agentgym.agent_model import GAME_MIX
+        from agentgym.models.agent import GAME_MIX
 
         return list(GAME_MIX)
     return [(env_name, dict(env_kwargs or {}), 1.0)]
@@ -178,8 +178,8 @@ def ensure_model(cfg: Any) -> None:
     path = Path(cfg.model.path)
     if not cfg.model.create_tiny or (path / "config.json").exists():
         return
-    from agentgym.agent_model import make_agent_model
-    from agentgym.tiny_model import make_default_tiny_model
+    from agentgym.models.agent import make_agent_model
+    from agentgym.models.tiny import make_default_tiny_model
 
     arch = cfg.model.arch
 

@@ -20,7 +20,7 @@ import structlog
 import trio
 
 from agentgym.config import Config
-from agentgym.evaluate import summarize_groups
+from agentgym.observe.eval_metrics import summarize_groups
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
@@ -107,7 +107,7 @@ class Evaluations:
             "reward_mean": sum(e.reward for e in eps) / n,
             "env_failures": sum(len(x.episodes) for x in rnd.rollouts) - len(eps),
             "versions_used": [min(used, default=-1), max(used, default=-1)],
-            # Same definitions as `agentgym eval` (agentgym/evaluate.py), k = group_size; `pinned`:
+            # Same definitions as `agentgym eval` (agentgym/observe/eval_metrics.py), k = group_size; `pinned`:
             # every sampled token came from the evaluated version (docs/adr/0015-evaluation.md).
             **summarize_groups([[e.success for e in trainable_episodes(x)] for x in rnd.rollouts], self.cfg.rollout.group_size),
             "pinned": bool(used) and set(used) == {rnd.version},

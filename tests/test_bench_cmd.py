@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from agentgym.cli import main
+from agentgym.cli.main import main
 
 
 def test_bench_help_imports_nothing_heavy() -> None:
-    code = ("import sys\nfrom agentgym.cli import main\ntry:\n    main(['bench', '--help'])\nexcept SystemExit:\n    pass\n"
+    code = ("import sys\nfrom agentgym.cli.main import main\ntry:\n    main(['bench', '--help'])\nexcept SystemExit:\n    pass\n"
             "print('HEAVY' if {'torch', 'vllm', 'matplotlib', 'trio'} & set(sys.modules) else 'LIGHT')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "comparison.json" in out and "--repeats" in out and "--seeds" in out

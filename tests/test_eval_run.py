@@ -88,7 +88,7 @@ def test_the_readme_eval_example_reproduces_the_runs_final_eval(run: Path) -> No
 
 
 def test_flags_that_change_how_the_model_plays_are_warned_about(run: Path) -> None:
-    from agentgym.cmd_eval import trained_config, trained_differences
+    from agentgym.cli.eval import trained_config, trained_differences
 
     assert trained_config(run) == trained_config(run / "checkpoints") == run / "config.toml"
     newest = sorted((run / "checkpoints").iterdir())[-1]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.evaluate import episode_seed, pass_at_k, summarize
+from agentgym.observe.eval_metrics import episode_seed, pass_at_k, summarize
 
 
 def test_pass_at_k_hand_computed() -> None:
@@ -51,7 +51,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _eval(model: Path, out: Path, *extra: str) -> dict:
-    from agentgym.cli import main
+    from agentgym.cli.main import main
 
     rc = main(["eval", "--model", str(model), "--engine", "hf", "--env", "guess_number", "--tasks", "2", "-k", "3",
                "--turn-limit", "3", "-o", "rollout.max_tokens_per_turn=3", "--out", str(out), *extra])  # fmt: skip
@@ -76,7 +76,7 @@ def test_eval_is_reproducible_and_seeded(tiny: Path, tmp_path: Path) -> None:
 
 
 def test_eval_rejects_bad_input(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from agentgym.cli import main
+    from agentgym.cli.main import main
 
     assert main(["eval", "--model", str(tmp_path), "--env", "guess_number"]) == 2
     assert "no config.json" in capsys.readouterr().err
@@ -87,7 +87,7 @@ def test_eval_rejects_bad_input(tiny: Path, tmp_path: Path, capsys: pytest.Captu
 
 
 def test_summarize_groups_is_what_the_learner_writes() -> None:
-    from agentgym.evaluate import summarize_groups
+    from agentgym.observe.eval_metrics import summarize_groups
 
     out = summarize_groups([[True, False], [False, False], [True]], k=2)  # the short group is left out
     assert (out["tasks"], out["avg@2"], out["pass@2"]) == (2, 0.25, 0.5)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentgym.cli import main
+from agentgym.cli.main import main
 from agentgym.config import Config
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from agentgym.config import Config
-from agentgym.launch import _spawn
+from agentgym.cli.launch import _spawn
 
 
 @pytest.mark.parametrize("nice", [0, 7])

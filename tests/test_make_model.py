@@ -42,7 +42,7 @@ def test_make_model_writes_a_directory_transformers_loads(tmp_path: Path) -> Non
 
 
 def test_an_unknown_arch_is_refused_with_the_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from agentgym.cli import main
+    from agentgym.cli.main import main
 
     with pytest.raises(SystemExit) as exc:
         main(["make-model", "--arch", "qwen9", str(tmp_path / "x")])

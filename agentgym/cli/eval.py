@@ -12,7 +12,7 @@ training (a model trained to answer in one token scores nothing when given eight
 
 No learner is started: the command loads one engine, starts one env pool per env and plays
 ``tasks`` tasks of ``split`` ``k`` times each with the rollout code actors use
-(actors/rollout.py). It prints a table (avg@k, pass@k per env; agentgym/evaluate.py defines them)
+(actors/rollout.py). It prints a table (avg@k, pass@k per env; agentgym/observe/eval_metrics.py defines them)
 and writes the report as JSON (``--out``, default stdout's table only). Every request is seeded
 from (seed, env, task, sample, turn), so the same command gives the same numbers.
 """
@@ -24,9 +24,15 @@ import asyncio
 import json
 import re
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from agentgym.config.args import add_config_args, resolve_config
+from agentgym.observe.eval_metrics import episode_seed, summarize
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -170,8 +176,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"eval: warning: {diff}: the model was trained otherwise ({trained_path})", file=sys.stderr)
     report = asyncio.run(_run(cfg, model, envs, args, tasks, k, temperature, turn_limit))
     report["model"] = str(model)
-    from agentgym.evaluate import table
-
     print(table(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +187,6 @@ def run(args: argparse.Namespace) -> int:
 async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float,
                turn_limit: int) -> dict:  # fmt: skip
     from agentgym.actors.engines import load_tokenizer, make_engine
-    from agentgym.evaluate import evaluate
 
     seed = args.seed if args.seed is not None else cfg.run.seed
     print(f"eval: starting the {cfg.actor.engine} engine on {model}", file=sys.stderr, flush=True)
@@ -197,3 +200,94 @@ async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, task
                               concurrency=args.concurrency, critic=args.critic)  # fmt: skip
     finally:
         await engine.close()
+
+
+async def evaluate(
+    engine: Any,
+    tokenizer: Any,
+    cfg: Any,
+    envs: Sequence[str],
+    *,
+    split: str,
+    tasks: int,
+    k: int,
+    temperature: float,
+    seed: int,
+    turn_limit: int,
+    concurrency: int = 8,
+    progress: bool = True,
+    critic: bool = False,
+) -> dict[str, Any]:
+    """Play ``tasks`` tasks of ``split`` of every env ``k`` times each; the report ``agentgym eval``
+    prints. ``cfg`` supplies the env options and the rollout's token budgets. ``critic``: play
+    with the config's ``[critic]`` (kind, when, rounds) on every episode, held-out ones included;
+    without it the agent plays alone, whatever ``critic.enabled`` says."""
+    from agentgym.actors.critic import shared_critic
+    from agentgym.actors.rollout import play_episode
+    from agentgym.envpool.pool import EnvPool
+    from agentgym.learner.control import critic_spec, rollout_spec
+    from agentgym.protocol import Ticket
+    from agentgym.protocol.arrays import I32, unpack
+
+    spec = msgspec.structs.replace(rollout_spec(cfg), temperature=temperature, critic=None)
+    judge = None
+    if critic:
+        cs = msgspec.structs.replace(critic_spec(cfg), at_eval=True)
+        spec = msgspec.structs.replace(spec, critic=cs)
+        judge = await shared_critic(cs, engine, tokenizer, seed)
+    if temperature == 0:
+        spec = msgspec.structs.replace(spec, top_p=1.0)
+    kwargs = {e.name: dict(e.kwargs) for e in cfg.env.specs}
+    total = len(envs) * tasks * k
+    done = 0
+    t0 = time.monotonic()
+    gate = asyncio.Semaphore(concurrency)
+    results: dict[str, list[list[bool]]] = {e: [[False] * k for _ in range(tasks)] for e in envs}
+    failures: dict[str, int] = dict.fromkeys(envs, 0)
+    episodes: list[dict[str, Any]] = []
+
+    async def one(pool: EnvPool, env: str, task: int, sample: int) -> None:
+        nonlocal done
+        async with gate:
+            ticket = Ticket(group_id=f"eval:{env}:{task}", env=env, task_id=task, min_version=0, split=split)
+            ep = await play_episode(engine, tokenizer, pool, ticket, sample, spec, turn_limit,
+                                    seed=episode_seed(seed, env, task, sample), critic=judge)  # fmt: skip
+        results[env][task][sample] = bool(ep.success)
+        failures[env] += ep.finish == "env_failure"
+        episodes.append({"env": env, "task": task, "sample": sample, "success": bool(ep.success),
+                         "reward": float(ep.reward), "finish": ep.finish,
+                         "critiques": int(unpack(ep.critiques, I32).size // 2)})  # fmt: skip
+        done += 1
+        if progress and (done == total or done % max(1, total // 20) == 0):
+            rate = done / max(time.monotonic() - t0, 1e-9)
+            print(f"eval: {done}/{total} episodes, {(total - done) / rate:.0f}s left", file=sys.stderr, flush=True)
+
+    for env in envs:
+        pool = EnvPool(env, kwargs.get(env, {}), max(1, min(concurrency, tasks * k)),
+                       step_timeout_s=cfg.actor.step_timeout_s)  # fmt: skip
+        async with pool:
+            await asyncio.gather(*(one(pool, env, t, s) for t in range(tasks) for s in range(k)))
+    per_env = summarize(results, k)
+    for env, row in per_env.items():
+        row["env_failures"] = failures[env]
+    episodes.sort(key=lambda e: (e["env"], e["task"], e["sample"]))
+    return {
+        "split": split, "tasks": tasks, "k": k, "temperature": temperature, "seed": seed,
+        "turn_limit": turn_limit, "envs": per_env, "episodes": episodes,
+        "critic": f"{spec.critic.kind} {spec.critic.when}" if spec.critic else None,
+        "seconds": round(time.monotonic() - t0, 2),
+    }  # fmt: skip
+
+
+def table(report: dict[str, Any]) -> str:
+    """The per-env numbers as a fixed-width text table."""
+    k = report["k"]
+    head = f"{'env':<20} {'tasks':>6} {'samples':>8} {f'avg@{k}':>8} {f'pass@{k}':>8} {'env_fail':>8}"
+    rows = [head, "-" * len(head)]
+    for env, r in report["envs"].items():
+        rows.append(f"{env:<20} {r['tasks']:>6} {r['samples']:>8} {r[f'avg@{k}']:>8.3f} "
+                    f"{r[f'pass@{k}']:>8.3f} {r['env_failures']:>8}")  # fmt: skip
+    if report.get("critic"):
+        n = sum(e.get("critiques", 0) for e in report["episodes"])
+        rows.append(f"with the critic ({report['critic']}): {n} critiques over {len(report['episodes'])} episodes")
+    return "\n".join(rows)

@@ -4,7 +4,7 @@
     agentgym train [--config F] [--actors N] [-o KEY=VALUE ...]   learner + N local actors
     agentgym envs                                                 registered environments
     agentgym config [--config F] [-o ...]                         print the resolved config
-    agentgym eval --model DIR [--env E] [--tasks N] [-k K] [--temperature T]   avg@k, pass@k (cmd_eval.py)
+    agentgym eval --model DIR [--env E] [--tasks N] [-k K] [--temperature T]   avg@k, pass@k (eval.py)
     agentgym view RUN_DIR [-o FILE]                               a page of the run's episodes and curves
     agentgym keys DIR [--actors N]                                CURVE key pairs for learner and actors
     agentgym chaos [--minutes M] [--seed S]                       train under random failures, print the accounting
@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentgym import cmd_bench, cmd_keys
+from agentgym.cli import bench as cmd_bench, keys as cmd_keys
 from agentgym.config.args import add_config_args, preflight, resolve_config
 
 
@@ -96,7 +96,7 @@ def _main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
-    from agentgym import cmd_actors, cmd_chaos, cmd_eval, cmd_make_model, slurm
+    from agentgym.cli import actors as cmd_actors, chaos as cmd_chaos, eval as cmd_eval, make_model as cmd_make_model, slurm
 
     cmd_bench.add_parser(sub)
     cmd_keys.add_parser(sub)
@@ -146,7 +146,7 @@ def _main(argv: list[str] | None = None) -> int:
 
         if args.explain:
             from agentgym.config import Config
-            from agentgym.explain import explain
+            from agentgym.cli.explain import explain
 
             print(explain(Config))
             return 0
@@ -167,7 +167,7 @@ def _main(argv: list[str] | None = None) -> int:
     cmd_keys.check_train_keys(cfg)
     cfg = preflight(cfg)  # env names, sink libraries, the model: one line before any process starts
     from agentgym.host.guardian import start_guardian
-    from agentgym.launch import launch
+    from agentgym.cli.launch import launch
     from agentgym.observe.logs import setup_logging
 
     run_dir = args.run_dir or cfg.run.path

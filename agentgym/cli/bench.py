@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     config = (args.config or repo / "configs" / "quickstart.toml").resolve()
     if not config.exists():
         sys.stderr.write(f"error: --config {config}: no such file\n")

@@ -34,7 +34,7 @@ from pathlib import Path
 from agentgym.observe.logs import read_events
 from agentgym.netns import Cluster, Loopback, netns_unavailable
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PORT = 5555
 
 FAST = [

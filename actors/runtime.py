@@ -285,7 +285,7 @@ class Actor:
                 log.info("rollouts_resent", count=len(self.unacked))
 
     def weight_sources(self) -> tuple[list[str], list[ClientKeys | None]]:
-        """Where weights come from, best first: this host's relay if configured (agentgym/relay.py),
+        """Where weights come from, best first: this host's relay if configured (agentgym/cluster/relay.py),
         then the learner's weights port; with the CURVE keys for each."""
         a = self.cfg.actor
         learner = weights_addr(a.learner, self.welcome.weights_port)

@@ -2,7 +2,7 @@
 
     python bench/control_plane.py --out /tmp/control_plane     # N = 8, 32, 128, 256
 
-A real ``agentgym-learner`` (the tiny model, loopback) and ``agentgym.play_fleet`` processes of
+A real ``agentgym-learner`` (the tiny model, loopback) and ``agentgym.cluster.play_fleet`` processes of
 simulated actors (64 identities a process at most): each identity says Hello, heartbeats, plays
 every ticket it is granted into a Rollout (a simulated engine's turn, ``--latency`` s per group)
 and takes Acks and WeightsReady, as an actor does. Two learner settings per N:
@@ -72,7 +72,7 @@ def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path
             f = work / f"fleet-{i}.json"
             files.append(f)
             fleets.append(subprocess.Popen(
-                [sys.executable, "-m", "agentgym.play_fleet", "--learner", f"tcp://127.0.0.1:{port}", "--model", str(model),
+                [sys.executable, "-m", "agentgym.cluster.play_fleet", "--learner", f"tcp://127.0.0.1:{port}", "--model", str(model),
                  "--count", str(min(64, n - start)), "--prefix", f"p{i}", "--max-groups", "1", "--latency", str(args.latency),
                  "--out", str(f)], cwd=ROOT, stdout=open(work / f"fleet-{i}.log", "w"), stderr=subprocess.STDOUT))  # fmt: skip
         time.sleep(args.warmup)

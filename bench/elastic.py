@@ -3,7 +3,7 @@
     python bench/elastic.py --out /tmp/elastic          # 32 actors in 4 processes
 
 A real ``agentgym-learner`` (tiny model, loopback, ``learner.batch_groups = 8``) and 4
-``agentgym.play_fleet`` processes of simulated actors (bench/control_plane.py describes them).
+``agentgym.cluster.play_fleet`` processes of simulated actors (bench/control_plane.py describes them).
 Timeline: ``--phase`` s steady; one process (a quarter of the actors) is SIGKILLed (they vanish
 without a word: the learner notices after ``learner.actor_timeout_s`` and re-issues their
 tickets); ``--phase`` s later a new process of as many actors joins at once; then another
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def spawn_fleet(model: Path, port: int, prefix: str, count: int, work: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentgym.play_fleet", "--learner", f"tcp://127.0.0.1:{port}", "--model", str(model),
+        [sys.executable, "-m", "agentgym.cluster.play_fleet", "--learner", f"tcp://127.0.0.1:{port}", "--model", str(model),
          "--count", str(count), "--prefix", prefix, "--max-groups", "1", "--latency", "1.0", "--out", str(work / f"{prefix}.json")],
         cwd=ROOT, stdout=open(work / f"{prefix}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip

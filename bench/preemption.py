@@ -34,7 +34,7 @@ from pathlib import Path
 
 from agentgym.cli.chaos import FAST, Scenario
 from agentgym.observe.logs import read_events
-from agentgym.netns import Loopback
+from agentgym.cluster.netns import Loopback
 from agentgym.models.tiny import make_default_tiny_model
 
 

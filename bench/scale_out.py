@@ -3,10 +3,10 @@
     python bench/scale_out.py --out /tmp/scale_out          # N = 1, 8, 32, 128
     python bench/scale_out.py --actors 8,32 --mib 8 --hosts 4 --plot docs/img/scale_out.png
 
-Every run is real processes in network namespaces (agentgym/netns.py): a ``learner`` host with
-the learner's weight side (``agentgym.fleet source``: the learner's own Hub, no training) and up
+Every run is real processes in network namespaces (agentgym/cluster/netns.py): a ``learner`` host with
+the learner's weight side (``agentgym.cluster.fleet source``: the learner's own Hub, no training) and up
 to ``--hosts`` actor hosts, each running its share of the N simulated actor identities
-(``agentgym.fleet actors``, ``--per-process`` identities per process, actors/sim_engine.py). The
+(``agentgym.cluster.fleet actors``, ``--per-process`` identities per process, actors/sim_engine.py). The
 source publishes ``--versions`` versions of ``--mib`` MiB; for each it measures:
 - time to all: from announcing the version (WeightsReady to every actor) to the last actor
   reporting, by heartbeat, that it serves the version with the learner's bytes (crc32 digest);
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
-    from agentgym.netns import Cluster
+    from agentgym.cluster.netns import Cluster
 
     hosts = [f"h{i}" for i in range(min(args.hosts, n))]
     py = sys.executable
@@ -50,7 +50,7 @@ def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
             for h in ["learner", *hosts]:
                 subprocess.run(["ip", "netns", "exec", net.ns(h), "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
                                 "rate", f"{args.link_mbit}mbit", "burst", "256kb", "latency", "2s"], check=True)  # fmt: skip
-        source = net.spawn("learner", [py, "-m", "agentgym.fleet", "source", "--bind", f"tcp://{L}:5555", "--actors", str(n),
+        source = net.spawn("learner", [py, "-m", "agentgym.cluster.fleet", "source", "--bind", f"tcp://{L}:5555", "--actors", str(n),
                            "--versions", str(args.versions), "--mib", str(args.mib), "--chunk-kib", str(args.chunk_kib),
                            "--timeout", "600", "--out", str(out)], ROOT, work / "source.log")  # fmt: skip
         for i, h in enumerate(hosts):
@@ -58,13 +58,13 @@ def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
             if mode == "relay":
                 up = f"tcp://{L}:5556" if i == 0 else f"tcp://{net.addr(hosts[(i - 1) // 2])}:5560"
                 ups = ["--upstream", up] + (["--upstream", f"tcp://{L}:5556"] if i else [])
-                net.spawn(h, [py, "-m", "agentgym.relay", "--bind", f"tcp://{net.addr(h)}:5560", "--insecure", *ups,
+                net.spawn(h, [py, "-m", "agentgym.cluster.relay", "--bind", f"tcp://{net.addr(h)}:5560", "--insecure", *ups,
                           "--stats", str(work / f"relay-{h}.json")], ROOT, work / f"relay-{h}.log")  # fmt: skip
                 relay = f"tcp://{net.addr(h)}:5560"
             share = n // len(hosts) + (1 if i < n % len(hosts) else 0)
             for p in range(0, share, args.per_process):
                 count = min(args.per_process, share - p)
-                net.spawn(h, [py, "-m", "agentgym.fleet", "actors", "--learner", f"tcp://{L}:5555", "--count", str(count),
+                net.spawn(h, [py, "-m", "agentgym.cluster.fleet", "actors", "--learner", f"tcp://{L}:5555", "--count", str(count),
                           "--prefix", f"{h}p{p}", "--stall", "10", *(["--relay", relay] if relay else [])],
                           ROOT, work / f"fleet-{h}-{p}.log")  # fmt: skip
         deadline = time.monotonic() + 900

@@ -1,7 +1,7 @@
-"""Weight relays across hosts (agentgym/relay.py), with a relay killed mid-transfer.
+"""Weight relays across hosts (agentgym/cluster/relay.py), with a relay killed mid-transfer.
 
 Three network-namespace hosts (tests/netns.py), real processes throughout:
-  learner: the learner's weight side (``agentgym.fleet source``: the learner's own Hub)
+  learner: the learner's weight side (``agentgym.cluster.fleet source``: the learner's own Hub)
   h1:      relay r1 (upstream: the learner) and 2 simulated actors fetching from r1
   h2:      relay r2 (upstream: r1, then the learner) and 2 simulated actors fetching from r2
 so r1 -> r2 is a two-level tree and the learner sends each version once. h1's loopback is rate
@@ -56,17 +56,17 @@ def test_relay_tree_survives_a_relay_killed_mid_transfer(tmp_path: Path) -> None
         logs = {n: tmp_path / f"{n}.log" for n in ("source", "r1", "r2", "f1", "f2")}
         js = {n: tmp_path / f"{n}.jsonl" for n in logs}
         out = tmp_path / "result.json"
-        source = net.spawn("learner", [py, "-m", "agentgym.fleet", "--log-json", str(js["source"]), "source",
+        source = net.spawn("learner", [py, "-m", "agentgym.cluster.fleet", "--log-json", str(js["source"]), "source",
                            "--bind", f"tcp://{L}:5555", "--actors", "4", "--versions", "3", "--mib", "8",
                            "--chunk-kib", "128", "--gap", "1", "--timeout", "240", "--out", str(out)], ROOT, logs["source"])  # fmt: skip
         r1_stats = tmp_path / "r1.json"
-        r1 = net.spawn("h1", [py, "-m", "agentgym.relay", "--bind", f"tcp://{H1}:5560", "--insecure",
+        r1 = net.spawn("h1", [py, "-m", "agentgym.cluster.relay", "--bind", f"tcp://{H1}:5560", "--insecure",
                        "--upstream", f"tcp://{L}:5556", "--stats", str(r1_stats), "--stats-every", "0.05",
                        "--log-json", str(js["r1"])], ROOT, logs["r1"])  # fmt: skip
-        net.spawn("h2", [py, "-m", "agentgym.relay", "--bind", "tcp://127.0.0.1:5560", "--upstream", f"tcp://{H1}:5560",
+        net.spawn("h2", [py, "-m", "agentgym.cluster.relay", "--bind", "tcp://127.0.0.1:5560", "--upstream", f"tcp://{H1}:5560",
                   "--upstream", f"tcp://{L}:5556", "--stall", "1.5", "--log-json", str(js["r2"])], ROOT, logs["r2"])  # fmt: skip
         fleets = [
-            net.spawn(host, [py, "-m", "agentgym.fleet", "--log-json", str(js[f]), "actors", "--learner", f"tcp://{L}:5555",
+            net.spawn(host, [py, "-m", "agentgym.cluster.fleet", "--log-json", str(js[f]), "actors", "--learner", f"tcp://{L}:5555",
                       "--count", "2", "--prefix", host, "--relay", relay, "--stall", "4"], ROOT, logs[f])
             for host, f, relay in (("h1", "f1", f"tcp://{H1}:5560"), ("h2", "f2", "tcp://127.0.0.1:5560"))
         ]  # fmt: skip
@@ -127,7 +127,7 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
     import zmq.asyncio
 
     from agentgym.actors.weight_fetch import fetch_weights
-    from agentgym.fleet import make_version
+    from agentgym.cluster.fleet import make_version
     from agentgym.auth.keys import ClientKeys, load_keypair, load_public, write_keys
     from agentgym.auth.server import ServerKeys
     from agentgym.learner.transport import WeightSnapshot, open_hub
@@ -164,7 +164,7 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
     hub = hub_box["hub"]
     relay_port = _free_port()
     relay_addr = f"tcp://127.0.0.1:{relay_port}"
-    relay = subprocess.Popen([sys.executable, "-m", "agentgym.relay", "--bind", relay_addr, "--upstream", learner_addr,
+    relay = subprocess.Popen([sys.executable, "-m", "agentgym.cluster.relay", "--bind", relay_addr, "--upstream", learner_addr,
                               "--upstream-key", str(keys / "learner.key"), "--secret-key", str(keys / "actors" / "relay.key_secret"),
                               "--authorized-keys", str(relay_allow), "--log-json", str(tmp_path / "relay.jsonl")],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
@@ -191,7 +191,7 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
         assert asyncio.run(fetch("actor-1")) == want
         assert hub.weight_chunks_served == 2 * len(chunks)  # refused by the relay: straight from the learner
         assert read_events(tmp_path / "relay.jsonl", "peer_refused_unknown_key")
-        open_bind = subprocess.run([sys.executable, "-m", "agentgym.relay", "--bind", "tcp://0.0.0.0:1", "--upstream", learner_addr],
+        open_bind = subprocess.run([sys.executable, "-m", "agentgym.cluster.relay", "--bind", "tcp://0.0.0.0:1", "--upstream", learner_addr],
                                    cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
         assert open_bind.returncode == 2 and "--insecure" in open_bind.stderr
     finally:

@@ -26,7 +26,7 @@ def test_actors_train_through_a_relay_and_the_learner_sends_each_version_once(tm
     port, relay_port = free_port_pair(), free_port_pair()
     stats = tmp_path / "relay.json"
     relay = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.relay", "--bind", f"tcp://127.0.0.1:{relay_port}",
+        [sys.executable, "-m", "agentgym.cluster.relay", "--bind", f"tcp://127.0.0.1:{relay_port}",
          "--upstream", f"tcp://127.0.0.1:{port + 1}", "--stats", str(stats), "--stats-every", "1"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip

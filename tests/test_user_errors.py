@@ -22,8 +22,8 @@ MISTAKES: list[tuple[list[str], list[str]]] = [
     (["agentgym.actors.main", "--weights-relay", "127.0.0.1:5560"], ["actor.weights_relay", "tcp://HOST:PORT"]),
     (["agentgym.learner.main", "--bind", "127.0.0.1:5555"], ["learner.bind", "tcp://HOST:PORT"]),
     (["agentgym.learner.main", "--bind", "tcp://127.0.0.1:0"], ["learner.bind", "fixed port"]),
-    (["agentgym.relay", "--upstream", "foo"], ["--upstream", "tcp://HOST:PORT"]),
-    (["agentgym.relay", "--upstream", "tcp://127.0.0.1:5556", "--bind", "5560"], ["--bind", "tcp://HOST:PORT"]),
+    (["agentgym.cluster.relay", "--upstream", "foo"], ["--upstream", "tcp://HOST:PORT"]),
+    (["agentgym.cluster.relay", "--upstream", "tcp://127.0.0.1:5556", "--bind", "5560"], ["--bind", "tcp://HOST:PORT"]),
     # env names: refused at learner start, before the learner listens or an actor starts an engine
     (["agentgym.learner.main", "-o", 'env.name="nosuchenv"'], ["env.name", "nosuchenv", "guess_number"]),
     (["agentgym.cli", "train", "--config", QUICKSTART, "-o", 'env.name="nosuchenv"'], ["env.name", "nosuchenv"]),

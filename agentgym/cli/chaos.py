@@ -2,7 +2,7 @@
 
     agentgym chaos --minutes 5 --seed 1 [--work DIR] [--loopback]
 
-Hosts are network namespaces when this runs as root (``agentgym.netns``: a learner host and
+Hosts are network namespaces when this runs as root (``agentgym.cluster.netns``: a learner host and
 actor hosts on a private bridge, 10.231.x.0/24), else processes on loopback where a cut link is
 played by freezing the host's processes. Every ``--every`` seconds (randomised) one of these
 happens: an actor's link is cut for longer than ``learner.actor_timeout_s`` and restored; an
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentgym.observe.logs import read_events
-from agentgym.netns import Cluster, Loopback, netns_unavailable
+from agentgym.cluster.netns import Cluster, Loopback, netns_unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 5555

@@ -183,7 +183,7 @@ class Job:
             return
         upstream = f"tcp://{self.lay.learner_addr}:{self.lay.port + 1}"
         self.relays = self.srun("agentgym-relay", self.lay.actor_nodes, 1,
-                                [self.py, "-m", "agentgym.relay", "--bind", self.lay.relay_url, "--upstream", upstream])  # fmt: skip
+                                [self.py, "-m", "agentgym.cluster.relay", "--bind", self.lay.relay_url, "--upstream", upstream])  # fmt: skip
 
     def start_actors(self, node: str) -> None:
         relay = ["--weights-relay", self.lay.relay_url] if self.lay.relays else []

@@ -1,6 +1,6 @@
 """Simulated actors that play against a real learner: its control plane under hundreds of actors.
 
-    python -m agentgym.play_fleet --learner tcp://127.0.0.1:5555 --model models/tiny --count 64 --out f.json
+    python -m agentgym.cluster.play_fleet --learner tcp://127.0.0.1:5555 --model models/tiny --count 64 --out f.json
 
 Each of ``--count`` identities in this process is an actor as the learner sees it: Hello with
 the model's fingerprint, heartbeats at the Welcome's interval (with its capacity), tickets from
@@ -144,7 +144,7 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agentgym.play_fleet", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agentgym.cluster.play_fleet", description=__doc__.split("\n\n")[0])
     p.add_argument("--learner", required=True)
     p.add_argument("--model", required=True, help="the learner's model directory (fingerprint, vocabulary)")
     p.add_argument("--count", type=int, default=8)

@@ -1,7 +1,7 @@
 """Weight distribution at scale, simulated: a weight source and fleets of simulated actors.
 
-    python -m agentgym.fleet source --bind tcp://10.0.0.1:5555 --actors 32 --versions 3 --mib 8 --out r.json
-    python -m agentgym.fleet actors --learner tcp://10.0.0.1:5555 --count 16 [--relay tcp://127.0.0.1:5560]
+    python -m agentgym.cluster.fleet source --bind tcp://10.0.0.1:5555 --actors 32 --versions 3 --mib 8 --out r.json
+    python -m agentgym.cluster.fleet actors --learner tcp://10.0.0.1:5555 --count 16 [--relay tcp://127.0.0.1:5560]
 
 The source is the learner's own I/O side (learner/transport.py ``Hub``: control ROUTER and
 weight chunk server) without training: it admits ``--actors`` identities (Hello -> Welcome),
@@ -161,7 +161,7 @@ async def run_fleet(learner: str, count: int, prefix: str, relay: str | None, st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agentgym.fleet", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agentgym.cluster.fleet", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="role", required=True)
     s = sub.add_parser("source", help="the learner's side: publish versions, time them")
     s.add_argument("--bind", required=True, help="control address tcp://HOST:PORT (weights on PORT+1)")

@@ -1,6 +1,6 @@
 """Hosts made of Linux network namespaces, for tests and ``agentgym chaos``, which need a network.
 
-    from agentgym.netns import Cluster, Loopback, netns_unavailable
+    from agentgym.cluster.netns import Cluster, Loopback, netns_unavailable
     reason = netns_unavailable()            # None, or why namespaces cannot be made here
     with Cluster(["learner", "a1", "a2"]) as net:
         net.addr("learner")                 # "10.231.0.1": exists only inside these namespaces

@@ -1,13 +1,14 @@
 """Data-parallel ranks of the learner over torch.distributed (gloo on CPU, NCCL on GPU).
 
-    dp = start_ranks(cfg)          # in the learner process: rank 0; starts ranks 1..dp_size-1
+    dp = start_ranks(cfg, Trainer.build)   # in the learner process: rank 0; starts ranks 1..dp_size-1
     dp.send_step(batch)            # rank 0, every step: the whole collated batch to every rank
     dp.all_reduce_grads(params)    # every rank, once per optimizer step (learner.dp_mode = replicate)
     fsdp_shard(model, dp)          # every rank, once (learner.dp_mode = fsdp)
 
 Launch (docs/adr/0007-learner-algorithms.md): the learner process is rank 0. It alone talks to
 the actors (learner/service.py), collates each batch and broadcasts it; ``start_ranks`` starts the
-other ranks as local processes (torch.multiprocessing, spawn) that build the same Trainer and wait
+other ranks as local processes (torch.multiprocessing, spawn) that build the same trainer with the
+factory they are given (``Trainer.build``: this module drives a trainer and imports none) and wait
 in :func:`_rank_main` for commands. Across hosts (docs/adr/0012-lora-and-multinode-learner.md)
 every rank is started the torchrun way instead: RANK, WORLD_SIZE (and LOCAL_RANK, the GPU on its
 host) in the environment, the rendezvous at ``learner.dist_init_addr`` or torchrun's
@@ -35,6 +36,7 @@ import os
 import socket
 import warnings
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -46,6 +48,10 @@ from agentgym.config import Config
 from agentgym.learner.batch import Batch
 
 log = structlog.get_logger(__name__)
+
+BuildTrainer = Callable[[Config, "DataParallel"], Any]
+"""Makes one rank's trainer (``Trainer.build``); the command loop calls its ``train_batch``,
+``load_checkpoint``, ``export_weights``, ``save`` and ``params``."""
 
 
 def free_port() -> int:
@@ -298,9 +304,10 @@ def _init_group(cfg: Config, rank: int, world: int, init_method: str, device: to
     )
 
 
-def start_ranks(cfg: Config) -> DataParallel:
-    """Rank 0 of ``learner.dp_size`` ranks; the others start here as local processes. Started
-    the torchrun way (WORLD_SIZE in the environment), rank 0 of WORLD_SIZE ranks started elsewhere."""
+def start_ranks(cfg: Config, build: BuildTrainer) -> DataParallel:
+    """Rank 0 of ``learner.dp_size`` ranks; the others start here as local processes, each with the
+    trainer ``build`` makes (a picklable factory: ``Trainer.build``). Started the torchrun way
+    (WORLD_SIZE in the environment), rank 0 of WORLD_SIZE ranks started elsewhere."""
     le = launch_env()
     if le is not None and le.world > 1:
         _check_world(cfg, le)
@@ -321,7 +328,7 @@ def start_ranks(cfg: Config) -> DataParallel:
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(1, world):
-        p = ctx.Process(target=_rank_main, args=(cfg, rank, world, init), daemon=True, name=f"learner-rank{rank}")
+        p = ctx.Process(target=_rank_main, args=(cfg, build, rank, world, init), daemon=True, name=f"learner-rank{rank}")
         p.start()
         procs.append(p)
     _init_group(cfg, 0, world, init, device)
@@ -329,30 +336,29 @@ def start_ranks(cfg: Config) -> DataParallel:
     return DataParallel(0, world, device, procs)
 
 
-def run_worker(cfg: Config) -> int:
-    """A rank > 0 started the torchrun way (``agentgym-learner`` with RANK > 0): join the group
-    and run rank 0's commands until it stops; 0 when stopped by rank 0."""
+def run_worker(cfg: Config, build: BuildTrainer) -> int:
+    """A rank > 0 started the torchrun way (``agentgym-learner`` with RANK > 0): join the group,
+    make the trainer with ``build`` and run rank 0's commands until it stops; 0 when stopped by rank 0."""
     le = launch_env()
     if le is None or le.rank == 0:
         raise RuntimeError("run_worker: RANK > 0 and WORLD_SIZE must be set (a learner worker rank)")
     _check_world(cfg, le)
     init = rendezvous(cfg)
     log.info("dp_worker_starting", rank=le.rank, world=le.world, local_rank=le.local_rank, init=init)
-    _rank_main(cfg, le.rank, le.world, init, le.local_rank)
+    _rank_main(cfg, build, le.rank, le.world, init, le.local_rank)
     log.info("dp_worker_stopped", rank=le.rank)
     return 0
 
 
-def _rank_main(cfg: Config, rank: int, world: int, init_method: str, local_rank: int | None = None) -> None:
-    """Ranks 1..: build the same Trainer, then run rank 0's commands until ``stop``."""
-    from agentgym.learner.trainer import Trainer
-
+def _rank_main(cfg: Config, build: BuildTrainer, rank: int, world: int, init_method: str,
+               local_rank: int | None = None) -> None:
+    """Ranks 1..: build the same trainer, then run rank 0's commands until ``stop``."""
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
     device = pick_device(cfg, rank if local_rank is None else local_rank)
     _init_group(cfg, rank, world, init_method, device)
     dp = DataParallel(rank, world, device)
-    trainer = Trainer.build(cfg, dp)
+    trainer = build(cfg, dp)
     try:
         while True:
             cmd, arg = dp.recv_command()

@@ -98,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(role, run_dir / "logs" / f"{role}.jsonl", args.log_level)
     if worker is not None:  # RANK > 0 (torchrun or by hand): a data-parallel worker of rank 0
         from agentgym.learner.distributed import run_worker
+        from agentgym.learner.trainer import Trainer
 
-        return run_worker(cfg)
+        return run_worker(cfg, Trainer.build)
     return trio.run(run_learner, cfg, run_dir, args.resume is not None)
 
 

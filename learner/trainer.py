@@ -156,7 +156,7 @@ class Trainer(TrainerState):
     @classmethod
     def load(cls, cfg: Config) -> Trainer:
         """The learner process's trainer: rank 0, with ranks 1.. started if learner.dp_size > 1."""
-        return cls.build(cfg, start_ranks(cfg))
+        return cls.build(cfg, start_ranks(cfg, cls.build))
 
     def close(self) -> None:
         """Stop the other data-parallel ranks (no-op with one)."""

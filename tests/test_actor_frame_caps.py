@@ -26,7 +26,7 @@ from agentgym.actors.transport import ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.config import Config
 from agentgym.learner.transport import WeightSnapshot
-from agentgym.netutil import free_port_pair
+from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Grant, Handover, Heartbeat, PartialEpisode, Ticket, WeightsReady, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 from agentgym.protocol.limits import MiB, actor_control_frame, weights_frame

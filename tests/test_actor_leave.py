@@ -1,5 +1,5 @@
 """Asking an actor to leave from the learner's side, and leaving without hand-over: real learner
-and actor processes on loopback (agentgym.cmd_chaos.Scenario), real sockets, the real CLI.
+and actor processes on loopback (agentgym.cli.chaos.Scenario), real sockets, the real CLI.
 
   - ``agentgym actors leave ID --run RUN_DIR`` for an id the learner does not know exits 1 and
     names the registered actors;
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from netns import Loopback
 
-from agentgym.cmd_chaos import FAST, Scenario
-from agentgym.logs import read_events
-from agentgym.tiny_model import make_default_tiny_model
+from agentgym.cli.chaos import FAST, Scenario
+from agentgym.observe.logs import read_events
+from agentgym.models.tiny import make_default_tiny_model
 
 LONG = [
     "env.kwargs={low=1, high=1000}", "schedule.turn_limits=[[0, 12]]", "rollout.max_episode_tokens=512",

@@ -1,10 +1,10 @@
-"""The Slurm recipe's step command lines (agentgym/slurm.py), without a Slurm: which GPUs each
+"""The Slurm recipe's step command lines (agentgym/cli/slurm.py), without a Slurm: which GPUs each
 step asks for, from the config. tests/test_slurm.py runs them against a real Slurm."""
 
 from __future__ import annotations
 
 from agentgym.config import load_config
-from agentgym.slurm import Job, step_gpus
+from agentgym.cli.slurm import Job, step_gpus
 
 
 def gpus(*overrides: str) -> tuple[int, int]:

@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def _departures(run_dir: Path, actor_id: str) -> list[dict]:  # type: ignore[type-arg]
     """The learner's ``actor_left`` records of this actor so far."""
-    from agentgym.logs import read_events
+    from agentgym.observe.logs import read_events
 
     return [e for e in read_events(run_dir / "logs" / "learner.jsonl", "actor_left") if e.get("actor_id") == actor_id]
 

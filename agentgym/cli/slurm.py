@@ -320,19 +320,14 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not resume:
         log.error("nothing_to_resume", run_dir=str(run_dir))
         return 2
-    from agentgym.config import ConfigError, load_config
-    from agentgym.models.base import ensure_model
-
-    try:  # the demo model (model.create_tiny) is made once, here, before any step starts
-        ensure_model(load_config(args.config, args.override))
-    except ConfigError as exc:
-        print(f"agentgym slurm: {exc}", file=sys.stderr)
-        return 2
     config = ["--config", str(args.config)] if args.config else []
     common = [*config, *[a for o in args.override for a in ("-o", o)]]
-    from agentgym.cli_common import resolve_config
+    from agentgym.config.args import resolve_config
+    from agentgym.models.base import ensure_model
 
-    gpus = step_gpus(resolve_config(args, []))  # a bad key or value exits 2 here, before any step
+    cfg = resolve_config(args, [])  # a bad key or value exits 2 here, before any step
+    ensure_model(cfg)  # the demo model (model.create_tiny), made once here, before any step starts
+    gpus = step_gpus(cfg)
     job = Job(lay, run_dir, common, args.actors_per_node, resume, args.max_actor_restarts, gpus)
     log.info("slurm_job", job_id=lay.job_id, nodes=lay.nodes, learner=lay.learner_url, restart_count=lay.restart_count,
              learner_gpus=gpus[0], actor_gpus_per_task=gpus[1])  # fmt: skip

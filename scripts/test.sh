@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Runs ruff (pyflakes rules: undefined names, unused imports) and the test suite, installing first
-# if needed. Extra arguments go to pytest.
+# Runs ruff (pyflakes rules: undefined names, unused imports), the import rules (import-linter:
+# scripts/lint_imports.py) and the test suite, installing first if needed. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 .venv/bin/ruff check --quiet . || { echo "ruff: fix the findings above (pyproject.toml [tool.ruff])" >&2; exit 1; }
+imports=$(.venv/bin/python scripts/lint_imports.py 2>&1) || { echo "$imports"; echo "import-linter: an import breaks a rule of docs/architecture.md (pyproject.toml [tool.importlinter])" >&2; exit 1; }
 set +e
 .venv/bin/python -m pytest "$@"
 code=$?

@@ -48,7 +48,7 @@ import shutil
 import tempfile
 import time
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -64,6 +64,7 @@ from agentgym.envpool.envs.webshop.browser import (
     sweep_dead_tmpdirs,
 )
 from agentgym.envpool.envs.webshop.catalogue import SPLITS, Goal, catalogue
+from agentgym.envpool.envs.webshop.expert import expert_move
 from agentgym.envpool.envs.webshop.observe import (
     ACTIONS_HELP,
     OBSERVE_JS,
@@ -363,55 +364,8 @@ class WebShop(Env):
         goal, view = self._goal, self._view
         if goal is None or view is None or self._done:
             return "scroll down"
-        p = self.catalogue.products[goal.pid]
-        route = urlsplit(self._page.url).path.strip("/").partition("/")[2]
-        cart = self._server.session(self._token).cart
-        want = (goal.pid, goal.colour, goal.size)
-
-        def find(role: str, name: str | None = None, kind: str = "") -> int | None:
-            for i, el in view.elements.items():
-                if el.role == role and (name is None or el.name == name) and el.kind == kind:
-                    return i
-            return None
-
-        def click(role: str, name: str | None = None, kind: str = "") -> str:
-            i = find(role, name, kind)
-            if i is not None:
-                return f"click [{i}]"
-            return "scroll down" if view.below else "scroll up" if view.above else "go back"
-
-        def cart_link() -> str:
-            return click("link", f"Cart ({len(cart)})")
-
-        if cart:
-            if cart == [want]:
-                if route == "checkout":
-                    return click("button", "Place order")
-                return click("button", "Checkout") if route == "cart" else cart_link()
-            return click("button", "Remove") if route == "cart" else cart_link()
-        if route.startswith("product/"):
-            if route != f"product/{goal.pid}":
-                return "go back"
-            colour = find("button", goal.colour, "colour")
-            if colour is None or not view.elements[colour].selected:
-                return click("button", goal.colour, "colour")
-            size = find("button", goal.size, "size")
-            if size is None or not view.elements[size].selected:
-                return click("button", goal.size, "size")
-            return click("button", "Add to cart")
-        first_query = " ".join((goal.colour, *reversed(goal.attributes), goal.category))
-        box = find("textbox")
-        if route == "search":
-            if find("link", p.name) is not None:
-                return click("link", p.name)
-            if view.below:
-                return "scroll down"
-            query = parse_qs(urlsplit(self._page.url).query).get("q", [""])[-1]
-            if box is not None and query == first_query:
-                return f"type [{box}] {p.name} [enter]"  # not among the results: ask for it by name
-        if box is None:
-            return "scroll up"
-        return f"type [{box}] {first_query} [enter]"
+        return expert_move(goal, view, self.catalogue.products[goal.pid].name, self._page.url,
+                           self._server.session(self._token).cart)  # fmt: skip
 
     def close(self) -> None:
         try:

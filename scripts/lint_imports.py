@@ -37,7 +37,7 @@ def main() -> int:
         lay_out(Path(tmp))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tmp, os.environ.get("PYTHONPATH")]))}
         lint = Path(sys.executable).with_name("lint-imports")
-        cmd = [str(lint), "--config", str(REPO / "pyproject.toml"), "--no-cache", *sys.argv[1:]]
+        cmd = [str(lint), str(REPO / "pyproject.toml"), "--no-cache", *sys.argv[1:]]
         return subprocess.run(cmd, cwd=tmp, env=env).returncode
 
 

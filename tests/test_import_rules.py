@@ -29,7 +29,7 @@ def test_a_broken_rule_is_reported(tmp_path: Path) -> None:
     with (tmp_path / "agentgym" / "learner" / "staleness.py").open("a") as f:
         f.write("\nfrom agentgym.models.base import ensure_model  # noqa\n")
     lint = Path(sys.executable).with_name("lint-imports")
-    proc = subprocess.run([str(lint), "--config", str(REPO / "pyproject.toml"), "--no-cache"], cwd=tmp_path,
+    proc = subprocess.run([str(lint), str(REPO / "pyproject.toml"), "--no-cache"], cwd=tmp_path,
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert proc.returncode != 0

@@ -60,7 +60,7 @@ fi
 # vLLM pulls PyPI's torchvision/torchaudio/torchcodec, built against another torch: they break
 # `transformers` model imports ("operator torchvision::nms does not exist"). Text models need none.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$PIP" install -q -e ".[test,tensorboard]"
+"$PIP" install -q -e ".[test,tensorboard,wandb]"  # wandb: the W&B sink is tested (offline) in the suite
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

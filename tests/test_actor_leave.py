@@ -31,6 +31,9 @@ LONG = [
 ]  # fmt: skip
 
 
+STEPS = 12
+
+
 def leave(run_dir: Path, actor_id: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agentgym.cli", "actors", "leave", actor_id, "--run", str(run_dir),
                            "--timeout", "120"], capture_output=True, text=True, timeout=200)  # fmt: skip
@@ -40,7 +43,8 @@ def leave(run_dir: Path, actor_id: str) -> subprocess.CompletedProcess[str]:
 def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves_at_once(tmp_path: Path) -> None:
     model = make_default_tiny_model(tmp_path / "shared" / "tiny", seed=0)
     with Loopback(["learner", "a1", "a2", "a3"]) as net:
-        sc = Scenario(net, tmp_path, model.resolve(), [*FAST, *LONG, "run.max_steps=4"])
+        # STEPS: one actor alone must not finish the run before the two CLI calls below are answered
+        sc = Scenario(net, tmp_path, model.resolve(), [*FAST, *LONG, f"run.max_steps={STEPS}"])
         a1 = sc.start_actor("a1")
         sc.start_learner()
         sc.wait(lambda: sc.step() >= 1, 400, "a first step")
@@ -87,7 +91,7 @@ def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves
     t = sc.summary()["tickets"]
     parts = ("trained", "expired", "stale", "invalid", "failed", "untrained_at_end", "in_flight_at_end")
     assert t["unaccounted"] == 0 and t["issued"] == sum(t[k] for k in parts), t
-    assert t["trained"] == 4 * 2 and t["handovers"]["groups"] == len(received)
+    assert t["trained"] == STEPS * 2 and t["handovers"]["groups"] == len(received)
 
 
 def test_a_leave_request_nobody_answers_is_withdrawn_and_bad_arguments_exit_2(tmp_path: Path) -> None:

@@ -90,6 +90,13 @@ def aggregate(per_token: Tensor, loss_mask: Tensor, agg: Agg, norm_const: float 
     return _aggregate(per_token, loss_mask, agg, norm_const)
 
 
+def truncated_weights(ratio: Tensor, cap: float | None, reject_above: float | None) -> Tensor:
+    """The behaviour weight of each token from its ratio π_prox/μ: min(ratio, cap), and 0 where
+    the ratio exceeds ``reject_above`` (None: no cap, no rejection)."""
+    w = ratio if cap is None else ratio.clamp(max=cap)
+    return w if reject_above is None else torch.where(ratio > reject_above, 0.0, w)
+
+
 def decoupled_ppo_loss(
     logp: Tensor,
     prox_logp: Tensor,
@@ -173,9 +180,7 @@ def decoupled_ppo_loss(
         dual = (adv < 0) & (pg > -dual_clip * adv)
         pg = torch.where(dual, -dual_clip * adv, pg)
     behav_ratio = torch.exp(prox - behav)
-    w = behav_ratio if behav_weight_cap is None else behav_ratio.clamp(max=behav_weight_cap)
-    if behav_reject_above is not None:
-        w = torch.where(behav_ratio > behav_reject_above, 0.0, w)
+    w = truncated_weights(behav_ratio, behav_weight_cap, behav_reject_above)
     moved = ((adv > 0) & (behav_ratio > 1.0 + clip_high)) | ((adv < 0) & (behav_ratio < 1.0 - clip_low))
     if behav_clip:
         w = torch.where(moved, 0.0, w)

@@ -51,7 +51,7 @@ from agentgym.learner.checkpoint import tied_groups
 from agentgym.learner.distributed import DataParallel, fsdp_shard, start_ranks
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.lora import BaseModelView, wrap_lora
-from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, value_loss
+from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, truncated_weights, value_loss
 from agentgym.learner.staleness import StalenessRule
 from agentgym.learner.trainer_state import TrainerState
 from agentgym.learner.policy import forward_tokens, load_causal_lm
@@ -285,10 +285,8 @@ class Trainer(TrainerState):
         weights = b.loss_mask * StalenessRule.from_config(cfg).token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
         if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
-            raw = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)
-            w_is = raw.clamp(max=lc.tis_cap or float("inf"))
-            w_is = w_is if lc.tis_reject_above is None else torch.where(raw > lc.tis_reject_above, 0.0, w_is)
-            adv = importance_recentred(adv, weights * w_is, b.group_index)
+            ratio = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)
+            adv = importance_recentred(adv, weights * truncated_weights(ratio, lc.tis_cap, lc.tis_reject_above), b.group_index)
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in

@@ -166,8 +166,9 @@ class Learner(ActorControl):
         cfg, lc = self.cfg, self.cfg.learner
         ec = cfg.eval
         self.sched.on_version(self.version)
-        if ec.at_start:
-            self.start_eval()
+        # The initial evaluation scores version 0 exactly: actors play it beside the first
+        # training groups, and the first optimizer step waits for it (no version 1 exists before).
+        first = self.start_eval() if ec.at_start else None
         self.grant()
         while self.step < cfg.run.max_steps:
             with self.clock.part("wait"):
@@ -176,6 +177,9 @@ class Learner(ActorControl):
                     await self.new_data.wait()
                     self.new_data = trio.Event()
                     self.expire_stale()
+                if first is not None:
+                    await self.await_eval(first)
+                    first = None
             batch = self.buffer.take(lc.batch_groups)
             per_env = env_stats(batch)
             # A signal waits for the step in progress: the learner stops between steps, where a
@@ -222,12 +226,15 @@ class Learner(ActorControl):
                 break
         await self.checkpoint("end")
         if ec.at_end:
-            rnd = self.start_eval()
-            with trio.move_on_after(ec.end_timeout_s):
-                await rnd.done.wait()
-            if not rnd.done.is_set():
-                log.warning("eval_incomplete", version=rnd.version, groups_missing=len(rnd.pending),
-                            timeout_s=ec.end_timeout_s)  # fmt: skip
+            await self.await_eval(self.start_eval())
+
+    async def await_eval(self, rnd: EvalRound) -> None:
+        """Wait for an evaluation round, at most ``eval.end_timeout_s``; then go on without it."""
+        timeout = self.cfg.eval.end_timeout_s
+        with trio.move_on_after(timeout):
+            await rnd.done.wait()
+        if not rnd.done.is_set():
+            log.warning("eval_incomplete", version=rnd.version, groups_missing=len(rnd.pending), timeout_s=timeout)
 
     def expire_stale(self) -> None:
         """Drop buffered groups with nothing trainable left (the staleness rule says which).

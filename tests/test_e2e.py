@@ -80,8 +80,8 @@ def test_learner_and_two_actors_train_and_account_for_every_group(tiny_model: Pa
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert [e["version"] for e in evals] == [0, 50, steps]  # at start, every 50 steps, at the end
     assert all(e["episodes"] == 16 * 8 and e["split"] == "test" for e in evals), evals
-    # the initial weights (a later turn of a long episode may see version 1, and says so)
-    assert evals[0]["versions_used"][0] == 0 and evals[0]["versions_used"][1] <= 1
+    # the initial weights exactly: the first optimizer step waits for that evaluation
+    assert evals[0]["versions_used"] == [0, 0] and evals[0]["pinned"], evals[0]
     before, after = evals[0]["success_rate"], evals[-1]["success_rate"]
     assert after >= before + 0.08, f"held-out success did not rise: {before:.3f} -> {after:.3f}"
 

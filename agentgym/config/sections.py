@@ -236,7 +236,8 @@ class EvalConfig(Section):
     every: Annotated[int, Field(ge=0)] = 0
     """Evaluate after every N optimizer steps (0: never during the run)."""
     at_start: bool = False
-    """Evaluate the initial weights (version 0) while training starts."""
+    """Evaluate the initial weights (version 0): actors play it beside the first training groups,
+    and the first optimizer step waits for it, so every token it scores is version 0's."""
     at_end: bool = False
     """Evaluate the final weights before the run ends (the learner waits for it)."""
     tasks: Annotated[int, Field(ge=1)] = 16
@@ -244,7 +245,8 @@ class EvalConfig(Section):
     split: Literal["test", "dev"] = "test"
     """Which held-out split of each env to evaluate on."""
     end_timeout_s: Annotated[float, Field(gt=0)] = 600.0
-    """How long the final evaluation may take before the run ends without it."""
+    """How long the learner waits for the evaluation at start (before its first step) or at end
+    before it goes on without it."""
 
     @property
     def enabled(self) -> bool:

@@ -54,7 +54,33 @@ class RequestSeededEngine(HfEngine):
         return await super().generate(request_id, prompt_ids, replace(spec, seed=seed))
 
 
-async def play_groups(engine: HfEngine, tokenizer: object, pool: EnvPool, spec: RolloutSpec, tickets: list[Ticket],
+class RequestSeeded:
+    """Any engine (``--engine vllm``: the actors' own, batched) with one sampling seed per request."""
+
+    def __init__(self, engine: object, seed: int) -> None:
+        self.engine, self.seed = engine, seed
+
+    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
+        seed = zlib.crc32(f"{self.seed}:{request_id}".encode())
+        return await self.engine.generate(request_id, prompt_ids, replace(spec, seed=seed))  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.engine, name)
+
+
+def make_bench_engine(cfg: Config, kind: str) -> object:
+    """``hf``: the reference engine, one request at a time, exact float32 logprobs (π_prox/μ = 1).
+    ``vllm``: the actors' vLLM engine (batched; its logprobs differ from the learner's by float noise)."""
+    if kind == "hf":
+        return RequestSeededEngine(cfg.model.path, seed=cfg.run.seed)
+    from agentgym.actors.engines import make_engine
+
+    if cfg.actor.engine != kind:
+        raise ValueError(f"--engine {kind} needs actor.engine = {kind!r} in the config (main() sets it)")
+    return RequestSeeded(make_engine(cfg, Path(cfg.model.path)), cfg.run.seed)
+
+
+async def play_groups(engine: object, tokenizer: object, pool: EnvPool, spec: RolloutSpec, tickets: list[Ticket],
                       episodes: int, turn_limit: int) -> list[Rollout]:  # fmt: skip
     """``episodes`` episodes of each ticket, all at once, as actors play them."""
 
@@ -66,7 +92,8 @@ async def play_groups(engine: HfEngine, tokenizer: object, pool: EnvPool, spec: 
 
 
 async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_limit: int | None = None,
-                      log: bool = True, partial: Path | None = None, max_wall_s: float | None = None) -> dict:  # fmt: skip
+                      log: bool = True, partial: Path | None = None, max_wall_s: float | None = None,
+                      engine_kind: str = "hf") -> dict:  # fmt: skip
     """Train ``cfg.run.max_steps`` steps; held-out success at step 0, every ``eval_every`` and at the end.
 
     ``eval_turn_limit``: evaluate at this turn limit (None: the schedule's limit at that step).
@@ -79,7 +106,7 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
     spec = rollout_spec(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     trainer = Trainer.load(cfg)
-    engine = RequestSeededEngine(cfg.model.path, seed=cfg.run.seed)
+    engine = make_bench_engine(cfg, engine_kind)
     pool = EnvPool(env.name, dict(env.kwargs), 8)
     held_out = [Ticket(group_id=f"eval:{i}", env=env.name, task_id=i, split="test") for i in range(eval_tasks)]
     curve: list[tuple[int, float]] = []
@@ -136,13 +163,16 @@ def main() -> int:
     p.add_argument("--eval-turn-limit", type=int, default=None)
     p.add_argument("-o", "--override", action="append", default=[])
     p.add_argument("--tag", default="run")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="hf: the reference engine, exact logprobs, one request at a time; vllm: batched")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "curves")
     p.add_argument("--plot", action="store_true")
     args = p.parse_args()
     from agentgym.models.tiny import make_default_tiny_model
 
     for seed in [int(s) for s in args.seeds.split(",")]:
-        overrides = [f"run.seed={seed}", 'learner.device="cpu"', "model.create_tiny=false", *args.override]
+        overrides = [f"run.seed={seed}", 'learner.device="cpu"', "model.create_tiny=false", f'actor.engine="{args.engine}"',
+                     *args.override]  # fmt: skip
         if args.steps is not None:
             overrides.append(f"run.max_steps={args.steps}")
         cfg = load_config(args.config, overrides)
@@ -151,7 +181,7 @@ def main() -> int:
         print(f"[{args.tag} seed {seed}] {' '.join(args.override)}", flush=True)
         out = args.out / args.tag
         res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, args.eval_turn_limit,
-                                      partial=out / f"seed{seed}.json"))  # fmt: skip
+                                      partial=out / f"seed{seed}.json", engine_kind=args.engine))  # fmt: skip
         res.update(config=str(args.config), overrides=overrides, seed=seed)
         (out / f"seed{seed}.json").write_text(json.dumps(res))
     if args.plot:

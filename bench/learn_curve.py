@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import sys
 import time
 import zlib
@@ -102,6 +103,9 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
     result's ``steps`` says how many steps were taken)."""
     from transformers import AutoTokenizer
 
+    # SIGTERM unwinds like Ctrl-C, through the finally below: a vLLM engine's processes are closed
+    # with the run instead of being left spinning (bench/results.py and scaling_inter.py too).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = cfg.env.specs[0]
     spec = rollout_spec(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)

@@ -111,7 +111,7 @@ def agent_turn_index(loss_mask: Tensor) -> Tensor:
 
 def turn_baseline_advantages(
     rewards: Tensor, group_index: Tensor, loss_mask: Tensor, *, leave_one_out: bool = False,
-    std_normalize: bool = True, eps: float = 1e-6,
+    std_normalize: bool = True, eps: float = 1e-6, discount: float = 1.0,
 ) -> Tensor:
     """Group-relative advantages with a baseline per agent turn; [B] rewards, [B] group ids and
     [B, T] loss mask in, [B, T] out (0 off the agent tokens).
@@ -132,8 +132,16 @@ def turn_baseline_advantages(
     that played it: a cohort that all fails gets 0, not a push. Like GiGPO's step-level groups
     (Feng et al., arXiv 2505.10978) with the turn number as the anchor state, used instead of the
     episode-level advantage rather than added to it. A cohort of one gets 0.
+
+    ``discount`` γ < 1: the outcome, which arrives at an episode's last turn L_i, is worth
+    γ^(L_i − 1 − k) at turn k, for the episode and for its cohort's baseline alike, so of two
+    episodes that succeed the one that got there in fewer turns is credited more (a move that
+    undoes the one before it costs two turns). The scale (group std) stays that of the outcome;
+    a group whose outcomes are all equal still gets 0.
     """
     x, inv, count, G = _groups("turn_baseline_advantages", rewards, group_index)
+    if not 0 < discount <= 1:
+        raise ValueError(f"turn_baseline_advantages: discount must be in (0, 1], got {discount}")
     if loss_mask.dim() != 2 or loss_mask.shape[0] != x.shape[0]:
         raise ValueError(f"turn_baseline_advantages: loss_mask must be [B, T] with B = {x.shape[0]}, "
                          f"got {tuple(loss_mask.shape)}")  # fmt: skip
@@ -145,12 +153,13 @@ def turn_baseline_advantages(
     out = torch.zeros(loss_mask.shape, dtype=torch.float64, device=loss_mask.device)
     for k in range(int(played.max()) if played.numel() else 0):
         member = (played > k).double()
+        xk = x if discount == 1 else x * discount ** (played - 1 - k).clamp(min=0).double()
         n = x.new_zeros(G).index_add_(0, inv, member)[inv]
-        total = x.new_zeros(G).index_add_(0, inv, member * x)[inv]
+        total = x.new_zeros(G).index_add_(0, inv, member * xk)[inv]
         if leave_one_out:
-            adv = torch.where(n > 1, x - (total - x) / (n - 1).clamp(min=1), 0.0)
+            adv = torch.where(n > 1, xk - (total - xk) / (n - 1).clamp(min=1), 0.0)
         else:
-            adv = (x - total / n.clamp(min=1)) * scale
+            adv = (xk - total / n.clamp(min=1)) * scale
         out = torch.where(turn == k, adv[:, None], out)
     return torch.where(_all_equal(x, inv, G)[:, None], 0.0, out).to(rewards.dtype)  # exactly 0, as in grpo
 

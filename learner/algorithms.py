@@ -46,6 +46,7 @@ def compute_advantages(
     bootstrap: Tensor | None = None,
     whiten: bool = True,
     baseline: Literal["episode", "turn"] = "episode",
+    turn_discount: float = 1.0,
 ) -> tuple[Tensor, Tensor | None]:
     """Advantages [B, T] (0 off the agent tokens) and, for PPO, the value targets [B, T].
 
@@ -62,7 +63,8 @@ def compute_advantages(
       returns R_t = Â_t + V_t before whitening (arXiv 1506.02438, 1707.06347).
 
     ``baseline="turn"`` (grpo, rloo): turn k's tokens are credited against the episodes of the
-    group that reached turn k (learner/advantages.py: turn_baseline_advantages).
+    group that reached turn k (learner/advantages.py: turn_baseline_advantages), the outcome
+    discounted by ``turn_discount`` per turn between turn k and the episode's last turn.
     """
     agent = batch.loss_mask != 0
     token_rewards, seq_rewards = batch.token_rewards, batch.rewards
@@ -74,7 +76,7 @@ def compute_advantages(
         raise ValueError(f"compute_advantages: baseline must be 'episode' or 'turn', got {baseline!r}")
     if baseline == "turn" and algorithm in ("grpo", "rloo"):
         return turn_baseline_advantages(seq_rewards, batch.group_index, batch.loss_mask, leave_one_out=algorithm == "rloo",
-                                        std_normalize=std_normalize), None  # fmt: skip
+                                        std_normalize=std_normalize, discount=turn_discount), None  # fmt: skip
     if algorithm == "grpo":
         seq = grpo_advantages(seq_rewards, batch.group_index, std_normalize=std_normalize)
         return broadcast_sequence_advantages(seq, batch.loss_mask), None

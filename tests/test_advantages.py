@@ -232,6 +232,25 @@ def test_turn_baseline_credits_each_turn_against_the_episodes_that_reached_it() 
     assert (adv[TURNS == 0] == 0).all()
 
 
+def test_turn_discount_credits_the_shorter_success_more_by_hand() -> None:
+    # gamma = 0.5 per turn. Row 1 succeeds at its turn 0 (last turn 0: worth 1 there), row 3 at its
+    # turn 1 (worth 0.5 at turn 0, 1 at turn 1); rows 0 and 2 fail (0 everywhere).
+    adv = turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, discount=0.5)
+    std = math.sqrt(sum((r - 0.5) ** 2 for r in SOLVED.tolist()) / 3) + 1e-6  # the outcome's scale
+    # Turn 0, all four: discounted returns 0, 1, 0, 0.5, mean 3/8.
+    assert adv[:, 2].tolist() == pytest.approx([-3 / 8 / std, 5 / 8 / std, -3 / 8 / std, 1 / 8 / std])
+    # Turn 1, rows 0, 2, 3: 0, 0, 1 (row 3 succeeds at this turn), mean 1/3: as without discount.
+    assert adv[3, 4].item() == pytest.approx(2 / 3 / std) and adv[0, 5].item() == pytest.approx(-1 / 3 / std)
+    # The shorter success gets more at turn 0 than the longer one; each turn still sums to zero.
+    assert adv[1, 2] > adv[3, 2] > 0
+    assert adv[:, 2].sum().item() == pytest.approx(0.0, abs=1e-6)
+    # discount 1 is the undiscounted baseline exactly; outside (0, 1] is refused.
+    assert torch.equal(turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, discount=1.0),
+                       turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS))  # fmt: skip
+    with pytest.raises(ValueError, match="discount must be in"):
+        turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, discount=0.0)
+
+
 def test_turn_baseline_with_rloo_leaves_one_out_per_turn() -> None:
     adv = turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, leave_one_out=True)
     assert adv[:, 2].tolist() == pytest.approx(rloo_advantages(SOLVED, ONE_GROUP).tolist())

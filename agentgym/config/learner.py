@@ -146,6 +146,10 @@ class LearnerConfig(Section):
     """staleness_mode=downweight: a token s > max_staleness versions old weighs decay^(s - K)."""
     gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
     """Discount per agent token (ppo, reinforce_pp)."""
+    turn_discount: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """grpo and rloo with baseline = "turn": the outcome is discounted by this per agent turn
+    between a turn and the episode's last one, for the episode and its cohort's baseline alike,
+    so a success in fewer turns is credited more (1: every turn of an episode gets its outcome)."""
     gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
     """GAE's lambda (ppo)."""
     truncation: Literal["bootstrap", "terminal"] = "bootstrap"

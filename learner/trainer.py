@@ -119,7 +119,7 @@ class Trainer(TrainerState):
         if head:
             groups.append({"params": [p for p in self.params if id(p) in head],
                            "lr_scale": (lc.value_lr if lc.value_lr is not None else lc.lr) / lc.lr})  # fmt: skip
-        self.optimizer = torch.optim.AdamW(groups, lr=lc.lr, weight_decay=lc.weight_decay)
+        self.optimizer = torch.optim.AdamW(groups, lr=lc.lr, weight_decay=lc.weight_decay, eps=lc.adam_eps)
         # Gradients clipped together, or policy and separate critic each on its own: a critic's
         # large early gradient must not shrink the policy's step.
         self.clip_sets = [g["params"] for g in groups] if isinstance(self.value_head, SeparateValueModel) else [self.params]

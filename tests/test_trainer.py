@@ -63,7 +63,8 @@ def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_d
     """TIS cap, rejection and down-weighting switched on; with π_prox = μ bit for bit and no
     staleness they must change nothing: the weights equal a hand-written REINFORCE step's."""
     cfg = make_cfg(model_dir, "learner.tis_cap=2.0", "learner.tis_reject_above=3.0",
-                   "learner.staleness_mode=downweight", "learner.max_staleness=0")  # fmt: skip
+                   "learner.staleness_mode=downweight", "learner.max_staleness=0",
+                   "learner.adam_eps=1e-4")  # fmt: skip  # not torch's default: the step must use it
     tr = Trainer.load(cfg)
     ref = copy.deepcopy(tr.model)
     rollouts = _own_behaviour(tr, bandit_rollouts())
@@ -72,7 +73,7 @@ def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_d
     assert m["clip_frac"] == 0.0 and m["approx_kl"] == 0.0 and m["staleness_weight_mean"] == 1.0
 
     b = collate(rollouts, tr.pad_id)
-    opt = torch.optim.AdamW(ref.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
+    opt = torch.optim.AdamW(ref.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay, eps=1e-4)
     adv = broadcast_sequence_advantages(grpo_advantages(b.rewards, b.group_index), b.loss_mask)
     logp = sequence_logprobs(ref, b.input_ids, b.attention_mask, 1.0)
     loss = -(adv * logp * b.loss_mask).sum() / b.loss_mask.sum()  # the on-policy policy gradient

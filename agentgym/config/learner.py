@@ -37,6 +37,11 @@ class LearnerConfig(Section):
     """Peak AdamW learning rate (after warm-up; see lr_schedule)."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     """AdamW's decoupled weight decay."""
+    adam_eps: Annotated[float, Field(gt=0, le=1e-2)] = 1e-8
+    """AdamW's epsilon (step = m / (sqrt(v) + eps); 1e-8 is torch's default). Set above the tiny
+    gradients of the output rows of tokens that are never sampled, it stops Adam from scaling
+    them up to full-size steps, at the price of damping every small gradient (docs/results-log.md,
+    "Maze 3x3 and two-digit guesses from a base model")."""
     max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
     """Gradient clipping: the global L2 norm of each optimizer step's gradient is cut to this."""
     batch_groups: Annotated[int, Field(ge=1)] = 8

@@ -15,7 +15,8 @@ each) at the config's final turn limit:
                training, one run per seed (mean and spread over the seeds)
     expert     ``Env.expert_action``: the scripted ceiling (privileged state)
 
-The RL runs are bench/learn_curve.py's in-process loop: the transformers engine plays groups with
+The RL runs are bench/learn_curve.py's in-process loop: the transformers engine (``--engine vllm``:
+the actors' vLLM engine, batched) plays groups with
 the actor's rollout code on a real EnvPool and the learner's Trainer takes a step on each batch,
 synchronously (staleness 0). Results of each row go to ``OUT/<row>/`` (``arms.json``,
 ``seed<S>.json``), so rows can be run separately, on different days, and the table is rebuilt
@@ -102,11 +103,13 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
         print(f"[{row}] {policy}: held-out success {arms[policy]['success']:.3f}", flush=True)
     (out / "arms.json").write_text(json.dumps(arms, indent=1))
     for seed in [] if args.arms_only else seeds:
-        cfg = config(row, seed, [*args.override, f"run.max_steps={args.steps}", "model.create_tiny=false"])
+        cfg = config(row, seed, [*args.override, f"run.max_steps={args.steps}", "model.create_tiny=false",
+                                 f'actor.engine="{args.engine}"'])  # fmt: skip
         print(f"[{row} seed {seed}] up to {args.steps} steps / {args.max_wall_s:.0f} s", flush=True)
         res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, cfg.schedule.final_limit,
-                                      partial=out / f"seed{seed}.json", max_wall_s=args.max_wall_s))  # fmt: skip
-        res.update(seed=seed, overrides=args.override, config=f"configs/envs/{row}.toml")
+                                      partial=out / f"seed{seed}.json", max_wall_s=args.max_wall_s,
+                                      engine_kind=args.engine))  # fmt: skip
+        res.update(seed=seed, overrides=args.override, config=f"configs/envs/{row}.toml", engine=args.engine)
         (out / f"seed{seed}.json").write_text(json.dumps(res))
 
 
@@ -249,6 +252,8 @@ def main() -> int:
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--eval-tasks", type=int, default=16, help="held-out test tasks (x4 samples for the model arms)")
     p.add_argument("-o", "--override", action="append", default=[], help="config override for every row's runs")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="the RL runs' engine: hf (reference, exact logprobs) or vllm (batched, ~2.5x faster on maze here)")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "results")
     p.add_argument("--table", type=Path, default=None, help="write the table here (default: print it)")
     p.add_argument("--plot", type=Path, default=None, help="draw the held-out curves here (png)")

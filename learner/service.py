@@ -166,8 +166,8 @@ class Learner(ActorControl):
         cfg, lc = self.cfg, self.cfg.learner
         ec = cfg.eval
         self.sched.on_version(self.version)
-        # The initial evaluation scores version 0 exactly: actors play it beside the first
-        # training groups, and the first optimizer step waits for it (no version 1 exists before).
+        # The evaluation at start scores the starting weights exactly (version 0, or the resumed
+        # one): actors play it beside the first training groups, and the first step waits for it.
         first = self.start_eval() if ec.at_start else None
         self.grant()
         while self.step < cfg.run.max_steps:

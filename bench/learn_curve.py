@@ -46,17 +46,9 @@ from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 EVAL_EPISODES = 4
 
 
-class RequestSeededEngine(HfEngine):
-    """The reference engine with one sampling seed per request (group/episode/turn), so that
-    concurrent episodes sample the same tokens in every run whatever order they reach it in."""
-
-    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
-        seed = zlib.crc32(f"{self.seed}:{request_id}".encode())
-        return await super().generate(request_id, prompt_ids, replace(spec, seed=seed))
-
-
 class RequestSeeded:
-    """Any engine (``--engine vllm``: the actors' own, batched) with one sampling seed per request."""
+    """Any engine with one sampling seed per request (group/episode/turn), so that concurrent
+    episodes sample the same tokens in every run whatever order they reach it in."""
 
     def __init__(self, engine: object, seed: int) -> None:
         self.engine, self.seed = engine, seed
@@ -67,6 +59,11 @@ class RequestSeeded:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.engine, name)
+
+
+def RequestSeededEngine(model_dir: Path | str, seed: int) -> RequestSeeded:  # noqa: N802 (reads as the class it was)
+    """The reference engine (actors/hf_engine.py), seeded per request."""
+    return RequestSeeded(HfEngine(Path(model_dir), seed=seed), seed)
 
 
 def make_bench_engine(cfg: Config, kind: str) -> object:

@@ -98,29 +98,14 @@ def _main(argv: list[str] | None = None) -> int:
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
     from agentgym.cli import actors as cmd_actors, chaos as cmd_chaos, eval as cmd_eval, make_model as cmd_make_model, slurm
 
-    cmd_bench.add_parser(sub)
-    cmd_keys.add_parser(sub)
-    cmd_chaos.add_parser(sub)
-    cmd_make_model.add_parser(sub)
-    cmd_eval.add_parser(sub)
-    slurm.add_parser(sub)
-    cmd_actors.add_parser(sub)
+    # Subcommands that live in a module of their own: each adds its parser and runs its args.
+    modules = {"bench": cmd_bench, "keys": cmd_keys, "chaos": cmd_chaos, "make-model": cmd_make_model,
+               "eval": cmd_eval, "slurm": slurm, "actors": cmd_actors}  # fmt: skip
+    for module in modules.values():
+        module.add_parser(sub)
     args = p.parse_args(argv)
-    if args.cmd == "actors":
-        return cmd_actors.run(args)
-    if args.cmd == "slurm":
-        return slurm.run(args)
-    if args.cmd == "eval":
-        return cmd_eval.run(args)
-    if args.cmd == "make-model":
-        return cmd_make_model.run(args)
-    if args.cmd == "keys":
-        return cmd_keys.run(args)
-    if args.cmd == "chaos":
-        return cmd_chaos.run(args)
-
-    if args.cmd == "bench":
-        return cmd_bench.run(args)
+    if args.cmd in modules:
+        return modules[args.cmd].run(args)
     if args.cmd == "view":
         from agentgym.observe.viewer import write_page
 

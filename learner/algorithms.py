@@ -28,6 +28,7 @@ from agentgym.learner.advantages import (
 )
 from agentgym.learner.batch import Batch
 from agentgym.learner.losses import masked_mean, masked_whiten
+from agentgym.learner.step_groups import state_step_advantages
 
 Algorithm = Literal["grpo", "ppo", "reinforce_pp", "rloo"]
 ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "rloo")
@@ -47,6 +48,7 @@ def compute_advantages(
     whiten: bool = True,
     baseline: Literal["episode", "turn"] = "episode",
     turn_discount: float = 1.0,
+    step_weight: float = 0.0,
 ) -> tuple[Tensor, Tensor | None]:
     """Advantages [B, T] (0 off the agent tokens) and, for PPO, the value targets [B, T].
 
@@ -65,7 +67,26 @@ def compute_advantages(
     ``baseline="turn"`` (grpo, rloo): turn k's tokens are credited against the episodes of the
     group that reached turn k (learner/advantages.py: turn_baseline_advantages), the outcome
     discounted by ``turn_discount`` per turn between turn k and the episode's last turn.
+
+    ``step_weight`` > 0 (grpo, rloo): plus ``step_weight`` times the step-relative advantage of the
+    turns that acted on the same observation (learner/step_groups.py; GiGPO, arXiv 2505.10978).
     """
+    adv, returns = _advantages(algorithm, batch, kl=kl, kl_coef=kl_coef, std_normalize=std_normalize, gamma=gamma,
+                               lam=lam, values=values, bootstrap=bootstrap, whiten=whiten, baseline=baseline,
+                               turn_discount=turn_discount)  # fmt: skip
+    if step_weight > 0:
+        if algorithm not in ("grpo", "rloo"):
+            raise ValueError(f"compute_advantages: step_weight needs 'grpo' or 'rloo', not {algorithm!r}")
+        adv = adv + step_weight * state_step_advantages(batch.input_ids, batch.loss_mask, batch.token_rewards,
+                                                        batch.group_index, discount=turn_discount,
+                                                        std_normalize=std_normalize)  # fmt: skip
+    return adv, returns
+
+
+def _advantages(
+    algorithm: Algorithm, batch: Batch, *, kl: Tensor | None, kl_coef: float, std_normalize: bool, gamma: float,
+    lam: float, values: Tensor | None, bootstrap: Tensor | None, whiten: bool, baseline: str, turn_discount: float,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     agent = batch.loss_mask != 0
     token_rewards, seq_rewards = batch.token_rewards, batch.rewards
     if kl is not None and kl_coef > 0:

@@ -280,7 +280,7 @@ class Trainer(TrainerState):
         adv, returns = compute_advantages(
             lc.algorithm, b, kl=kl_prox, kl_coef=lc.kl_coef, std_normalize=lc.std_normalize,
             gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
-            whiten=lc.whiten_advantages, baseline=lc.baseline, turn_discount=lc.turn_discount,
+            whiten=lc.whiten_advantages, baseline=lc.baseline, turn_discount=lc.turn_discount, step_weight=lc.step_advantage_weight,
         )  # fmt: skip
         weights = b.loss_mask * StalenessRule.from_config(cfg).token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0

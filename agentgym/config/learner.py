@@ -155,6 +155,12 @@ class LearnerConfig(Section):
     """grpo and rloo with baseline = "turn": the outcome is discounted by this per agent turn
     between a turn and the episode's last one, for the episode and its cohort's baseline alike,
     so a success in fewer turns is credited more (1: every turn of an episode gets its outcome)."""
+    step_advantage_weight: Annotated[float, Field(ge=0)] = 0.0
+    """grpo and rloo: add this times the step-relative advantage of the turns that acted on the
+    same observation within a group (GiGPO's anchor states, learner/step_groups.py), their returns
+    discounted by ``turn_discount`` per turn. 0: off. Multi-turn envs whose episodes revisit
+    states (maze, BabyAI, TextCraft): a move's credit then comes from what followed it from that
+    state, not from the whole episode's outcome alone. GiGPO used 1 with a discount of 0.95."""
     gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
     """GAE's lambda (ppo)."""
     truncation: Literal["bootstrap", "terminal"] = "bootstrap"
@@ -254,6 +260,9 @@ class LearnerConfig(Section):
         if self.filter_groups != "off" and self.algorithm not in ("grpo", "rloo"):
             raise ValueError(f"learner.filter_groups needs learner.algorithm 'grpo' or 'rloo', not {self.algorithm!r} "
                              "(its advantages are not relative to the group, so an all-equal group still carries a signal)")  # fmt: skip
+        if self.step_advantage_weight > 0 and self.algorithm not in ("grpo", "rloo"):
+            raise ValueError(f"learner.step_advantage_weight needs learner.algorithm 'grpo' or 'rloo', not {self.algorithm!r} "
+                             "(ppo and reinforce_pp credit each token already)")  # fmt: skip
         if self.algorithm == "ppo" and self.value_model == "separate" and self.dp_mode == "fsdp":
             raise ValueError("learner.value_model = 'separate' needs learner.dp_mode = 'replicate' "
                              "(sharding the separate critic with fsdp is not supported)")  # fmt: skip

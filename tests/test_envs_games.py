@@ -263,6 +263,27 @@ def test_maze_expert_walks_the_shortest_path_and_walls_stop() -> None:
     assert drawn.count("A") == 1 and drawn.count("G") == 1 and drawn.splitlines()[-1] == "#######"
 
 
+def test_maze_layout_keeps_one_map_and_varies_start_and_goal() -> None:
+    def plan(env: Maze, task: int) -> tuple[dict, tuple, tuple]:
+        env.reset(task)
+        return dict(env._opened), env._me, env._goal
+
+    known = Maze(size=5, layout=3)
+    plans = [plan(known, t) for t in range(30)]
+    assert all(p[0] == plans[0][0] for p in plans)  # one map
+    assert len({(p[1], p[2]) for p in plans}) > 10  # many starts and goals
+    assert plan(Maze(size=5, layout=3), 7) == plans[7]  # deterministic by (layout, task)
+    assert plan(Maze(size=5, layout=4), 0)[0] != plans[0][0]  # another seed, another map
+    fresh = Maze(size=5)
+    assert len({tuple(sorted((c, tuple(sorted(d))) for c, d in plan(fresh, t)[0].items())) for t in range(5)}) == 5
+    for task in range(10):  # the expert still walks the shortest path on the shared map
+        known.reset(task)
+        shortest = distances(known._opened, known._me)[known._goal]
+        assert len(solve(known, task)) == shortest
+    with pytest.raises(TypeError, match="layout must be an integer seed"):
+        Maze(size=5, layout="a")
+
+
 # ---------------------------------------------------------------- wordle
 
 

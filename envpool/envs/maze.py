@@ -13,6 +13,11 @@ the four directions are open; with ``show_map`` it also draws the whole maze:
 
     options:  size: int = 5 (2..30)   cells per side
               show_map: bool = False   the drawn maze in every observation
+              layout: int | None = None   one maze for every task, carved from this seed (the
+                                          start and goal still vary by task): a known map, where
+                                          the right move is a function of where the agent and
+                                          the goal are; None: a new maze per task, which the
+                                          agent must explore (only the open sides are shown)
     actions:  move up | move down | move left | move right   ("up" etc. alone is accepted too)
     reward:   1 on reaching the goal (done, success); a move into a wall keeps the agent in place
               and says so; an unknown command gets the action list. Both count as a turn. The
@@ -86,13 +91,15 @@ def draw(opened: dict[Cell, set[str]], size: int, me: Cell, goal: Cell) -> str:
 class Maze(Env):
     name = "maze"
 
-    def __init__(self, size: int = 5, show_map: bool = False, **kwargs: object) -> None:
+    def __init__(self, size: int = 5, show_map: bool = False, layout: int | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)
         if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= 30:
             raise ValueError(f"maze: option size must be an integer from 2 to 30, got {size!r}")
         if not isinstance(show_map, bool):
             raise TypeError(f"maze: option show_map must be true or false, got {show_map!r}")
-        self.size, self.show_map = size, show_map
+        if layout is not None and (not isinstance(layout, int) or isinstance(layout, bool)):
+            raise TypeError(f"maze: option layout must be an integer seed or absent, got {layout!r}")
+        self.size, self.show_map, self.layout = size, show_map, layout
         self._opened: dict[Cell, set[str]] = {}
         self._me: Cell = (0, 0)
         self._goal: Cell = (0, 0)
@@ -102,7 +109,7 @@ class Maze(Env):
 
     def reset(self, task_id: int) -> str:
         rng = random.Random(f"maze/{self.size}/{task_id}")
-        self._opened = carve(self.size, rng)
+        self._opened = carve(self.size, rng if self.layout is None else random.Random(f"maze-layout/{self.size}/{self.layout}"))
         self._me = (rng.randrange(self.size), rng.randrange(self.size))
         dist = distances(self._opened, self._me)
         far = max(dist.values())

@@ -113,14 +113,18 @@ def test_env_without_random_action_is_refused_by_name(models: tuple[Path, Path, 
         pretrain_on_play(raw, tmp_path / "x", "guess_number", steps=0)
 
 
-def test_maze_random_actions_are_valid_moves() -> None:
+def test_maze_random_actions_are_valid_moves_through_open_sides() -> None:
     env, rng = Maze(), random.Random(0)
     env.reset(3)
-    for _ in range(30):
-        res = env.step(env.random_action(rng))
-        assert "Invalid" not in res.observation
+    moves = set()
+    for _ in range(60):
+        action = env.random_action(rng)
+        moves.add(action)
+        res = env.step(action)
+        assert "Invalid" not in res.observation and "hit a wall" not in res.observation, (action, res.observation)
         if res.done:
             env.reset(4)
+    assert moves == {"move up", "move down", "move left", "move right"}
 
 
 def test_ensure_model_makes_the_configured_model_once(tmp_path: Path) -> None:

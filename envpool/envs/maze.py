@@ -160,8 +160,12 @@ class Maze(Env):
         return StepResult(f"You moved {d}.\n{self._describe()}", 0.0, False, {"turns": self._turns})
 
     def random_action(self, rng: random.Random) -> str:
-        # Any of the four moves, walls included.
-        return f"move {rng.choice(sorted(MOVES))}"
+        # A move through one of the open sides the observation lists, uniformly: random play that
+        # reads what it is shown (as TextCraft's fills commands from the book it shows, and
+        # SciWorld's picks among the valid commands), never where the goal is.
+        if not self._opened or self._done:
+            return f"move {rng.choice(sorted(MOVES))}"
+        return f"move {rng.choice(sorted(self._opened[self._me]))}"
 
     def expert_action(self) -> str:
         # Breadth-first distances to the goal were computed at reset: step to a neighbour nearer.

@@ -40,7 +40,7 @@ from learn_curve import EVAL_EPISODES, REPO, train_curve  # noqa: E402
 
 from agentgym.config import Config, load_config  # noqa: E402
 
-ROWS = ("maze3", "maze5", "textcraft1", "textcraft2", "wordle", "babyai", "deepsearch", "sciworld", "webshop")
+ROWS = ("maze3", "maze3-map", "maze5", "textcraft1", "textcraft2", "wordle", "babyai", "deepsearch", "sciworld", "webshop")
 """Rows of the table, in order: configs/envs/<row>.toml."""
 
 COMMAND = (

@@ -77,7 +77,10 @@ def compute_advantages(
     if step_weight > 0:
         if algorithm not in ("grpo", "rloo"):
             raise ValueError(f"compute_advantages: step_weight needs 'grpo' or 'rloo', not {algorithm!r}")
-        adv = adv + step_weight * state_step_advantages(batch.input_ids, batch.loss_mask, batch.token_rewards,
+        token_rewards = batch.token_rewards  # with the KL in the reward, as the episode term sees it
+        if kl is not None and kl_coef > 0:
+            token_rewards = token_rewards - kl_coef * torch.where(batch.loss_mask != 0, kl, 0.0)
+        adv = adv + step_weight * state_step_advantages(batch.input_ids, batch.loss_mask, token_rewards,
                                                         batch.group_index, discount=turn_discount,
                                                         std_normalize=std_normalize)  # fmt: skip
     return adv, returns

@@ -107,3 +107,19 @@ def test_compute_advantages_adds_the_weighted_step_term_to_grpo() -> None:
 def test_config_refuses_the_step_term_for_algorithms_that_credit_tokens_already(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(Exception, match="step_advantage_weight needs learner.algorithm"):
         load_config(None, ['learner.algorithm="ppo"', "learner.step_advantage_weight=1.0"])
+
+
+def test_the_step_term_sees_the_kl_in_the_reward() -> None:
+    ids, mask = rows(ep(P, "X", A, "X"), ep(P, "X", A, "Y"))
+    rew = torch.zeros_like(mask)
+    rew[0, 3], rew[1, 3] = 1.0, 1.0  # equal outcomes: no step signal without the KL
+    n = ids.shape[0]
+    batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask, behav_logp=torch.zeros_like(mask),
+                  versions=torch.zeros_like(ids), token_rewards=rew, rewards=rew.sum(-1), group_index=torch.zeros(n, dtype=torch.long),
+                  success=rew.sum(-1), turns=torch.ones(n), truncated=torch.zeros(n), lengths=torch.full((n,), ids.shape[1]))  # fmt: skip
+    kl = torch.zeros_like(mask)
+    kl[1, 3] = 0.5  # episode 1's second move strayed from the reference
+    base, _ = compute_advantages("grpo", batch, baseline="episode", kl=kl, kl_coef=0.1)
+    both, _ = compute_advantages("grpo", batch, baseline="episode", kl=kl, kl_coef=0.1, step_weight=1.0)
+    step = both - base
+    assert step[0, 3] > 0 > step[1, 3]  # from observation A, the move without the KL cost is the better one

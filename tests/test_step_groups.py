@@ -32,6 +32,14 @@ def ep(*parts: int | str) -> list[tuple[int, bool]]:
     return [(X if p == "X" else Y, True) if isinstance(p, str) else (p, False) for p in parts]
 
 
+def one_group(ids: torch.Tensor, mask: torch.Tensor, rew: torch.Tensor) -> Batch:
+    """A training batch of these rows, all of one group."""
+    n = ids.shape[0]
+    return Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask, behav_logp=torch.zeros_like(mask),
+                 versions=torch.zeros_like(ids), token_rewards=rew, rewards=rew.sum(-1), group_index=torch.zeros(n, dtype=torch.long),
+                 success=rew.sum(-1), turns=torch.ones(n), truncated=torch.zeros(n), lengths=torch.full((n,), ids.shape[1]))  # fmt: skip
+
+
 def test_agent_runs_are_the_turns() -> None:
     import numpy as np
 
@@ -91,10 +99,7 @@ def test_compute_advantages_adds_the_weighted_step_term_to_grpo() -> None:
     ids, mask = rows(ep(P, "X", A, "X", B, "Y"), ep(P, "X", A, "Y"), ep(P, "Y", B, "X"))
     rew = torch.zeros_like(mask)
     rew[0, 5], rew[1, 3] = 1.0, 1.0
-    n = ids.shape[0]
-    batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask, behav_logp=torch.zeros_like(mask),
-                  versions=torch.zeros_like(ids), token_rewards=rew, rewards=rew.sum(-1), group_index=torch.zeros(n, dtype=torch.long),
-                  success=rew.sum(-1), turns=torch.ones(n), truncated=torch.zeros(n), lengths=torch.full((n,), ids.shape[1]))  # fmt: skip
+    batch = one_group(ids, mask, rew)
     base, _ = compute_advantages("grpo", batch, baseline="episode", turn_discount=0.9)
     both, _ = compute_advantages("grpo", batch, baseline="episode", turn_discount=0.9, step_weight=0.5)
     step = state_step_advantages(ids, mask, rew, batch.group_index, discount=0.9)
@@ -113,10 +118,7 @@ def test_the_step_term_sees_the_kl_in_the_reward() -> None:
     ids, mask = rows(ep(P, "X", A, "X"), ep(P, "X", A, "Y"))
     rew = torch.zeros_like(mask)
     rew[0, 3], rew[1, 3] = 1.0, 1.0  # equal outcomes: no step signal without the KL
-    n = ids.shape[0]
-    batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask, behav_logp=torch.zeros_like(mask),
-                  versions=torch.zeros_like(ids), token_rewards=rew, rewards=rew.sum(-1), group_index=torch.zeros(n, dtype=torch.long),
-                  success=rew.sum(-1), turns=torch.ones(n), truncated=torch.zeros(n), lengths=torch.full((n,), ids.shape[1]))  # fmt: skip
+    batch = one_group(ids, mask, rew)
     kl = torch.zeros_like(mask)
     kl[1, 3] = 0.5  # episode 1's second move strayed from the reference
     base, _ = compute_advantages("grpo", batch, baseline="episode", kl=kl, kl_coef=0.1)

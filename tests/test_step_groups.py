@@ -109,7 +109,7 @@ def test_compute_advantages_adds_the_weighted_step_term_to_grpo() -> None:
         compute_advantages("reinforce_pp", batch, step_weight=0.5)
 
 
-def test_config_refuses_the_step_term_for_algorithms_that_credit_tokens_already(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_config_refuses_the_step_term_for_algorithms_that_credit_tokens_already() -> None:
     with pytest.raises(Exception, match="step_advantage_weight needs learner.algorithm"):
         load_config(None, ['learner.algorithm="ppo"', "learner.step_advantage_weight=1.0"])
 

@@ -71,15 +71,18 @@ def compute_advantages(
     ``step_weight`` > 0 (grpo, rloo): plus ``step_weight`` times the step-relative advantage of the
     turns that acted on the same observation (learner/step_groups.py; GiGPO, arXiv 2505.10978).
     """
-    adv, returns = _advantages(algorithm, batch, kl=kl, kl_coef=kl_coef, std_normalize=std_normalize, gamma=gamma,
+    agent = batch.loss_mask != 0
+    token_rewards, seq_rewards = batch.token_rewards, batch.rewards
+    if kl is not None and kl_coef > 0:  # the KL in the reward: every term below sees it
+        kl = torch.where(agent, kl, 0.0)
+        token_rewards = token_rewards - kl_coef * kl
+        seq_rewards = seq_rewards - kl_coef * kl.sum(-1)
+    adv, returns = _advantages(algorithm, batch, token_rewards, seq_rewards, std_normalize=std_normalize, gamma=gamma,
                                lam=lam, values=values, bootstrap=bootstrap, whiten=whiten, baseline=baseline,
                                turn_discount=turn_discount)  # fmt: skip
     if step_weight > 0:
         if algorithm not in ("grpo", "rloo"):
             raise ValueError(f"compute_advantages: step_weight needs 'grpo' or 'rloo', not {algorithm!r}")
-        token_rewards = batch.token_rewards  # with the KL in the reward, as the episode term sees it
-        if kl is not None and kl_coef > 0:
-            token_rewards = token_rewards - kl_coef * torch.where(batch.loss_mask != 0, kl, 0.0)
         adv = adv + step_weight * state_step_advantages(batch.input_ids, batch.loss_mask, token_rewards,
                                                         batch.group_index, discount=turn_discount,
                                                         std_normalize=std_normalize)  # fmt: skip
@@ -87,15 +90,11 @@ def compute_advantages(
 
 
 def _advantages(
-    algorithm: Algorithm, batch: Batch, *, kl: Tensor | None, kl_coef: float, std_normalize: bool, gamma: float,
-    lam: float, values: Tensor | None, bootstrap: Tensor | None, whiten: bool, baseline: str, turn_discount: float,
+    algorithm: Algorithm, batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, std_normalize: bool,
+    gamma: float, lam: float, values: Tensor | None, bootstrap: Tensor | None, whiten: bool, baseline: str,
+    turn_discount: float,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-    agent = batch.loss_mask != 0
-    token_rewards, seq_rewards = batch.token_rewards, batch.rewards
-    if kl is not None and kl_coef > 0:
-        kl = torch.where(agent, kl, 0.0)
-        token_rewards = token_rewards - kl_coef * kl
-        seq_rewards = seq_rewards - kl_coef * kl.sum(-1)
+    """The estimator of ``algorithm`` on these rewards (the KL in the reward already taken off)."""
     if baseline not in ("episode", "turn"):
         raise ValueError(f"compute_advantages: baseline must be 'episode' or 'turn', got {baseline!r}")
     if baseline == "turn" and algorithm in ("grpo", "rloo"):
@@ -113,7 +112,7 @@ def _advantages(
             raise ValueError("compute_advantages: algorithm 'ppo' needs values [B, T] and bootstrap [B]")
         adv, returns = gae(token_rewards, values, batch.loss_mask, gamma=gamma, lam=lam, bootstrap_value=bootstrap)
         if whiten:
-            adv = masked_whiten(adv, agent.to(adv.dtype))
+            adv = masked_whiten(adv, (batch.loss_mask != 0).to(adv.dtype))
         return adv, returns
     raise ValueError(f"learner.algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentgym.actors.conversation import Conversation  # noqa: E402
-from agentgym.models.base import ensure_model, pretrain_on_play, random_play  # noqa: E402
+from agentgym.models.base import ensure_model, lm_loss, pretrain_on_play, random_play  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.envs.guess_number import GuessNumber  # noqa: E402
 from agentgym.envpool.envs.maze import Maze  # noqa: E402
@@ -102,6 +102,20 @@ def test_random_play_is_built_like_an_actor_builds_it(models: tuple[Path, Path, 
     assert replies[0] == "guess a number from 1 to 8"
     assert all(r in ("higher", "lower") for r in replies[1:]) and len(replies) - 1 in (len(moves), len(moves) - 1)
     assert random_play(tok, env, 7, 6, random.Random(0)) == ids  # deterministic given the seeds
+
+
+def test_lm_loss_takes_transcripts_of_one_length(models: tuple[Path, Path, dict]) -> None:
+    # Random play's ids are numpy int32; a batch that needs no padding (every transcript as long,
+    # as maze 5x5 played to its turn cap gives) once reached cross-entropy as int32 and crashed.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    raw = models[0]
+    tok = AutoTokenizer.from_pretrained(raw)
+    model = AutoModelForCausalLM.from_pretrained(raw, dtype=torch.float32)
+    ep = random_play(tok, GuessNumber(), 0, 3, random.Random(0))
+    same = float(lm_loss(model, [ep, ep], 0))
+    padded = float(lm_loss(model, [ep, ep[:-2]], 0))
+    assert math.isfinite(same) and math.isfinite(padded) and same > 0
 
 
 def test_env_without_random_action_is_refused_by_name(models: tuple[Path, Path, dict], tmp_path: Path) -> None:

@@ -71,7 +71,9 @@ def lm_loss(model: Any, episodes: list[list[int]], pad_id: int) -> Any:
     import torch
 
     width = max(len(e) for e in episodes)
-    ids = torch.tensor([e + [pad_id] * (width - len(e)) for e in episodes])
+    # int64 whatever the ids are: random play's are numpy int32, which torch keeps when no
+    # transcript needs padding (all of one length), and cross-entropy refuses int32 targets.
+    ids = torch.tensor([[int(t) for t in e] + [pad_id] * (width - len(e)) for e in episodes], dtype=torch.long)
     real = torch.tensor([[True] * len(e) + [False] * (width - len(e)) for e in episodes])
     # The output head only at real positions: padding is most of a mixed batch's width, and the
     # head (vocabulary x hidden) is the largest matrix of the small models.

@@ -1,7 +1,7 @@
 """ScalingInter-RL at small scale: a fixed short turn limit, a fixed long one, and a staged schedule.
 
     python bench/scaling_inter.py [--seeds 0,1,2] [--steps 60] [--out runs/scaling_inter] [--plot docs/img/scaling_inter.png]
-    python bench/scaling_inter.py --row maze5 --limits 6,10,16 --steps 60 --out runs/scaling_inter_maze5 --plot ...
+    python bench/scaling_inter.py --row maze3-map --limits 4,6,8 --steps 30 --eval-every 10 -o ... --out runs/scaling_inter_maze3map --plot ...
 
 AgentGym-RL's ScalingInter-RL (arXiv 2509.08755) trains with a short interaction horizon first
 and lengthens it in stages; its claim is that this is more stable and ends higher than a fixed
@@ -24,8 +24,10 @@ training horizon differs. Results go to OUT/<arm>/seed<S>.json; ``--plot`` draws
 
 ``--row R`` runs the comparison on a row of the results table instead (configs/envs/R.toml, its
 base model made and pretrained first if missing), with ``--limits SHORT,MID,LONG``: a multi-token
-env where the horizon matters (maze 5x5: the expert needs up to ~12 moves). The summary adds,
-per arm, the largest drop of held-out success after its peak and the final policy entropy.
+env where the horizon matters. Run on maze3-map (the expert needs 2 to 7 moves; docs/results.md
+has the command and the result); maze 5x5 on one map gives its base no success at all. The
+summary adds, per arm, the largest drop of held-out success after its peak and the final policy
+entropy.
 """
 
 from __future__ import annotations

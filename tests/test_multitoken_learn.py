@@ -1,12 +1,13 @@
 """An env whose actions are several tokens learns: maze 3x3 on one map, from a base model.
 
-The results table's maze3-map row (configs/envs/maze3-map.toml: agent-tiny, 0.35M parameters,
-the all-env tokenizer, in which ``move up`` is 2 tokens; 32 tasks x 4 episodes a step, lr 1e-3,
-``token_mean``, the step-relative advantage) at test size: the base model pretrained on random
-play through the open sides of this map (agentgym/models/base.py: the format, never a good
-move), then 10 RL steps of the synchronous loop of tests/learn_loop.py with the reference engine,
-at a turn limit of 6 (the row's is 8). The settings the figures below were measured with are
-given here, so that a change to the row does not move the test.
+The results table's maze3-map row (configs/envs/maze3-map.toml: 32 tasks x 4 episodes a step,
+``token_mean``, the step-relative advantage) at test size: the family's smallest model
+(agent-tiny, 0.35M parameters, the all-env tokenizer, in which ``move up`` is 2 tokens; the row
+uses agent-small) at lr 1e-3 (the row: 3e-4), its base pretrained on random play through the
+open sides of this map (agentgym/models/base.py: the format, never a good move), then 10 RL steps
+of the synchronous loop of tests/learn_loop.py with the reference engine, at a turn limit of 6
+(the row's is 8). The settings the figures below were measured with are given here, so that a
+change to the row does not move the test.
 
 Measured on the 2-core VM (docs/results-log.md, 2026-11-27, "A multi-token learning test"):
 held-out success on the first 32 test tasks x 4 rose 0.18 -> 0.43, 0.21 -> 0.46, 0.19 -> 0.46

@@ -6,7 +6,8 @@ batch of groups (``Trainer.train_step``: the algorithm's advantages, the shared 
 new weights go into the engine (``update_weights``) before the next batch is played. Held-out
 success is measured on the same test tasks with the same sampling seeds before the first step and
 after the last one. Used by tests/test_algorithms_learn.py (guess_number, one token a turn) and
-tests/test_multitoken_learn.py (maze, several tokens a turn).
+tests/test_multitoken_learn.py (maze, several tokens a turn); tests/test_agent_learn.py plays
+through the agent endpoint instead (``learn`` with its own ``play``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import random
 import zlib
 from dataclasses import replace
+from typing import Awaitable, Callable
 
 from agentgym.actors.engine import Generation, SamplingSpec
 from agentgym.actors.hf_engine import HfEngine
@@ -23,7 +25,7 @@ from agentgym.config import Config
 from agentgym.envpool.pool import EnvPool
 from agentgym.learner.control import rollout_spec
 from agentgym.learner.trainer import Trainer
-from agentgym.protocol import Rollout, RolloutSpec, Ticket
+from agentgym.protocol import Episode, Rollout, Ticket
 
 
 class RequestSeededEngine(HfEngine):
@@ -36,22 +38,47 @@ class RequestSeededEngine(HfEngine):
         return await super().generate(request_id, prompt_ids, replace(spec, seed=seed))
 
 
-async def play_groups(
-    engine: HfEngine, tokenizer: object, pool: EnvPool, spec: RolloutSpec, tickets: list[Ticket], episodes: int,
-    turn_limit: int,
-) -> list[Rollout]:  # fmt: skip
+Play = Callable[[Ticket, int, int], Awaitable[Episode]]
+"""How one episode is played: (ticket, episode index, turn limit) -> the finished episode."""
+
+
+async def play_groups(play: Play, tickets: list[Ticket], episodes: int, turn_limit: int) -> list[Rollout]:
     """``episodes`` episodes of each ticket, all at once, as actors play them."""
 
     async def group(t: Ticket) -> Rollout:
-        eps = await asyncio.gather(*(play_episode(engine, tokenizer, pool, t, i, spec, turn_limit) for i in range(episodes)))
+        eps = await asyncio.gather(*(play(t, i, turn_limit) for i in range(episodes)))
         return Rollout(group_id=t.group_id, actor_id="test", env=t.env, task_id=t.task_id, episodes=list(eps))
 
     return list(await asyncio.gather(*(group(t) for t in tickets)))
 
 
-async def train_and_evaluate(cfg: Config, held_out_tasks: int, held_out_episodes: int) -> tuple[float, float, list[dict[str, float]]]:
+async def learn(cfg: Config, trainer: Trainer, engine: HfEngine, play: Play, held_out_tasks: int,
+                held_out_episodes: int) -> tuple[float, float, list[dict[str, float]]]:  # fmt: skip
     """Held-out success of the initial and of the trained weights (the first ``held_out_tasks``
-    test tasks, ``held_out_episodes`` each), and each of the ``run.max_steps`` steps' metrics."""
+    test tasks, ``held_out_episodes`` each), and each of the ``run.max_steps`` steps' metrics;
+    every episode is played by ``play`` and the new weights go into ``engine`` after each step."""
+    env = cfg.env.specs[0]
+    group_size = rollout_spec(cfg).group_size
+    held_out = [Ticket(group_id=f"eval:{i}", env=env.name, task_id=i, split="test") for i in range(held_out_tasks)]
+
+    async def success(turn_limit: int) -> float:
+        eps = [e for g in await play_groups(play, held_out, held_out_episodes, turn_limit) for e in g.episodes]
+        return sum(e.success for e in eps) / len(eps)
+
+    before = await success(cfg.schedule.turn_limit(0))
+    draw = random.Random(cfg.run.seed)  # training tasks from the train range, seeded by run.seed
+    metrics = []
+    for step in range(cfg.run.max_steps):
+        tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
+                   for g in range(cfg.learner.batch_groups)]  # fmt: skip
+        metrics.append(trainer.train_step(await play_groups(play, tickets, group_size, cfg.schedule.turn_limit(step))))
+        await engine.update_weights({k: v.detach() for k, v in trainer.model.state_dict().items()}, trainer.version)
+    after = await success(cfg.schedule.turn_limit(trainer.step))
+    return before, after, metrics
+
+
+async def train_and_evaluate(cfg: Config, held_out_tasks: int, held_out_episodes: int) -> tuple[float, float, list[dict[str, float]]]:
+    """``learn`` with the actor's rollout code on a real EnvPool and the request-seeded engine."""
     from transformers import AutoTokenizer
 
     env = cfg.env.specs[0]
@@ -60,28 +87,15 @@ async def train_and_evaluate(cfg: Config, held_out_tasks: int, held_out_episodes
     trainer = Trainer.load(cfg)
     engine = RequestSeededEngine(cfg.model.path, seed=cfg.run.seed)
     pool = EnvPool(env.name, dict(env.kwargs), 8)
-    held_out = [Ticket(group_id=f"eval:{i}", env=env.name, task_id=i, split="test") for i in range(held_out_tasks)]
 
-    async def success(turn_limit: int) -> float:
-        groups = await play_groups(engine, tokenizer, pool, spec, held_out, held_out_episodes, turn_limit)
-        eps = [e for g in groups for e in g.episodes]
-        return sum(e.success for e in eps) / len(eps)
+    async def play(t: Ticket, i: int, turn_limit: int) -> Episode:
+        return await play_episode(engine, tokenizer, pool, t, i, spec, turn_limit)
 
     await engine.start()
     await pool.start()
     try:
-        before = await success(cfg.schedule.turn_limit(0))
-        draw = random.Random(cfg.run.seed)  # training tasks from the train range, seeded by run.seed
-        metrics = []
-        for step in range(cfg.run.max_steps):
-            tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
-                       for g in range(cfg.learner.batch_groups)]  # fmt: skip
-            rollouts = await play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step))
-            metrics.append(trainer.train_step(rollouts))
-            await engine.update_weights({k: v.detach() for k, v in trainer.model.state_dict().items()}, trainer.version)
-        after = await success(cfg.schedule.turn_limit(trainer.step))
+        return await learn(cfg, trainer, engine, play, held_out_tasks, held_out_episodes)
     finally:
         await pool.close()
         await engine.close()
         trainer.close()
-    return before, after, metrics

@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from learn_loop import learn
 
 pytest.importorskip("openai")
 
@@ -32,7 +32,6 @@ from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.host.netutil import free_port_pair  # noqa: E402
-from agentgym.protocol import Rollout, Ticket  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +57,6 @@ async def train_and_evaluate(model_dir: Path) -> tuple[float, float, list[dict[s
     from transformers import AutoTokenizer
 
     cfg = load_config(QUICKSTART, [*SETTINGS, f'model.path="{model_dir}"'])
-    env = cfg.env.specs[0]
     spec = rollout_spec(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     trainer = Trainer.load(cfg)
@@ -66,31 +64,11 @@ async def train_and_evaluate(model_dir: Path) -> tuple[float, float, list[dict[s
     stats: dict[str, int] = {}
     runner = AgentRunner(AgentEndpointConfig(enabled=True, program=PROGRAM), engine, tokenizer, stats)
 
-    async def groups(tickets: list[Ticket], episodes: int, turn_limit: int) -> list[Rollout]:
-        async def group(t: Ticket) -> Rollout:
-            eps = await asyncio.gather(*(runner.play(t, i, spec, turn_limit) for i in range(episodes)))
-            return Rollout(group_id=t.group_id, actor_id="test", env=t.env, task_id=t.task_id, episodes=list(eps))
-
-        return list(await asyncio.gather(*(group(t) for t in tickets)))
-
-    async def success(turn_limit: int) -> float:
-        held_out = [Ticket(group_id=f"eval:{i}", env=env.name, task_id=i, split="test") for i in range(HELD_OUT_TASKS)]
-        eps = [e for g in await groups(held_out, HELD_OUT_EPISODES, turn_limit) for e in g.episodes]
-        return sum(e.success for e in eps) / len(eps)
-
     await engine.start()
     await runner.start()
     try:
-        before = await success(cfg.schedule.turn_limit(0))
-        draw = random.Random(cfg.run.seed)
-        metrics = []
-        for step in range(STEPS):
-            tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
-                       for g in range(cfg.learner.batch_groups)]  # fmt: skip
-            rollouts = await groups(tickets, spec.group_size, cfg.schedule.turn_limit(step))
-            metrics.append(trainer.train_step(rollouts))
-            await engine.update_weights({k: v.detach() for k, v in trainer.model.state_dict().items()}, trainer.version)
-        after = await success(cfg.schedule.turn_limit(trainer.step))
+        before, after, metrics = await learn(cfg, trainer, engine, lambda t, i, limit: runner.play(t, i, spec, limit),
+                                             HELD_OUT_TASKS, HELD_OUT_EPISODES)  # fmt: skip
     finally:
         await runner.close()
         await engine.close()

@@ -297,6 +297,7 @@ class Trainer(TrainerState):
         row_kl = torch.zeros((2, B), dtype=torch.float64, device=self.device)
         first_epoch = {int(m[0]) for m in minibatches}
         grad_norms: list[list[float]] = []
+        stepped = 0
         for mb, mb_micros in [pair for _ in range(lc.epochs) for pair in zip(minibatches, micros, strict=True)]:
             tok_total = keep[mb].sum()
             seq_total = keep[mb].any(-1).sum()
@@ -351,9 +352,13 @@ class Trainer(TrainerState):
             if not self.fsdp:  # fsdp has summed them (reduce-scatter) in each backward
                 self.dp.all_reduce_grads(self.params)
             gns = [torch.nn.utils.clip_grad_norm_(ps, lc.max_grad_norm) for ps in self.clip_sets]
-            self.optimizer.step()
-            first_epoch.discard(int(mb[0]))
             grad_norms.append([float(gn.full_tensor() if isinstance(gn, DTensor) else gn) for gn in gns])
+            # An exactly zero gradient (every advantage 0 and no other term) leaves the weights
+            # and Adam's state alone: AdamW would still move every weight by its momentum.
+            if any(grad_norms[-1]):
+                self.optimizer.step()
+                stepped += 1
+            first_epoch.discard(int(mb[0]))
         self.optimizer.zero_grad(set_to_none=True)
         keys = list(sums)
         vec = self.dp.all_reduce_(torch.stack([sums[k] for k in keys]))
@@ -368,7 +373,7 @@ class Trainer(TrainerState):
         out.update(
             loss=tot["loss"] / steps, pg_loss=tot["pg_loss"] / steps, entropy=tot["entropy"] / n_tok,
             is_weight_max=w_max, grad_norm=float(np.mean([g[0] for g in grad_norms])) if grad_norms else 0.0,
-            optimizer_steps=float(len(grad_norms)), lr=lr,
+            optimizer_steps=float(stepped), lr=lr,
             reward_mean=float(b.rewards.mean()), success_rate=float(b.success.mean()),
             episodes=float(B), agent_tokens=float(agent.sum()), trained_tokens=tot["tokens"],
             tokens=float(b.lengths.sum()), padded_tokens=tot["padded"], micro_batches=tot["micro"],

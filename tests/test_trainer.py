@@ -155,7 +155,7 @@ def test_micro_batches_add_up_to_one_pass(model_dir: Path, agg: str) -> None:
 
 
 def test_epochs_pass_over_the_batch_again_against_the_batch_start(model_dir: Path) -> None:
-    """``learner.epochs = 2``: two optimizer steps on the same batch, the second with a ratio
+    """``learner.epochs = 2``: two passes over the same batch, the second with a ratio
     pi_theta/pi_prox away from 1 (the proximal policy is the batch start's, not the moving one),
     the version moving by one; the first pass is exactly the one-epoch step."""
     common = ("learner.lr=1e-2", "learner.clip_low=0.01", "learner.clip_high=0.01")
@@ -163,7 +163,9 @@ def test_epochs_pass_over_the_batch_again_against_the_batch_start(model_dir: Pat
     two = Trainer.load(make_cfg(model_dir, *common, "learner.epochs=2"))
     rollouts = bandit_rollouts(version=0)
     m1, m2 = one.train_step(rollouts), two.train_step(rollouts)
-    assert (m1["optimizer_steps"], m2["optimizer_steps"]) == (1.0, 2.0)
+    # the first pass moves every token's ratio past the 0.01 clip, so the second one's gradient is
+    # exactly zero and it makes no update (a zero gradient leaves the weights alone)
+    assert (m1["optimizer_steps"], m2["optimizer_steps"], m2["clip_frac"]) == (1.0, 1.0, 0.5)
     assert one.version == two.version == 1
     assert m1["approx_kl"] == 0.0 and m1["clip_frac"] == 0.0
     assert m2["approx_kl"] > 0 and m2["clip_frac"] > 0  # the second pass sees the first one's move
@@ -288,3 +290,27 @@ def test_the_value_head_learns_at_its_own_rate_on_the_same_schedule(model_dir: P
     same = Trainer.load(make_cfg(model_dir, "learner.algorithm=ppo", "learner.lr=1e-3"))
     same.train_step(bandit_rollouts(same.model, version=same.version))
     assert [g["lr"] for g in same.optimizer.param_groups] == [pytest.approx(1e-3)] * 2
+
+
+def test_a_batch_without_gradient_leaves_the_weights_and_adams_state_alone(model_dir: Path) -> None:
+    """After a real step Adam has momentum; a batch whose every group got one reward (all
+    advantages 0, no KL or entropy term) has an exactly zero gradient, and the step leaves the
+    weights and the optimizer's state as they were. torch's AdamW would go on moving every
+    weight by that momentum (checked at the end), which on a sparse-reward env turned a base
+    model that answered into one that never does within 6 steps of zero signal."""
+    tr = Trainer.load(make_cfg(model_dir, "learner.lr=3e-3"))
+    tr.train_step(bandit_rollouts(tr.model, version=tr.version))
+    weights, adam = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict())
+    flat = [Rollout(group_id=f"f{gi}", actor_id="a", env="bandit", task_id=gi,
+                    episodes=[episode(p, [[tok]], [1.0], version=tr.version) for tok in (GOOD, BAD, GOOD, BAD)])
+            for gi, p in enumerate(PROMPTS)]  # fmt: skip
+    m = tr.train_step(flat)
+    assert (m["grad_norm"], m["optimizer_steps"], m["trained_tokens"]) == (0.0, 0.0, 8.0)
+    assert tr.version == 2  # a learner step all the same: the version counts steps, not updates
+    for k, v in tr.model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+    assert str(tr.optimizer.state_dict()) == str(adam)
+    for p in tr.model.parameters():  # what the rule prevents: the same zero gradient, stepped
+        p.grad = torch.zeros_like(p)
+    tr.optimizer.step()
+    assert not all(torch.equal(v, weights[k]) for k, v in tr.model.state_dict().items())

@@ -126,11 +126,16 @@ class VllmEngine(GatedEngine):
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu() or not torch.cuda.is_available()
-        memory: dict[str, Any] = (
+        extra: dict[str, Any] = (
             {"kv_cache_memory_bytes": int(self.kv_cache_gib * 2**30)}
             if self.on_cpu
             else {"gpu_memory_utilization": self.gpu_memory_utilization}
         )
+        if self.on_cpu:
+            # Whole prefills: a prompt chunked over two steps makes vLLM rewind the request's seeded
+            # generator, which a CPU generator cannot do (the engine dies). Budget as vLLM's own
+            # CPU fallback: max(max_model_len, its 4,096 default).
+            extra.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096))
         return AsyncEngineArgs(
             model=str(self.model_dir),
             tokenizer=str(self.model_dir),
@@ -142,7 +147,7 @@ class VllmEngine(GatedEngine):
             worker_extension_cls=_WORKER_EXTENSION,
             enforce_eager=self.on_cpu if self.enforce_eager is None else self.enforce_eager,
             disable_log_stats=True,  # our own stat logger below still receives the stats
-            **memory,
+            **extra,
         )
 
     async def close(self) -> None:

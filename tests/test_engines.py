@@ -115,6 +115,7 @@ def vllm_server(request: pytest.FixtureRequest, weights, tmp_path_factory: pytes
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(dirs["w0"]),
         "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(2**28),
         "--logprobs-mode", "processed_logprobs", "--seed", "0", "--enforce-eager",
+        "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",  # docs/engines.md: a CPU server
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # pause/resume/collective_rpc for weight updates
@@ -188,6 +189,23 @@ def test_same_seed_same_sample(h: Harness) -> None:
     a = h.run(h.engine.generate("seed-a", PROMPTS[0], spec))
     b = h.run(h.engine.generate("seed-b", PROMPTS[0], spec))
     assert a.token_ids == b.token_ids
+
+
+def test_seeded_long_prompts_beyond_one_steps_token_budget(h: Harness) -> None:
+    """Six seeded requests of 900 prompt tokens at once: more than the CPU engine's 4,096-token
+    step budget. With chunked prefill vLLM split one prompt over two steps and, on CPU, died
+    rewinding that request's seeded generator ("CPU Generator does not use offset"; the engine is
+    gone for good). The actor's engine prefills each prompt whole, and a CPU server started as
+    docs/engines.md says does too; every request finishes."""
+    h.use("w0")
+    vocab = h.models["w0"].config.vocab_size
+
+    async def many():
+        specs = [SamplingSpec(max_tokens=4, temperature=1.0, seed=i) for i in range(6)]
+        prompts = [[3 + (i * 7 + j) % (vocab - 10) for j in range(900)] for i in range(6)]
+        return await asyncio.gather(*(h.engine.generate(f"long-{i}", p, s) for i, (p, s) in enumerate(zip(prompts, specs))))
+
+    assert [len(g.token_ids) >= 1 for g in h.run(many())] == [True] * 6
 
 
 def test_stop_token_ends_the_turn_and_is_kept(h: Harness) -> None:

@@ -353,11 +353,14 @@ class Trainer(TrainerState):
                 self.dp.all_reduce_grads(self.params)
             gns = [torch.nn.utils.clip_grad_norm_(ps, lc.max_grad_norm) for ps in self.clip_sets]
             grad_norms.append([float(gn.full_tensor() if isinstance(gn, DTensor) else gn) for gn in gns])
-            # An exactly zero gradient (every advantage 0 and no other term) leaves the weights
-            # and Adam's state alone: AdamW would still move every weight by its momentum.
-            if any(grad_norms[-1]):
-                self.optimizer.step()
-                stepped += 1
+            # An exactly zero gradient (every advantage 0 and no other term) must not move the
+            # weights, which AdamW's momentum would: the step runs at lr 0 (its moments and count
+            # advance as in any step, so a run whose first batches carry nothing keeps its course).
+            moved = any(grad_norms[-1])
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr * g.get("lr_scale", 1.0) if moved else 0.0
+            self.optimizer.step()
+            stepped += moved
             first_epoch.discard(int(mb[0]))
         self.optimizer.zero_grad(set_to_none=True)
         keys = list(sums)

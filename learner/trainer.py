@@ -258,8 +258,6 @@ class Trainer(TrainerState):
         B = b.size
         lr = lc.lr * lr_factor(self.step, warmup_steps=lc.warmup_steps, total_steps=cfg.run.max_steps,
                                schedule=lc.lr_schedule, min_ratio=lc.min_lr_ratio)  # fmt: skip
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr * g.get("lr_scale", 1.0)
         lengths = b.lengths.cpu()
         n_mb = min(lc.minibatches, B)
         minibatches = list(torch.arange(B).chunk(n_mb))
@@ -356,6 +354,7 @@ class Trainer(TrainerState):
             # An exactly zero gradient (every advantage 0 and no other term) must not move the
             # weights, which AdamW's momentum would: the step runs at lr 0 (its moments and count
             # advance as in any step, so a run whose first batches carry nothing keeps its course).
+            # The one place the optimizer's lr is set (the schedule's, times a group's lr_scale).
             moved = any(grad_norms[-1])
             for g in self.optimizer.param_groups:
                 g["lr"] = lr * g.get("lr_scale", 1.0) if moved else 0.0

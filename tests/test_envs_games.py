@@ -5,6 +5,7 @@ episode per env through the real EnvPool (worker subprocesses)."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import re
 import signal
@@ -282,6 +283,20 @@ def test_maze_layout_keeps_one_map_and_varies_start_and_goal() -> None:
         assert len(solve(known, task)) == shortest
     with pytest.raises(TypeError, match="layout must be an integer seed"):
         Maze(size=5, layout="a")
+
+
+def test_a_new_maze_is_solvable_from_what_the_observation_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench/maze_policies.py reads only the observation text (cell, goal, open sides, last move):
+    # heading for the goal through an open side, never straight back, solves most 3x3 tasks in 8
+    # turns where a random open side solves few. The maze3 row's reachable ceiling rests on it.
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    policies = importlib.import_module("maze_policies")
+    tasks = list(Maze.tasks("test", size=3))[:300]
+    smart = policies.success(policies.toward_no_back, 3, 8, tasks)
+    blind = policies.success(policies.random_open, 3, 8, tasks)
+    assert smart >= 0.75 and blind <= 0.35 and policies.success(None, 3, 8, tasks) == 1.0, (smart, blind)
+    with pytest.raises(ValueError, match="not a maze observation"):
+        policies.read("You reached the goal at row 1, column 1!")
 
 
 # ---------------------------------------------------------------- wordle

@@ -28,10 +28,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agentgym.envpool.envs.maze import MOVES, Maze
+from agentgym.envpool.envs.maze import MOVES, OPPOSITE, Maze
 
 Cell = tuple[int, int]
-BACK = {"up": "down", "down": "up", "left": "right", "right": "left"}
 _WHERE = re.compile(r"You are at row (\d+), column (\d+)\. The goal is at row (\d+), column (\d+)\.")
 
 
@@ -87,7 +86,7 @@ def toward_goal(seen: Seen, memory: Memory, rng: random.Random) -> str:
 
 
 def toward_no_back(seen: Seen, memory: Memory, rng: random.Random) -> str:
-    dirs = [d for d in seen.open if seen.moved is None or d != BACK[seen.moved]] or seen.open
+    dirs = [d for d in seen.open if seen.moved is None or d != OPPOSITE[seen.moved]] or seen.open
     return rng.choice(_nearer(seen, dirs) or dirs)
 
 

@@ -36,6 +36,8 @@ from agentgym.envpool.base import Env, StepResult
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 """Direction -> (row, column) change."""
+OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
+"""Direction -> the one that goes straight back."""
 
 Cell = tuple[int, int]
 
@@ -43,7 +45,6 @@ Cell = tuple[int, int]
 def carve(size: int, rng: random.Random) -> dict[Cell, set[str]]:
     """A perfect maze: for each cell the directions that are open (iterative DFS carving)."""
     opened: dict[Cell, set[str]] = {(r, c): set() for r in range(size) for c in range(size)}
-    back = {"up": "down", "down": "up", "left": "right", "right": "left"}
     start = (rng.randrange(size), rng.randrange(size))
     stack, seen = [start], {start}
     while stack:
@@ -55,7 +56,7 @@ def carve(size: int, rng: random.Random) -> dict[Cell, set[str]]:
             continue
         d, cell = rng.choice(options)
         opened[(r, c)].add(d)
-        opened[cell].add(back[d])
+        opened[cell].add(OPPOSITE[d])
         seen.add(cell)
         stack.append(cell)
     return opened

@@ -62,6 +62,26 @@ def journal_fates(path: Path) -> tuple[set[str], dict[str, str], set[str], Count
     return issued, fate, accepted, folded
 
 
+@pytest.mark.skipif(NO_NETNS is not None, reason=f"no network namespaces: {NO_NETNS}")
+def test_a_new_cluster_deletes_what_a_killed_one_left_and_nothing_else() -> None:
+    """A run killed before its Cluster closed leaves ag<pid>-* namespaces; the next Cluster deletes
+    them, and keeps those of a process still running."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    left, kept = f"ag{dead.pid}-a1", f"ag{alive.pid}-sw"
+    try:
+        for name in (left, kept):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        with Cluster(["learner"]) as net:
+            names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            assert left not in names and kept in names and net.ns("learner") in names
+    finally:
+        alive.kill()
+        for name in (left, kept):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
 @pytest.mark.timeout(1200)
 def test_actor_from_another_directory_takes_the_learners_model(tmp_path: Path) -> None:
     """The README's "Across machines" commands on one host: the actor runs from a directory

@@ -12,6 +12,8 @@ of its own (nothing is added to the caller's namespace). Addresses are 10.231.<s
 one subnet per Cluster. There is no default route: no host can reach anything outside the
 cluster. ``close`` (also on an exception inside ``with``) kills what ``spawn`` started and
 deletes the namespaces, which deletes their links. Needs root (CAP_NET_ADMIN) and ``ip``.
+A process killed before ``close`` leaves its namespaces behind (``ag<pid>-*``); the next Cluster
+deletes those whose pid is no longer running and that hold no process (``sweep_stale``).
 
 ``Loopback`` has the same methods for machines where namespaces cannot be made: every host is
 127.0.0.1 and a cut link is played by stopping the host's processes (SIGSTOP) until restored.
@@ -48,9 +50,36 @@ def netns_unavailable() -> str | None:
     return None
 
 
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale() -> list[str]:
+    """Delete the namespaces a dead Cluster left: named ``ag<pid>-*``, that pid not running, no
+    process inside. Returns the names deleted."""
+    listed = _ip("netns", "list", check=False)
+    gone = []
+    for line in listed.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        tag = name.split("-", 1)[0]
+        if not (tag.startswith("ag") and tag[2:].isdigit() and "-" in name):
+            continue
+        if _running(int(tag[2:])) or _ip("netns", "pids", name, check=False).stdout.strip():
+            continue
+        if _ip("netns", "del", name, check=False).returncode == 0:
+            gone.append(name)
+    return gone
+
+
 class Cluster:
     def __init__(self, hosts: list[str], subnet: int | None = None) -> None:
-        self.tag = f"ag{os.getpid() % 100000}"
+        self.tag = f"ag{os.getpid()}"  # the whole pid: sweep_stale reads it back
         self.subnet = subnet if subnet is not None else os.getpid() % 250 + 1
         self.hosts = {h: i + 1 for i, h in enumerate(hosts)}
         self.procs: list[subprocess.Popen] = []  # type: ignore[type-arg]
@@ -77,6 +106,7 @@ class Cluster:
         self.close()
 
     def _make(self) -> None:
+        sweep_stale()  # a killed run's namespaces: its tag may be this pid's, its subnet this one
         sw = self.ns("switch")
         _ip("netns", "add", sw)
         self.made.append(sw)

@@ -42,6 +42,30 @@ def _check(fn: str, logits: Tensor, token_ids: Tensor, temperature: float) -> No
                          f"min {int(token_ids.min())} max {int(token_ids.max())}")  # fmt: skip
 
 
+def _ban_mask(banned: Tensor | None, V: int, device: torch.device) -> Tensor | None:
+    if banned is None or not banned.numel():
+        return None
+    ban = torch.zeros(V, dtype=torch.bool, device=device)
+    ban[banned] = True
+    return ban
+
+
+def _chunk(z: Tensor, y: Tensor, temperature: float, ban: Tensor | None, want_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """log softmax(z/τ)[y] and the entropy of softmax(z/τ), over the last dim of ``z`` [..., V]."""
+    z = z.float()
+    if temperature != 1.0:
+        z = z / temperature
+    if ban is not None:
+        # The policy without the banned ids (protocol/vocab.py), where the next token is not
+        # one of them (a prompt's own <|im_start|> keeps a finite logprob; no loss reads it).
+        # The float32 minimum, not -inf: its probability is exactly 0 and 0 * z stays 0.
+        z = z.masked_fill(ban & ~ban[y][..., None], torch.finfo(z.dtype).min)
+    lse = torch.logsumexp(z, dim=-1)
+    # log softmax(z)[y] = z[y] − logsumexp(z): gathers one logit instead of normalising all V.
+    lp = z.gather(-1, y[..., None]).squeeze(-1) - lse
+    return lp, (lse - (torch.softmax(z, dim=-1) * z).sum(-1)) if want_entropy else None
+
+
 def _logprobs_and_entropy(
     logits: Tensor, token_ids: Tensor, temperature: float, want_entropy: bool, banned: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
@@ -53,27 +77,66 @@ def _logprobs_and_entropy(
     lp_chunks, ent_chunks = [zero], [zero]
     pred, target = logits[:, :-1], token_ids[:, 1:]
     step = max(1, _CHUNK_ELEMENTS // max(1, B * V))
-    ban = None
-    if banned is not None and banned.numel():
-        ban = torch.zeros(V, dtype=torch.bool, device=logits.device)
-        ban[banned] = True
+    ban = _ban_mask(banned, V, logits.device)
     for s in range(0, T - 1, step):
-        z = pred[:, s : s + step].float()
-        if temperature != 1.0:
-            z = z / temperature
-        if ban is not None:
-            # The policy without the banned ids (protocol/vocab.py), where the next token is not
-            # one of them (a prompt's own <|im_start|> keeps a finite logprob; no loss reads it).
-            # The float32 minimum, not -inf: its probability is exactly 0 and 0 * z stays 0.
-            y = target[:, s : s + step]
-            z = z.masked_fill(ban & ~ban[y][..., None], torch.finfo(z.dtype).min)
-        lse = torch.logsumexp(z, dim=-1)
-        # log softmax(z)[y] = z[y] − logsumexp(z): gathers one logit instead of normalising all V.
-        lp_chunks.append(z.gather(-1, target[:, s : s + step, None]).squeeze(-1) - lse)
-        if want_entropy:
-            ent_chunks.append(lse - (torch.softmax(z, dim=-1) * z).sum(-1))
+        lp, ent = _chunk(pred[:, s : s + step], target[:, s : s + step], temperature, ban, want_entropy)
+        lp_chunks.append(lp)
+        if ent is not None:
+            ent_chunks.append(ent)
     logp = torch.cat(lp_chunks, dim=1)
     return logp, torch.cat(ent_chunks, dim=1) if want_entropy else None
+
+
+def _needed_logprobs(
+    rows: Tensor, token_ids: Tensor, needed: Tensor, temperature: float, want_entropy: bool, banned: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """[B, T] logprobs (and entropies) from ``rows`` [N, V], the logits of the needed tokens only
+    (in row-major order of ``needed[:, 1:]``); 0 everywhere else."""
+    B, T = token_ids.shape
+    sel = needed[:, 1:]
+    y = token_ids[:, 1:][sel]
+    ban = _ban_mask(banned, rows.shape[-1], rows.device)
+    step = max(1, _CHUNK_ELEMENTS // max(1, rows.shape[-1]))
+    parts = [_chunk(rows[s : s + step], y[s : s + step], temperature, ban, want_entropy) for s in range(0, len(y), step)]
+    zero = rows.new_zeros((B, 1), dtype=torch.float32)
+
+    def place(vals: list[Tensor]) -> Tensor:
+        flat = torch.cat(vals) if vals else rows.new_zeros((0,), dtype=torch.float32)
+        return torch.cat([zero, torch.zeros_like(sel, dtype=torch.float32).masked_scatter(sel, flat)], dim=1)
+
+    logp = place([p[0] for p in parts])
+    return logp, place([p[1] for p in parts if p[1] is not None]) if want_entropy else None
+
+
+class _OnlyNeededRows:
+    """While open, the model's output embeddings (its LM head) see only the hidden states at
+    t − 1 of the needed tokens t, as one [1, N, H] row: logits of N positions instead of B·T.
+    The LM head and the softmax over the vocabulary are most of a small model's step, and only
+    the agent's tokens (a few percent of an episode) have a loss. A model whose forward calls
+    its head some other way is left alone: ``hit`` stays False and the full logits come back."""
+
+    def __init__(self, model: torch.nn.Module, needed: Tensor) -> None:
+        get = getattr(model, "get_output_embeddings", None)
+        self.head = get() if callable(get) else None
+        self.sel = needed[:, 1:]
+        self.hit = False
+        self.handle = None
+
+    def _pre(self, _module: torch.nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
+        h = args[0] if args else None
+        if self.hit or h is None or h.dim() != 3 or h.shape[:2] != (self.sel.shape[0], self.sel.shape[1] + 1):
+            return None
+        self.hit = True
+        return (h[:, :-1][self.sel][None], *args[1:])
+
+    def __enter__(self) -> _OnlyNeededRows:
+        if isinstance(self.head, torch.nn.Module):
+            self.handle = self.head.register_forward_pre_hook(self._pre)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.handle is not None:
+            self.handle.remove()
 
 
 def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0, banned: Tensor | None = None) -> Tensor:
@@ -90,12 +153,12 @@ def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0, 
 @overload
 def sequence_logprobs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
-    *, return_entropy: Literal[False] = ..., banned: Tensor | None = ...,
+    *, return_entropy: Literal[False] = ..., banned: Tensor | None = ..., needed: Tensor | None = ...,
 ) -> Tensor: ...  # fmt: skip
 @overload
 def sequence_logprobs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
-    *, return_entropy: Literal[True], banned: Tensor | None = ...,
+    *, return_entropy: Literal[True], banned: Tensor | None = ..., needed: Tensor | None = ...,
 ) -> tuple[Tensor, Tensor]: ...  # fmt: skip
 def sequence_logprobs(
     model: torch.nn.Module,
@@ -105,6 +168,7 @@ def sequence_logprobs(
     *,
     return_entropy: bool = False,
     banned: Tensor | None = None,
+    needed: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token logprobs [B, T] of right-padded sequences under any HF causal LM.
 
@@ -113,14 +177,33 @@ def sequence_logprobs(
     (attention_mask 0) get 0. With ``return_entropy=True`` also returns the entropy [B, T] of
     the temperature-τ distribution each token was drawn from (position 0 and padding: 0).
     ``banned``: token ids the policy gives probability 0 (protocol/vocab.py; the engine sampled
-    without them), as a long tensor on the logits' device.
+    without them), as a long tensor on the logits' device. ``needed`` [B, T] (bool): the tokens
+    whose logprob (and entropy) the caller reads, e.g. the agent's; the others get 0 and the LM
+    head computes logits for the needed ones only (``_OnlyNeededRows``).
     """
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"sequence_logprobs: attention_mask {tuple(attention_mask.shape)} must have "
                          f"the shape of input_ids {tuple(input_ids.shape)}")  # fmt: skip
-    out: _CausalLMOutput = model(input_ids=input_ids, attention_mask=attention_mask)
-    _check("sequence_logprobs", out.logits, input_ids, temperature)
-    logp, ent = _logprobs_and_entropy(out.logits, input_ids, temperature, return_entropy, banned)
+    if needed is not None and needed.shape != input_ids.shape:
+        raise ValueError(f"sequence_logprobs: needed {tuple(needed.shape)} must have the shape of "
+                         f"input_ids {tuple(input_ids.shape)}")  # fmt: skip
+    if needed is None or input_ids.shape[1] == 0:
+        out: _CausalLMOutput = model(input_ids=input_ids, attention_mask=attention_mask)
+        _check("sequence_logprobs", out.logits, input_ids, temperature)
+        logp, ent = _logprobs_and_entropy(out.logits, input_ids, temperature, return_entropy, banned)
+    else:
+        needed = needed.bool() & (attention_mask != 0)
+        with _OnlyNeededRows(model, needed) as only:
+            out = model(input_ids=input_ids, attention_mask=attention_mask)
+        if only.hit:
+            rows = out.logits[0]
+            _check("sequence_logprobs", out.logits, input_ids[:, 1:][needed[:, 1:]][None], temperature)
+            logp, ent = _needed_logprobs(rows, input_ids, needed, temperature, return_entropy, banned)
+        else:
+            _check("sequence_logprobs", out.logits, input_ids, temperature)
+            logp, ent = _logprobs_and_entropy(out.logits, input_ids, temperature, return_entropy, banned)
+            logp = torch.where(needed, logp, 0.0)
+            ent = torch.where(needed, ent, 0.0) if ent is not None else None
     real = attention_mask != 0
     logp = torch.where(real, logp, 0.0)
     if ent is None:

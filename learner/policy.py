@@ -47,6 +47,10 @@ class _KeepHidden(torch.nn.Module):
         self.hidden = out.hidden_states[-1]
         return out
 
+    def get_output_embeddings(self) -> torch.nn.Module | None:
+        get = getattr(self.model, "get_output_embeddings", None)
+        return get() if callable(get) else None
+
 
 def forward_tokens(
     model: torch.nn.Module,
@@ -56,17 +60,19 @@ def forward_tokens(
     *,
     value_head: ValueHead | SeparateValueModel | None = None,
     banned: Tensor | None = None,
+    needed: Tensor | None = None,
 ) -> Forward:
     """One forward pass of right-padded rows: logprobs and entropies at ``temperature`` (without
-    the ``banned`` ids: protocol/vocab.py), values."""
+    the ``banned`` ids: protocol/vocab.py), values. ``needed``: the tokens whose logprob and entropy
+    are read (the others are 0; learner/logprobs.py)."""
     if value_head is None or value_head.own_body:
-        logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned)
+        logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned, needed=needed)
         if value_head is None:
             return Forward(logp, ent, None, None)
         v_state = value_head.state_values(None, input_ids, attention_mask)
     else:
         keep = _KeepHidden(model)
-        logp, ent = sequence_logprobs(keep, input_ids, attention_mask, temperature, return_entropy=True, banned=banned)
+        logp, ent = sequence_logprobs(keep, input_ids, attention_mask, temperature, return_entropy=True, banned=banned, needed=needed)
         v_state = value_head.state_values(keep.hidden, input_ids, attention_mask)  # [B, T]: V after token t
     values, last_value = align_values(v_state, attention_mask)
     return Forward(logp, ent, values, last_value)

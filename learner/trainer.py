@@ -237,14 +237,15 @@ class Trainer(TrainerState):
                     continue
                 L = int(b.lengths[rows].max())
                 ids, attn = b.input_ids[rows, :L], b.attention_mask[rows, :L]
+                agent = b.loss_mask[rows, :L] != 0  # no loss reads another token's logprob
                 if "prox" in out:
-                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned)
+                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned, needed=agent)
                     out["prox"][rows, :L] = f.logp.float()
                     if f.values is not None and f.last_value is not None:
                         out["values"][rows, :L] = f.values.float()
                         out["last_value"][rows] = f.last_value.float()
                 if self.ref_model is not None:
-                    out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp, banned=self.banned).float()
+                    out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp, banned=self.banned, needed=agent).float()
         for v in out.values():
             self.dp.all_reduce_(v)
         return out
@@ -312,7 +313,8 @@ class Trainer(TrainerState):
                 tok_scale = loc_tok / tok_total
                 scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
                 with self._autocast():
-                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned)
+                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned,
+                                       needed=b.loss_mask[rows, :L] != 0)  # fmt: skip
                 prox = pre["prox"][rows, :L] if several else f.logp.detach()
                 if int(mb[0]) in first_epoch:
                     d = (prox - b.behav_logp[rows, :L]).double()

@@ -113,6 +113,53 @@ def test_sequence_logprobs_backpropagate_into_the_model(tiny_qwen2: torch.nn.Mod
     tiny_qwen2.zero_grad(set_to_none=True)
 
 
+def test_only_the_needed_tokens_get_logits_and_the_same_values_and_gradients(tiny_qwen2: torch.nn.Module) -> None:
+    """``needed`` (the agent's tokens): the LM head runs on those positions only, and their
+    logprobs, entropies and gradients are those of the full pass; every other position is 0."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 50, (3, 12), generator=g)
+    attn = torch.ones_like(ids)
+    attn[2, 7:] = 0
+    needed = torch.rand(3, 12, generator=g) < 0.3
+    needed[0, 0] = needed[2, 9] = True  # position 0 (no context) and padding: never computed
+    banned = torch.tensor([5, 7])
+    seen: list[tuple[int, ...]] = []
+    hook = tiny_qwen2.get_output_embeddings().register_forward_hook(lambda _m, a, _o: seen.append(tuple(a[0].shape)))
+    try:
+        runs = {}
+        for name, want in (("full", None), ("needed", needed)):
+            tiny_qwen2.zero_grad(set_to_none=True)
+            logp, ent = sequence_logprobs(tiny_qwen2, ids, attn, 0.7, return_entropy=True, banned=banned, needed=want)
+            (logp.sum() + ent.sum()).backward()  # the full pass: masked below to the needed tokens
+            runs[name] = (logp, ent)
+        real = needed & (attn != 0)
+        real[:, 0] = False
+        full_logp, full_ent = runs["full"]
+        logp, ent = runs["needed"]
+        torch.testing.assert_close(logp, torch.where(real, full_logp, 0.0), rtol=0, atol=2e-6)
+        torch.testing.assert_close(ent, torch.where(real, full_ent, 0.0), rtol=0, atol=2e-5)
+        assert seen[0] == (3, 12, 64) and seen[1] == (1, int(real.sum()), 64)  # logits of N rows, not B·T
+        # gradients: the needed pass's equal the full pass's restricted to the needed tokens
+        grads = {}
+        for name, want in (("full", None), ("needed", needed)):
+            tiny_qwen2.zero_grad(set_to_none=True)
+            lp, en = sequence_logprobs(tiny_qwen2, ids, attn, 0.7, return_entropy=True, banned=banned, needed=want)
+            (torch.where(real, lp + en, 0.0)).sum().backward()
+            grads[name] = [p.grad.clone() for p in tiny_qwen2.parameters()]
+        for a, b in zip(grads["full"], grads["needed"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    finally:
+        hook.remove()
+        tiny_qwen2.zero_grad(set_to_none=True)
+    # a "model" without an output-embeddings module gets the full pass, then the same masking
+    logits = torch.randn(3, 12, 50, generator=g)
+    full = sequence_logprobs(_Fixed(logits), ids, attn, needed=None)
+    part = sequence_logprobs(_Fixed(logits), ids, attn, needed=needed)
+    assert torch.equal(part, torch.where(needed & (attn != 0), full, 0.0))
+    with pytest.raises(ValueError, match="needed"):
+        sequence_logprobs(tiny_qwen2, ids, attn, needed=needed[:, :5])
+
+
 def test_banned_ids_get_probability_zero_where_an_action_could_hold_them() -> None:
     from agentgym.actors.hf_engine import sample
 

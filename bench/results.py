@@ -6,8 +6,8 @@
     python bench/results.py --mix-curves runs/mix-games --plot x.png # per-env curves of a run on configs/envs/mix.toml
 
 Each row is a config of ``configs/envs/`` (``ROWS``) and gets these arms, all scored on the same
-held-out test tasks (the first ``--eval-tasks`` of the env's test split, ``EVAL_EPISODES`` samples
-each) at the config's final turn limit:
+held-out test tasks (the first ``eval.tasks`` of the row config, or ``--eval-tasks``, of the env's test
+split, ``EVAL_EPISODES`` samples each) at the config's final turn limit:
 
     random     ``Env.random_action`` every turn (uniform over the action space, or its stand-in)
     base       the config's base model before RL (agentgym.models.base: pretrained on random play)
@@ -96,20 +96,21 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
         ensure_model(cfg)  # the base model: made and pretrained once, shared by the seeds
     base_s = time.time() - t0
     pre = Path(cfg.model.path, "pretrain.json")
-    arms = {"row": row, "config": f"configs/envs/{row}.toml", "model": str(cfg.model.path),
+    n_eval = args.eval_tasks or cfg.eval.tasks  # the row's own eval.tasks unless --eval-tasks
+    arms = {"row": row, "config": f"configs/envs/{row}.toml", "model": str(cfg.model.path), "eval_tasks": n_eval,
             "pretrain": json.loads(pre.read_text()) if pre.exists() else None, "base_make_s": round(base_s, 1)}  # fmt: skip
     for policy in ("random", "expert"):
-        arms[policy] = scripted(cfg, policy, args.eval_tasks, EVAL_EPISODES)
+        arms[policy] = scripted(cfg, policy, n_eval, EVAL_EPISODES)
         print(f"[{row}] {policy}: held-out success {arms[policy]['success']:.3f}", flush=True)
     (out / "arms.json").write_text(json.dumps(arms, indent=1))
     for seed in [] if args.arms_only else seeds:
         cfg = config(row, seed, [*args.override, f"run.max_steps={args.steps}", "model.create_tiny=false",
                                  f'actor.engine="{args.engine}"'])  # fmt: skip
         print(f"[{row} seed {seed}] up to {args.steps} steps / {args.max_wall_s:.0f} s", flush=True)
-        res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, cfg.schedule.final_limit,
+        res = asyncio.run(train_curve(cfg, args.eval_every, n_eval, cfg.schedule.final_limit,
                                       partial=out / f"seed{seed}.json", max_wall_s=args.max_wall_s,
                                       engine_kind=args.engine))  # fmt: skip
-        res.update(seed=seed, overrides=args.override, config=f"configs/envs/{row}.toml", engine=args.engine)
+        res.update(seed=seed, overrides=args.override, config=f"configs/envs/{row}.toml", engine=args.engine, eval_tasks=n_eval)
         (out / f"seed{seed}.json").write_text(json.dumps(res))
 
 
@@ -250,7 +251,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=100, help="RL steps per run (at most)")
     p.add_argument("--max-wall-s", type=float, default=1200.0, help="wall time per RL run before it stops and evaluates")
     p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--eval-tasks", type=int, default=16, help="held-out test tasks (x4 samples for the model arms)")
+    p.add_argument("--eval-tasks", type=int, default=None,
+                   help="held-out test tasks (x4 samples for the model arms); default: the row config's eval.tasks")
     p.add_argument("-o", "--override", action="append", default=[], help="config override for every row's runs")
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                    help="the RL runs' engine: hf (reference, exact logprobs) or vllm (batched, ~2.5x faster on maze here)")

@@ -314,7 +314,7 @@ class Trainer(TrainerState):
                 scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
                 with self._autocast():
                     f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned,
-                                       needed=b.loss_mask[rows, :L] != 0)  # fmt: skip
+                                       needed=agent[rows, :L])  # fmt: skip
                 prox = pre["prox"][rows, :L] if several else f.logp.detach()
                 if int(mb[0]) in first_epoch:
                     d = (prox - b.behav_logp[rows, :L]).double()

@@ -17,6 +17,7 @@ and τ = 1, since then the chunks are views).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Literal, Protocol, overload
 
 import torch
@@ -187,21 +188,19 @@ def sequence_logprobs(
     if needed is not None and needed.shape != input_ids.shape:
         raise ValueError(f"sequence_logprobs: needed {tuple(needed.shape)} must have the shape of "
                          f"input_ids {tuple(input_ids.shape)}")  # fmt: skip
-    if needed is None or input_ids.shape[1] == 0:
+    only = None
+    if needed is not None and input_ids.shape[1] > 0:
+        needed = needed.bool() & (attention_mask != 0)
+        only = _OnlyNeededRows(model, needed)
+    with only or contextlib.nullcontext():
         out: _CausalLMOutput = model(input_ids=input_ids, attention_mask=attention_mask)
+    if only is not None and only.hit and needed is not None:
+        _check("sequence_logprobs", out.logits, input_ids[:, 1:][needed[:, 1:]][None], temperature)
+        logp, ent = _needed_logprobs(out.logits[0], input_ids, needed, temperature, return_entropy, banned)
+    else:  # the full logits (no ``needed``, or a model whose head the hook did not see)
         _check("sequence_logprobs", out.logits, input_ids, temperature)
         logp, ent = _logprobs_and_entropy(out.logits, input_ids, temperature, return_entropy, banned)
-    else:
-        needed = needed.bool() & (attention_mask != 0)
-        with _OnlyNeededRows(model, needed) as only:
-            out = model(input_ids=input_ids, attention_mask=attention_mask)
-        if only.hit:
-            rows = out.logits[0]
-            _check("sequence_logprobs", out.logits, input_ids[:, 1:][needed[:, 1:]][None], temperature)
-            logp, ent = _needed_logprobs(rows, input_ids, needed, temperature, return_entropy, banned)
-        else:
-            _check("sequence_logprobs", out.logits, input_ids, temperature)
-            logp, ent = _logprobs_and_entropy(out.logits, input_ids, temperature, return_entropy, banned)
+        if needed is not None:
             logp = torch.where(needed, logp, 0.0)
             ent = torch.where(needed, ent, 0.0) if ent is not None else None
     real = attention_mask != 0

@@ -16,7 +16,7 @@ import pytest
 
 from agentgym.envpool.base import Env, StepResult
 from agentgym.envpool.envs.babyai import ACTIONS, BabyAI
-from agentgym.envpool.envs.maze import Maze, distances
+from agentgym.envpool.envs.maze import MOVES, OPPOSITE, Maze, distances
 from agentgym.envpool.envs.textcraft import RAW, TextCraft, make_world
 from agentgym.envpool.envs.wordle import Wordle, feedback, load_words, split_of
 from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
@@ -262,6 +262,33 @@ def test_maze_expert_walks_the_shortest_path_and_walls_stop() -> None:
         assert r.observation.split("\n")[1] == first.split("\n")[0]
     drawn = Maze(size=3, show_map=True).reset(1)
     assert drawn.count("A") == 1 and drawn.count("G") == 1 and drawn.splitlines()[-1] == "#######"
+
+
+def test_maze_progress_reward_pays_the_share_of_the_way_and_success_stays_the_goal() -> None:
+    plain, paid = Maze(size=5), Maze(size=5, progress_reward=True)
+    for task in range(10):
+        assert paid.reset(task) == plain.reset(task)
+        start, rewards = paid._to_goal[paid._me], []
+        away = [d for d in sorted(paid._opened[paid._me]) if paid._to_goal[_moved(paid, d)] > start]
+        if away:  # a step away costs its share, and the step back earns it again
+            rewards += [paid.step(f"move {away[0]}").reward, paid.step(f"move {OPPOSITE[away[0]]}").reward]
+            assert rewards == pytest.approx([-1 / start, 1 / start])
+        wall = next((d for d in MOVES if d not in paid._opened[paid._me]), None)
+        if wall:
+            assert paid.step(f"move {wall}").reward == 0.0
+        assert paid.step("dance").reward == 0.0
+        while not (r := paid.step(paid.expert_action())).done:
+            rewards.append(r.reward)
+        assert r.info["success"] and r.reward == pytest.approx(1 + 1 / start)
+        assert sum(rewards) + r.reward == pytest.approx(2.0)  # the whole way (1) and the goal (1)
+        plain.reset(task)
+        assert [plain.step(plain.expert_action()).reward for _ in range(start)] == [0.0] * (start - 1) + [1.0]
+    with pytest.raises(TypeError, match="progress_reward must be true or false"):
+        Maze(size=5, progress_reward=1)
+
+
+def _moved(env: Maze, d: str) -> tuple[int, int]:
+    return env._me[0] + MOVES[d][0], env._me[1] + MOVES[d][1]
 
 
 def test_maze_layout_keeps_one_map_and_varies_start_and_goal() -> None:

@@ -18,8 +18,14 @@ the four directions are open; with ``show_map`` it also draws the whole maze:
                                           the right move is a function of where the agent and
                                           the goal are; None: a new maze per task, which the
                                           agent must explore (only the open sides are shown)
+              progress_reward: bool = False   also reward each move by the progress it makes:
+                                          (d_before - d_after) / d_start, d the length of the
+                                          maze's path to the goal; the moves of an episode sum to
+                                          the share of the way it covered (1 at the goal), a move
+                                          back takes its share away, a wall or an unknown command
+                                          gives 0. Success is still only reaching the goal.
     actions:  move up | move down | move left | move right   ("up" etc. alone is accepted too)
-    reward:   1 on reaching the goal (done, success); a move into a wall keeps the agent in place
+    reward:   1 on reaching the goal (done, success), plus the progress above if asked; a move into a wall keeps the agent in place
               and says so; an unknown command gets the action list. Both count as a turn. The
               env has no turn limit of its own: the actor applies the learner's.
     expert:   breadth-first search from the agent to the goal.
@@ -92,7 +98,8 @@ def draw(opened: dict[Cell, set[str]], size: int, me: Cell, goal: Cell) -> str:
 class Maze(Env):
     name = "maze"
 
-    def __init__(self, size: int = 5, show_map: bool = False, layout: int | None = None, **kwargs: object) -> None:
+    def __init__(self, size: int = 5, show_map: bool = False, layout: int | None = None, progress_reward: bool = False,
+                 **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
         if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= 30:
             raise ValueError(f"maze: option size must be an integer from 2 to 30, got {size!r}")
@@ -100,11 +107,14 @@ class Maze(Env):
             raise TypeError(f"maze: option show_map must be true or false, got {show_map!r}")
         if layout is not None and (not isinstance(layout, int) or isinstance(layout, bool)):
             raise TypeError(f"maze: option layout must be an integer seed or absent, got {layout!r}")
-        self.size, self.show_map, self.layout = size, show_map, layout
+        if not isinstance(progress_reward, bool):
+            raise TypeError(f"maze: option progress_reward must be true or false, got {progress_reward!r}")
+        self.size, self.show_map, self.layout, self.progress_reward = size, show_map, layout, progress_reward
         self._opened: dict[Cell, set[str]] = {}
         self._me: Cell = (0, 0)
         self._goal: Cell = (0, 0)
         self._to_goal: dict[Cell, int] = {}
+        self._start_distance = 1
         self._turns = 0
         self._done = True
 
@@ -116,6 +126,7 @@ class Maze(Env):
         far = max(dist.values())
         self._goal = rng.choice(sorted(cell for cell, d in dist.items() if d >= max(1, far // 2)))
         self._to_goal = distances(self._opened, self._goal)  # the expert's map, computed once
+        self._start_distance = self._to_goal[self._me]  # >= 1: the goal is never the start
         self._turns = 0
         self._done = False
         return self._describe()
@@ -153,12 +164,14 @@ class Maze(Env):
         if d not in self._opened[self._me]:
             return StepResult(f"You hit a wall.\n{self._describe()}", 0.0, False, {"turns": self._turns})
         dr, dc = MOVES[d]
+        before = self._to_goal[self._me]
         self._me = (self._me[0] + dr, self._me[1] + dc)
+        progress = (before - self._to_goal[self._me]) / self._start_distance if self.progress_reward else 0.0
         if self._me == self._goal:
             self._done = True
             text = f"You reached the goal at {self._where(self._goal)}!"
-            return StepResult(text, 1.0, True, {"turns": self._turns, "success": True})
-        return StepResult(f"You moved {d}.\n{self._describe()}", 0.0, False, {"turns": self._turns})
+            return StepResult(text, 1.0 + progress, True, {"turns": self._turns, "success": True})
+        return StepResult(f"You moved {d}.\n{self._describe()}", progress, False, {"turns": self._turns})
 
     def random_action(self, rng: random.Random) -> str:
         # A move through one of the open sides the observation lists, uniformly: random play that

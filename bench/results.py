@@ -21,6 +21,10 @@ the actor's rollout code on a real EnvPool and the learner's Trainer takes a ste
 synchronously (staleness 0). Results of each row go to ``OUT/<row>/`` (``arms.json``,
 ``seed<S>.json``), so rows can be run separately, on different days, and the table is rebuilt
 from whatever is there; a row not run is listed as such. ``--plot`` draws the held-out curves.
+``--table-only`` also copies the rows it finds in ``OUT`` to ``--record`` (docs/results-data: the
+committed record, without the held-out transcripts and with a few metrics a step), and reads that
+record for the rows ``OUT`` does not hold, so a fresh clone rebuilds the same table; a row in
+neither keeps the line the page already has.
 A row meets the bar when base + RL is >= base + 0.3, or >= 0.8 of the expert.
 """
 
@@ -114,6 +118,36 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
         (out / f"seed{seed}.json").write_text(json.dumps(res))
 
 
+RECORD = REPO / "docs" / "results-data"
+"""The committed record of the table's runs (``--record``)."""
+RECORD_METRICS = ("success_rate", "reward_mean", "entropy", "kl_ref", "loss")
+"""The per-step metrics a record keeps (the rest stay in ``OUT``)."""
+
+
+def where(out: Path, record: Path, row: str) -> Path:
+    """The folder holding ``row``'s runs: ``OUT/<row>`` if it has them, else the record's."""
+    return out / row if (out / row / "arms.json").exists() else record / row
+
+
+def save_record(out: Path, record: Path, row: str) -> None:
+    """Copy ``OUT/<row>`` to ``RECORD/<row>``: arms as they are; each seed without its held-out
+    plays and with only ``RECORD_METRICS`` of every step."""
+    src, dst = out / row, record / row
+    if not (src / "arms.json").exists():
+        return
+    dst.mkdir(parents=True, exist_ok=True)
+    for old in dst.glob("seed*.json"):
+        old.unlink()
+    (dst / "arms.json").write_text((src / "arms.json").read_text())
+    for f in sorted(src.glob("seed*.json")):
+        run = json.loads(f.read_text())
+        run.pop("plays", None)
+        run["steps"] = run.get("steps", len(run["metrics"]))
+        run["metrics"] = [{k: round(m[k], 5) for k in RECORD_METRICS if isinstance(m.get(k), (int, float))}
+                          for m in run["metrics"]]  # fmt: skip
+        (dst / f.name).write_text(json.dumps(run, separators=(",", ":")) + "\n")
+
+
 def summarise(folder: Path) -> dict | None:
     """The row's figures from what ``run_row`` wrote (None: the row was not run)."""
     arms_file = folder / "arms.json"
@@ -149,12 +183,17 @@ def verdict(s: dict) -> str:
     return "no"
 
 
-def table(out: Path, rows: list[str]) -> str:
+def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str] | None = None) -> str:
+    """The table of ``rows`` from their runs (``where``); a row with none keeps its line in
+    ``kept`` (the page's current table), if any."""
     lines = ["| env (config) | random | base | base + RL: mean ± sd (min-max) | expert | RL steps | wall per RL run (s) | "
              "turn limit | meets the bar |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     missing = []
     for row in rows:
-        s = summarise(out / row)
+        s = summarise(where(out, record, row))
+        if s is None and row in (kept or {}):
+            lines.append(kept[row])
+            continue
         if s is None or len(s["final"]) < 3:
             missing.append(row)
         if s is None:
@@ -173,6 +212,15 @@ def table(out: Path, rows: list[str]) -> str:
 BEGIN, END = "<!-- results-table -->", "<!-- /results-table -->"
 
 
+def page_lines(path: Path) -> dict[str, str]:
+    """Row -> its line in the table already on the page at ``path`` (between the markers)."""
+    page = path.read_text() if path.exists() else ""
+    if BEGIN not in page or END not in page:
+        return {}
+    body = page.split(BEGIN, 1)[1].split(END, 1)[0]
+    return {line.split("|")[1].strip(): line for line in body.splitlines() if line.startswith("| ") and line.count("|") > 3}
+
+
 def write_table(path: Path, text: str) -> None:
     """Put ``text`` between the BEGIN/END markers of ``path`` (the page around it is kept), or
     write it as the whole file when it has no markers."""
@@ -185,21 +233,21 @@ def write_table(path: Path, text: str) -> None:
     path.write_text(page)
 
 
-def plot(out: Path, rows: list[str], path: Path) -> None:
+def plot(out: Path, rows: list[str], path: Path, record: Path = RECORD) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if summarise(out / r) is not None]
+    done = [r for r in rows if summarise(where(out, record, r)) is not None]
     if not done:
         return
     cols = min(3, len(done))
     fig, axes = plt.subplots((len(done) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.0 * ((len(done) + cols - 1) // cols)),
                              squeeze=False)  # fmt: skip
     for ax, row in zip(axes.flat, done):
-        s = summarise(out / row)
-        for f in sorted((out / row).glob("seed*.json")):
+        s = summarise(where(out, record, row))
+        for f in sorted(where(out, record, row).glob("seed*.json")):
             c = json.loads(f.read_text())["curve"]
             ax.plot([p[0] for p in c], [p[1] for p in c], lw=1.2, label=f.stem)
         ax.axhline(s["expert"]["success"], color="green", ls="--", lw=0.8, label="expert")
@@ -259,6 +307,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=REPO / "runs" / "results")
     p.add_argument("--table", type=Path, default=None, help="write the table here (default: print it)")
     p.add_argument("--plot", type=Path, default=None, help="draw the held-out curves here (png)")
+    p.add_argument("--record", type=Path, default=RECORD,
+                   help="the committed record: --table-only copies --out's rows here and reads it for the others")
     p.add_argument("--table-only", action="store_true", help="run nothing: rebuild the table and plot from --out")
     p.add_argument("--arms-only", action="store_true", help="only the random and expert arms (no model, no RL)")
     p.add_argument("--mix-curves", type=Path, default=None, metavar="RUN_DIR",
@@ -276,14 +326,17 @@ def main() -> int:
             raise SystemExit("results: give --rows (or --table-only)")
         for row in rows:
             run_row(row, [int(s) for s in args.seeds.split(",")], args)
-    text = table(args.out, list(ROWS))
+    if args.table_only:
+        for row in ROWS:
+            save_record(args.out, args.record, row)
+    text = table(args.out, list(ROWS), args.record, page_lines(args.table) if args.table else None)
     if args.table:
         write_table(args.table, text)
         print(f"wrote {args.table}")
     else:
         print(text)
     if args.plot:
-        plot(args.out, list(ROWS), args.plot)
+        plot(args.out, list(ROWS), args.plot, args.record)
     return 0
 
 

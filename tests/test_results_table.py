@@ -1,0 +1,52 @@
+"""The results table's record (bench/results.py): what a run wrote is copied to the committed
+record without its transcripts, and the table is the same whether it is rebuilt from the runs or
+from the record alone; a row in neither keeps the page's line."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def results(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    return importlib.import_module("results")
+
+
+def _row(folder: Path, finals: list[float]) -> None:
+    folder.mkdir(parents=True)
+    arm = {"success": 0.1, "turn_limit": 8}
+    (folder / "arms.json").write_text(json.dumps({"random": arm, "expert": {**arm, "success": 1.0}}))
+    for seed, final in enumerate(finals):
+        metrics = [{"success_rate": 0.2 + i / 100, "entropy": 0.5, "pg_loss": 0.1, "tokens": 99} for i in range(4)]
+        run = {"curve": [[0, 0.2], [4, final]], "metrics": metrics, "plays": [["a long transcript"] * 50],
+               "wall_s": 100.0 + seed, "seed": seed}
+        (folder / f"seed{seed}.json").write_text(json.dumps(run))
+
+
+def test_the_record_rebuilds_the_same_table_and_keeps_rows_it_has_not(results, tmp_path: Path) -> None:
+    out, record, page = tmp_path / "runs", tmp_path / "record", tmp_path / "results.md"
+    _row(out / "maze5", [0.5, 0.6, 0.7])
+    page.write_text(f"intro\n{results.BEGIN}\n| env | a |\n|---|---|\n| wordle | 0.17 | old line |\n{results.END}\nafter\n")
+    kept = results.page_lines(page)
+    assert list(kept) == ["wordle"]
+    from_runs = results.table(out, ["maze5", "wordle", "babyai"], record, kept)
+    for row in results.ROWS:
+        results.save_record(out, record, row)
+    seed0 = json.loads((record / "maze5" / "seed0.json").read_text())
+    assert "plays" not in seed0 and seed0["steps"] == 4
+    assert seed0["metrics"][3] == {"success_rate": 0.23, "entropy": 0.5}  # only RECORD_METRICS
+    assert not (record / "wordle").exists()  # nothing to copy
+    from_record = results.table(tmp_path / "elsewhere", ["maze5", "wordle", "babyai"], record, kept)
+    assert from_record == from_runs
+    lines = from_record.splitlines()
+    assert lines[2].startswith("| maze5 | 0.10 |") and "0.60 ± 0.10 (0.50-0.70)" in lines[2] and "yes" in lines[2]
+    assert lines[3] == "| wordle | 0.17 | old line |"  # kept from the page
+    assert "Rows without 3 finished RL seeds: babyai." in from_record
+    results.write_table(page, from_record)
+    text = page.read_text()
+    assert text.startswith("intro\n") and text.endswith("after\n") and text.count(results.BEGIN) == 1

@@ -25,9 +25,10 @@ the four directions are open; with ``show_map`` it also draws the whole maze:
                                           back takes its share away, a wall or an unknown command
                                           gives 0. Success is still only reaching the goal.
     actions:  move up | move down | move left | move right   ("up" etc. alone is accepted too)
-    reward:   1 on reaching the goal (done, success), plus the progress above if asked; a move into a wall keeps the agent in place
-              and says so; an unknown command gets the action list. Both count as a turn. The
-              env has no turn limit of its own: the actor applies the learner's.
+    reward:   1 on reaching the goal (done, success), plus the progress above if asked; a move
+              into a wall keeps the agent in place and says so; an unknown command gets the
+              action list. Both count as a turn. The env has no turn limit of its own: the
+              actor applies the learner's.
     expert:   breadth-first search from the agent to the goal.
 
 Rows are numbered from the top, columns from the left, both from 1.

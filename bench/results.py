@@ -193,6 +193,8 @@ def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str
         s = summarise(where(out, record, row))
         if s is None and row in (kept or {}):
             lines.append(kept[row])
+            if "not judged" in kept[row]:
+                missing.append(row)
             continue
         if s is None or len(s["final"]) < 3:
             missing.append(row)

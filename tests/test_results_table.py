@@ -31,22 +31,23 @@ def _row(folder: Path, finals: list[float]) -> None:
 def test_the_record_rebuilds_the_same_table_and_keeps_rows_it_has_not(results, tmp_path: Path) -> None:
     out, record, page = tmp_path / "runs", tmp_path / "record", tmp_path / "results.md"
     _row(out / "maze5", [0.5, 0.6, 0.7])
-    page.write_text(f"intro\n{results.BEGIN}\n| env | a |\n|---|---|\n| wordle | 0.17 | old line |\n{results.END}\nafter\n")
+    page.write_text(f"intro\n{results.BEGIN}\n| env | a |\n|---|---|\n| wordle | 0.17 | old line |\n| textcraft2 | 0.00 | not judged (0 of 3 seeds) |\n{results.END}\nafter\n")
     kept = results.page_lines(page)
-    assert list(kept) == ["wordle"]
-    from_runs = results.table(out, ["maze5", "wordle", "babyai"], record, kept)
+    assert list(kept) == ["wordle", "textcraft2"]
+    from_runs = results.table(out, ["maze5", "wordle", "textcraft2", "babyai"], record, kept)
     for row in results.ROWS:
         results.save_record(out, record, row)
     seed0 = json.loads((record / "maze5" / "seed0.json").read_text())
     assert "plays" not in seed0 and seed0["steps"] == 4
     assert seed0["metrics"][3] == {"success_rate": 0.23, "entropy": 0.5}  # only RECORD_METRICS
     assert not (record / "wordle").exists()  # nothing to copy
-    from_record = results.table(tmp_path / "elsewhere", ["maze5", "wordle", "babyai"], record, kept)
+    from_record = results.table(tmp_path / "elsewhere", ["maze5", "wordle", "textcraft2", "babyai"], record, kept)
     assert from_record == from_runs
     lines = from_record.splitlines()
     assert lines[2].startswith("| maze5 | 0.10 |") and "0.60 ± 0.10 (0.50-0.70)" in lines[2] and "yes" in lines[2]
     assert lines[3] == "| wordle | 0.17 | old line |"  # kept from the page
-    assert "Rows without 3 finished RL seeds: babyai." in from_record
+    assert lines[4] == "| textcraft2 | 0.00 | not judged (0 of 3 seeds) |"
+    assert "Rows without 3 finished RL seeds: textcraft2, babyai." in from_record  # a kept line not judged too
     results.write_table(page, from_record)
     text = page.read_text()
     assert text.startswith("intro\n") and text.endswith("after\n") and text.count(results.BEGIN) == 1

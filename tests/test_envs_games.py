@@ -266,6 +266,7 @@ def test_maze_expert_walks_the_shortest_path_and_walls_stop() -> None:
 
 def test_maze_progress_reward_pays_the_share_of_the_way_and_success_stays_the_goal() -> None:
     plain, paid = Maze(size=5), Maze(size=5, progress_reward=True)
+    stepped_away = 0
     for task in range(10):
         assert paid.reset(task) == plain.reset(task)
         start, rewards = paid._to_goal[paid._me], []
@@ -273,6 +274,7 @@ def test_maze_progress_reward_pays_the_share_of_the_way_and_success_stays_the_go
         if away:  # a step away costs its share, and the step back earns it again
             rewards += [paid.step(f"move {away[0]}").reward, paid.step(f"move {OPPOSITE[away[0]]}").reward]
             assert rewards == pytest.approx([-1 / start, 1 / start])
+            stepped_away += 1
         wall = next((d for d in MOVES if d not in paid._opened[paid._me]), None)
         if wall:
             assert paid.step(f"move {wall}").reward == 0.0
@@ -283,6 +285,7 @@ def test_maze_progress_reward_pays_the_share_of_the_way_and_success_stays_the_go
         assert sum(rewards) + r.reward == pytest.approx(2.0)  # the whole way (1) and the goal (1)
         plain.reset(task)
         assert [plain.step(plain.expert_action()).reward for _ in range(start)] == [0.0] * (start - 1) + [1.0]
+    assert stepped_away >= 3  # the step away and back was tried on several tasks
     with pytest.raises(TypeError, match="progress_reward must be true or false"):
         Maze(size=5, progress_reward=1)
 

@@ -241,15 +241,17 @@ def plot(out: Path, rows: list[str], path: Path, record: Path = RECORD) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if summarise(where(out, record, r)) is not None]
+    folders = {r: where(out, record, r) for r in rows}
+    summaries = {r: summarise(folders[r]) for r in rows}
+    done = [r for r in rows if summaries[r] is not None]
     if not done:
         return
     cols = min(3, len(done))
     fig, axes = plt.subplots((len(done) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.0 * ((len(done) + cols - 1) // cols)),
                              squeeze=False)  # fmt: skip
     for ax, row in zip(axes.flat, done):
-        s = summarise(where(out, record, row))
-        for f in sorted(where(out, record, row).glob("seed*.json")):
+        s = summaries[row]
+        for f in sorted(folders[row].glob("seed*.json")):
             c = json.loads(f.read_text())["curve"]
             ax.plot([p[0] for p in c], [p[1] for p in c], lw=1.2, label=f.stem)
         ax.axhline(s["expert"]["success"], color="green", ls="--", lw=0.8, label="expert")

@@ -91,6 +91,11 @@ _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_
 _MONITORED = _HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
 
 
+VAGUE_FAILURES_DEFINITE = 3
+"""Handshakes failed with no detail (a connection reset mid-greeting) before the actor gives up;
+one that names its cause (key refused, keys on one side only) is definite at once."""
+
+
 def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return "the learner refused this actor's CURVE key: copy its public key (NAME.key) into the learner's learner.authorized_keys directory"
@@ -98,7 +103,8 @@ def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
         return "the learner requires CURVE keys and this actor has none: set actor.secret_key and actor.learner_key (--secret-key, --learner-key)"
     if keys is not None:
         return "the CURVE handshake failed: actor.learner_key is not the public key of the learner at this address, or the learner has no keys"
-    return "the connection handshake failed (is this an agentgym learner of the same release?)"
+    return ("the connection handshake failed again and again: the learner may require CURVE keys (this actor has "
+            "none: set actor.secret_key and actor.learner_key), or it is not an agentgym learner of the same release")
 
 
 def _send_parts(sock: zmq.Socket, frames: list[bytes], copy: bool) -> None:
@@ -131,7 +137,8 @@ class ControlLink:
         self.max_frame = max_frame or max_frame_bytes()
         """The largest frame this link takes from the learner (protocol/limits.py)."""
         self._monitor: zmq.Socket | None = None
-        self._problem: str | None = None  # the last handshake's failure, if it failed
+        self._problem: str | None = None  # the last handshake's named failure, if it failed
+        self._vague_failures = 0  # handshakes failed with no detail since the last success
         self._drops: list[str] = []  # endpoints whose connection dropped, not yet reported
         self._reconnect_at: float | None = None  # when to connect again after a drop
 
@@ -209,6 +216,8 @@ class ControlLink:
         """Why ZeroMQ's handshake with the learner failed (CURVE key refused, keys on one side
         only, wrong learner key), if it did and has not succeeded since; None otherwise."""
         self._read_monitor()
+        if self._problem is None and self._vague_failures >= VAGUE_FAILURES_DEFINITE:
+            return _handshake_problem(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, self.keys)
         return self._problem
 
     def _read_monitor(self) -> None:
@@ -218,10 +227,17 @@ class ControlLink:
             except zmq.Again:
                 break
             ev = parse_monitor_message(frames)
-            if ev["event"] == zmq.EVENT_DISCONNECTED:
+            event = ev["event"]
+            if event == zmq.EVENT_DISCONNECTED:
                 self._drops.append(ev["endpoint"].decode(errors="replace"))
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._problem, self._vague_failures = None, 0
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # Often the peer's close racing its greeting (a reset before it was read): ZeroMQ
+                # connects again, and the next try usually names the cause. Vague until repeated.
+                self._vague_failures += 1
             else:
-                self._problem = None if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED else _handshake_problem(ev["event"], self.keys)
+                self._problem = _handshake_problem(event, self.keys)
 
     def report_drops(self) -> int:
         """Log each connection to the learner that dropped since the last call, and connect

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -116,17 +118,19 @@ def test_only_allow_listed_actors_get_a_welcome_weights_or_a_hearing(keydir: Pat
         async def refused(keys: ClientKeys | None, actor_id: str, why: str) -> None:
             ctx = zmq.asyncio.Context()
             link = ControlLink(ctx, addr, actor_id, keys)
-            with pytest.raises(ActorRejected, match=why):  # told why at once, not after a timeout
-                await link.handshake(hello(actor_id), timeout_s=30)
-            for _ in range(20):  # and anything else it tries to send is never delivered either
-                try:
-                    link.sock.send_multipart(encode(Heartbeat(actor_id=actor_id, weight_version=7)), zmq.NOBLOCK)
-                except zmq.Again:
-                    pass  # nothing to deliver to: the learner never completed its handshake
-            with pytest.raises(TimeoutError):
-                await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, timeout_s=1.0, keys=keys)
-            link.close()
-            ctx.term()
+            try:
+                with pytest.raises(ActorRejected, match=why):  # told why at once, not after a timeout
+                    await link.handshake(hello(actor_id), timeout_s=30)
+                for _ in range(20):  # and anything else it tries to send is never delivered either
+                    try:
+                        link.sock.send_multipart(encode(Heartbeat(actor_id=actor_id, weight_version=7)), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass  # nothing to deliver to: the learner never completed its handshake
+                with pytest.raises(TimeoutError):
+                    await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, timeout_s=1.0, keys=keys)
+            finally:  # a failed check must not leave an open context for the GC to hang on later
+                link.close()
+                ctx.destroy(linger=0)
 
         asyncio.run(refused(None, "plain", "requires CURVE keys and this actor has none"))
         asyncio.run(refused(stranger, "stranger", "refused this actor's CURVE key"))
@@ -168,6 +172,47 @@ def test_an_actor_holding_another_learner_key_does_not_talk_to_this_learner(keyd
 
         asyncio.run(client())
         assert kh.received.empty()
+
+
+def test_a_handshake_cut_off_once_is_tried_again_and_one_cut_off_again_and_again_is_named() -> None:
+    """A reset mid-greeting tells the actor nothing (ZeroMQ reports no detail and connects
+    again): one is not taken for a refusal, a run of them is, with the likely causes named."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    resets: list[int] = []
+    served = threading.Event()
+
+    def cut_off() -> None:  # accepts and resets each connection before the greeting: not ZeroMQ
+        listener.settimeout(0.2)
+        while not served.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+            resets.append(1)
+
+    thread = threading.Thread(target=cut_off, daemon=True)
+    thread.start()
+
+    async def client() -> None:
+        ctx = zmq.asyncio.Context()
+        link = ControlLink(ctx, f"tcp://127.0.0.1:{port}", "plain")
+        try:
+            with pytest.raises(ActorRejected, match="failed again and again: the learner may require CURVE keys"):
+                await link.handshake(hello("plain"), timeout_s=30)
+        finally:
+            link.close()
+            ctx.destroy(linger=0)
+
+    try:
+        asyncio.run(client())
+    finally:
+        served.set()
+        thread.join()
+        listener.close()
+    assert len(resets) >= 3  # given up only after several tries, each cut off
 
 
 def test_an_actor_added_to_the_allow_list_directory_is_admitted_without_a_restart(tmp_path: Path) -> None:

@@ -47,6 +47,11 @@ _PROCEDURAL = {"train": range(0, 1 << 30), "dev": range(1 << 30, (1 << 30) + 10_
                "test": range((1 << 30) + 10_000, (1 << 30) + 20_000)}
 
 
+def split_of(task_id: int) -> str | None:
+    """The split whose default (procedural) range holds ``task_id``; None if none does."""
+    return next((split for split, ids in _PROCEDURAL.items() if task_id in ids), None)
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one step returns. ``info`` is small and msgpack-able; ``success`` marks a solved task."""

@@ -39,8 +39,8 @@ ShortStr = Annotated[str, Meta(max_length=256)]
 Scalar = Union[str, int, float, bool]
 Info = dict[ShortStr, Scalar]
 """Small per-step facts an env reports (``success``, ``turns``); msgpack scalars only."""
-Options = dict[ShortStr, Union[str, int, float, bool, None]]
-"""Env constructor options as they come from the config."""
+Options = dict[ShortStr, Union[str, int, float, bool, None, list[Union[str, int, float, bool]]]]
+"""Env constructor options as they come from the config: scalars, or lists of them."""
 
 
 class _Msg(msgspec.Struct, tag=True, kw_only=True, forbid_unknown_fields=True):

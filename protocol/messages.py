@@ -29,6 +29,8 @@ Version = Annotated[int, Meta(ge=-1)]  # -1: no weights yet / not an agent token
 ShortStr = Annotated[str, Meta(max_length=256)]
 Text = Annotated[str, Meta(max_length=64 * 1024)]
 ScalarMap = dict[ShortStr, float | int | bool | str]
+OptionMap = dict[ShortStr, float | int | bool | str | list[float | int | bool | str]]
+"""An env's options: scalars, or lists of them (maze's train_sizes)."""
 
 
 class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -86,7 +88,7 @@ class RolloutSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_episode_tokens: Positive
     temperature: Annotated[float, Meta(gt=0.0)]
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)]
-    env_kwargs: dict[ShortStr, ScalarMap] = {}
+    env_kwargs: dict[ShortStr, OptionMap] = {}
     """Options per environment name."""
     system_prompt: Text | None = None
     critic: CriticSpec | None = None

@@ -294,6 +294,39 @@ def _moved(env: Maze, d: str) -> tuple[int, int]:
     return env._me[0] + MOVES[d][0], env._me[1] + MOVES[d][1]
 
 
+def test_maze_train_sizes_give_training_tasks_the_curriculum_and_held_out_tasks_size() -> None:
+    maze = Maze(size=5, train_sizes=[3, 4])
+    for task in range(6):  # training tasks: the curriculum's sizes by turns
+        n = (3, 4)[task % 2]
+        first = maze.reset(task)
+        assert maze.size_of(task) == n and f"maze of {n} by {n} cells" in maze.instructions()
+        rows = [int(r) for r in re.findall(r"row (\d+)", first)]
+        assert rows and max(rows) <= n
+        assert play(maze, task)[-1] == "True"  # the expert solves it
+    for split in ("dev", "test"):  # held-out tasks: the size asked for, the same maze as without
+        task = int(Maze.tasks(split)[3])
+        assert maze.size_of(task) == 5 and maze.reset(task) == Maze(size=5).reset(task)
+        assert "maze of 5 by 5 cells" in maze.instructions()
+    for bad in ([], [1], [3, "4"], [True], 3):
+        with pytest.raises(ValueError, match="train_sizes must be a non-empty list of integers from 2 to 30"):
+            Maze(size=5, train_sizes=bad)  # type: ignore[arg-type]
+
+
+def test_list_options_reach_the_env_through_the_config_and_the_pool() -> None:
+    from agentgym.config import load_config
+
+    cfg = load_config(None, ['env.name="maze"', "env.kwargs={size=5, train_sizes=[3, 4]}"])
+    assert cfg.env.kwargs == {"size": 5, "train_sizes": [3, 4]}
+
+    async def main() -> str:
+        async with EnvPool("maze", dict(cfg.env.kwargs), 1, step_timeout_s=30, reset_timeout_s=60) as pool:
+            async with pool.episode(0) as ep:
+                await ep.reset()
+                return ep.instructions
+
+    assert "maze of 3 by 3 cells" in asyncio.run(main())
+
+
 def test_maze_layout_keeps_one_map_and_varies_start_and_goal() -> None:
     def plan(env: Maze, task: int) -> tuple[dict, tuple, tuple]:
         env.reset(task)

@@ -61,6 +61,8 @@ def episodes(draw: st.DrawFn) -> Episode:
     )
 
 
+scalar = st.integers(-(2**63), 2**63 - 1) | st.booleans() | names
+option = scalar | st.lists(scalar, max_size=4)  # an env option: a scalar or a list of them
 tickets = st.builds(Ticket, group_id=names, env=names, task_id=ints, min_version=st.integers(-1, 1000))
 spec = st.builds(
     RolloutSpec,
@@ -69,7 +71,7 @@ spec = st.builds(
     max_episode_tokens=st.integers(1, 2**20),
     temperature=st.floats(0.01, 5),
     top_p=st.floats(0.01, 1),
-    env_kwargs=st.dictionaries(names, st.dictionaries(names, st.integers(-(2**63), 2**63 - 1) | st.booleans() | names, max_size=3), max_size=2),
+    env_kwargs=st.dictionaries(names, st.dictionaries(names, option, max_size=3), max_size=2),
     system_prompt=st.none() | names,
 )
 messages = st.one_of(

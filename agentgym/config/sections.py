@@ -82,7 +82,7 @@ class EnvSpec(Section):
 
     name: str = "guess_number"
     """Registered environment name (see ``agentgym envs``)."""
-    kwargs: dict[str, float | int | bool | str] = {}
+    kwargs: dict[str, float | int | bool | str | list[float | int | bool | str]] = {}
     """Options passed to the environment's constructor."""
     task_start: Annotated[int, Field(ge=0)] = 0
     """First task id of the training split."""

@@ -24,6 +24,12 @@ the four directions are open; with ``show_map`` it also draws the whole maze:
                                           the share of the way it covered (1 at the goal), a move
                                           back takes its share away, a wall or an unknown command
                                           gives 0. Success is still only reaching the goal.
+              train_sizes: list[int] | None = None   a curriculum of sizes: a training task's
+                                          maze has train_sizes[task_id % len(train_sizes)] cells
+                                          per side, a dev or test task's has ``size``; the
+                                          held-out evaluation stays at ``size`` while training
+                                          mixes in smaller mazes, where a random walk finds the
+                                          goal often enough for RL to learn from
     actions:  move up | move down | move left | move right   ("up" etc. alone is accepted too)
     reward:   1 on reaching the goal (done, success), plus the progress above if asked; a move
               into a wall keeps the agent in place and says so; an unknown command gets the
@@ -39,7 +45,7 @@ from __future__ import annotations
 import collections
 import random
 
-from agentgym.envpool.base import Env, StepResult
+from agentgym.envpool.base import Env, StepResult, split_of
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 """Direction -> (row, column) change."""
@@ -96,14 +102,21 @@ def draw(opened: dict[Cell, set[str]], size: int, me: Cell, goal: Cell) -> str:
     return "\n".join("".join(row) for row in rows)
 
 
+def _is_size(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and 2 <= n <= 30
+
+
 class Maze(Env):
     name = "maze"
 
     def __init__(self, size: int = 5, show_map: bool = False, layout: int | None = None, progress_reward: bool = False,
-                 **kwargs: object) -> None:  # fmt: skip
+                 train_sizes: list[int] | None = None, **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
-        if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= 30:
+        if not _is_size(size):
             raise ValueError(f"maze: option size must be an integer from 2 to 30, got {size!r}")
+        if train_sizes is not None and not (isinstance(train_sizes, list | tuple) and train_sizes
+                                            and all(_is_size(n) for n in train_sizes)):  # fmt: skip
+            raise ValueError(f"maze: option train_sizes must be a non-empty list of integers from 2 to 30, got {train_sizes!r}")
         if not isinstance(show_map, bool):
             raise TypeError(f"maze: option show_map must be true or false, got {show_map!r}")
         if layout is not None and (not isinstance(layout, int) or isinstance(layout, bool)):
@@ -111,6 +124,8 @@ class Maze(Env):
         if not isinstance(progress_reward, bool):
             raise TypeError(f"maze: option progress_reward must be true or false, got {progress_reward!r}")
         self.size, self.show_map, self.layout, self.progress_reward = size, show_map, layout, progress_reward
+        self.train_sizes = list(train_sizes) if train_sizes is not None else None
+        self._n = size  # the current task's cells per side
         self._opened: dict[Cell, set[str]] = {}
         self._me: Cell = (0, 0)
         self._goal: Cell = (0, 0)
@@ -119,10 +134,17 @@ class Maze(Env):
         self._turns = 0
         self._done = True
 
+    def size_of(self, task_id: int) -> int:
+        """Cells per side of ``task_id``'s maze (``size``, or the curriculum's for a training task)."""
+        if self.train_sizes is not None and split_of(task_id) == "train":
+            return self.train_sizes[task_id % len(self.train_sizes)]
+        return self.size
+
     def reset(self, task_id: int) -> str:
-        rng = random.Random(f"maze/{self.size}/{task_id}")
-        self._opened = carve(self.size, rng if self.layout is None else random.Random(f"maze-layout/{self.size}/{self.layout}"))
-        self._me = (rng.randrange(self.size), rng.randrange(self.size))
+        n = self._n = self.size_of(task_id)
+        rng = random.Random(f"maze/{n}/{task_id}")
+        self._opened = carve(n, rng if self.layout is None else random.Random(f"maze-layout/{n}/{self.layout}"))
+        self._me = (rng.randrange(n), rng.randrange(n))
         dist = distances(self._opened, self._me)
         far = max(dist.values())
         self._goal = rng.choice(sorted(cell for cell, d in dist.items() if d >= max(1, far // 2)))
@@ -134,7 +156,7 @@ class Maze(Env):
 
     def instructions(self) -> str:
         return (
-            f"You are in a maze of {self.size} by {self.size} cells; rows count from the top, columns "
+            f"You are in a maze of {self._n} by {self._n} cells; rows count from the top, columns "
             "from the left, both from 1. Reach the goal. Each turn answer with one action: "
             "move up, move down, move left or move right."
         )
@@ -148,7 +170,7 @@ class Maze(Env):
         text = f"You are at {self._where(self._me)}. The goal is at {self._where(self._goal)}."
         text += f"\nOpen: {', '.join(dirs)}." + (f" Walls: {', '.join(walls)}." if walls else "")
         if self.show_map:
-            text += "\n" + draw(self._opened, self.size, self._me, self._goal)
+            text += "\n" + draw(self._opened, self._n, self._me, self._goal)
         return text
 
     def step(self, action: str) -> StepResult:

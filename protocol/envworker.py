@@ -39,8 +39,11 @@ ShortStr = Annotated[str, Meta(max_length=256)]
 Scalar = Union[str, int, float, bool]
 Info = dict[ShortStr, Scalar]
 """Small per-step facts an env reports (``success``, ``turns``); msgpack scalars only."""
-Options = dict[ShortStr, Union[str, int, float, bool, None, list[Union[str, int, float, bool]]]]
-"""Env constructor options as they come from the config: scalars, or lists of them."""
+Option = Union[Scalar, list[Scalar]]
+"""The value of one env constructor option: a scalar, or a list of them (maze's train_sizes).
+The one definition: the config's ``env.kwargs``, the Welcome's ``env_kwargs`` and ``Open`` use it."""
+Options = dict[ShortStr, Union[Option, None]]
+"""Env constructor options as they come from the config (None: the env's default)."""
 
 
 class _Msg(msgspec.Struct, tag=True, kw_only=True, forbid_unknown_fields=True):

@@ -22,6 +22,7 @@ import msgspec
 from msgspec import Meta
 
 from agentgym.protocol.arrays import F32, I32, U8, count
+from agentgym.protocol.envworker import Option
 
 NonNeg = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]
@@ -29,8 +30,8 @@ Version = Annotated[int, Meta(ge=-1)]  # -1: no weights yet / not an agent token
 ShortStr = Annotated[str, Meta(max_length=256)]
 Text = Annotated[str, Meta(max_length=64 * 1024)]
 ScalarMap = dict[ShortStr, float | int | bool | str]
-OptionMap = dict[ShortStr, float | int | bool | str | list[float | int | bool | str]]
-"""An env's options: scalars, or lists of them (maze's train_sizes)."""
+OptionMap = dict[ShortStr, Option]
+"""An env's options (protocol/envworker.py, ``Option``)."""
 
 
 class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentgym.protocol.envworker import Option
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -82,8 +84,8 @@ class EnvSpec(Section):
 
     name: str = "guess_number"
     """Registered environment name (see ``agentgym envs``)."""
-    kwargs: dict[str, float | int | bool | str | list[float | int | bool | str]] = {}
-    """Options passed to the environment's constructor."""
+    kwargs: dict[str, Option] = {}
+    """Options passed to the environment's constructor (scalars, or lists of them)."""
     task_start: Annotated[int, Field(ge=0)] = 0
     """First task id of the training split."""
     task_count: Annotated[int, Field(ge=1)] = 1_000_000

@@ -49,11 +49,18 @@ def forced_hint_probability(model_dir: Path) -> float:
     return sum(probs) / len(probs)
 
 
+# The skill shows in a jump whose place depends on the draw of transcripts (docs/results-log.md,
+# 2026-11-25; 1,000 steps were past it for every draw tried). For this seed, forced-hint
+# probability 0.62 at 400 steps, 0.95 at 500, 0.94 at 600 (2026-11-28, "The suite's two
+# pretrainings"): 600 is past the jump with a margin, at 60% of the time.
+PRETRAIN_STEPS = 600
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     root = tmp_path_factory.mktemp("base")
     raw = make_default_tiny_model(root / "random", seed=0)
-    record = pretrain_on_play(raw, root / "base", "guess_number", steps=1000, seed=0)
+    record = pretrain_on_play(raw, root / "base", "guess_number", steps=PRETRAIN_STEPS, seed=0)
     return raw, root / "base", record
 
 
@@ -64,7 +71,7 @@ def test_pretraining_teaches_the_model_to_read_the_history(models: tuple[Path, P
     assert abs(forced_hint_probability(raw) - 0.5) < 0.1
     assert forced_hint_probability(base) > 0.75
     saved = json.loads((base / "pretrain.json").read_text())
-    assert saved == record and saved["env"] == "guess_number" and saved["steps"] == 1000
+    assert saved == record and saved["env"] == "guess_number" and saved["steps"] == PRETRAIN_STEPS
     assert saved["heldout_loss_after"] < 0.3 * saved["heldout_loss_before"]
 
 

@@ -132,7 +132,11 @@ def test_only_allow_listed_actors_get_a_welcome_weights_or_a_hearing(keydir: Pat
                 link.close()
                 ctx.destroy(linger=0)
 
-        asyncio.run(refused(None, "plain", "requires CURVE keys and this actor has none"))
+        # A keyless actor is told by its third reset at the latest: the learner closes on its
+        # greeting with the actor's next command unread, so the close is a reset, and a reset that
+        # beats the actor's read of the learner's greeting says nothing (actors/transport.py,
+        # VAGUE_FAILURES_DEFINITE). On a loaded machine that can happen three times in a row.
+        asyncio.run(refused(None, "plain", r"requires CURVE keys and this actor has none|may require CURVE keys \(this actor has none"))
         asyncio.run(refused(stranger, "stranger", "refused this actor's CURVE key"))
         assert kh.received.empty(), kh.received.get()  # the learner never saw a frame of theirs
         assert kh.hub.weight_chunks_served == 0

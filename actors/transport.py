@@ -37,7 +37,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from agentgym.auth.keys import ClientKeys, apply_client
-from agentgym.host.netutil import EVENTS, MORE, NOBLOCK, POLLIN, POLLOUT
+from agentgym.host.netutil import EVENTS, MORE, NOBLOCK, POLLIN, POLLOUT, zmtp_mechanism
 from agentgym.protocol import (
     Hello,
     Message,
@@ -93,7 +93,9 @@ _MONITORED = _HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
 
 VAGUE_FAILURES_DEFINITE = 3
 """Handshakes failed with no detail (a connection reset mid-greeting) before the actor gives up;
-one that names its cause (key refused, keys on one side only) is definite at once."""
+one that names its cause (key refused, keys on one side only) is definite at once. A keyless actor
+that gives up this way reads the learner's greeting itself first (``zmtp_mechanism``): CURVE there
+makes the answer definite too."""
 
 
 def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
@@ -217,6 +219,9 @@ class ControlLink:
         only, wrong learner key), if it did and has not succeeded since; None otherwise."""
         self._read_monitor()
         if self._problem is None and self._vague_failures >= VAGUE_FAILURES_DEFINITE:
+            # Resets kept ZeroMQ from reading the learner's greeting; a raw read of it names the cause.
+            if self.keys is None and zmtp_mechanism(self.addr) == "CURVE":
+                return _handshake_problem(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, None)
             return _handshake_problem(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, self.keys)
         return self._problem
 

@@ -31,3 +31,37 @@ def free_port_pair(host: str = "127.0.0.1", tries: int = 200) -> int:
                     continue
         return port
     raise RuntimeError(f"no two consecutive free ports on {host} after {tries} tries")
+
+
+_ZMTP_SIGNATURE = b"\xff" + b"\0" * 8 + b"\x7f"
+"""The first 10 bytes of a ZMTP 3 greeting (rfc.zeromq.org/spec/23); the 11th is the major version."""
+
+
+def zmtp_mechanism(addr: str, timeout_s: float = 1.0) -> str | None:
+    """The security mechanism ("NULL", "PLAIN", "CURVE") that the ZeroMQ socket bound at ``addr``
+    (``tcp://host:port`` or ``ipc://path``) announces in its greeting; None when no ZMTP 3
+    greeting comes back in time (nothing listening, not ZeroMQ, a reset). It sends only the start
+    of a greeting and closes, so the peer sees one failed handshake and nothing else."""
+    try:
+        if addr.startswith("tcp://"):
+            host, _, port = addr[len("tcp://") :].rpartition(":")
+            conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+        elif addr.startswith("ipc://"):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.settimeout(timeout_s)
+            conn.connect(addr[len("ipc://") :])
+        else:
+            return None
+        with conn:
+            conn.sendall(_ZMTP_SIGNATURE + b"\x03")
+            greeting = b""
+            while len(greeting) < 32:
+                part = conn.recv(64 - len(greeting))
+                if not part:
+                    break
+                greeting += part
+    except (OSError, ValueError):
+        return None
+    if len(greeting) < 32 or greeting[0] != 0xFF or greeting[9] != 0x7F or greeting[10] < 3:
+        return None
+    return greeting[12:32].rstrip(b"\0").decode("ascii", "replace")

@@ -79,6 +79,8 @@ def main() -> int:
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--row", default="", help="a results-table row instead: configs/envs/ROW.toml")
     p.add_argument("--limits", default=f"{SHORT},{MID},{LONG}", help="SHORT,MID,LONG turn limits")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="hf: the reference engine, one request at a time; vllm: the actors' engine, batched")
     args = p.parse_args()
     from agentgym.models.tiny import make_default_tiny_model
 
@@ -94,13 +96,14 @@ def main() -> int:
     for seed in [int(s) for s in args.seeds.split(",")]:
         for arm in args.arms.split(","):
             limits = arms(args.steps, short, mid, long)[arm]
-            cfg = load_config(args.config, [*base, f"run.seed={seed}", f"schedule.turn_limits={limits}", *args.override])
+            cfg = load_config(args.config, [*base, f"run.seed={seed}", f"schedule.turn_limits={limits}",
+                                            f'actor.engine="{args.engine}"', *args.override])  # fmt: skip
             if not Path(cfg.model.path, "config.json").exists():
                 make_default_tiny_model(Path(cfg.model.path), seed=0)
             print(f"[{arm} seed {seed}] turn_limits={limits}", flush=True)
             res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, eval_turn_limit=long,
-                                          partial=args.out / arm / f"seed{seed}.json"))  # fmt: skip
-            res.update(arm=arm, turn_limits=limits, seed=seed, overrides=[*base, *args.override])
+                                          partial=args.out / arm / f"seed{seed}.json", engine_kind=args.engine))  # fmt: skip
+            res.update(arm=arm, turn_limits=limits, seed=seed, engine=args.engine, overrides=[*base, *args.override])
             (args.out / arm).mkdir(parents=True, exist_ok=True)
             (args.out / arm / f"seed{seed}.json").write_text(json.dumps(res))
     if args.plot:

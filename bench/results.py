@@ -270,26 +270,42 @@ def plot(out: Path, rows: list[str], path: Path, record: Path = RECORD) -> None:
     print(f"wrote {path}")
 
 
-def mix_curves(run_dir: Path, path: Path) -> None:
-    """One held-out curve per env of an ``agentgym train`` run on a mix (its ``eval.jsonl``)."""
+def mix_curves(run_dir: Path, path: Path, every: int = 10) -> None:
+    """Per env of an ``agentgym train`` run on a mix: its held-out success at each evaluation
+    (``eval.jsonl``) and its training success, the mean of each ``every`` steps it was played in
+    (``metrics.jsonl``), side by side. ``run_dir`` may be a run or its record (docs/results-data)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
-    envs = sorted({k.split("/")[1] for e in evals for k in e if k.startswith("env/") and k.endswith("/success_rate")})
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    def jsonl(name: str) -> list[dict]:
+        f = run_dir / name
+        return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+
+    evals, steps = jsonl("eval.jsonl"), jsonl("metrics.jsonl")
+    envs = sorted({k.split("/")[1] for r in evals + steps for k in r if k.startswith("env/") and k.endswith("/success_rate")})
+    if not envs:
+        raise SystemExit(f"results: --mix-curves: {run_dir} has no per-env success in eval.jsonl or metrics.jsonl")
+    fig, (held, train) = plt.subplots(1, 2, figsize=(11, 4.0), sharey=True)
     for env in envs:
-        pts = [(e["step"], e[f"env/{env}/success_rate"]) for e in evals if f"env/{env}/success_rate" in e]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=env)
-        print(f"{env}: " + ", ".join(f"step {s} {v:.2f}" for s, v in pts))
-    ax.set_xlabel("learner step")
-    ax.set_ylabel("held-out success")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"one model on the mix ({run_dir.name})", fontsize=10)
+        key = f"env/{env}/success_rate"
+        pts = [(e["step"], e[key]) for e in evals if key in e]
+        line = held.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=env)[0]
+        played = [(r["step"], r[key]) for r in steps if r.get(f"env/{env}/episodes", 0) > 0 and key in r]
+        means = [(played[i + len(played[i : i + every]) - 1][0], sum(v for _, v in played[i : i + every]) / len(played[i : i + every]))
+                 for i in range(0, len(played), every)]  # fmt: skip
+        train.plot([m[0] for m in means], [m[1] for m in means], color=line.get_color(), label=env)
+        print(f"{env}: held-out " + ", ".join(f"step {s} {v:.2f}" for s, v in pts)
+              + f"; training, mean of each {every} steps: " + ", ".join(f"{v:.2f}" for _, v in means))  # fmt: skip
+    for ax, title in ((held, "held-out success"), (train, f"training success (mean of {every} steps)")):
+        ax.set_xlabel("learner step")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    held.set_ylim(0, 1.02)
+    held.set_ylabel("success")
+    held.legend(fontsize=8)
+    fig.suptitle(f"one model on the mix ({run_dir.name})", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

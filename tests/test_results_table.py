@@ -51,3 +51,22 @@ def test_the_record_rebuilds_the_same_table_and_keeps_rows_it_has_not(results, t
     results.write_table(page, from_record)
     text = page.read_text()
     assert text.startswith("intro\n") and text.endswith("after\n") and text.count(results.BEGIN) == 1
+
+
+def test_mix_curves_draw_each_env_of_a_mix_run_from_its_record(results, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The committed record of configs/envs/mix.toml's run (docs/results-data/mix-games): one
+    held-out curve and one training curve per env, with the values the run wrote."""
+    record = Path(__file__).parents[1] / "docs" / "results-data" / "mix-games"
+    evals = [json.loads(line) for line in (record / "eval.jsonl").read_text().splitlines()]
+    png = tmp_path / "mix.png"
+    results.mix_curves(record, png, every=10)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines() if "held-out" in line}
+    assert sorted(lines) == ["babyai", "guess_number", "maze", "textcraft", "wordle"]  # the config's envs
+    for env, line in lines.items():
+        held = ", ".join(f"step {e['step']} {e[f'env/{env}/success_rate']:.2f}" for e in evals)
+        assert f"held-out {held};" in line, line
+        assert len(line.split("steps: ")[1].split(", ")) == 6  # 60 steps, 6 means of 10
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no per-env success"):
+        results.mix_curves(tmp_path / "empty", png)

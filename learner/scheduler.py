@@ -124,6 +124,8 @@ class Scheduler:
         """Tickets issued again because their holder missed the deadline (events)."""
         self.late_answers = 0
         """Answers to a ticket another actor had answered first after a deadline (acked duplicate)."""
+        self.reissued: set[str] = set()
+        """Training tickets of an earlier learner life issued again (``reissue``), not yet forfeited."""
         self.owners: dict[str, str] = {}
         """Actor id -> the CURVE user id (z85 public key) that registered it: one key, one identity."""
 
@@ -272,9 +274,24 @@ class Scheduler:
         """The group of one of this run's training tickets will not be trained: free its place
         under the admission rule (other ids — evaluation, an earlier run's — are ignored)."""
         prefix = f"{self.run_id}:"
-        if group_id.startswith(prefix) and group_id[len(prefix) :].isdigit():
+        if (group_id.startswith(prefix) and group_id[len(prefix) :].isdigit()) or group_id in self.reissued:
+            self.reissued.discard(group_id)
             self.forfeited += 1
             self.rule.on_forfeit()
+
+    def reissue(self, tickets: Sequence[Ticket], version: int) -> None:
+        """After a learner restart at ``version``: ``tickets`` of the earlier life (buffered, in
+        flight or trained after its checkpoint; ADR 0010) go out again, first. Its training ones
+        are the whole pipeline now, so the admission rule counts them as live; every other
+        ticket it issued is forfeited. Counted as free instead, they would let the rule issue a
+        full pipeline beside them, and every step after would train that many more versions stale.
+        (``forfeited`` goes below 0 when the earlier life issued tickets after its checkpoint:
+        what the rule reads is ``live``, here exactly those training tickets.)"""
+        training = [t.group_id for t in tickets if _is_training_id(t.group_id)]
+        self.reissued = set(training)
+        self.forfeited = self.issued - self.batch_groups * version - len(training)
+        self.rule.on_reissue(len(training))
+        self.requeue.extend(tickets)
 
     def on_version(self, version: int) -> None:
         """The learner published ``version`` (sync mode: the next round of tickets is for it)."""
@@ -379,3 +396,10 @@ class Scheduler:
         """Distinct tickets held by actors or queued (a ticket issued again past its deadline counts once)."""
         held = {g for a in self.actors.values() for g in a.outstanding}
         return len(held | {t.group_id for t in self.requeue}) + len(self.eval_queue)
+
+
+def _is_training_id(group_id: str) -> bool:
+    """A training ticket's id is ``RUN:N`` (evaluation ones: ``RUN:evalV:ENV:I``)."""
+    parts = group_id.split(":")
+    return len(parts) == 2 and parts[1].isdigit()
+

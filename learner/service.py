@@ -309,15 +309,14 @@ class Learner(ActorControl):
         if fresh:
             log.warning("curriculum_state_missing", envs=fresh, step=self.step, stage=0)
         # Tickets issued but not trained before the checkpoint: buffered groups died with the
-        # old learner and actors may be gone too. Count them all as forfeited so the admission
-        # rule starts with a full pipeline (a late rollout of one of them is still judged).
-        self.sched.forfeited = max(0, self.sched.issued - self.cfg.learner.batch_groups * self.step)
-        # The journal knows better: groups buffered, in flight or trained after this checkpoint
-        # are issued again under their old ids (ADR 0010); they go first, outside the rule.
+        # old learner and actors may be gone too. The journal says which: groups buffered, in
+        # flight or trained after this checkpoint are issued again under their old ids (ADR
+        # 0010), first; they are the pipeline now, and every other ticket is forfeited (a late
+        # rollout of one is still judged).
         reopened = self.ledger.resume(self.step)
         for t in reopened:
             self.seen.discard(t.group_id)
-        self.sched.requeue.extend(reopened)
+        self.sched.reissue(reopened, self.step)
         self.last_checkpoint = (self.step, time.monotonic())
         log.info("tickets_reopened", count=len(reopened), by_reason=dict(self.ledger.lost_in_restart))
 

@@ -58,6 +58,7 @@ class StalenessRule:
     decay: float = 0.5
     _round_version: int = -1
     _round_left: int = 0
+    _carried: int = 0
 
     @classmethod
     def from_config(cls, cfg: object) -> StalenessRule:
@@ -67,9 +68,17 @@ class StalenessRule:
 
     # ------------------------------------------------------------------ admission
     def on_version(self, version: int) -> None:
-        """A new version is published: sync mode opens its round of B tickets for it."""
+        """A new version is published: sync mode opens its round of B tickets for it, less the
+        tickets of an earlier learner life that play in it (``on_reissue``)."""
         if self.mode == "sync":
-            self._round_version, self._round_left = version, self.batch_groups
+            carried = min(self._carried, self.batch_groups)
+            self._carried -= carried
+            self._round_version, self._round_left = version, self.batch_groups - carried
+
+    def on_reissue(self, n: int) -> None:
+        """After a learner restart, ``n`` training tickets of its earlier life go out again. Async
+        counts them in ``live`` (the scheduler does); sync fills its next rounds with them first."""
+        self._carried = n
 
     def min_version(self, live: int, version: int) -> int | None:
         """The ``min_version`` of a new training ticket, or None while the rule admits none.

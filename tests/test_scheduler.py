@@ -8,6 +8,7 @@ import pytest
 
 from agentgym.config import EnvSpec
 from agentgym.learner.scheduler import Scheduler
+from agentgym.protocol import Ticket
 
 
 def make(mode: str = "async", batch: int = 4, staleness: int = 1, envs: list[EnvSpec] | None = None,
@@ -283,3 +284,34 @@ def test_one_key_one_identity_and_no_takeover_of_a_live_id_without_keys() -> Non
     assert s.identity_conflict("b", "", "") == "actor_id_in_use"
     s.remove("b")
     assert s.identity_conflict("b", "", "s2") is None
+
+
+def test_tickets_reissued_after_a_restart_fill_the_pipeline_and_new_ones_wait_for_room() -> None:
+    """A resumed learner issues the earlier life's open tickets again first (ADR 0010). They are
+    the pipeline: async admits new tickets only as they are trained, so staleness stays within
+    the bound; sync plays them in the next round instead of new ones."""
+    old = [Ticket(group_id=f"old:{n}", env="guess_number", task_id=100 + n) for n in range(48, 60)]
+    evals = [Ticket(group_id="old:eval12:guess_number:0", env="guess_number", task_id=0, split="test")]
+    s = make(batch=4, staleness=2)
+    s.issued = 60  # 12 versions trained 48 groups; 12 were buffered or in flight
+    s.register("a", b"a", "h", max_groups=100)
+    s.reissue([*old, *evals], version=12)
+    assert s.live(12) == 12 and s.headroom(12) == 0
+    first = s.fill(version=12)["a"]
+    assert [t.group_id for t in first] == [t.group_id for t in [*old, *evals]]  # the rule admits no new one
+    assert s.fill(version=12) == {}
+    assert [t.min_version for t in s.fill(version=13)["a"]] == [13] * 4  # one batch trained: one batch of room
+    s.forfeit("old:50")  # one of them comes back invalid: its place is free, once
+    s.forfeit("old:50")
+    s.forfeit("old:eval12:guess_number:0")
+    assert [t.min_version for t in s.fill(version=13)["a"]] == [13]
+
+    sync = make(mode="sync", batch=4)
+    sync.issued = 6
+    sync.register("a", b"a", "h", max_groups=100)
+    sync.reissue(old[:3], version=1)
+    sync.on_version(1)
+    assert [t.group_id for t in sync.fill(1)["a"]] == ["old:48", "old:49", "old:50", "r:6"]  # one round of 4
+    assert sync.fill(1) == {}
+    sync.on_version(2)
+    assert len(sync.fill(2)["a"]) == 4  # then whole rounds again

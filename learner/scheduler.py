@@ -271,8 +271,9 @@ class Scheduler:
         return self.rule.headroom(self.live(version))
 
     def forfeit(self, group_id: str) -> None:
-        """The group of one of this run's training tickets will not be trained: free its place
-        under the admission rule (other ids — evaluation, an earlier run's — are ignored)."""
+        """The group of one of this run's training tickets, or of one ``reissue``d, will not be
+        trained: free its place under the admission rule (other ids — evaluation, an earlier
+        run's — are ignored)."""
         prefix = f"{self.run_id}:"
         if (group_id.startswith(prefix) and group_id[len(prefix) :].isdigit()) or group_id in self.reissued:
             self.reissued.discard(group_id)
@@ -402,4 +403,3 @@ def _is_training_id(group_id: str) -> bool:
     """A training ticket's id is ``RUN:N`` (evaluation ones: ``RUN:evalV:ENV:I``)."""
     parts = group_id.split(":")
     return len(parts) == 2 and parts[1].isdigit()
-

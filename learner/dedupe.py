@@ -20,6 +20,13 @@ from __future__ import annotations
 from collections import OrderedDict
 
 
+def split_ticket_id(group_id: str) -> tuple[str, int] | None:
+    """(run id, ticket number) of a training ticket's id ``RUN:N``; None for any other id
+    (evaluation tickets: ``RUN:evalV:ENV:I``)."""
+    run, sep, n = group_id.partition(":")
+    return (run, int(n)) if sep and n.isdigit() and run else None
+
+
 class SeenSet:
     OTHER_KEEP = 4096
     """Non-numbered ids remembered (the newest): a few evaluation rounds' worth."""
@@ -29,22 +36,18 @@ class SeenSet:
         """Run id -> (watermark, numbers >= watermark answered)."""
         self._other: OrderedDict[str, None] = OrderedDict()
 
-    @staticmethod
-    def _split(group_id: str) -> tuple[str, int] | None:
-        run, sep, n = group_id.partition(":")
-        return (run, int(n)) if sep and n.isdigit() and run else None  # RUN:N only (not RUN:evalV:ENV:I)
 
     def __contains__(self, group_id: object) -> bool:
         if not isinstance(group_id, str):
             return False
-        key = self._split(group_id)
+        key = split_ticket_id(group_id)
         if key is None:
             return group_id in self._other
         entry = self._runs.get(key[0])
         return entry is not None and (key[1] < entry[0] or key[1] in entry[1])
 
     def add(self, group_id: str) -> None:
-        key = self._split(group_id)
+        key = split_ticket_id(group_id)
         if key is None:
             self._other[group_id] = None
             self._other.move_to_end(group_id)
@@ -63,7 +66,7 @@ class SeenSet:
 
     def discard(self, group_id: str) -> None:
         """Forget one id (a ticket re-opened by a resume is answered again)."""
-        key = self._split(group_id)
+        key = split_ticket_id(group_id)
         if key is None:
             self._other.pop(group_id, None)
             return

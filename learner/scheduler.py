@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentgym.config import EnvSpec
+from agentgym.learner.dedupe import split_ticket_id
 from agentgym.learner.staleness import StalenessRule
 from agentgym.protocol import Ticket
 
@@ -274,8 +275,8 @@ class Scheduler:
         """The group of one of this run's training tickets, or of one ``reissue``d, will not be
         trained: free its place under the admission rule (other ids — evaluation, an earlier
         run's — are ignored)."""
-        prefix = f"{self.run_id}:"
-        if (group_id.startswith(prefix) and group_id[len(prefix) :].isdigit()) or group_id in self.reissued:
+        key = split_ticket_id(group_id)
+        if (key is not None and key[0] == self.run_id) or group_id in self.reissued:
             self.reissued.discard(group_id)
             self.forfeited += 1
             self.rule.on_forfeit()
@@ -288,7 +289,7 @@ class Scheduler:
         full pipeline beside them, and every step after would train that many more versions stale.
         (``forfeited`` goes below 0 when the earlier life issued tickets after its checkpoint:
         what the rule reads is ``live``, here exactly those training tickets.)"""
-        training = [t.group_id for t in tickets if _is_training_id(t.group_id)]
+        training = [t.group_id for t in tickets if split_ticket_id(t.group_id) is not None]
         self.reissued = set(training)
         self.forfeited = self.issued - self.batch_groups * version - len(training)
         self.rule.on_reissue(len(training))
@@ -397,9 +398,3 @@ class Scheduler:
         """Distinct tickets held by actors or queued (a ticket issued again past its deadline counts once)."""
         held = {g for a in self.actors.values() for g in a.outstanding}
         return len(held | {t.group_id for t in self.requeue}) + len(self.eval_queue)
-
-
-def _is_training_id(group_id: str) -> bool:
-    """A training ticket's id is ``RUN:N`` (evaluation ones: ``RUN:evalV:ENV:I``)."""
-    parts = group_id.split(":")
-    return len(parts) == 2 and parts[1].isdigit()

@@ -293,8 +293,8 @@ def mix_curves(run_dir: Path, path: Path, every: int = 10) -> None:
         pts = [(e["step"], e[key]) for e in evals if key in e]
         line = held.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=env)[0]
         played = [(r["step"], r[key]) for r in steps if r.get(f"env/{env}/episodes", 0) > 0 and key in r]
-        means = [(played[i + len(played[i : i + every]) - 1][0], sum(v for _, v in played[i : i + every]) / len(played[i : i + every]))
-                 for i in range(0, len(played), every)]  # fmt: skip
+        chunks = [played[i : i + every] for i in range(0, len(played), every)]
+        means = [(c[-1][0], sum(v for _, v in c) / len(c)) for c in chunks]  # at the chunk's last step
         train.plot([m[0] for m in means], [m[1] for m in means], color=line.get_color(), label=env)
         print(f"{env}: held-out " + ", ".join(f"step {s} {v:.2f}" for s, v in pts)
               + f"; training, mean of each {every} steps: " + ", ".join(f"{v:.2f}" for _, v in means))  # fmt: skip

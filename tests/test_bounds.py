@@ -41,7 +41,7 @@ def test_default_frame_caps_follow_the_rollout_limits_and_refuse_one_byte_more()
     assert len(encode(WeightRequest(version=2**40, chunk=2**40))[1]) < b.weights_frame
     addr = f"tcp://127.0.0.1:{free_port_pair()}"
     got: list[object] = []
-    ready, done = threading.Event(), threading.Event()
+    ready, done, release = threading.Event(), threading.Event(), threading.Event()
     hwm: list[int] = []
 
     async def learner() -> None:
@@ -56,6 +56,8 @@ def test_default_frame_caps_follow_the_rollout_limits_and_refuse_one_byte_more()
                         break
             hwm.append(hub.bad_messages)  # the refused frames never reached the decoder
             done.set()
+            # The weights port closes with the hub: keep it open until its requests are answered.
+            await trio.to_thread.run_sync(release.wait, 120)
 
     t = threading.Thread(target=trio.run, args=(learner,), daemon=True)
     t.start()
@@ -77,9 +79,11 @@ def test_default_frame_caps_follow_the_rollout_limits_and_refuse_one_byte_more()
         w2.send_multipart(encode(WeightRequest(version=1, chunk=0)))
         assert w2.poll(30_000) and isinstance(decode(w2.recv_multipart())[0], WeightGone)  # a request is served
         assert not w.poll(500)
+        release.set()
         assert done.wait(120)
         assert [type(m).__name__ for m in got] == ["Rollout", "Heartbeat"] and hwm[1] == 0
         assert msgspec.structs.asdict(got[0])["group_id"] == "r:0"
     finally:
+        release.set()
         ctx.destroy(linger=0)
         t.join(10)

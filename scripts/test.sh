@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Runs ruff (pyflakes rules: undefined names, unused imports), the import rules (import-linter:
 # scripts/lint_imports.py) and the test suite, installing first if needed. Extra arguments go to pytest.
+# The suite runs on AGENTGYM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in this
+# process): each module stays on one worker, longest first (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 .venv/bin/ruff check --quiet . || { echo "ruff: fix the findings above (pyproject.toml [tool.ruff])" >&2; exit 1; }
 imports=$(.venv/bin/python scripts/lint_imports.py 2>&1) || { echo "$imports"; echo "import-linter: an import breaks a rule of docs/architecture.md (pyproject.toml [tool.importlinter])" >&2; exit 1; }
 set +e
-.venv/bin/python -m pytest "$@"
+workers=${AGENTGYM_TEST_WORKERS:-2}
+if [ "$workers" -gt 0 ]; then
+  .venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
+else
+  .venv/bin/python -m pytest "$@"
+fi
 code=$?
 set -e
 if [ "$code" = 5 ]; then echo "pytest collected no tests"; exit 1; fi

@@ -36,3 +36,32 @@ def _leave_unterminated(self: zmq.Context) -> None:
 
 zmq.Context.__del__ = _leave_unterminated  # type: ignore[method-assign]
 
+
+HOSTS_GROUP = "hosts"
+"""The modules that make network-namespace hosts or a Slurm cluster: one worker runs them all, one
+at a time (root's network namespaces and the daemons are machine-wide)."""
+HOSTS_MODULES = {"test_actor_leave", "test_handover_e2e", "test_learner_multinode", "test_multihost", "test_relay", "test_slurm"}
+SPLIT_MODULES = {"test_e2e"}
+"""Modules whose tests share no costly fixture: each test is a group of its own."""
+LONGEST_FIRST = ["hosts", "test_multitoken_learn", "test_e2e", "test_base_model", "test_algorithms_learn", "test_eval_run",
+                 "test_agent_learn", "test_engines", "test_lora_engines", "test_relay_e2e", "test_learner_resume"]  # fmt: skip
+"""Groups that take a minute or more on 2 cores, longest first (a fresh clone's --durations)."""
+
+
+def _group(item: pytest.Item) -> str:
+    module = item.path.stem
+    if module in HOSTS_MODULES:
+        return HOSTS_GROUP
+    return item.nodeid if module in SPLIT_MODULES else module
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``scripts/test.sh``: ``-n 2 --dist loadgroup --no-loadscope-reorder``):
+    every test of a module goes to the same worker, so a module's fixtures (a pretrained base
+    model, a vLLM engine) are made once, and the host-making modules share one worker. The
+    longest groups are handed out first, so the last minutes are not one long test on one worker
+    while the other idles. Without xdist the order is the same, and the markers do nothing."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda it: rank.get(HOSTS_GROUP if it.path.stem in HOSTS_MODULES else it.path.stem, len(rank)))

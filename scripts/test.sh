@@ -2,7 +2,7 @@
 # Runs ruff (pyflakes rules: undefined names, unused imports), the import rules (import-linter:
 # scripts/lint_imports.py) and the test suite, installing first if needed. Extra arguments go to pytest.
 # The suite runs on AGENTGYM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in this
-# process): each module stays on one worker, longest first (tests/conftest.py).
+# process): each module stays on one worker (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -11,7 +11,7 @@ imports=$(.venv/bin/python scripts/lint_imports.py 2>&1) || { echo "$imports"; e
 set +e
 workers=${AGENTGYM_TEST_WORKERS:-2}
 if [ "$workers" -gt 0 ]; then
-  .venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
+  .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
 else
   .venv/bin/python -m pytest "$@"
 fi

@@ -44,8 +44,14 @@ from learn_curve import EVAL_EPISODES, REPO, train_curve  # noqa: E402
 
 from agentgym.config import Config, load_config  # noqa: E402
 
-ROWS = ("maze3", "maze3-map", "maze5", "textcraft1", "textcraft2", "wordle", "babyai", "deepsearch", "sciworld", "webshop")
+ROWS = ("maze3", "maze3-map", "maze5", "textcraft1", "textcraft1-sft", "textcraft2", "wordle", "babyai", "deepsearch",
+        "sciworld", "webshop")  # fmt: skip
 """Rows of the table, in order: configs/envs/<row>.toml."""
+
+SFT_ROWS = {"textcraft1-sft": "textcraft1"}
+"""Labelled rows whose model is trained on the expert's play (``model.pretrain_policy = "expert"``),
+and the row they stand beside: their "base" arm is SFT on expert and their "base + RL" arm SFT + RL.
+The bar is for RL from a base model, so they are never judged by it."""
 
 COMMAND = (
     "nice python bench/results.py --rows {rows} --seeds 0,1,2 --steps 100 --max-wall-s 1200 "
@@ -172,7 +178,9 @@ def _ms(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
 
-def verdict(s: dict) -> str:
+def verdict(s: dict, row: str = "") -> str:
+    if row in SFT_ROWS:
+        return f"- (SFT on expert; {SFT_ROWS[row]} is the RL-from-base row)"
     if len(s["final"]) < 3:
         return f"not judged ({len(s['final'])} of 3 seeds)"
     rl, base, expert = statistics.mean(s["final"]), statistics.mean(s["base"]), s["expert"]["success"]
@@ -202,8 +210,9 @@ def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str
             continue
         steps = "/".join(str(n) for n in s["steps"]) or "-"
         wall = "/".join(f"{w:.0f}" for w in s["wall_s"]) or "-"
-        lines.append(f"| {row} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
-                     f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | {verdict(s)} |")  # fmt: skip
+        name = f"{row}: base = SFT on expert, + RL = SFT + RL" if row in SFT_ROWS else row
+        lines.append(f"| {name} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
+                     f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | {verdict(s, row)} |")  # fmt: skip
     if missing:
         lines.append("")
         lines.append(f"Rows without 3 finished RL seeds: {', '.join(missing)}. To run them: "
@@ -220,7 +229,9 @@ def page_lines(path: Path) -> dict[str, str]:
     if BEGIN not in page or END not in page:
         return {}
     body = page.split(BEGIN, 1)[1].split(END, 1)[0]
-    return {line.split("|")[1].strip(): line for line in body.splitlines() if line.startswith("| ") and line.count("|") > 3}
+    # A labelled row's cell is "row: what its arms are".
+    return {line.split("|")[1].split(":", 1)[0].strip(): line for line in body.splitlines()
+            if line.startswith("| ") and line.count("|") > 3}  # fmt: skip
 
 
 def write_table(path: Path, text: str) -> None:

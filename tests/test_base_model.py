@@ -163,3 +163,30 @@ def test_ensure_model_makes_the_configured_model_once(tmp_path: Path) -> None:
     plain = load_config(REPO / "configs" / "quickstart.toml", [f'model.path="{tmp_path / "p"}"', "model.create_tiny=true"])
     ensure_model(plain)
     assert (tmp_path / "p" / "config.json").exists() and not (tmp_path / "p" / "pretrain.json").exists()
+
+
+def test_expert_policy_plays_the_experts_moves_and_is_recorded(tmp_path: Path) -> None:
+    """``model.pretrain_policy = "expert"`` (the labelled "SFT on expert" rows): the transcripts are
+    the scripted expert's episodes, built as an actor builds them, and the model says so."""
+    from transformers import AutoTokenizer
+
+    from agentgym.envpool.envs.textcraft import TextCraft
+
+    path = tmp_path / "m"
+    cfg = load_config(REPO / "configs" / "envs" / "textcraft1-sft.toml",
+                      [f'model.path="{path}"', "model.pretrain_steps=2"])  # fmt: skip
+    assert cfg.model.pretrain_policy == "expert" and cfg.model.arch == "agent-tiny"
+    ensure_model(cfg)
+    record = json.loads((path / "pretrain.json").read_text())
+    assert record["policy"] == "expert" and record["env"] == "textcraft" and record["steps"] == 2
+    tok = AutoTokenizer.from_pretrained(path)
+    env = TextCraft(depth=1, distractors=2)
+    for task in range(5):
+        text = tok.decode(random_play(tok, env, task, 6, random.Random(0), policy="expert"))
+        moves = re.findall(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", text)
+        goal = text.split("Goal: craft ", 1)[1].split(".", 1)[0]
+        # Depth 1: gather the raw materials, then craft the goal; the last craft ended the episode.
+        assert env._done and moves[-1].startswith("craft ") and f" {goal} using " in moves[-1], (goal, moves)
+        assert all(m.startswith("get ") for m in moves[:-1]) and len(moves) <= 4, moves
+    with pytest.raises(ValueError, match="policy must be one of random, expert"):
+        pretrain_on_play(path, tmp_path / "x", "guess_number", steps=1, policy="greedy")

@@ -70,3 +70,17 @@ def test_mix_curves_draw_each_env_of_a_mix_run_from_its_record(results, tmp_path
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no per-env success"):
         results.mix_curves(tmp_path / "empty", png)
+
+
+def test_an_sft_row_is_labelled_never_judged_and_kept_by_its_name(results, tmp_path: Path) -> None:
+    """A row whose model learnt from the expert ("SFT on expert", then "SFT + RL") says so in its
+    name cell and is not judged by the bar, which is for RL from a base model."""
+    out, page = tmp_path / "runs", tmp_path / "results.md"
+    _row(out / "textcraft1-sft", [0.9, 0.9, 0.9])  # far above base + 0.3 and 0.8 of the expert
+    text = results.table(out, ["textcraft1-sft"], tmp_path / "record")
+    line = text.splitlines()[2]
+    assert line.startswith("| textcraft1-sft: base = SFT on expert, + RL = SFT + RL | 0.10 |"), line
+    assert "yes" not in line and line.endswith("| - (SFT on expert; textcraft1 is the RL-from-base row) |"), line
+    page.write_text(f"{results.BEGIN}\n{text}\n{results.END}\n")
+    assert results.page_lines(page)["textcraft1-sft"] == line
+    assert set(results.SFT_ROWS) <= set(results.ROWS) and set(results.SFT_ROWS.values()) <= set(results.ROWS)

@@ -46,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrain-env", default="guess_number",
                    help="env whose random play it is pretrained on; 'mix': the game envs (agentgym.models.agent.GAME_MIX)")
     p.add_argument("--pretrain-turns", type=int, default=6, metavar="N", help="turns per random-play transcript")
+    p.add_argument("--pretrain-policy", choices=["random", "expert"], default="random",
+                   help="what plays the transcripts: random (a base model) or the env's scripted expert (SFT on expert)")
     p.add_argument("out", type=Path, help="output directory")
 
 
@@ -110,6 +112,6 @@ def run(args: argparse.Namespace) -> int:
         from agentgym.models.base import pretrain_on_play
 
         pretrain_on_play(out, out, args.pretrain_env, steps=args.pretrain_steps, seed=args.seed,
-                         turns=args.pretrain_turns)
+                         turns=args.pretrain_turns, policy=args.pretrain_policy)
     print(out)
     return 0

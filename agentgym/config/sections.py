@@ -75,6 +75,10 @@ class ModelConfig(Section):
     pretrain_turns: Annotated[int, Field(ge=1)] = 6
     """With ``pretrain_steps``: turns per random-play transcript (at least the run's turn limit
     teaches the format at every position the run reaches)."""
+    pretrain_policy: Literal["random", "expert"] = "random"
+    """With ``pretrain_steps``: what plays the transcripts. ``random``: the base model (the format,
+    never a good move); ``expert``: supervised fine-tuning on the envs' scripted experts, for the
+    results table's rows labelled "SFT on expert", never an RL-from-base row."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Training and inference dtype (float32 on CPU)."""
 

@@ -49,14 +49,21 @@ EnvMix = Sequence[tuple[str, dict[str, Any], float]]
 """(env name, its options, its weight) per env that random play draws episodes from."""
 
 
-def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.Random) -> list[int]:
-    """Token ids of one episode of ``env`` played with ``env.random_action``, as an actor builds them."""
+POLICIES = ("random", "expert")
+"""What plays the transcripts: ``random`` (``Env.random_action``: the base model, the format and
+never a good move) or ``expert`` (``Env.expert_action``: supervised fine-tuning on the env's
+scripted expert, the results table's labelled "SFT on expert" rows, never the base of an RL row)."""
+
+
+def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.Random, policy: str = "random") -> list[int]:
+    """Token ids of one episode of ``env`` played with ``env.random_action`` (or, with ``policy``
+    "expert", ``env.expert_action``), as an actor builds them."""
     from agentgym.actors.conversation import Conversation
 
     first = env.reset(task_id)  # before instructions(): some envs' instructions name the task
     conv = Conversation.start(tokenizer, env.instructions() or None, first)
     for _ in range(turns):
-        action = env.random_action(rng)
+        action = env.expert_action() if policy == "expert" else env.random_action(rng)
         ids = tokenizer.encode(action, add_special_tokens=False)
         conv.add_agent_turn(ids, [0.0] * len(ids), 0)
         result = env.step(action)
@@ -92,7 +99,7 @@ def mix_of(env_name: str, env_kwargs: dict[str, Any] | None = None) -> EnvMix:
     return [(env_name, dict(env_kwargs or {}), 1.0)]
 
 
-def _build_envs(mix: EnvMix, rng: random.Random) -> list[Any]:
+def _build_envs(mix: EnvMix, rng: random.Random, policy: str) -> list[Any]:
     from agentgym.envpool.registry import resolve_env
 
     envs = []
@@ -100,7 +107,7 @@ def _build_envs(mix: EnvMix, rng: random.Random) -> list[Any]:
         env = resolve_env(name)(**kwargs)
         try:
             env.reset(0)
-            env.random_action(rng)
+            env.expert_action() if policy == "expert" else env.random_action(rng)
         except NotImplementedError as e:
             raise ValueError(f"pretrain_on_play: env {name!r} cannot be pretrained on: {e}") from None
         envs.append(env)
@@ -108,9 +115,11 @@ def _build_envs(mix: EnvMix, rng: random.Random) -> list[Any]:
 
 
 def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None = None,
-                     *, steps: int = 300, lr: float = 3e-3, seed: int = 0, turns: int = PRETRAIN_TURNS) -> dict[str, Any]:  # fmt: skip
+                     *, steps: int = 300, lr: float = 3e-3, seed: int = 0, turns: int = PRETRAIN_TURNS,
+                     policy: str = "random") -> dict[str, Any]:  # fmt: skip
     """Train the model at ``model_dir`` on random play of ``env_name`` (an env's name, ``MIX``, or
-    an ``EnvMix``); write it to ``out_dir``.
+    an ``EnvMix``), or on its expert's play with ``policy`` "expert" (``POLICIES``); write it to
+    ``out_dir``.
 
     Returns the record also written to ``out_dir/pretrain.json``. ``model_dir`` may be ``out_dir``."""
     import torch
@@ -118,9 +127,11 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
 
     if steps < 1:
         raise ValueError(f"pretrain_on_play: steps must be >= 1, got {steps}")
+    if policy not in POLICIES:
+        raise ValueError(f"pretrain_on_play: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     mix = mix_of(env_name, env_kwargs) if isinstance(env_name, str) else list(env_name)
     rng = random.Random(seed)
-    envs = _build_envs(mix, rng)
+    envs = _build_envs(mix, rng, policy)
     weights = [w for _, _, w in mix]
 
     # Training transcripts come from each env's train split, the held-out ones from its test split.
@@ -129,7 +140,7 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
     def play(split: str, r: random.Random) -> list[int]:
         i = 0 if len(envs) == 1 else r.choices(range(len(envs)), weights)[0]
         ids = splits[i][split]
-        return random_play(tokenizer, envs[i], ids[r.randrange(len(ids))], turns, r)
+        return random_play(tokenizer, envs[i], ids[r.randrange(len(ids))], turns, r, policy)
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -156,7 +167,7 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
             after = float(lm_loss(model, probe, pad_id))
     name = env_name if isinstance(env_name, str) else "+".join(n for n, _, _ in mix)
     record = {"env": name, "env_kwargs": dict(env_kwargs or {}), "mix": [[n, k, w] for n, k, w in mix],
-              "steps": steps, "lr": lr, "seed": seed, "turns": turns, "batch": PRETRAIN_BATCH, "heldout_loss_before": round(before, 4),
+              "steps": steps, "lr": lr, "seed": seed, "turns": turns, "policy": policy, "batch": PRETRAIN_BATCH, "heldout_loss_before": round(before, 4),
               "heldout_loss_after": round(after, 4), "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
@@ -203,6 +214,6 @@ def ensure_model(cfg: Any) -> None:
     target: str | EnvMix = mix[0][0] if len(mix) == 1 else mix
     try:
         pretrain_on_play(raw, path, target, mix[0][1] if len(mix) == 1 else None, steps=cfg.model.pretrain_steps,
-                         seed=cfg.run.seed, turns=cfg.model.pretrain_turns)  # fmt: skip
+                         seed=cfg.run.seed, turns=cfg.model.pretrain_turns, policy=cfg.model.pretrain_policy)  # fmt: skip
     finally:
         shutil.rmtree(raw, ignore_errors=True)

@@ -49,3 +49,26 @@ def test_an_unknown_arch_is_refused_with_the_known_ones(tmp_path: Path, capsys: 
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'qwen9'" in err and "qwen2.5-1.5b" in err
+
+
+def test_pretraining_takes_the_envs_options_and_its_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from agentgym.cli.main import main
+
+    out = tmp_path / "tc"
+    assert main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
+                 "--pretrain-env-options", '{"depth": 1, "distractors": 2}', "--pretrain-policy", "expert", str(out)]) == 0  # fmt: skip
+    record = json.loads((out / "pretrain.json").read_text())
+    assert record["env_kwargs"] == {"depth": 1, "distractors": 2} and record["policy"] == "expert", record
+    for options, said in (("{depth: 1}", "is not JSON"), ("[1]", "must be a JSON object")):
+        with pytest.raises(SystemExit, match=said):
+            main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
+                  "--pretrain-env-options", options, str(tmp_path / "x")])  # fmt: skip
+    with pytest.raises(SystemExit, match="does not apply to --pretrain-env mix"):
+        main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "mix",
+              "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "y")])  # fmt: skip
+    with pytest.raises(SystemExit, match=r"--pretrain-env-options: env TextCraft: unknown option\(s\) \['depht'\]"):
+        main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
+              "--pretrain-env-options", '{"depht": 1}', str(tmp_path / "z")])  # fmt: skip
+    assert not any((tmp_path / d).exists() for d in "xyz")  # refused before a model was made

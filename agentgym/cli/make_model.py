@@ -19,6 +19,7 @@ demo family whose tokenizer covers every built-in env (``agentgym/models/agent.p
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -45,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(agentgym.models.base: the demo's stand-in for a pretrained checkpoint; float32)")
     p.add_argument("--pretrain-env", default="guess_number",
                    help="env whose random play it is pretrained on; 'mix': the game envs (agentgym.models.agent.GAME_MIX)")
+    p.add_argument("--pretrain-env-options", default="", metavar="JSON",
+                   help='options of --pretrain-env, a JSON object as in the env\'s [env] kwargs, e.g. \'{"depth": 1, "distractors": 2}\'')
     p.add_argument("--pretrain-turns", type=int, default=6, metavar="N", help="turns per random-play transcript")
     p.add_argument("--pretrain-policy", choices=["random", "expert"], default="random",
                    help="what plays the transcripts: random (a base model) or the env's scripted expert (SFT on expert)")
@@ -102,16 +105,39 @@ def _tokenizer(corpus: list[str], max_length: int):
     return tok, raw.token_to_id(IM_END), raw.token_to_id(ENDOFTEXT)
 
 
+def _env_options(text: str, env: str) -> dict[str, object]:
+    """``--pretrain-env-options``: a JSON object of the env's options (none with ``mix``)."""
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"make-model: --pretrain-env-options is not JSON ({e}): {text!r}") from None
+    if not isinstance(options, dict):
+        raise SystemExit(f'make-model: --pretrain-env-options must be a JSON object such as \'{{"depth": 1}}\', got {text!r}')
+    if options and env == "mix":
+        raise SystemExit("make-model: --pretrain-env-options does not apply to --pretrain-env mix (each game has its own)")
+    if options:  # checked before the model is made: the env refuses an option it does not know
+        from agentgym.envpool.registry import resolve_env
+
+        try:
+            resolve_env(env)(**options).close()
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"make-model: --pretrain-env-options: {e}") from None
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
     if args.pretrain_turns < 1:
         raise SystemExit(f"make-model: --pretrain-turns must be >= 1, got {args.pretrain_turns}")
     if args.pretrain_steps < 0:
         raise SystemExit(f"make-model: --pretrain-steps must be >= 0, got {args.pretrain_steps}")
+    options = _env_options(args.pretrain_env_options, args.pretrain_env)
     out = make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype if not args.pretrain_steps else "float32")
     if args.pretrain_steps:
         from agentgym.models.base import pretrain_on_play
 
-        pretrain_on_play(out, out, args.pretrain_env, steps=args.pretrain_steps, seed=args.seed,
+        pretrain_on_play(out, out, args.pretrain_env, options, steps=args.pretrain_steps, seed=args.seed,
                          turns=args.pretrain_turns, policy=args.pretrain_policy)
     print(out)
     return 0

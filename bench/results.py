@@ -10,7 +10,8 @@ held-out test tasks (the first ``eval.tasks`` of the row config, or ``--eval-tas
 split, ``EVAL_EPISODES`` samples each) at the config's final turn limit:
 
     random     ``Env.random_action`` every turn (uniform over the action space, or its stand-in)
-    base       the config's base model before RL (agentgym.models.base: pretrained on random play)
+    base       the config's base model before RL (agentgym.models.base: pretrained on random play;
+               the labelled ``SFT_ROWS``: trained on the expert's play)
     base + RL  the base model after at most ``--steps`` RL steps or ``--max-wall-s`` seconds of
                training, one run per seed (mean and spread over the seeds)
     expert     ``Env.expert_action``: the scripted ceiling (privileged state)

@@ -187,7 +187,7 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
 def ensure_model(cfg: Any) -> None:
     """With ``model.create_tiny``: make the demo model ``model.arch`` at ``model.path`` if it has
     none, then, with ``model.pretrain_steps``, pretrain it on random play of the run's envs (by
-    their weights). A model already there is left alone, whatever made it."""
+    their weights; their experts' play with ``model.pretrain_policy = "expert"``). A model already there is left alone, whatever made it."""
     path = Path(cfg.model.path)
     if not cfg.model.create_tiny or (path / "config.json").exists():
         return

@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     goes to the same worker, so a module's fixtures (a pretrained base model, a vLLM engine) are
     made once, and the host-making modules share one worker. xdist hands out the groups with the
     most tests first, so the many short tests run two at a time and the long single runs (each a
-    learner, actors and engines on both cores) come last. Handing the long ones out first was
-    slower: two of them at once on 2 cores (fresh clone, 2026-11-28: 1,915 s against 1,808 s)."""
+    learner, actors and engines on both cores) come last. Handing the long ones out first did
+    no better (2026-11-28: 1,915 s, against 1,808-2,004 s in three runs of this order)."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))

@@ -11,7 +11,7 @@ imports=$(.venv/bin/python scripts/lint_imports.py 2>&1) || { echo "$imports"; e
 set +e
 workers=${AGENTGYM_TEST_WORKERS:-2}
 if [ "$workers" -gt 0 ]; then
-  .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+  .venv/bin/python -m pytest -n "$workers" "$@"
 else
   .venv/bin/python -m pytest "$@"
 fi

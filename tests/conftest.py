@@ -43,21 +43,47 @@ at a time (root's network namespaces and the daemons are machine-wide)."""
 HOSTS_MODULES = {"test_actor_leave", "test_handover_e2e", "test_learner_multinode", "test_multihost", "test_relay", "test_slurm"}
 SPLIT_MODULES = {"test_e2e"}
 """Modules whose tests share no costly fixture: each test is a group of its own."""
+LONG_FIRST = ("hosts", "test_multitoken_learn", "test_e2e.py::test_an_actor_killed",
+              "test_e2e.py::test_learner_and_two_actors", "test_e2e.py::test_a_mix_of_two_envs")  # fmt: skip
+"""The groups that take longest (CI's ``--durations``, 2026-11-28: the hosts group ~700 s, the
+multi-token learning test ~490 s, each e2e run 250-315 s), handed out first, so that the many
+short groups fill in behind them and neither worker is left with a long run at the end."""
 
 
-def _group(item: pytest.Item) -> str:
-    module = item.path.stem
+def _group_of(nodeid: str) -> str:
+    """The group of a test id (``tests/test_x.py::test_y[...]``): its module's name, "hosts" for the
+    host-making modules, the test id itself for a split module's tests."""
+    path, _, _ = nodeid.partition("::")
+    module = Path(path).stem
     if module in HOSTS_MODULES:
         return HOSTS_GROUP
-    return item.nodeid if module in SPLIT_MODULES else module
+    return nodeid if module in SPLIT_MODULES else module
+
+
+def _rank(nodeid: str) -> int:
+    group = _group_of(nodeid)
+    return next((i for i, key in enumerate(LONG_FIRST) if group == key or group.startswith(f"tests/{key}")), len(LONG_FIRST))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``scripts/test.sh``: ``-n 2 --dist loadgroup``): every test of a module
-    goes to the same worker, so a module's fixtures (a pretrained base model, a vLLM engine) are
-    made once, and the host-making modules share one worker. xdist hands out the groups with the
-    most tests first, so the many short tests run two at a time and the long single runs (each a
-    learner, actors and engines on both cores) come last. Handing the long ones out first did
-    no better (2026-11-28: 1,915 s, against 1,808-2,004 s in three runs of this order)."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    """The long groups first (``LONG_FIRST``), everything else in collection order; a module's
+    tests stay together and in their order, so its fixtures are made once in one process too."""
+    items.sort(key=lambda item: _rank(item.nodeid))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist (``scripts/test.sh``: ``-n 2``): every test of a group goes to the same
+    worker, so a module's fixtures (a pretrained base model, a vLLM engine) are made once and the
+    host-making modules run one at a time, and the groups are handed out in the collection's
+    order (long ones first). xdist's own ``--dist loadgroup`` reads its marks into the test ids,
+    which pytest 9 no longer lets a plugin change (every module's tests were spread over both
+    workers, each making the module's fixtures: 2026-11-28)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collection's order: LONG_FIRST leads
+    return GroupScheduling(config, log)

@@ -24,8 +24,9 @@ training horizon differs. Results go to OUT/<arm>/seed<S>.json; ``--plot`` draws
 
 ``--row R`` runs the comparison on a row of the results table instead (configs/envs/R.toml, its
 base model made and pretrained first if missing), with ``--limits SHORT,MID,LONG``: a multi-token
-env where the horizon matters. Run on maze3-map (the expert needs 2 to 7 moves; docs/results.md
-has the command and the result); maze 5x5 on one map gives its base no success at all. The
+env where the horizon matters. Run on BabyAI GoToObj (limits 12, 18, 24) and maze3-map (4, 6, 8);
+docs/results.md has the commands and the results. Maze 5x5 on one map gives its base no success
+at all. The
 summary adds, per arm, the largest drop of held-out success after its peak and the final policy
 entropy.
 """

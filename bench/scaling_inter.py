@@ -26,9 +26,8 @@ training horizon differs. Results go to OUT/<arm>/seed<S>.json; ``--plot`` draws
 base model made and pretrained first if missing), with ``--limits SHORT,MID,LONG``: a multi-token
 env where the horizon matters. Run on BabyAI GoToObj (limits 12, 18, 24) and maze3-map (4, 6, 8);
 docs/results.md has the commands and the results. Maze 5x5 on one map gives its base no success
-at all. The
-summary adds, per arm, the largest drop of held-out success after its peak and the final policy
-entropy.
+at all. The summary adds, per arm, the largest drop of held-out success after its peak and the
+final policy entropy.
 """
 
 from __future__ import annotations

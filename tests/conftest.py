@@ -67,9 +67,12 @@ def _rank(nodeid: str) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long groups first (``LONG_FIRST``), everything else in collection order; a module's
-    tests stay together and in their order, so its fixtures are made once in one process too."""
-    items.sort(key=lambda item: _rank(item.nodeid))
+    """On an xdist worker (whose collection order is the order the scheduler hands groups out in):
+    the long groups first (``LONG_FIRST``), everything else in collection order, a group's tests
+    together and in their order. One process keeps pytest's order, so that a split module's tests
+    (test_e2e's) stay beside each other and share its fixtures."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: _rank(item.nodeid))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -244,6 +244,37 @@ def test_textcraft_feedback() -> None:
         TextCraft(depth=9)
 
 
+def test_textcraft_progress_reward_pays_the_plan_share_and_taking_back_costs_it() -> None:
+    undone = 0
+    for task in range(40):
+        plain, paid = TextCraft(depth=1, distractors=3), TextCraft(depth=1, distractors=3, progress_reward=True)
+        assert paid.reset(task) == plain.reset(task)
+        world, start = make_world(task, 1, 3), paid.plan_length()
+        assert paid.step("inventory").reward == 0.0 and paid.step("dance").reward == 0.0
+        # A distractor that spends a raw material the goal needs takes that progress back: get
+        # the distractor's ingredients (enough of the goal's too: progress), then craft it.
+        need = dict(world.recipes[world.goal].ingredients)
+        trap = next((r for r in world.recipes.values() if r.output != world.goal and all(i in RAW for i, _ in r.ingredients)
+                     and any(need.get(i, 1000) <= k for i, k in r.ingredients)), None)  # fmt: skip
+        rewards = []
+        if trap is not None:
+            rewards += [paid.step(f"get {k} {ing}").reward for ing, k in trap.ingredients]
+            assert sum(rewards) > 0
+            spent = paid.step(trap.command())
+            assert spent.observation.startswith("Crafted") and spent.reward == pytest.approx(-sum(rewards))
+            rewards.append(spent.reward)
+            undone += 1
+        while not (r := paid.step(paid.expert_action())).done:
+            rewards.append(r.reward)
+            assert r.reward == pytest.approx(1 / start)  # each expert command saves one of the plan's
+        assert r.info["success"] and r.reward == pytest.approx(1 + 1 / start)
+        assert sum(rewards) + r.reward == pytest.approx(2.0)  # the whole plan (1) and the goal (1)
+        assert [x.reward for x in solve(plain, task)] == [0.0] * (start - 1) + [1.0]
+    assert undone >= 3  # the trap was sprung on several tasks
+    with pytest.raises(TypeError, match="progress_reward must be true or false"):
+        TextCraft(progress_reward="yes")
+
+
 # ---------------------------------------------------------------- maze
 
 

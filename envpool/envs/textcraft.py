@@ -9,12 +9,18 @@ planks").
 
     options:  depth: int = 2 (1..5)    crafts between the raw materials and the goal
               distractors: int = 4 (0..20)
+              progress_reward: bool = False   also reward each command by the progress it makes:
+                                  the share of the expert's plan (its command count from the
+                                  empty inventory) that the command saved; a command that undoes
+                                  progress (spends an ingredient the goal needs on another craft)
+                                  takes its share away
     reset ->  "Crafting commands:\\ncraft 4 oak planks using 1 oak log\\n...\\nGoal: craft iron lantern."
     actions:  get N ITEM                        (raw materials only)
               craft N ITEM using N ITEM, N ITEM  (N a multiple of the recipe's yield and the
                                                   ingredients scaled alike; any order)
               inventory
-    reward:   1 when the goal item is crafted (done, success); every other turn 0. An unknown
+    reward:   1 when the goal item is crafted (done, success), plus the progress above if asked;
+              every other turn 0. An unknown
               command, item or recipe gets feedback naming the problem and counts as a turn.
               The env has no turn limit of its own: the actor applies the learner's.
     expert:   a planner over the recipe tree: gathers what is missing, crafts bottom-up.
@@ -23,6 +29,7 @@ planks").
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import random
 import re
@@ -114,12 +121,15 @@ def _count(text: str) -> int | None:
 class TextCraft(Env):
     name = "textcraft"
 
-    def __init__(self, depth: int = 2, distractors: int = 4, **kwargs: object) -> None:
+    def __init__(self, depth: int = 2, distractors: int = 4, progress_reward: bool = False, **kwargs: object) -> None:
         super().__init__(**kwargs)
         for key, value, lo, hi in (("depth", depth, 1, 5), ("distractors", distractors, 0, 20)):
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"textcraft: option {key} must be an integer from {lo} to {hi}, got {value!r}")
-        self.depth, self.distractors = depth, distractors
+        if not isinstance(progress_reward, bool):
+            raise TypeError(f"textcraft: option progress_reward must be true or false, got {progress_reward!r}")
+        self.depth, self.distractors, self.progress_reward = depth, distractors, progress_reward
+        self._plan_start = 1
         self._world: World | None = None
         self._inv: collections.Counter[str] = collections.Counter()
         self._turns = 0
@@ -130,6 +140,7 @@ class TextCraft(Env):
         self._inv = collections.Counter()
         self._turns = 0
         self._done = False
+        self._plan_start = self.plan_length()
         return "Crafting commands:\n" + "\n".join(self._world.book) + f"\nGoal: craft {self._world.goal}."
 
     def instructions(self) -> str:
@@ -143,6 +154,37 @@ class TextCraft(Env):
     def step(self, action: str) -> StepResult:
         if self._world is None or self._done:
             return StepResult("The episode is over.", 0.0, True, {"turns": self._turns, "success": False})
+        if not self.progress_reward:
+            return self._step(action)
+        before = self.plan_length()
+        result = self._step(action)
+        after = 0 if result.done else self.plan_length()
+        progress = (before - after) / self._plan_start
+        return StepResult(result.observation, result.reward + progress, result.done, result.info)
+
+    def plan_length(self) -> int:
+        """How many commands the expert needs from the current inventory to craft the goal."""
+        assert self._world is not None
+        saved = self._inv.copy()
+        try:
+            for n in itertools.count():
+                action = self._plan(self._world.goal, 1)
+                if action is None:
+                    return n
+                if m := _GET.match(action):
+                    self._inv[m.group(2)] += int(m.group(1))
+                    continue
+                m = _CRAFT.match(action)
+                assert m is not None
+                for part in m.group(3).split(","):
+                    k, item = _PART.match(part.strip()).groups()  # type: ignore[union-attr]
+                    self._inv[item] -= int(k)
+                self._inv[m.group(2)] += int(m.group(1))
+        finally:
+            self._inv = saved
+        raise AssertionError("unreachable")
+
+    def _step(self, action: str) -> StepResult:
         self._turns += 1
         command = " ".join(action.lower().strip().rstrip(".").split())
         if command == "inventory":

@@ -19,9 +19,9 @@ planks").
               craft N ITEM using N ITEM, N ITEM  (N a multiple of the recipe's yield and the
                                                   ingredients scaled alike; any order)
               inventory
-    reward:   1 when the goal item is crafted (done, success), plus the progress above if asked;
-              every other turn 0. An unknown
-              command, item or recipe gets feedback naming the problem and counts as a turn.
+    reward:   1 when the goal item is crafted (done, success); every other turn 0. With
+              progress_reward, every command's progress as well. An unknown command, item or
+              recipe gets feedback naming the problem and counts as a turn.
               The env has no turn limit of its own: the actor applies the learner's.
     expert:   a planner over the recipe tree: gathers what is missing, crafts bottom-up.
 """

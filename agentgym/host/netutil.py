@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 import zmq
 
@@ -14,21 +16,41 @@ MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 """A part of a multipart send with more to follow, without waiting."""
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel gives an outgoing connection's local end (Linux's
+    ``ip_local_port_range``; 32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_pair(host: str = "127.0.0.1", tries: int = 200) -> int:
     """A port p such that p and p+1 are both free on ``host`` right now (the learner binds its
     control port and the next one for weights). Another process may take them before they are
-    bound; callers that race with others should retry on a bind error."""
+    bound; callers that race with others should retry on a bind error.
+
+    The port is drawn at random below the kernel's ephemeral range, where no outgoing connection
+    is ever given its local end: a pair drawn by ``bind(("", 0))`` inside that range was taken
+    between this check and the learner's bind by a connection elsewhere on the machine (Linux
+    gives bind(0) odd ports and connect() even ones, so p+1 is the kind a connection takes)."""
+    floor = _ephemeral_floor()
+    draw = random.Random()
     for _ in range(tries):
-        with socket.socket() as a:
-            a.bind((host, 0))
-            port = int(a.getsockname()[1])
+        if floor - 2 > 10000:
+            port = draw.randrange(10000, floor - 2)
+        else:  # no room below the ephemeral range: let the kernel pick
+            with socket.socket() as a:
+                a.bind((host, 0))
+                port = int(a.getsockname()[1])
             if port >= 65535:
                 continue
-            with socket.socket() as b:
-                try:
-                    b.bind((host, port + 1))
-                except OSError:
-                    continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind((host, port))
+                b.bind((host, port + 1))
+        except OSError:
+            continue
         return port
     raise RuntimeError(f"no two consecutive free ports on {host} after {tries} tries")
 

@@ -165,23 +165,22 @@ class TextCraft(Env):
     def plan_length(self) -> int:
         """How many commands the expert needs from the current inventory to craft the goal."""
         assert self._world is not None
-        saved = self._inv.copy()
+        # The expert's commands, played by the env's own rules and then undone.
+        saved, done = self._inv.copy(), self._done
         try:
             for n in itertools.count():
                 action = self._plan(self._world.goal, 1)
                 if action is None:
                     return n
                 if m := _GET.match(action):
-                    self._inv[m.group(2)] += int(m.group(1))
-                    continue
-                m = _CRAFT.match(action)
-                assert m is not None
-                for part in m.group(3).split(","):
-                    k, item = _PART.match(part.strip()).groups()  # type: ignore[union-attr]
-                    self._inv[item] -= int(k)
-                self._inv[m.group(2)] += int(m.group(1))
+                    said = self._get(m.group(1), m.group(2))
+                else:
+                    m = _CRAFT.match(action)
+                    assert m is not None
+                    said = self._craft(m.group(1), m.group(2), m.group(3)).observation
+                assert said.startswith(("Got ", "Crafted ")), (action, said)  # else the plan would never shrink
         finally:
-            self._inv = saved
+            self._inv, self._done = saved, done
         raise AssertionError("unreachable")
 
     def _step(self, action: str) -> StepResult:

@@ -127,6 +127,9 @@ RECONNECT_AFTER_S = 1.0
 routing id: the learner's ROUTER must have let the old connection go first, else it takes the
 new one for a duplicate and ignores its routing id (ZeroMQ's ROUTER without ROUTER_HANDOVER)."""
 
+HELLOS_BEFORE_RECONNECT = 3
+"""Hellos left unanswered (2 s each) before the handshake connects again: see RECONNECT_AFTER_S."""
+
 
 class ControlLink:
     """The actor's control DEALER, driven from the running asyncio loop; see the module docstring
@@ -364,7 +367,7 @@ class ControlLink:
 
     async def handshake(self, hello: Hello, timeout_s: float, on_other: Callable[[Message], None] | None = None) -> Welcome:
         """Send Hello (again every 2 s) until Welcome; Reject raises, silence raises after timeout_s."""
-        deadline = time.monotonic() + timeout_s
+        deadline, unanswered = time.monotonic() + timeout_s, 0
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -393,6 +396,13 @@ class ControlLink:
                 if refused is not None:  # a definite answer: waiting longer will not change it
                     raise ActorRejected(f"learner at {self.addr}: {refused}") from None
                 log.info("waiting_for_learner", addr=self.addr, left_s=round(left, 1))
+                unanswered += 1
+                if unanswered % HELLOS_BEFORE_RECONNECT == 0:
+                    # A ROUTER never reads a connection that came under a routing id it still held
+                    # (this id's old connection, not yet ended there); a new one, made after, it reads.
+                    self.sock.disconnect(self.addr)
+                    await asyncio.sleep(RECONNECT_AFTER_S)
+                    self.sock.connect(self.addr)
 
     def close(self) -> None:
         """Close the socket (waiting sends and receives are cancelled; what was sent leaves

@@ -124,6 +124,38 @@ def test_reject_raises_a_clear_error() -> None:
         asyncio.run(client())
 
 
+def test_a_hello_under_an_id_the_hub_still_holds_gets_through_once_the_old_connection_ends() -> None:
+    # ZeroMQ's ROUTER never reads a connection that came under a routing id it still held, not
+    # even after the old one ends (libzmq without ROUTER_HANDOVER). An actor restarted under its
+    # id before the hub let its old connection go would wait out connect_timeout_s: the handshake
+    # connects again after unanswered Hellos instead, and is welcomed.
+    port = free_port_pair()
+    addr = f"tcp://127.0.0.1:{port}"
+    with HubThread(addr) as ht:
+        ctx = zmq.Context()
+        old = ctx.socket(zmq.DEALER)
+        old.setsockopt(zmq.ROUTING_ID, b"a4")
+        old.connect(addr)
+        old.send_multipart(encode(Heartbeat(actor_id="a4")))  # type: ignore[arg-type]
+        assert ht.received.get(True, 10)[0] == b"a4"  # the hub holds a4's old connection
+
+        async def client() -> None:
+            actx = zmq.asyncio.Context()
+            link = ControlLink(actx, addr, "a4")
+            task = asyncio.create_task(link.handshake(hello("a4"), timeout_s=60))
+            await asyncio.sleep(1.0)  # its first Hello is on a connection the hub will never read
+            old.close(linger=0)
+            peer, msg = await asyncio.to_thread(ht.received.get, True, 30)
+            assert peer == b"a4" and msg == hello("a4")
+            ht.commands.put(lambda hub: hub.send(peer, welcome(port)))
+            assert await asyncio.wait_for(task, 30) == welcome(port)
+            link.close()
+            actx.term()
+
+        asyncio.run(client())
+        ctx.term()
+
+
 def test_no_learner_gives_a_clear_error_not_a_hang() -> None:
     port = free_port_pair()
 

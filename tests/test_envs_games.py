@@ -343,6 +343,22 @@ def test_maze_train_sizes_give_training_tasks_the_curriculum_and_held_out_tasks_
             Maze(size=5, train_sizes=bad)  # type: ignore[arg-type]
 
 
+def test_textcraft_train_distractors_give_training_books_the_curriculum_and_held_out_books_distractors() -> None:
+    env = TextCraft(depth=1, distractors=2, train_distractors=[0, 2])
+    for task in range(6):  # training tasks: the curriculum's book sizes by turns
+        n = (0, 2)[task % 2]
+        book = env.reset(task).split("\n")[1:-1]
+        assert env.distractors_of(task) == n and len(book) == 1 + n  # the goal's one recipe at depth 1
+        assert book == list(make_world(task, 1, n).book)
+        assert play(env, task)[-1] == "True"  # the expert solves it
+    for split in ("dev", "test"):  # held-out tasks: the distractors asked for, the same world as without
+        task = int(TextCraft.tasks(split)[3])
+        assert env.distractors_of(task) == 2 and env.reset(task) == TextCraft(depth=1, distractors=2).reset(task)
+    for bad in ([], [21], [1, "2"], [True], 2):
+        with pytest.raises(ValueError, match="train_distractors must be a non-empty list of integers from 0 to 20"):
+            TextCraft(depth=1, train_distractors=bad)  # type: ignore[arg-type]
+
+
 def test_list_options_reach_the_env_through_the_config_and_the_pool() -> None:
     from agentgym.config import load_config
 

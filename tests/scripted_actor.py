@@ -23,6 +23,7 @@ from pathlib import Path
 import zmq
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
+from agentgym.actors.transport import HELLOS_BEFORE_RECONNECT, RECONNECT_AFTER_S
 from agentgym.config import model_fingerprint, to_toml
 from agentgym.auth.keys import ClientKeys, apply_client
 from agentgym.host.netutil import free_port_pair
@@ -47,6 +48,7 @@ class ScriptedActor:
         apply_client(self.sock, keys)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(addr)
+        self.addr, self._unanswered = addr, 0
         self.hello = Hello(actor_id=name, hostname="h", pid=os.getpid(), model_fingerprint=fingerprint, engine="script",
                            max_groups=max_groups, session=session or name)  # fmt: skip
         self.version = 0
@@ -94,6 +96,11 @@ class ScriptedActor:
             self._beat = now
             if not self.welcomed and now - self._hello >= 2.0 and not any(isinstance(m, Reject) for m in self.got):
                 self._hello = now  # every 2 s until answered, as actors do: a connection may have lost it
+                self._unanswered += 1
+                if self._unanswered % HELLOS_BEFORE_RECONNECT == 0:  # as ControlLink.handshake does
+                    self.sock.disconnect(self.addr)
+                    time.sleep(RECONNECT_AFTER_S)
+                    self.sock.connect(self.addr)
                 self.send(self.hello)
             self.send(Heartbeat(actor_id=self.name, weight_version=self.version, stats={"capacity": float(self.hello.max_groups)}))
 

@@ -166,19 +166,27 @@ def test_ensure_model_makes_the_configured_model_once(tmp_path: Path) -> None:
 
 
 def test_expert_policy_plays_the_experts_moves_and_is_recorded(tmp_path: Path) -> None:
-    """``model.pretrain_policy = "expert"`` (the labelled "SFT on expert" rows): the transcripts are
-    the scripted expert's episodes, built as an actor builds them, and the model says so."""
+    """``model.sft_steps`` after random play, or ``model.pretrain_policy = "expert"`` alone (the
+    labelled "SFT on expert" rows): the transcripts are the scripted expert's episodes, built as an
+    actor builds them, and the model's record says which stages made it."""
     from transformers import AutoTokenizer
 
     from agentgym.envpool.envs.textcraft import TextCraft
 
     path = tmp_path / "m"
     cfg = load_config(REPO / "configs" / "envs" / "textcraft1-sft.toml",
-                      [f'model.path="{path}"', "model.pretrain_steps=2"])  # fmt: skip
-    assert cfg.model.pretrain_policy == "expert" and cfg.model.arch == "agent-tiny"
+                      [f'model.path="{path}"', "model.pretrain_steps=2", "model.sft_steps=3"])  # fmt: skip
+    assert cfg.model.pretrain_policy == "random" and cfg.model.arch == "agent-tiny"
     ensure_model(cfg)
     record = json.loads((path / "pretrain.json").read_text())
-    assert record["policy"] == "expert" and record["env"] == "textcraft" and record["steps"] == 2
+    assert record["policy"] == "expert" and record["env"] == "textcraft" and record["steps"] == 3
+    assert [(r["policy"], r["steps"]) for r in record["stages"]] == [("random", 2), ("expert", 3)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no stage's directory left behind
+    alone = load_config(REPO / "configs" / "envs" / "textcraft1-sft.toml", [f'model.path="{tmp_path / "e"}"',
+                        "model.pretrain_steps=2", "model.sft_steps=0", 'model.pretrain_policy="expert"'])  # fmt: skip
+    ensure_model(alone)
+    record = json.loads((tmp_path / "e" / "pretrain.json").read_text())
+    assert record["policy"] == "expert" and record["steps"] == 2 and "stages" not in record
     tok = AutoTokenizer.from_pretrained(path)
     env = TextCraft(depth=1, distractors=2)
     for task in range(5):

@@ -79,6 +79,10 @@ class ModelConfig(Section):
     """With ``pretrain_steps``: what plays the transcripts. ``random``: the base model (the format,
     never a good move); ``expert``: supervised fine-tuning on the envs' scripted experts, for the
     results table's rows labelled "SFT on expert", never an RL-from-base row."""
+    sft_steps: Annotated[int, Field(ge=0)] = 0
+    """With ``create_tiny``: after ``pretrain_steps``, train the model this many steps more on the
+    envs' scripted experts' play (supervised fine-tuning on expert; the results table's rows
+    labelled "SFT on expert", never an RL-from-base row). 0: none."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Training and inference dtype (float32 on CPU)."""
 

@@ -187,7 +187,8 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
 def ensure_model(cfg: Any) -> None:
     """With ``model.create_tiny``: make the demo model ``model.arch`` at ``model.path`` if it has
     none, then, with ``model.pretrain_steps``, pretrain it on random play of the run's envs (by
-    their weights; their experts' play with ``model.pretrain_policy = "expert"``). A model already there is left alone, whatever made it."""
+    their weights; their experts' play with ``model.pretrain_policy = "expert"``), and then, with
+    ``model.sft_steps``, on their experts' play. A model already there is left alone, whatever made it."""
     path = Path(cfg.model.path)
     if not cfg.model.create_tiny or (path / "config.json").exists():
         return
@@ -202,8 +203,10 @@ def ensure_model(cfg: Any) -> None:
         else:
             make_agent_model(where, arch, seed=cfg.run.seed)
 
-    log.info("creating_tiny_model", path=str(path), arch=arch, pretrain_steps=cfg.model.pretrain_steps)
-    if not cfg.model.pretrain_steps:
+    log.info("creating_tiny_model", path=str(path), arch=arch, pretrain_steps=cfg.model.pretrain_steps,
+             sft_steps=cfg.model.sft_steps)  # fmt: skip
+    stages = [(n, policy) for n, policy in ((cfg.model.pretrain_steps, cfg.model.pretrain_policy), (cfg.model.sft_steps, "expert")) if n]
+    if not stages:
         make(path)
         return
     raw = path.with_name(f"{path.name}.random-{os.getpid()}")
@@ -213,7 +216,12 @@ def ensure_model(cfg: Any) -> None:
            for s in cfg.env.specs]  # fmt: skip
     target: str | EnvMix = mix[0][0] if len(mix) == 1 else mix
     try:
-        pretrain_on_play(raw, path, target, mix[0][1] if len(mix) == 1 else None, steps=cfg.model.pretrain_steps,
-                         seed=cfg.run.seed, turns=cfg.model.pretrain_turns, policy=cfg.model.pretrain_policy)  # fmt: skip
+        records = []
+        for i, (steps, policy) in enumerate(stages):  # the model appears at ``path`` after the last
+            records.append(pretrain_on_play(raw, path if i == len(stages) - 1 else raw, target,
+                                            mix[0][1] if len(mix) == 1 else None, steps=steps, seed=cfg.run.seed,
+                                            turns=cfg.model.pretrain_turns, policy=policy))  # fmt: skip
+        if len(records) > 1:
+            (path / "pretrain.json").write_text(json.dumps({**records[-1], "stages": records}, indent=1))
     finally:
         shutil.rmtree(raw, ignore_errors=True)

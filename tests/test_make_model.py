@@ -61,6 +61,12 @@ def test_pretraining_takes_the_envs_options_and_its_policy(tmp_path: Path, capsy
                  "--pretrain-env-options", '{"depth": 1, "distractors": 2}', "--pretrain-policy", "expert", str(out)]) == 0  # fmt: skip
     record = json.loads((out / "pretrain.json").read_text())
     assert record["env_kwargs"] == {"depth": 1, "distractors": 2} and record["policy"] == "expert", record
+    assert main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "2", "--sft-steps", "1", "--pretrain-env",
+                 "textcraft", "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "two")]) == 0  # fmt: skip
+    record = json.loads((tmp_path / "two" / "pretrain.json").read_text())
+    assert [(r["policy"], r["steps"]) for r in record["stages"]] == [("random", 2), ("expert", 1)], record
+    with pytest.raises(SystemExit, match="--sft-steps must be >= 0, got -1"):
+        main(["make-model", "--arch", "agent-tiny", "--sft-steps", "-1", str(tmp_path / "x")])
     for options, said in (("{depth: 1}", "is not JSON"), ("[1]", "must be a JSON object")):
         with pytest.raises(SystemExit, match=said):
             main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",

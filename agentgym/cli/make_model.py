@@ -51,6 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrain-turns", type=int, default=6, metavar="N", help="turns per random-play transcript")
     p.add_argument("--pretrain-policy", choices=["random", "expert"], default="random",
                    help="what plays the transcripts: random (a base model) or the env's scripted expert (SFT on expert)")
+    p.add_argument("--sft-steps", type=int, default=0, metavar="N",
+                   help="then train it N steps more on the env's scripted expert's play (SFT on expert)")
     p.add_argument("out", type=Path, help="output directory")
 
 
@@ -130,14 +132,15 @@ def _env_options(text: str, env: str) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     if args.pretrain_turns < 1:
         raise SystemExit(f"make-model: --pretrain-turns must be >= 1, got {args.pretrain_turns}")
-    if args.pretrain_steps < 0:
-        raise SystemExit(f"make-model: --pretrain-steps must be >= 0, got {args.pretrain_steps}")
+    for flag, n in (("--pretrain-steps", args.pretrain_steps), ("--sft-steps", args.sft_steps)):
+        if n < 0:
+            raise SystemExit(f"make-model: {flag} must be >= 0, got {n}")
     options = _env_options(args.pretrain_env_options, args.pretrain_env)
-    out = make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype if not args.pretrain_steps else "float32")
-    if args.pretrain_steps:
-        from agentgym.models.base import pretrain_on_play
+    stages = [(n, policy) for n, policy in ((args.pretrain_steps, args.pretrain_policy), (args.sft_steps, "expert")) if n]
+    out = make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype if not stages else "float32")
+    if stages:
+        from agentgym.models.base import pretrain_in_stages
 
-        pretrain_on_play(out, out, args.pretrain_env, options, steps=args.pretrain_steps, seed=args.seed,
-                         turns=args.pretrain_turns, policy=args.pretrain_policy)
+        pretrain_in_stages(out, out, args.pretrain_env, options, stages, seed=args.seed, turns=args.pretrain_turns)
     print(out)
     return 0

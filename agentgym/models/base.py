@@ -184,6 +184,21 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
     return record
 
 
+def pretrain_in_stages(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None,
+                       stages: Sequence[tuple[int, str]], *, seed: int, turns: int) -> dict[str, Any]:  # fmt: skip
+    """``pretrain_on_play`` for each (steps, policy) of ``stages`` in turn: random play, then the
+    expert's (``model.sft_steps``). The model appears at ``out_dir`` after the last stage; its
+    ``pretrain.json`` lists every stage under ``stages`` when there are several."""
+    records = []
+    for i, (steps, policy) in enumerate(stages):
+        last = i == len(stages) - 1
+        records.append(pretrain_on_play(model_dir, out_dir if last else model_dir, env_name, env_kwargs, steps=steps,
+                                        seed=seed, turns=turns, policy=policy))  # fmt: skip
+    if len(records) > 1:
+        (out_dir / "pretrain.json").write_text(json.dumps({**records[-1], "stages": records}, indent=1))
+    return records[-1]
+
+
 def ensure_model(cfg: Any) -> None:
     """With ``model.create_tiny``: make the demo model ``model.arch`` at ``model.path`` if it has
     none, then, with ``model.pretrain_steps``, pretrain it on random play of the run's envs (by
@@ -216,12 +231,7 @@ def ensure_model(cfg: Any) -> None:
            for s in cfg.env.specs]  # fmt: skip
     target: str | EnvMix = mix[0][0] if len(mix) == 1 else mix
     try:
-        records = []
-        for i, (steps, policy) in enumerate(stages):  # the model appears at ``path`` after the last
-            records.append(pretrain_on_play(raw, path if i == len(stages) - 1 else raw, target,
-                                            mix[0][1] if len(mix) == 1 else None, steps=steps, seed=cfg.run.seed,
-                                            turns=cfg.model.pretrain_turns, policy=policy))  # fmt: skip
-        if len(records) > 1:
-            (path / "pretrain.json").write_text(json.dumps({**records[-1], "stages": records}, indent=1))
+        pretrain_in_stages(raw, path, target, mix[0][1] if len(mix) == 1 else None, stages, seed=cfg.run.seed,
+                           turns=cfg.model.pretrain_turns)  # fmt: skip
     finally:
         shutil.rmtree(raw, ignore_errors=True)

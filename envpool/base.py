@@ -52,6 +52,31 @@ def split_of(task_id: int) -> str | None:
     return next((split for split, ids in _PROCEDURAL.items() if task_id in ids), None)
 
 
+def int_in(value: object, lo: int, hi: int) -> bool:
+    """Whether an option's value is an integer (not a bool) from ``lo`` to ``hi``."""
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def curriculum_option(env: str, key: str, values: object, lo: int, hi: int) -> list[int] | None:
+    """A curriculum option of a procedural env (maze's ``train_sizes``, TextCraft's
+    ``train_distractors``): None, or a non-empty list of integers from ``lo`` to ``hi``; anything
+    else is a ValueError naming the env and the option."""
+    if values is None:
+        return None
+    if not (isinstance(values, list | tuple) and values and all(int_in(v, lo, hi) for v in values)):
+        raise ValueError(f"{env}: option {key} must be a non-empty list of integers from {lo} to {hi}, got {values!r}")
+    return list(values)
+
+
+def for_task(curriculum: list[int] | None, task_id: int, default: int) -> int:
+    """A curriculum option's value for ``task_id``: a training task takes
+    ``curriculum[task_id % len(curriculum)]``, a dev or test task (or any, without one) ``default``,
+    so training mixes in easier tasks while the held-out ones keep theirs."""
+    if curriculum is not None and split_of(task_id) == "train":
+        return curriculum[task_id % len(curriculum)]
+    return default
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one step returns. ``info`` is small and msgpack-able; ``success`` marks a solved task."""

@@ -45,7 +45,7 @@ from __future__ import annotations
 import collections
 import random
 
-from agentgym.envpool.base import Env, StepResult, split_of
+from agentgym.envpool.base import Env, StepResult, curriculum_option, for_task, int_in
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 """Direction -> (row, column) change."""
@@ -102,21 +102,15 @@ def draw(opened: dict[Cell, set[str]], size: int, me: Cell, goal: Cell) -> str:
     return "\n".join("".join(row) for row in rows)
 
 
-def _is_size(n: object) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and 2 <= n <= 30
-
-
 class Maze(Env):
     name = "maze"
 
     def __init__(self, size: int = 5, show_map: bool = False, layout: int | None = None, progress_reward: bool = False,
                  train_sizes: list[int] | None = None, **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
-        if not _is_size(size):
+        if not int_in(size, 2, 30):
             raise ValueError(f"maze: option size must be an integer from 2 to 30, got {size!r}")
-        if train_sizes is not None and not (isinstance(train_sizes, list | tuple) and train_sizes
-                                            and all(_is_size(n) for n in train_sizes)):  # fmt: skip
-            raise ValueError(f"maze: option train_sizes must be a non-empty list of integers from 2 to 30, got {train_sizes!r}")
+        self.train_sizes = curriculum_option("maze", "train_sizes", train_sizes, 2, 30)
         if not isinstance(show_map, bool):
             raise TypeError(f"maze: option show_map must be true or false, got {show_map!r}")
         if layout is not None and (not isinstance(layout, int) or isinstance(layout, bool)):
@@ -124,7 +118,6 @@ class Maze(Env):
         if not isinstance(progress_reward, bool):
             raise TypeError(f"maze: option progress_reward must be true or false, got {progress_reward!r}")
         self.size, self.show_map, self.layout, self.progress_reward = size, show_map, layout, progress_reward
-        self.train_sizes = list(train_sizes) if train_sizes is not None else None
         self._n = size  # the current task's cells per side
         self._opened: dict[Cell, set[str]] = {}
         self._me: Cell = (0, 0)
@@ -136,9 +129,7 @@ class Maze(Env):
 
     def size_of(self, task_id: int) -> int:
         """Cells per side of ``task_id``'s maze (``size``, or the curriculum's for a training task)."""
-        if self.train_sizes is not None and split_of(task_id) == "train":
-            return self.train_sizes[task_id % len(self.train_sizes)]
-        return self.size
+        return for_task(self.train_sizes, task_id, self.size)
 
     def reset(self, task_id: int) -> str:
         n = self._n = self.size_of(task_id)

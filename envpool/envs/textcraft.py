@@ -38,7 +38,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from agentgym.envpool.base import Env, StepResult, split_of
+from agentgym.envpool.base import Env, StepResult, curriculum_option, for_task, int_in
 
 RAW = (
     "oak log", "birch log", "spruce log", "cobblestone", "iron ore", "gold ore", "copper ore",
@@ -121,10 +121,6 @@ def _count(text: str) -> int | None:
     return n if 1 <= n <= MAX_COUNT else None
 
 
-def _int_in(value: object, lo: int, hi: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
-
-
 class TextCraft(Env):
     name = "textcraft"
 
@@ -132,15 +128,12 @@ class TextCraft(Env):
                  train_distractors: list[int] | None = None, **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
         for key, value, lo, hi in (("depth", depth, 1, 5), ("distractors", distractors, 0, 20)):
-            if not _int_in(value, lo, hi):
+            if not int_in(value, lo, hi):
                 raise ValueError(f"textcraft: option {key} must be an integer from {lo} to {hi}, got {value!r}")
-        if train_distractors is not None and not (isinstance(train_distractors, list | tuple) and train_distractors
-                                                  and all(_int_in(n, 0, 20) for n in train_distractors)):  # fmt: skip
-            raise ValueError(f"textcraft: option train_distractors must be a non-empty list of integers from 0 to 20, got {train_distractors!r}")
+        self.train_distractors = curriculum_option("textcraft", "train_distractors", train_distractors, 0, 20)
         if not isinstance(progress_reward, bool):
             raise TypeError(f"textcraft: option progress_reward must be true or false, got {progress_reward!r}")
         self.depth, self.distractors, self.progress_reward = depth, distractors, progress_reward
-        self.train_distractors = list(train_distractors) if train_distractors is not None else None
         self._plan_start = 1
         self._world: World | None = None
         self._inv: collections.Counter[str] = collections.Counter()
@@ -149,9 +142,7 @@ class TextCraft(Env):
 
     def distractors_of(self, task_id: int) -> int:
         """Distractor recipes in ``task_id``'s book (``distractors``, or the curriculum's for a training task)."""
-        if self.train_distractors is not None and split_of(task_id) == "train":
-            return self.train_distractors[task_id % len(self.train_distractors)]
-        return self.distractors
+        return for_task(self.train_distractors, task_id, self.distractors)
 
     def reset(self, task_id: int) -> str:
         self._world = make_world(task_id, self.depth, self.distractors_of(task_id))

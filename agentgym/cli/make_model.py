@@ -136,11 +136,12 @@ def run(args: argparse.Namespace) -> int:
         if n < 0:
             raise SystemExit(f"make-model: {flag} must be >= 0, got {n}")
     options = _env_options(args.pretrain_env_options, args.pretrain_env)
-    stages = [(n, policy) for n, policy in ((args.pretrain_steps, args.pretrain_policy), (args.sft_steps, "expert")) if n]
-    out = make_model(args.arch, args.out, seed=args.seed, dtype=args.dtype if not stages else "float32")
-    if stages:
+    trained = bool(args.pretrain_steps or args.sft_steps)
+    out = make_model(args.arch, args.out, seed=args.seed, dtype="float32" if trained else args.dtype)
+    if trained:
         from agentgym.models.base import pretrain_in_stages
 
-        pretrain_in_stages(out, out, args.pretrain_env, options, stages, seed=args.seed, turns=args.pretrain_turns)
+        pretrain_in_stages(out, out, args.pretrain_env, options, steps=args.pretrain_steps, policy=args.pretrain_policy,
+                           sft_steps=args.sft_steps, seed=args.seed, turns=args.pretrain_turns)  # fmt: skip
     print(out)
     return 0

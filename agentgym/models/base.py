@@ -184,16 +184,20 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
     return record
 
 
-def pretrain_in_stages(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None,
-                       stages: Sequence[tuple[int, str]], *, seed: int, turns: int) -> dict[str, Any]:  # fmt: skip
-    """``pretrain_on_play`` for each (steps, policy) of ``stages`` in turn: random play, then the
-    expert's (``model.sft_steps``). The model appears at ``out_dir`` after the last stage; its
-    ``pretrain.json`` lists every stage under ``stages`` when there are several."""
+def pretrain_in_stages(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None, *,
+                       steps: int, policy: str, sft_steps: int, seed: int, turns: int) -> dict[str, Any]:  # fmt: skip
+    """``pretrain_on_play``: ``steps`` of ``policy``'s play, then ``sft_steps`` of the expert's
+    (``model.sft_steps``), each stage only if it has steps (at least one must). The model appears
+    at ``out_dir`` after the last stage; its ``pretrain.json`` lists every stage under ``stages``
+    when there are two."""
+    stages = [(n, p) for n, p in ((steps, policy), (sft_steps, "expert")) if n]
+    if not stages:
+        raise ValueError("pretrain_in_stages: steps and sft_steps are both 0")
     records = []
-    for i, (steps, policy) in enumerate(stages):
+    for i, (n, p) in enumerate(stages):
         last = i == len(stages) - 1
-        records.append(pretrain_on_play(model_dir, out_dir if last else model_dir, env_name, env_kwargs, steps=steps,
-                                        seed=seed, turns=turns, policy=policy))  # fmt: skip
+        records.append(pretrain_on_play(model_dir, out_dir if last else model_dir, env_name, env_kwargs, steps=n,
+                                        seed=seed, turns=turns, policy=p))  # fmt: skip
     if len(records) > 1:
         (out_dir / "pretrain.json").write_text(json.dumps({**records[-1], "stages": records}, indent=1))
     return records[-1]
@@ -220,8 +224,7 @@ def ensure_model(cfg: Any) -> None:
 
     log.info("creating_tiny_model", path=str(path), arch=arch, pretrain_steps=cfg.model.pretrain_steps,
              sft_steps=cfg.model.sft_steps)  # fmt: skip
-    stages = [(n, policy) for n, policy in ((cfg.model.pretrain_steps, cfg.model.pretrain_policy), (cfg.model.sft_steps, "expert")) if n]
-    if not stages:
+    if not (cfg.model.pretrain_steps or cfg.model.sft_steps):
         make(path)
         return
     raw = path.with_name(f"{path.name}.random-{os.getpid()}")
@@ -231,7 +234,8 @@ def ensure_model(cfg: Any) -> None:
            for s in cfg.env.specs]  # fmt: skip
     target: str | EnvMix = mix[0][0] if len(mix) == 1 else mix
     try:
-        pretrain_in_stages(raw, path, target, mix[0][1] if len(mix) == 1 else None, stages, seed=cfg.run.seed,
+        pretrain_in_stages(raw, path, target, mix[0][1] if len(mix) == 1 else None, steps=cfg.model.pretrain_steps,
+                           policy=cfg.model.pretrain_policy, sft_steps=cfg.model.sft_steps, seed=cfg.run.seed,
                            turns=cfg.model.pretrain_turns)  # fmt: skip
     finally:
         shutil.rmtree(raw, ignore_errors=True)

@@ -345,7 +345,7 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     bounds = SocketBounds.from_config(cfg)  # frame caps and receive queue from the run's limits
     async with open_hub(lc.bind, keys=ServerKeys.load(lc.secret_key, lc.authorized_keys), insecure=lc.insecure,
                         max_msg_bytes=bounds.control_frame, weights_max_bytes=bounds.weights_frame,
-                        inbox_size=bounds.inbox_messages) as hub:  # fmt: skip
+                        inbox_size=bounds.inbox_messages, peer_timeout_s=lc.actor_timeout_s) as hub:  # fmt: skip
         learner = Learner(cfg, run_dir, trainer, hub)
         if extra is not None:
             learner.restore(extra)

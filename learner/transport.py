@@ -240,8 +240,11 @@ class Hub:
     """The control inbox on the trio thread and the weight server's thread; see the module docstring."""
 
     def __init__(self, bind: str, inbox_size: int = 1024, max_msg_bytes: int | None = None,
-                 keys: ServerKeys | None = None, weights_max_bytes: int | None = None) -> None:  # fmt: skip
+                 keys: ServerKeys | None = None, weights_max_bytes: int | None = None,
+                 peer_timeout_s: float | None = None) -> None:  # fmt: skip
         self.bind = bind
+        self.peer_timeout_s = peer_timeout_s
+        """Control connections silent this long, ZeroMQ's own pings unanswered, are closed (below)."""
         self.keys = keys
         self.inbox_size = inbox_size
         self.max_msg_bytes = max_msg_bytes or max_frame_bytes()
@@ -275,7 +278,7 @@ class Hub:
     # ---------------------------------------------------------------- trio thread
     def open(self) -> None:
         try:
-            self._control = self._make_router(self.bind, rcvhwm=self.inbox_size)
+            self._control = self._make_router(self.bind, rcvhwm=self.inbox_size, peer_timeout_s=self.peer_timeout_s)
         except zmq.ZMQError as exc:
             raise OSError(f"learner cannot bind {self.bind}: {exc}") from None
         self.inbox = Inbox(self._control, user_ids=self.keys is not None)
@@ -306,8 +309,15 @@ class Hub:
             pass
 
     # ---------------------------------------------------------------- both sockets
-    def _make_router(self, addr: str, rcvhwm: int = 10_000, max_bytes: int | None = None) -> zmq.Socket:
+    def _make_router(self, addr: str, rcvhwm: int = 10_000, max_bytes: int | None = None,
+                     peer_timeout_s: float | None = None) -> zmq.Socket:  # fmt: skip
         s = self._ctx.socket(zmq.ROUTER)
+        if peer_timeout_s is not None:
+            # ZMTP pings, answered by the peer's ZeroMQ thread: a connection whose host died (no FIN,
+            # no RST) is closed after peer_timeout_s, and with it the routing id it held, which the
+            # ROUTER would otherwise keep until TCP gives up, never reading a new connection under it.
+            s.setsockopt(zmq.HEARTBEAT_IVL, max(100, int(peer_timeout_s * 1000 / 4)))
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(peer_timeout_s * 1000))
         s.setsockopt(zmq.MAXMSGSIZE, max_bytes or self.max_msg_bytes)  # refuse oversized frames before reading them
         s.setsockopt(zmq.LINGER, 2000)
         s.setsockopt(zmq.SNDHWM, 10_000)
@@ -373,16 +383,18 @@ class Hub:
 @asynccontextmanager
 async def open_hub(
     bind: str, max_msg_bytes: int | None = None, *, keys: ServerKeys | None = None, insecure: bool = False,
-    inbox_size: int = 1024, weights_max_bytes: int | None = None,
+    inbox_size: int = 1024, weights_max_bytes: int | None = None, peer_timeout_s: float | None = None,
 ) -> AsyncIterator[Hub]:
     """Bind the control socket here and start the weights thread; close both on exit.
 
     ``inbox_size``: messages ZeroMQ holds per actor that the learner has not read yet, before
     that actor's sends wait. With ``keys`` both ROUTERs are CURVE servers behind a ZAP
     authenticator; without them a non-loopback ``bind`` is refused unless ``insecure``
-    (agentgym/auth/server.py)."""
+    (agentgym/auth/server.py). ``peer_timeout_s``: control connections whose peer's ZeroMQ has
+    not answered for this long are closed (learner.actor_timeout_s: an actor's host that died)."""
     check_bind(bind, keys, insecure)
-    hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys, weights_max_bytes=weights_max_bytes)
+    hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys, weights_max_bytes=weights_max_bytes,
+              peer_timeout_s=peer_timeout_s)  # fmt: skip
     auth = None
     thread: threading.Thread | None = None
     try:

@@ -6,7 +6,8 @@ One run, driven by ``agentgym.cli.chaos.Scenario``:
     (no --model, no config): they take the learner's model path from its Welcome;
   - one actor's link is cut for longer than ``learner.actor_timeout_s``, then restored: the
     learner drops it and re-issues its tickets; the actor re-registers by itself;
-  - the other actor is SIGKILLed and a new one started;
+  - the other actor's host dies (link down, process SIGKILLed) and a new process takes its id on
+    another host: ZeroMQ's pings free the id the dead connection held;
   - the learner is SIGKILLed and restarted with ``--resume``; the actors find it by themselves;
   - training runs to the end, and summary.json accounts for every issued ticket.
 
@@ -126,10 +127,18 @@ def test_learner_and_actors_on_three_hosts_survive_cuts_and_kills(tmp_path: Path
         at = sc.step()
         sc.wait(lambda: sc.step() >= at + 1, 300, "a step after the link came back")
 
-        # An actor dies without a word; a new one takes its place.
+        # An actor's host dies without a word (its link down, then the process killed: no FIN, no
+        # RST ever reaches the learner), and a new process takes its place under the same id on
+        # another host. The learner drops the old one after actor_timeout_s; ZeroMQ's pings close
+        # the dead connection, which held the id (a ROUTER never reads a connection that comes
+        # under an id it still holds), so the new one is read and registers.
+        gone = lambda: [e for e in sc.events("actor_lost") if e["actor_id"] == a2]  # noqa: E731
+        net.cut("a2")
         sc.kill(sc.actors[a2])
-        a3 = sc.start_actor("a2")
-        sc.wait(lambda: any(e["actor_id"] == a3 for e in sc.events("actor_joined")), 240, "the new actor")
+        sc.wait(lambda: bool(gone()), 120, "actor_lost for a2")
+        joins = len([e for e in sc.events("actor_joined") if e["actor_id"] == a2])
+        a3 = sc.start_actor("a1", actor_id=a2)
+        sc.wait(lambda: len([e for e in sc.events("actor_joined") if e["actor_id"] == a3]) > joins, 240, "the new actor")
 
         # The learner dies after a checkpoint and past it (so some trained groups are lost).
         sc.wait(lambda: bool(sc.checkpoints()) and sc.step() > sc.checkpoints()[-1], 400, "a step past a checkpoint")

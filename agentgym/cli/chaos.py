@@ -83,10 +83,11 @@ class Scenario:
                     *[a for o in [*self.overrides, *extra] for a in ("-o", o)]]  # fmt: skip
         self.learner = self.net.spawn("learner", argv, self.learner_home, self.work / "consoles" / "learner.log", self.env)
 
-    def start_actor(self, host: str, extra: list[str] = []) -> str:  # noqa: B006 - never mutated
-        """A new actor process on ``host`` (new id); returns its id. ``extra``: more ``-o`` overrides."""
+    def start_actor(self, host: str, extra: list[str] = [], actor_id: str | None = None) -> str:  # noqa: B006
+        """A new actor process on ``host`` (a new id, or ``actor_id``); returns its id. ``extra``: more
+        ``-o`` overrides (never mutated)."""
         self.started += 1
-        actor_id = f"{host}-{self.started}"
+        actor_id = actor_id or f"{host}-{self.started}"
         argv = [sys.executable, "-m", "agentgym.actors.main", "--learner", self.address, "--actor-id", actor_id,
                 "--run-dir", str(self.actor_home / host), "-o", f'actor.engine="{self.engine}"',
                 "-o", "actor.env_workers=4",  # 4 processes, not 16: an actor starts faster on 2 cores

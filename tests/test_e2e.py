@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from agentgym.host.netutil import free_port_pair
+from agentgym.observe.logs import read_events
 from agentgym.models.tiny import FALLBACK_CORPUS, default_corpus, make_default_tiny_model, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,11 +281,11 @@ def test_an_actor_killed_mid_run_is_replaced_and_a_late_actor_joins(tiny_model: 
         _, alive = psutil.wait_procs(a_family, timeout=60)
         assert not alive, f"actor a's children outlived it: {[(p.pid, p.name()) for p in alive]}"
         wait_for(lambda: "actor_lost" in (logs / "learner.log").read_text(), "the learner to notice")
-        # c has its engine and the learner's weights: 30 more steps, then stop the run (a new
-        # actor starts with a small grant; on an idle machine 10 steps passed before its first group)
+        # c has its engine and the learner's weights; the run stops once a step has trained on a
+        # group of c's (the learner's per-step logprob_agreement names the actors it trained on)
         wait_for(lambda: "weights_updated" in (logs / "c.log").read_text(), "the late actor's first weights")
-        n = steps_done()
-        wait_for(lambda: steps_done() >= n + 30, "30 steps with the late actor")
+        wait_for(lambda: any("c" in e["means"] for e in read_events(run_dir / "logs" / "learner.jsonl", "logprob_agreement")),
+                 "a step trained on the late actor's groups")  # fmt: skip
         learner.send_signal(signal.SIGINT)
         learner.wait(timeout=120)
         for p in (b, c):

@@ -100,3 +100,22 @@ def test_ensure_model_makes_the_configured_arch_on_the_run_s_envs(tmp_path: Path
     assert record["env"] == "maze" and record["env_kwargs"] == {"size": 3} and record["turns"] == 2
     config = json.loads((path / "config.json").read_text())
     assert config["hidden_size"] == SIZES["agent-tiny"]["hidden_size"] and config["vocab_size"] > 1000
+
+
+def test_a_config_s_base_model_is_the_same_model_each_time_it_is_made(tmp_path: Path) -> None:
+    """The results table's rows are rebuilt by making their base anew (model.create_tiny): the same
+    config must give the same tokenizer and the same weights, bit for bit, or a row's figures
+    belong to a model nobody can make again."""
+    from safetensors.torch import load_file
+
+    made = []
+    for name in ("a", "b"):
+        cfg = load_config(REPO / "configs" / "envs" / "maze3.toml", [f'model.path="{tmp_path / name}"', 'model.arch="agent-tiny"',
+                                                                     "model.pretrain_steps=2", "model.pretrain_turns=3"])  # fmt: skip
+        ensure_model(cfg)
+        made.append(tmp_path / name)
+    a, b = (load_file(str(m / "model.safetensors")) for m in made)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert (made[0] / "tokenizer.json").read_text() == (made[1] / "tokenizer.json").read_text()
+    ra, rb = (json.loads((m / "pretrain.json").read_text()) for m in made)
+    assert {k: v for k, v in ra.items() if k != "seconds"} == {k: v for k, v in rb.items() if k != "seconds"}

@@ -135,7 +135,8 @@ class LiveLearner:
                 for a in actors:
                     a.step(5)
                 for v in sorted(join or {}):
-                    if actors and actors[0].version >= v:
+                    # any actor's view: one may be reconnecting (unanswered Hellos) while another trains
+                    if any(a.version >= v for a in actors):
                         actors.append(join.pop(v)())  # type: ignore[union-attr]
         finally:
             if self.proc.poll() is None:

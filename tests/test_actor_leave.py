@@ -59,7 +59,7 @@ def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves
         # Without hand-over: SIGTERM once the learner trained a group of its (so its engine has
         # sampled tokens, which env_pool_started alone does not promise), and it leaves at once.
         a2 = sc.start_actor("a2", ["actor.handover=false"])
-        sc.wait(lambda: any(a2 in e["means"] for e in sc.events("logprob_agreement")), 400, "a group of the second actor")
+        sc.wait(lambda: sc.trained_on(a2), 400, "a group of the second actor")
         sc.actors[a2].send_signal(15)
         assert sc.actors[a2].wait(timeout=120) == 0, sc.tail(a2)
 

@@ -45,6 +45,12 @@ FAST = [
 """Small timeouts and batches: failures are detected in seconds and steps come quickly."""
 
 
+def trained_on(run_dir: Path, actor_id: str) -> bool:
+    """Whether the learner of ``run_dir`` has taken a step on a group of ``actor_id``'s: its
+    per-step ``logprob_agreement`` (learner/flight_recorder.py) names the actors it trained on."""
+    return any(actor_id in e["means"] for e in read_events(run_dir / "logs" / "learner.jsonl", "logprob_agreement"))
+
+
 class Scenario:
     """One learner host and actor hosts, real processes, driven step by step."""
 
@@ -118,6 +124,9 @@ class Scenario:
 
     def events(self, name: str) -> list[dict]:  # type: ignore[type-arg]
         return read_events(self.run_dir / "logs" / "learner.jsonl", name)
+
+    def trained_on(self, actor_id: str) -> bool:
+        return trained_on(self.run_dir, actor_id)
 
     def checkpoints(self) -> list[int]:
         return sorted(int(p.parent.parent.name.split("_")[1]) for p in self.run_dir.glob("checkpoints/step_*/trainer/state.pt"))

@@ -1,7 +1,7 @@
 """Stragglers against a live learner process: a heartbeating actor that holds its tickets and
-never answers, and an honest actor ten times slower than the others. Training keeps stepping to
-the end in both, every ticket is accounted for in ``summary.json``, and the slow actor's late
-answers are acknowledged ``duplicate`` and counted, never lost.
+never answers, and an honest actor ten times slower than the others (3 s a group against 0.3 s).
+Training keeps stepping to the end in both, every ticket is accounted for in ``summary.json``, and
+the slow actor's late answers are acknowledged ``duplicate`` and counted, never lost.
 """
 
 from __future__ import annotations
@@ -61,11 +61,15 @@ def test_an_actor_ten_times_slower_is_counted_not_lost_and_training_keeps_steppi
     with LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.3",
                      "learner.ticket_deadline_max_s=5", "learner.ticket_deadline_factor=2") as ln:  # fmt: skip
         ctx = zmq.Context()
-        fast = [ScriptedActor(ctx, ln.addr, f"fast{i}", delay_s=0.1, fingerprint=ln.fingerprint, group_size=GROUP) for i in range(2)]
+        # 0.3 s and 3 s a group: the learner times a fast actor's turnaround as its delay plus the
+        # learner's and the poll loop's latency, which a loaded machine stretches, and the slow
+        # actor's first deadline is twice the fast ones' turnaround. Against 0.1 s and 1 s that
+        # latency alone could let the slow actor's first answers arrive in time (none overdue).
+        fast = [ScriptedActor(ctx, ln.addr, f"fast{i}", delay_s=0.3, fingerprint=ln.fingerprint, group_size=GROUP) for i in range(2)]
         made: list[ScriptedActor] = []
 
         def slow() -> ScriptedActor:  # joins once the fast ones have answered: its first deadline is theirs
-            made.append(ScriptedActor(ctx, ln.addr, "slow", delay_s=1.0, fingerprint=ln.fingerprint, group_size=GROUP))
+            made.append(ScriptedActor(ctx, ln.addr, "slow", delay_s=3.0, fingerprint=ln.fingerprint, group_size=GROUP))
             return made[0]
 
         try:

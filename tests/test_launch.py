@@ -8,7 +8,7 @@ import time
 import pytest
 
 from agentgym.config import Config
-from agentgym.cli.launch import _spawn
+from agentgym.cli.launch import BIND, _spawn, actor_cores
 
 
 @pytest.mark.parametrize("nice", [0, 7])
@@ -29,3 +29,34 @@ def test_actor_nice_is_bounded():
     assert Config.model_validate({"launch": {"actor_nice": 19}}).launch.actor_nice == 19
     with pytest.raises(ValueError, match="actor_nice"):
         Config.model_validate({"launch": {"actor_nice": 20}})
+
+
+def test_spawned_process_gets_the_environment_it_was_given(tmp_path):
+    p = _spawn("http.server", ["0", "--bind", "127.0.0.1"], tmp_path / "console.log", env={BIND: "1"})
+    try:
+        time.sleep(0.2)
+        assert p.poll() is None, (tmp_path / "console.log").read_text()
+        environ = dict(kv.split("=", 1) for kv in open(f"/proc/{p.pid}/environ").read().split("\0") if "=" in kv)
+        assert environ[BIND] == "1" and environ["PATH"] == os.environ["PATH"]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_actor_cores_gives_each_actor_a_share_of_its_own():
+    assert actor_cores(2, [0, 1]) == ["0", "1"]
+    assert actor_cores(3, list(range(8))) == ["0,1,2", "3,4,5", "6,7"]  # the first ones a core larger
+    assert actor_cores(1, [2, 3, 5]) == ["2,3,5"]
+    assert actor_cores(4, [0, 1]) == ["0", "1", "0", "1"]  # more actors than cores: round robin
+    shares = actor_cores(5, list(range(16)))
+    flat = [int(c) for share in shares for c in share.split(",")]
+    assert sorted(flat) == list(range(16)) and len(set(flat)) == 16  # every core once, none shared
+    with pytest.raises(ValueError, match="no cores"):
+        actor_cores(2, [])
+
+
+def test_actor_cores_setting_is_checked():
+    assert Config().launch.actor_cores == "engine"
+    assert Config.model_validate({"launch": {"actor_cores": "split"}}).launch.actor_cores == "split"
+    with pytest.raises(ValueError, match="actor_cores"):
+        Config.model_validate({"launch": {"actor_cores": "spread"}})

@@ -25,16 +25,40 @@ from agentgym.config import Config
 log = structlog.get_logger(__name__)
 
 
-def _spawn(module: str, args: list[str], console: Path | None = None, nice: int = 0) -> subprocess.Popen:
+BIND = "VLLM_CPU_OMP_THREADS_BIND"
+"""vLLM's CPU cores for its worker's threads (a GPU engine ignores it)."""
+
+
+def _spawn(module: str, args: list[str], console: Path | None = None, nice: int = 0,
+           env: dict[str, str] | None = None) -> subprocess.Popen:  # fmt: skip
     """Start ``python -m module``; with ``console``, its stdout and stderr go to that file; ``nice``
-    is added to the child's niceness (inherited by everything it starts)."""
+    is added to the child's niceness (inherited by everything it starts); ``env`` is added to the
+    environment the child inherits."""
     cmd = [sys.executable, "-m", module, *args]
     preexec = (lambda: os.nice(nice)) if nice else None
+    child_env = {**os.environ, **env} if env else None
     if console is None:
-        return subprocess.Popen(cmd, preexec_fn=preexec)
+        return subprocess.Popen(cmd, preexec_fn=preexec, env=child_env)
     console.parent.mkdir(parents=True, exist_ok=True)
     with console.open("ab") as out:  # the child keeps its own handle
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec)
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec, env=child_env)
+
+
+def actor_cores(actors: int, cores: list[int]) -> list[str]:
+    """Each local actor's ``VLLM_CPU_OMP_THREADS_BIND``: ``cores`` cut into ``actors`` contiguous
+    slices (the first ones a core larger when they do not divide evenly); with fewer cores than
+    actors, one core each, round robin."""
+    if not cores:
+        raise ValueError("actor_cores: no cores to share")
+    if len(cores) < actors:
+        return [str(cores[i % len(cores)]) for i in range(actors)]
+    share, extra = divmod(len(cores), actors)
+    out, start = [], 0
+    for i in range(actors):
+        n = share + (i < extra)
+        out.append(",".join(str(c) for c in cores[start : start + n]))
+        start += n
+    return out
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -60,12 +84,16 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
     consoles = [run_dir / "logs" / f"actor-local-{i}.console.log" for i in range(actors)]
     # Local actors connect to the address the learner binds (a wildcard host means this host).
     learner_addr = re.sub(r"//(\*|0\.0\.0\.0)(?=:)", "//127.0.0.1", cfg.learner.bind)
+    # launch.actor_cores = "split": each actor's vLLM engine on cores of its own; left to vLLM,
+    # every engine process binds the same cores (docs/engines.md, "Cores").
+    split = cfg.launch.actor_cores == "split" and cfg.actor.engine == "vllm" and BIND not in os.environ and actors > 1
+    binds = actor_cores(actors, sorted(os.sched_getaffinity(0))) if split else []
     for i in range(actors):
         procs.append(_spawn("agentgym.actors.main", [*common, "--learner", learner_addr, "--run-dir", str(run_dir), "--log-level",
                                                      actor_log_level, "--actor-id", f"local-{i}"], consoles[i],
-                            nice=cfg.launch.actor_nice))
+                            nice=cfg.launch.actor_nice, env={BIND: binds[i]} if binds else None))
     log.info("launched", learner_pid=learner.pid, actor_pids=[p.pid for p in procs[1:]], run_dir=str(run_dir),
-             actor_consoles=str(run_dir / "logs"))  # fmt: skip
+             actor_consoles=str(run_dir / "logs"), actor_cores=binds or None)  # fmt: skip
     reported: set[int] = set()
 
     def report_failed_actors() -> None:

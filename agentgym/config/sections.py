@@ -270,6 +270,15 @@ class LaunchConfig(Section):
     """CPU niceness added to the local actors (and their engines and env workers): on a host
     where they share cores with the learner, a higher value lets the learner's step take the CPU
     it needs first, so an asynchronous learner is not slowed by the generation it overlaps."""
+    actor_cores: Literal["engine", "split"] = "engine"
+    """How the local actors' vLLM engines share this host's CPU cores (an engine on a CPU; a GPU
+    engine ignores it). engine: vLLM's own choice, which is the same cores for every engine
+    process (on a 2-core host, core 0 for the engines and core 1 for the learner: as fast as split
+    for maze3 with two actors, 10.7 against 11.0 s a step). split: each actor binds its engine to
+    a share of its own of the cores the launcher may use (``VLLM_CPU_OMP_THREADS_BIND``, a
+    contiguous slice each; one core each, round robin, with more actors than cores), for a host
+    with cores enough for every engine and the learner. A ``VLLM_CPU_OMP_THREADS_BIND`` already
+    set is left as it is (docs/engines.md, "Cores")."""
     slurm_learner_gpus: Annotated[int, Field(ge=0, le=64)] | None = None
     """``agentgym slurm``: GPUs the learner's step asks Slurm for (``srun --gpus-per-task``), on
     the job's first node. None: ``learner.dp_size`` when ``learner.device = "cuda"`` (one per

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_spawned_process_gets_the_environment_it_was_given(tmp_path):
     try:
         time.sleep(0.2)
         assert p.poll() is None, (tmp_path / "console.log").read_text()
-        environ = dict(kv.split("=", 1) for kv in open(f"/proc/{p.pid}/environ").read().split("\0") if "=" in kv)
+        environ = dict(kv.split("=", 1) for kv in Path(f"/proc/{p.pid}/environ").read_text().split("\0") if "=" in kv)
         assert environ[BIND] == "1" and environ["PATH"] == os.environ["PATH"]
     finally:
         p.kill()

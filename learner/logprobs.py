@@ -31,6 +31,22 @@ class _CausalLMOutput(Protocol):
     logits: Tensor
 
 
+def right_padded(attention_mask: Tensor) -> bool:
+    """True when every row of ``attention_mask`` [B, T] is its real tokens then padding (1s, then
+    0s). Such rows need no mask in a causal LM: a real token attends only to tokens before it, all
+    real, and its position is its index either way, so its logits are the same with the mask or
+    without (bit for bit, tests/test_logprobs.py). Without it the attention runs as plain causal
+    attention, which PyTorch's fused kernel takes (a padding mask sends it to the unfused path: a
+    [T, T] score matrix per head); that halved the learner's forward and backward on 16 rows of
+    950 tokens of agent-tiny (docs/results-log.md, 2026-12-01). Padding positions get other values
+    without the mask; every caller reads real positions only."""
+    if attention_mask.dim() != 2:
+        return False
+    real = attention_mask != 0
+    lengths = real.sum(-1, keepdim=True)
+    return bool((real == (torch.arange(real.shape[1], device=real.device) < lengths)).all())
+
+
 def _check(fn: str, logits: Tensor, token_ids: Tensor, temperature: float) -> None:
     if logits.dim() != 3 or token_ids.shape != logits.shape[:2]:
         raise ValueError(f"{fn}: need logits [B, T, V] and token_ids [B, T], got "
@@ -193,7 +209,7 @@ def sequence_logprobs(
         needed = needed.bool() & (attention_mask != 0)
         only = _OnlyNeededRows(model, needed)
     with only or contextlib.nullcontext():
-        out: _CausalLMOutput = model(input_ids=input_ids, attention_mask=attention_mask)
+        out: _CausalLMOutput = model(input_ids=input_ids, attention_mask=None if right_padded(attention_mask) else attention_mask)
     if only is not None and only.hit and needed is not None:
         _check("sequence_logprobs", out.logits, input_ids[:, 1:][needed[:, 1:]][None], temperature)
         logp, ent = _needed_logprobs(out.logits[0], input_ids, needed, temperature, return_entropy, banned)

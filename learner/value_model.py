@@ -26,6 +26,8 @@ import structlog
 import torch
 from torch import Tensor
 
+from agentgym.learner.logprobs import right_padded
+
 log = structlog.get_logger(__name__)
 
 ValueModelKind = Literal["shared", "separate"]
@@ -67,7 +69,8 @@ class SeparateValueModel(torch.nn.Module):
 
     def state_values(self, hidden: Tensor | None, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """[B, T] V of the state after each token (``hidden`` is ignored)."""
-        out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        mask = None if right_padded(attention_mask) else attention_mask  # the fused causal kernel (learner/logprobs.py)
+        out = self.body(input_ids=input_ids, attention_mask=mask, use_cache=False)
         return self.head(out.last_hidden_state)
 
 

@@ -193,3 +193,29 @@ class _Fixed(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):  # type: ignore[no-untyped-def]
         return type("Out", (), {"logits": self.logits})()
+
+
+def test_right_padded_rows_run_without_a_mask_and_give_the_same_logprobs(tmp_path) -> None:  # noqa: ANN001
+    """learner/logprobs.right_padded: rows that are real tokens then padding need no attention
+    mask in a causal LM, so sequence_logprobs runs them without one (the fused causal kernel);
+    their logprobs and gradients are those of the masked forward. A row padded on the left is
+    not right-padded and keeps its mask."""
+    from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "m", corpus=FALLBACK_CORPUS, seed=0))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 150, (3, 12), generator=g)
+    mask = torch.tensor([[1] * 12, [1] * 7 + [0] * 5, [1] * 3 + [0] * 9])
+    assert lp_mod.right_padded(mask) and lp_mod.right_padded(torch.ones(2, 4))
+    assert not lp_mod.right_padded(torch.tensor([[0, 1, 1], [1, 1, 1]])) and not lp_mod.right_padded(torch.tensor([[1, 0, 1]]))
+    ours = sequence_logprobs(model, ids, mask, 1.0)
+    ours.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    masked = model(input_ids=ids, attention_mask=mask).logits  # what it ran before: the masked forward
+    ref = torch.where(mask != 0, reference(masked, ids), 0.0)
+    ref.sum().backward()
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
+    for a, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)

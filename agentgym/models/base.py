@@ -83,8 +83,10 @@ def lm_loss(model: Any, episodes: list[list[int]], pad_id: int) -> Any:
     ids = torch.tensor([[int(t) for t in e] + [pad_id] * (width - len(e)) for e in episodes], dtype=torch.long)
     real = torch.tensor([[True] * len(e) + [False] * (width - len(e)) for e in episodes])
     # The output head only at real positions: padding is most of a mixed batch's width, and the
-    # head (vocabulary x hidden) is the largest matrix of the small models.
-    hidden = model.model(ids, attention_mask=real.long()).last_hidden_state[:, :-1]
+    # head (vocabulary x hidden) is the largest matrix of the small models. The rows are
+    # right-padded, so no attention mask is needed (learner/logprobs.right_padded says why): the
+    # attention runs on PyTorch's fused causal kernel.
+    hidden = model.model(ids).last_hidden_state[:, :-1]
     keep = real[:, 1:]
     logits = model.lm_head(hidden[keep])
     return torch.nn.functional.cross_entropy(logits, ids[:, 1:][keep])

@@ -13,10 +13,17 @@ with the list of actions and counts as a turn.
     options:  levels: str | list[str] | None = None   level names, "GoToLocal" or "BabyAI-GoToLocal-v0",
                                   as a list or comma-separated ("GoToLocal,PickupLoc", for config
                                   files); None = PAPER_LEVELS (the 19 levels of the BabyAI paper)
+              progress_reward: bool = False   also reward each action by the progress it makes:
+                                  (d_before - d_after) / d_start, d the fewest actions the
+                                  mission still needs (envpool/envs/babyai_progress.py: turns and
+                                  steps to face the object, + 1 to pick it up); GoTo and Pickup
+                                  missions only (others are refused at reset). Success is still
+                                  the mission's alone.
     task id:  level = levels[task_id % len(levels)], seed = task_id  (minigrid's reset(seed=...))
     reward:   BabyAI's: 1 - 0.9 * turns / max_steps on success (turns include invalid actions),
-              else 0; done on success and after the level's max_steps turns (truncated, "out
-              of time"); only minigrid's strict ``...Debug`` levels can also end on a failed mission
+              else 0, plus the progress above if asked; done on success and after the level's
+              max_steps turns (truncated, "out of time"); only minigrid's strict ``...Debug``
+              levels can also end on a failed mission
     expert:   minigrid's BabyAIBot, kept in step with the actions actually taken
 
 The multi-room levels (GoTo, BossLevel, ...) need hundreds of primitive actions; for short
@@ -32,6 +39,7 @@ import random
 from typing import Any
 
 from agentgym.envpool.base import Env, StepResult
+from agentgym.envpool.envs import babyai_progress
 
 PAPER_LEVELS = (
     "GoToObj", "GoToRedBallGrey", "GoToRedBall", "GoToLocal", "PutNextLocal", "PickupLoc",
@@ -113,8 +121,14 @@ def describe_view(env: Any) -> str:
 class BabyAI(Env):
     name = "babyai"
 
-    def __init__(self, levels: str | list[str] | tuple[str, ...] | None = None, **kwargs: object) -> None:
+    def __init__(self, levels: str | list[str] | tuple[str, ...] | None = None, progress_reward: bool = False,
+                 **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
+        if not isinstance(progress_reward, bool):
+            raise TypeError(f"babyai: option progress_reward must be true or false, got {progress_reward!r}")
+        self.progress_reward = progress_reward
+        self._to_go: int | None = None  # with progress_reward: the actions the mission needs now
+        self._start_to_go = 1
         import gymnasium
         import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
         from minigrid.utils.baby_ai_bot import BabyAIBot
@@ -161,7 +175,22 @@ class BabyAI(Env):
         self._done = False
         self._bot = None
         self._taken = self._suggestion = None
+        if self.progress_reward:
+            if not babyai_progress.supported(self._env):
+                raise ValueError(f"babyai: option progress_reward needs GoTo or Pickup missions; level {level} "
+                                 f"(task {task_id}) has {self._env.mission!r}")  # fmt: skip
+            self._to_go = babyai_progress.actions_to_go(self._env)
+            self._start_to_go = max(1, self._to_go or 1)
         return f"Your mission: {self._env.mission}.\n{describe_view(self._env)}"
+
+    def _progress(self) -> float:
+        """This step's share of the way (progress_reward), from the distance before it."""
+        if not self.progress_reward:
+            return 0.0
+        before, self._to_go = self._to_go, babyai_progress.actions_to_go(self._env)
+        if before is None or self._to_go is None:
+            return 0.0
+        return (before - self._to_go) / self._start_to_go
 
     def instructions(self) -> str:
         mission = f" Your mission: {self._env.mission}." if self._env is not None else ""
@@ -187,11 +216,13 @@ class BabyAI(Env):
         _, reward, terminated, _, _ = env.step(a)
         feedback = self._feedback(a, before)
         if terminated and reward > 0:
+            # The mission's last action: its progress is the rest of the way (d_after 0).
+            progress = self._to_go / self._start_to_go if self.progress_reward and self._to_go is not None else 0.0
             reward = 1.0 - 0.9 * self._turns / env.max_steps
-            return self._finish(f"{feedback} Mission complete!", reward, terminated=True, success=True)
+            return self._finish(f"{feedback} Mission complete!", reward + progress, terminated=True, success=True)
         if terminated:
             return self._finish(f"{feedback} Mission failed.", 0.0, terminated=True)
-        return self._finish(f"{feedback}\n{describe_view(env)}", 0.0, terminated=False)
+        return self._finish(f"{feedback}\n{describe_view(env)}", self._progress(), terminated=False)
 
     def _finish(self, text: str, reward: float, *, terminated: bool, success: bool = False,
                 valid: bool = True) -> StepResult:  # fmt: skip

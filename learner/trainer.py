@@ -281,6 +281,8 @@ class Trainer(TrainerState):
             gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
             whiten=lc.whiten_advantages, baseline=lc.baseline, turn_discount=lc.turn_discount, step_weight=lc.step_advantage_weight,
         )  # fmt: skip
+        if lc.negative_advantage_scale != 1.0:
+            adv = torch.where(adv < 0, adv * lc.negative_advantage_scale, adv)
         weights = b.loss_mask * StalenessRule.from_config(cfg).token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
         if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)

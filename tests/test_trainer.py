@@ -318,3 +318,25 @@ def test_a_batch_without_gradient_leaves_the_weights_alone(model_dir: Path) -> N
         p.grad = torch.zeros_like(p)
     tr.optimizer.step()
     assert not all(torch.equal(v, weights[k]) for k, v in tr.model.state_dict().items())
+
+
+
+def test_negative_advantage_scale_zero_trains_only_what_beat_its_baseline(model_dir: Path) -> None:
+    """learner.negative_advantage_scale = 0: tokens below their baseline get no gradient. Each
+    group answers BAD four times with rewards (0, 0, -1, -1): two advantages above the mean, two
+    below, on the same token after the same prompt. Two-sided, they cancel (no gradient);
+    with 0, only the two above the mean are trained and BAD's probability rises."""
+
+    def batch() -> list[Rollout]:
+        return [Rollout(group_id=f"n{gi}", actor_id="a", env="bandit", task_id=gi,
+                        episodes=[episode(p, [[BAD]], [r], version=0) for r in (0.0, 0.0, -1.0, -1.0)])
+                for gi, p in enumerate(PROMPTS)]  # fmt: skip
+
+    two_sided = Trainer.load(make_cfg(model_dir))
+    before = [good_logprob(two_sided.model, p, BAD) for p in PROMPTS]
+    assert two_sided.train_step(batch())["grad_norm"] < 1e-6  # float residue of an exact cancellation
+    up_only = Trainer.load(make_cfg(model_dir, "learner.negative_advantage_scale=0"))
+    m = up_only.train_step(batch())
+    assert m["grad_norm"] > 1e-2 and m["optimizer_steps"] == 1
+    after = [good_logprob(up_only.model, p, BAD) for p in PROMPTS]
+    assert all(a > b + 0.1 for a, b in zip(after, before, strict=True)), (before, after)

@@ -161,6 +161,13 @@ class LearnerConfig(Section):
     discounted by ``turn_discount`` per turn. 0: off. Multi-turn envs whose episodes revisit
     states (maze, BabyAI, TextCraft): a move's credit then comes from what followed it from that
     state, not from the whole episode's outcome alone. GiGPO used 1 with a discount of 0.95."""
+    negative_advantage_scale: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """Negative advantages are multiplied by this (1: the estimator's advantages as they are; 0:
+    only tokens that did better than their baseline are trained, a filtered, advantage-weighted
+    behaviour cloning of the policy's own samples). A small model's output layer spreads the
+    probability a negative advantage takes off a sampled token over its whole vocabulary, tokens
+    that are not actions among it; with 0 nothing is ever pushed down and the policy moves only
+    toward what it did well (docs/results.md, "How the rows learn")."""
     gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
     """GAE's lambda (ppo)."""
     truncation: Literal["bootstrap", "terminal"] = "bootstrap"

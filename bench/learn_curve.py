@@ -45,6 +45,13 @@ from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 
 EVAL_EPISODES = 4
 
+LOOP_OVERRIDES = ('learner.device="cpu"', "learner.threads=0")
+"""Config overrides of every run of this loop (and of bench/results.py's and scaling_inter.py's):
+the CPU, and torch's own thread count for the trainer. The loop samples and trains in turn, so the
+trainer has the machine to itself while it trains, where ``agentgym train``'s learner shares the
+cores with the actors' engines (the row configs' ``learner.threads = 1``): on 2 cores, a maze5
+step's training took 5-7 s instead of 7-10 (docs/results-log.md, 2026-12-01)."""
+
 
 class RequestSeeded:
     """Any engine with one sampling seed per request (group/episode/turn), so that concurrent
@@ -172,7 +179,7 @@ def main() -> int:
     from agentgym.models.tiny import make_default_tiny_model
 
     for seed in [int(s) for s in args.seeds.split(",")]:
-        overrides = [f"run.seed={seed}", 'learner.device="cpu"', "model.create_tiny=false", f'actor.engine="{args.engine}"',
+        overrides = [f"run.seed={seed}", *LOOP_OVERRIDES, "model.create_tiny=false", f'actor.engine="{args.engine}"',
                      *args.override]  # fmt: skip
         if args.steps is not None:
             overrides.append(f"run.max_steps={args.steps}")

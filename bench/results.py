@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_curve import EVAL_EPISODES, REPO, train_curve  # noqa: E402
+from learn_curve import EVAL_EPISODES, LOOP_OVERRIDES, REPO, train_curve  # noqa: E402
 
 from agentgym.config import Config, load_config  # noqa: E402
 
@@ -64,7 +64,7 @@ def config(row: str, seed: int, overrides: list[str]) -> Config:
     path = REPO / "configs" / "envs" / f"{row}.toml"
     if not path.exists():
         raise SystemExit(f"results: --rows: no config {path}; rows are {', '.join(ROWS)}")
-    return load_config(path, [f"run.seed={seed}", 'learner.device="cpu"', *overrides])
+    return load_config(path, [f"run.seed={seed}", *LOOP_OVERRIDES, *overrides])
 
 
 def scripted(cfg: Config, policy: str, tasks: int, episodes: int, seed: int = 0) -> dict:

@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_curve import REPO, train_curve  # noqa: E402
+from learn_curve import LOOP_OVERRIDES, REPO, train_curve  # noqa: E402
 
 from agentgym.config import load_config  # noqa: E402
 
@@ -86,13 +86,13 @@ def main() -> int:
 
     short, mid, long = (int(x) for x in args.limits.split(","))
     base = ["env.kwargs={ low = 1, high = 8 }", "rollout.max_tokens_per_turn=1", "rollout.group_size=8",
-            "learner.batch_groups=4", f"run.max_steps={args.steps}", 'learner.device="cpu"', "model.create_tiny=false"]  # fmt: skip
+            "learner.batch_groups=4", f"run.max_steps={args.steps}", *LOOP_OVERRIDES, "model.create_tiny=false"]  # fmt: skip
     if args.row:
         from agentgym.models.base import ensure_model
 
         args.config = REPO / "configs" / "envs" / f"{args.row}.toml"
         ensure_model(load_config(args.config, [*args.override]))
-        base = [f"run.max_steps={args.steps}", 'learner.device="cpu"', "model.create_tiny=false"]
+        base = [f"run.max_steps={args.steps}", *LOOP_OVERRIDES, "model.create_tiny=false"]
     for seed in [int(s) for s in args.seeds.split(",")]:
         for arm in args.arms.split(","):
             limits = arms(args.steps, short, mid, long)[arm]

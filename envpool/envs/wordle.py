@@ -9,6 +9,12 @@ the list gains or loses entries.
     options:  length: int = 5 (4..7)          letters per word
               max_guesses: int = 6 (1..20)
               word_list: str = WORD_LIST      a file with one word per line
+              progress_reward: bool = False   also reward each guess by what it tells:
+                                  (ln|C_before| - ln|C_after|) / ln|C_start|, C the words of the
+                                  list consistent with every feedback so far (C_start the whole
+                                  list); a guess that rules nothing out gets 0, the answer the rest
+                                  of the way (C_after = {answer}), so a solved game's shares sum
+                                  to 1. Success is still guessing the word.
     task ids: train 0..n_train-1 (an id below 2**30 wraps onto them), dev and test from 2**30 on,
               as ``Env.tasks(split)`` lists them; the word of an id is the id-th word of its split
               in alphabetical order, so it depends on the list's version.
@@ -31,6 +37,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -106,9 +113,13 @@ def _options(length: object, max_guesses: object, word_list: object) -> tuple[in
 class Wordle(Env):
     name = "wordle"
 
-    def __init__(self, length: int = 5, max_guesses: int = 6, word_list: str = WORD_LIST, **kwargs: object) -> None:
+    def __init__(self, length: int = 5, max_guesses: int = 6, word_list: str = WORD_LIST, progress_reward: bool = False,
+                 **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.length, self.max_guesses, self.word_list = _options(length, max_guesses, word_list)
+        if not isinstance(progress_reward, bool):
+            raise TypeError(f"wordle: option progress_reward must be true or false, got {progress_reward!r}")
+        self.progress_reward = progress_reward
         self._splits = load_words(self.word_list, self.length)
         self._all = frozenset(w for words in self._splits.values() for w in words)
         self._sorted_all = tuple(sorted(self._all))
@@ -173,18 +184,34 @@ class Wordle(Env):
             text = f"{why}. Answer with one {self.length}-letter word. {_left(left)}"
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False, "guesses": len(self._guesses)})
         marks = feedback(guess, self._answer)
+        before = len(self._consistent()) if self.progress_reward else 0
         self._guesses.append((guess, marks))
+        # The share of the list's information this guess gave (progress_reward), 0 otherwise.
+        gain = math.log(before / len(self._consistent())) / math.log(len(self._all)) if self.progress_reward else 0.0
         info: dict[str, str | int | float | bool] = {"turns": self._turns, "guesses": len(self._guesses)}
         if guess == self._answer:
             self._done = True
-            return StepResult(f"{guess}: correct! You found the word.", 1.0, True, {**info, "success": True})
+            return StepResult(f"{guess}: correct! You found the word.", 1.0 + gain, True, {**info, "success": True})
         text = f"{guess}: " + ", ".join(f"{g} {m}" for g, m in zip(guess, marks)) + "."
         left = self.max_guesses - len(self._guesses)
         if left == 0:
             self._done = True
             return StepResult(f"{text} No guesses left; the word was {self._answer}.", 0.0, True,
                               {**info, "success": False})  # fmt: skip
-        return StepResult(f"{text} {_left(left)}", 0.0, False, info)
+        return StepResult(f"{text} {_left(left)}", gain, False, info)
+
+    def _consistent(self) -> list[str]:
+        """The words of the list consistent with every feedback so far (the expert's candidates;
+        once the answer is guessed, the answer alone)."""
+        if self._guesses and self._guesses[-1][0] == self._answer:
+            return [self._answer]
+        cands = self._candidates
+        for guess, marks in self._guesses[self._filtered :]:
+            code = sum(_MARK[m] * 3 ** (self.length - 1 - i) for i, m in enumerate(marks))
+            keep = patterns(_codes((guess,)), _codes(tuple(cands)))[0] == code
+            cands = [w for w, k in zip(cands, keep) if k]
+        self._candidates, self._filtered = cands, len(self._guesses)
+        return cands
 
     def random_action(self, rng: random.Random) -> str:
         # Any word of the list (the action space), whatever the feedback said.
@@ -193,12 +220,7 @@ class Wordle(Env):
     def expert_action(self) -> str:
         if self._answer is None or self._done:
             return self._sorted_all[0]
-        cands = self._candidates
-        for guess, marks in self._guesses[self._filtered :]:
-            code = sum(_MARK[m] * 3 ** (self.length - 1 - i) for i, m in enumerate(marks))
-            keep = patterns(_codes((guess,)), _codes(tuple(cands)))[0] == code
-            cands = [w for w, k in zip(cands, keep) if k]
-        self._candidates, self._filtered = cands, len(self._guesses)
+        cands = self._consistent()
         left = self.max_guesses - len(self._guesses)
         if len(cands) <= 2 or left == 1:
             return cands[0]

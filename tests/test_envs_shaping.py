@@ -1,0 +1,46 @@
+"""Progress rewards of the game envs that have them beyond maze and TextCraft: Wordle's
+information share (envpool/envs/wordle.py, ``progress_reward``)."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from agentgym.envpool.envs.wordle import Wordle, feedback
+
+SMALL = str(Path(__file__).resolve().parents[1] / "configs" / "envs" / "wordle-small.txt")
+
+
+def _consistent(words: list[str], history: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """The words consistent with every feedback, by the rules themselves (no shortcut)."""
+    return [w for w in words if all(feedback(g, w) == m for g, m in history)]
+
+
+def test_wordle_progress_is_the_share_of_information_and_success_stays_the_word() -> None:
+    plain, paid = Wordle(word_list=SMALL), Wordle(word_list=SMALL, progress_reward=True)
+    words = sorted(paid._all)
+    rng = random.Random(0)
+    for task in [*Wordle.tasks("test", word_list=SMALL)][:4] + [*Wordle.tasks("train", word_list=SMALL)][:4]:
+        assert paid.reset(task) == plain.reset(task)
+        answer, history, total = paid.word(task), [], 0.0
+        for turn in range(6):
+            guess = paid.expert_action() if turn % 2 else rng.choice(words)  # informative or not
+            before = len(_consistent(words, history))
+            r, r_plain = paid.step(guess), plain.step(guess)
+            assert r.observation == r_plain.observation and r.done == r_plain.done
+            history.append((guess, feedback(guess, answer)))
+            after = 1 if guess == answer else len(_consistent(words, history))
+            share = math.log(before / after) / math.log(len(words))
+            assert r.reward == pytest.approx(r_plain.reward + share)
+            total += share
+            if r.done:
+                break
+        if r.info.get("success"):
+            assert total == pytest.approx(1.0)  # the whole list's information, once solved
+    paid.reset(0)
+    assert paid.step("zzzzz").reward == 0.0  # not a word: nothing learnt, nothing paid
+    with pytest.raises(TypeError, match="progress_reward must be true or false"):
+        Wordle(word_list=SMALL, progress_reward=1)

@@ -35,7 +35,7 @@ def right_padded(attention_mask: Tensor) -> bool:
     """True when every row of ``attention_mask`` [B, T] is its real tokens then padding (1s, then
     0s). Such rows need no mask in a causal LM: a real token attends only to tokens before it, all
     real, and its position is its index either way, so its logits are the same with the mask or
-    without (bit for bit, tests/test_logprobs.py). Without it the attention runs as plain causal
+    without, up to float rounding between the two kernels (tests/test_logprobs.py). Without it the attention runs as plain causal
     attention, which PyTorch's fused kernel takes (a padding mask sends it to the unfused path: a
     [T, T] score matrix per head); that halved the learner's forward and backward on 16 rows of
     950 tokens of agent-tiny (docs/results-log.md, 2026-12-01). Padding positions get other values

@@ -281,13 +281,13 @@ class Trainer(TrainerState):
             gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
             whiten=lc.whiten_advantages, baseline=lc.baseline, turn_discount=lc.turn_discount, step_weight=lc.step_advantage_weight,
         )  # fmt: skip
-        if lc.negative_advantage_scale != 1.0:
-            adv = torch.where(adv < 0, adv * lc.negative_advantage_scale, adv)
         weights = b.loss_mask * StalenessRule.from_config(cfg).token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
         if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
             ratio = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)
             adv = importance_recentred(adv, weights * truncated_weights(ratio, lc.tis_cap, lc.tis_reject_above), b.group_index)
+        if lc.negative_advantage_scale != 1.0:  # last: on the advantages the loss reads, baselines and all
+            adv = torch.where(adv < 0, adv * lc.negative_advantage_scale, adv)
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in

@@ -317,8 +317,33 @@ def test_maze_progress_reward_pays_the_share_of_the_way_and_success_stays_the_go
         plain.reset(task)
         assert [plain.step(plain.expert_action()).reward for _ in range(start)] == [0.0] * (start - 1) + [1.0]
     assert stepped_away >= 3  # the step away and back was tried on several tasks
-    with pytest.raises(TypeError, match="progress_reward must be true or false"):
-        Maze(size=5, progress_reward=1)
+    for bad in (1, "yes"):
+        with pytest.raises(ValueError, match='progress_reward must be false, true, "path" or "record", got'):
+            Maze(size=5, progress_reward=bad)
+
+
+def test_maze_record_progress_pays_only_new_ground_nearer_the_goal() -> None:
+    path, record = Maze(size=5, progress_reward="path"), Maze(size=5, progress_reward="record")
+    tried = 0
+    for task in range(12):
+        assert record.reset(task) == path.reset(task)
+        start = record._to_goal[record._me]
+        away = [d for d in sorted(record._opened[record._me]) if record._to_goal[_moved(record, d)] > start]
+        if not away:
+            continue
+        tried += 1
+        there_and_back = [f"move {away[0]}", f"move {OPPOSITE[away[0]]}"] * 2  # a wrong turn, twice
+        assert [record.step(a).reward for a in there_and_back] == [0.0] * 4
+        assert [path.step(a).reward for a in there_and_back] == pytest.approx([-1 / start, 1 / start] * 2)
+        toward = record.expert_action()
+        assert record.step(toward).reward == pytest.approx(1 / start)  # new ground, nearer: paid
+        back = toward.replace(toward.split()[1], OPPOSITE[toward.split()[1]])
+        assert [record.step(back).reward, record.step(toward).reward] == [0.0, 0.0]  # known ground: not again
+        rewards = []
+        while not (r := record.step(record.expert_action())).done:
+            rewards.append(r.reward)
+        assert r.info["success"] and sum(rewards) + r.reward == pytest.approx(2.0 - 1 / start)  # the rest, and 1
+    assert tried >= 3
 
 
 def _moved(env: Maze, d: str) -> tuple[int, int]:

@@ -18,12 +18,19 @@ the four directions are open; with ``show_map`` it also draws the whole maze:
                                           the right move is a function of where the agent and
                                           the goal are; None: a new maze per task, which the
                                           agent must explore (only the open sides are shown)
-              progress_reward: bool = False   also reward each move by the progress it makes:
-                                          (d_before - d_after) / d_start, d the length of the
-                                          maze's path to the goal; the moves of an episode sum to
-                                          the share of the way it covered (1 at the goal), a move
-                                          back takes its share away, a wall or an unknown command
-                                          gives 0. Success is still only reaching the goal.
+              progress_reward: bool | str = False   also reward each move by the progress it
+                                          makes: true (or "path"): (d_before - d_after) / d_start,
+                                          d the length of the maze's path to the goal; the moves
+                                          of an episode sum to the share of the way it covered (1
+                                          at the goal), a move back takes its share away, a wall
+                                          or an unknown command gives 0. "record": only a move
+                                          that brings the agent nearer the goal than it has been
+                                          this episode is paid, (d_best - d_after) / d_start; a
+                                          wrong turn, the way back out of it and a walk over
+                                          known ground earn 0 (with "path", going back out of a
+                                          dead end is paid as much as the wrong turn cost, so
+                                          back-and-forth is paid too). Both sum to 1 at the goal.
+                                          Success is still only reaching the goal.
               train_sizes: list[int] | None = None   a curriculum of sizes: a training task's
                                           maze has train_sizes[task_id % len(train_sizes)] cells
                                           per side, a dev or test task's has ``size``; the
@@ -105,7 +112,7 @@ def draw(opened: dict[Cell, set[str]], size: int, me: Cell, goal: Cell) -> str:
 class Maze(Env):
     name = "maze"
 
-    def __init__(self, size: int = 5, show_map: bool = False, layout: int | None = None, progress_reward: bool = False,
+    def __init__(self, size: int = 5, show_map: bool = False, layout: int | None = None, progress_reward: bool | str = False,
                  train_sizes: list[int] | None = None, **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
         if not int_in(size, 2, 30):
@@ -115,15 +122,20 @@ class Maze(Env):
             raise TypeError(f"maze: option show_map must be true or false, got {show_map!r}")
         if layout is not None and (not isinstance(layout, int) or isinstance(layout, bool)):
             raise TypeError(f"maze: option layout must be an integer seed or absent, got {layout!r}")
-        if not isinstance(progress_reward, bool):
-            raise TypeError(f"maze: option progress_reward must be true or false, got {progress_reward!r}")
-        self.size, self.show_map, self.layout, self.progress_reward = size, show_map, layout, progress_reward
+        if not (isinstance(progress_reward, bool) or progress_reward in ("path", "record")):
+            raise ValueError(
+                f'maze: option progress_reward must be false, true, "path" or "record", got {progress_reward!r}'
+            )
+        self.size, self.show_map, self.layout = size, show_map, layout
+        self.progress_reward = "path" if progress_reward is True else (progress_reward or "")
+        """The progress paid: "" (none), "path" or "record"."""
         self._n = size  # the current task's cells per side
         self._opened: dict[Cell, set[str]] = {}
         self._me: Cell = (0, 0)
         self._goal: Cell = (0, 0)
         self._to_goal: dict[Cell, int] = {}
         self._start_distance = 1
+        self._best = 1  # the nearest the agent has been to the goal this episode
         self._turns = 0
         self._done = True
 
@@ -140,7 +152,7 @@ class Maze(Env):
         far = max(dist.values())
         self._goal = rng.choice(sorted(cell for cell, d in dist.items() if d >= max(1, far // 2)))
         self._to_goal = distances(self._opened, self._goal)  # the expert's map, computed once
-        self._start_distance = self._to_goal[self._me]  # >= 1: the goal is never the start
+        self._start_distance = self._best = self._to_goal[self._me]  # >= 1: the goal is never the start
         self._turns = 0
         self._done = False
         return self._describe()
@@ -178,9 +190,13 @@ class Maze(Env):
         if d not in self._opened[self._me]:
             return StepResult(f"You hit a wall.\n{self._describe()}", 0.0, False, {"turns": self._turns})
         dr, dc = MOVES[d]
-        before = self._to_goal[self._me]
+        before = self._to_goal[self._me] if self.progress_reward == "path" else self._best
         self._me = (self._me[0] + dr, self._me[1] + dc)
-        progress = (before - self._to_goal[self._me]) / self._start_distance if self.progress_reward else 0.0
+        after = self._to_goal[self._me]
+        progress = 0.0
+        if self.progress_reward == "path" or (self.progress_reward == "record" and after < before):
+            progress = (before - after) / self._start_distance
+        self._best = min(self._best, after)
         if self._me == self._goal:
             self._done = True
             text = f"You reached the goal at {self._where(self._goal)}!"

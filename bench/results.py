@@ -45,11 +45,11 @@ from learn_curve import EVAL_EPISODES, LOOP_OVERRIDES, REPO, train_curve  # noqa
 
 from agentgym.config import Config, load_config  # noqa: E402
 
-ROWS = ("maze3", "maze3-map", "maze5", "textcraft1", "textcraft1-sft", "textcraft2", "wordle", "babyai", "deepsearch",
+ROWS = ("maze3", "maze3-map", "maze5", "maze5-sft", "textcraft1", "textcraft1-sft", "textcraft2", "wordle", "babyai", "deepsearch",
         "sciworld", "webshop")  # fmt: skip
 """Rows of the table, in order: configs/envs/<row>.toml."""
 
-SFT_ROWS = {"textcraft1-sft": "textcraft1"}
+SFT_ROWS = {"maze5-sft": "maze5", "textcraft1-sft": "textcraft1"}
 """Labelled rows whose model is trained on the expert's play (``model.pretrain_policy = "expert"``),
 and the row they stand beside: their "base" arm is SFT on expert and their "base + RL" arm SFT + RL.
 The bar is for RL from a base model, so they are never judged by it."""

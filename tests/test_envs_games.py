@@ -337,7 +337,7 @@ def test_maze_record_progress_pays_only_new_ground_nearer_the_goal() -> None:
         assert [path.step(a).reward for a in there_and_back] == pytest.approx([-1 / start, 1 / start] * 2)
         toward = record.expert_action()
         assert record.step(toward).reward == pytest.approx(1 / start)  # new ground, nearer: paid
-        back = toward.replace(toward.split()[1], OPPOSITE[toward.split()[1]])
+        back = f"move {OPPOSITE[toward.split()[1]]}"
         assert [record.step(back).reward, record.step(toward).reward] == [0.0, 0.0]  # known ground: not again
         rewards = []
         while not (r := record.step(record.expert_action())).done:

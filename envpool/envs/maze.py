@@ -190,12 +190,11 @@ class Maze(Env):
         if d not in self._opened[self._me]:
             return StepResult(f"You hit a wall.\n{self._describe()}", 0.0, False, {"turns": self._turns})
         dr, dc = MOVES[d]
-        before = self._to_goal[self._me] if self.progress_reward == "path" else self._best
+        before = self._to_goal[self._me]
         self._me = (self._me[0] + dr, self._me[1] + dc)
         after = self._to_goal[self._me]
-        progress = 0.0
-        if self.progress_reward == "path" or (self.progress_reward == "record" and after < before):
-            progress = (before - after) / self._start_distance
+        gained = {"path": before - after, "record": max(0, self._best - after)}.get(self.progress_reward, 0)
+        progress = gained / self._start_distance
         self._best = min(self._best, after)
         if self._me == self._goal:
             self._done = True

@@ -8,7 +8,9 @@ The loop is tests/test_algorithms_learn.py's, without sockets: the transformers 
 on a real EnvPool, the learner's ``Trainer.train_step`` trains on each batch, and the new weights
 go into the engine before the next batch. It is synchronous (staleness 0, and the engine is the
 learner's own float32 model, so π_prox/μ = 1): what it measures is the optimisation itself
-(learning rate, clip, loss), not the off-policy correction. Held-out success is measured every
+(learning rate, clip, loss), not the off-policy correction. ``--overlap`` plays the next batch
+while the trainer steps on this one (every batch one version stale, as with actors beside a
+learner; still the same run every time). Held-out success is measured every
 ``--eval-every`` steps on ``--eval-tasks`` test tasks x 4 samples at the step's turn limit.
 
 Writes ``OUT/TAG/seed<S>.json`` (the config overrides, the held-out curve, every step's metrics,
@@ -98,13 +100,20 @@ async def play_groups(engine: object, tokenizer: object, pool: EnvPool, spec: Ro
 
 async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_limit: int | None = None,
                       log: bool = True, partial: Path | None = None, max_wall_s: float | None = None,
-                      engine_kind: str = "hf") -> dict:  # fmt: skip
+                      engine_kind: str = "hf", overlap: bool = False) -> dict:  # fmt: skip
     """Train ``cfg.run.max_steps`` steps; held-out success at step 0, every ``eval_every`` and at the end.
 
     ``eval_turn_limit``: evaluate at this turn limit (None: the schedule's limit at that step).
     ``partial``: after each evaluation the curve so far is written there (a run cut short keeps it).
     ``max_wall_s``: stop training once this much wall time has passed, then evaluate (the
-    result's ``steps`` says how many steps were taken)."""
+    result's ``steps`` says how many steps were taken).
+    ``overlap``: play the next batch while the trainer steps on this one (in a thread), as the
+    actors do beside the learner: every batch is then one version stale (trained at version v + 1,
+    played at v; the trainer's importance weights correct it) and the weights change only between
+    batches, so a run still repeats exactly. Without it the loop plays, then trains (staleness 0).
+    It measures the off-policy correction, not speed: on 2 cores it is no faster (10 maze5 steps
+    took 126 s either way; the step's training slowed from 3.2-4.0 s to 5.6-8.7 s beside the
+    sampling, which already keeps both cores busy; docs/results-log.md, 2026-12-02)."""
     from transformers import AutoTokenizer
 
     # SIGTERM unwinds like Ctrl-C, through the finally below: a vLLM engine's processes are closed
@@ -138,23 +147,39 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
             print(f"  step {step:4d} held_out {curve[-1][1]:.3f} train {m.get('success_rate', float('nan')):.3f} "
                   f"entropy {m.get('entropy', float('nan')):.2f} t {time.time() - t0:.0f}s", flush=True)  # fmt: skip
 
+    playing: asyncio.Future | None = None  # the batch being played
     await engine.start()
     await pool.start()
     try:
         await evaluate(0)
         draw = random.Random(cfg.run.seed)
-        for step in range(cfg.run.max_steps):
+
+        def play(step: int) -> asyncio.Future:
             tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
                        for g in range(cfg.learner.batch_groups)]  # fmt: skip
-            rollouts = await play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step))
-            metrics.append(trainer.train_step(rollouts))
+            return asyncio.ensure_future(play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step)))
+
+        playing = play(0)
+        for step in range(cfg.run.max_steps):
+            rollouts = await playing
+            if overlap and step + 1 < cfg.run.max_steps:
+                playing = play(step + 1)  # at the weights the batch being trained was played with
+                metrics.append(await asyncio.to_thread(trainer.train_step, rollouts))
+                await asyncio.wait([playing])  # the weights change only between batches
+            else:
+                metrics.append(trainer.train_step(rollouts))
             await engine.update_weights({k: v.detach() for k, v in trainer.model.state_dict().items()}, trainer.version)
             out_of_time = max_wall_s is not None and time.time() - t0 > max_wall_s
             if (step + 1) % eval_every == 0 or step + 1 == cfg.run.max_steps or out_of_time:
                 await evaluate(step + 1)
             if out_of_time:
                 break
+            if not overlap and step + 1 < cfg.run.max_steps:
+                playing = play(step + 1)
     finally:
+        if playing is not None and not playing.done():  # a batch played ahead that no step will train (out of time)
+            playing.cancel()
+            await asyncio.gather(playing, return_exceptions=True)
         await pool.close()
         await engine.close()
         trainer.close()
@@ -173,6 +198,7 @@ def main() -> int:
     p.add_argument("--tag", default="run")
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                    help="hf: the reference engine, exact logprobs, one request at a time; vllm: batched")
+    p.add_argument("--overlap", action="store_true", help="play the next batch while the trainer steps (one version stale)")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "curves")
     p.add_argument("--plot", action="store_true")
     args = p.parse_args()
@@ -189,8 +215,9 @@ def main() -> int:
         print(f"[{args.tag} seed {seed}] {' '.join(args.override)}", flush=True)
         out = args.out / args.tag
         res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, args.eval_turn_limit,
-                                      partial=out / f"seed{seed}.json", engine_kind=args.engine))  # fmt: skip
-        res.update(config=str(args.config), overrides=overrides, seed=seed)
+                                      partial=out / f"seed{seed}.json", engine_kind=args.engine,
+                                      overlap=args.overlap))  # fmt: skip
+        res.update(config=str(args.config), overrides=overrides, seed=seed, overlap=args.overlap)
         (out / f"seed{seed}.json").write_text(json.dumps(res))
     if args.plot:
         sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -17,15 +17,15 @@ split, ``EVAL_EPISODES`` samples each) at the config's final turn limit:
     expert     ``Env.expert_action``: the scripted ceiling (privileged state)
 
 The RL runs are bench/learn_curve.py's in-process loop: the transformers engine (``--engine vllm``:
-the actors' vLLM engine, batched) plays groups with
-the actor's rollout code on a real EnvPool and the learner's Trainer takes a step on each batch,
-synchronously (staleness 0). Results of each row go to ``OUT/<row>/`` (``arms.json``,
-``seed<S>.json``), so rows can be run separately, on different days, and the table is rebuilt
-from whatever is there; a row not run is listed as such. ``--plot`` draws the held-out curves.
-``--table-only`` also copies the rows it finds in ``OUT`` to ``--record`` (docs/results-data: the
-committed record, without the held-out transcripts and with a few metrics a step), and reads that
-record for the rows ``OUT`` does not hold, so a fresh clone rebuilds the same table; a row in
-neither keeps the line the page already has.
+the actors' vLLM engine, batched) plays groups with the actor's rollout code on a real EnvPool and
+the learner's Trainer takes a step on each batch, synchronously (staleness 0), or with
+``--overlap`` while the next batch is played (staleness 1). Results of each row go to
+``OUT/<row>/`` (``arms.json``, ``seed<S>.json``), so rows can be run separately, on different
+days, and the table is rebuilt from whatever is there; a row not run is listed as such.
+``--plot`` draws the held-out curves. ``--table-only`` also copies the rows it finds in ``OUT``
+to ``--record`` (docs/results-data: the committed record, without the held-out transcripts and
+with a few metrics a step), and reads that record for the rows ``OUT`` does not hold, so a fresh
+clone rebuilds the same table; a row in neither keeps the line the page already has.
 A row meets the bar when base + RL is >= base + 0.3, or >= 0.8 of the expert.
 """
 
@@ -120,8 +120,9 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
         print(f"[{row} seed {seed}] up to {args.steps} steps / {args.max_wall_s:.0f} s", flush=True)
         res = asyncio.run(train_curve(cfg, args.eval_every, n_eval, cfg.schedule.final_limit,
                                       partial=out / f"seed{seed}.json", max_wall_s=args.max_wall_s,
-                                      engine_kind=args.engine))  # fmt: skip
-        res.update(seed=seed, overrides=args.override, config=f"configs/envs/{row}.toml", engine=args.engine, eval_tasks=n_eval)
+                                      engine_kind=args.engine, overlap=args.overlap))  # fmt: skip
+        res.update(seed=seed, overrides=args.override, config=f"configs/envs/{row}.toml", engine=args.engine, eval_tasks=n_eval,
+                   overlap=args.overlap)  # fmt: skip
         (out / f"seed{seed}.json").write_text(json.dumps(res))
 
 
@@ -336,6 +337,8 @@ def main() -> int:
     p.add_argument("-o", "--override", action="append", default=[], help="config override for every row's runs")
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                    help="the RL runs' engine: hf (reference, exact logprobs) or vllm (batched, ~2.5x faster on maze here)")
+    p.add_argument("--overlap", action="store_true",
+                   help="play the next batch while the trainer steps (every batch one version stale; bench/learn_curve.py)")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "results")
     p.add_argument("--table", type=Path, default=None, help="write the table here (default: print it)")
     p.add_argument("--plot", type=Path, default=None, help="draw the held-out curves here (png)")

@@ -198,3 +198,21 @@ def test_expert_policy_plays_the_experts_moves_and_is_recorded(tmp_path: Path) -
         assert all(m.startswith("get ") for m in moves[:-1]) and len(moves) <= 4, moves
     with pytest.raises(ValueError, match="policy must be one of random, expert"):
         pretrain_on_play(path, tmp_path / "x", "guess_number", steps=1, policy="greedy")
+
+
+def test_pretrain_env_kwargs_are_the_options_the_base_is_played_with(tmp_path: Path) -> None:
+    """``model.pretrain_env_kwargs``: a run trained on 5x5 mazes from a base pretrained on 3x3 to
+    5x5 ones (configs/envs/maze5.toml); the run's own options stay as they were."""
+    from transformers import AutoTokenizer
+
+    cfg = load_config(REPO / "configs" / "envs" / "maze5.toml", [
+        f'model.path="{tmp_path / "m"}"', "model.pretrain_steps=2", 'env.kwargs={size=5, progress_reward="record"}',
+        "model.pretrain_env_kwargs={train_sizes=[3, 4, 5]}"])  # fmt: skip
+    ensure_model(cfg)
+    record = json.loads((tmp_path / "m" / "pretrain.json").read_text())
+    assert record["env_kwargs"] == {"size": 5, "progress_reward": "record", "train_sizes": [3, 4, 5]}
+    assert "train_sizes" not in cfg.env.kwargs
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    env = Maze(**record["env_kwargs"])
+    sizes = {re.search(r"maze of (\d) by", tok.decode(random_play(tok, env, task, 2, random.Random(0)))).group(1) for task in range(3)}
+    assert sizes == {"3", "4", "5"}

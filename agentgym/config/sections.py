@@ -75,6 +75,11 @@ class ModelConfig(Section):
     pretrain_turns: Annotated[int, Field(ge=1)] = 6
     """With ``pretrain_steps``: turns per random-play transcript (at least the run's turn limit
     teaches the format at every position the run reaches)."""
+    pretrain_env_kwargs: dict[str, Option] = {}
+    """With ``pretrain_steps``: env options the base's transcripts are played with instead of the
+    run's (merged over each env's ``kwargs``): a run that trains on one setting of an env from a
+    base pretrained on a wider one names it here (configs/envs/maze5.toml: RL on 5x5 mazes, the
+    base pretrained on 3x3 to 5x5 ones, ``{ train_sizes = [3, 4, 5] }``). Empty: the run's own."""
     pretrain_policy: Literal["random", "expert"] = "random"
     """With ``pretrain_steps``: what plays the transcripts. ``random``: the base model (the format,
     never a good move); ``expert``: supervised fine-tuning on the envs' scripted experts, for the

@@ -231,9 +231,10 @@ def ensure_model(cfg: Any) -> None:
         return
     raw = path.with_name(f"{path.name}.random-{os.getpid()}")
     make(raw)
-    # The simulated latency of the benchmarks' waiting env would only slow the transcripts down.
-    mix = [(s.name, {k: v for k, v in s.kwargs.items() if k not in ("step_latency_s", "latency_sigma")}, s.weight)
-           for s in cfg.env.specs]  # fmt: skip
+    # The simulated latency of the benchmarks' waiting env would only slow the transcripts down;
+    # model.pretrain_env_kwargs replaces the options the base is to be pretrained with otherwise.
+    mix = [(s.name, {k: v for k, v in {**s.kwargs, **cfg.model.pretrain_env_kwargs}.items()
+                     if k not in ("step_latency_s", "latency_sigma")}, s.weight) for s in cfg.env.specs]  # fmt: skip
     target: str | EnvMix = mix[0][0] if len(mix) == 1 else mix
     try:
         pretrain_in_stages(raw, path, target, mix[0][1] if len(mix) == 1 else None, steps=cfg.model.pretrain_steps,

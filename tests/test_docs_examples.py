@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentgym.envpool.pool import EnvPool
+from agentgym.envpool import registry
 from agentgym.envpool.registry import register_env
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "environments.md"
@@ -24,6 +25,9 @@ def test_the_documented_env_plays_through_the_pool(tmp_path: Path, monkeypatch: 
     (pkg / "nim.py").write_text(m.group(1))
     # The pool's workers import the module: it must be on their PYTHONPATH, as the doc says.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    # The registry is this process's: a copy for this test, so that doc_nim is gone with it (other
+    # tests list every env the process knows).
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register_env("doc_nim", "doc_envs.nim:Nim")
 
     async def play() -> tuple[list[float], list[bool], str]:

@@ -27,6 +27,7 @@ from agentgym.learner.advantages import (
     turn_baseline_advantages,
 )
 from agentgym.learner.batch import Batch
+from agentgym.config.learner import STEP_TERM_ALGORITHMS
 from agentgym.learner.losses import masked_mean, masked_whiten
 from agentgym.learner.step_groups import state_step_advantages
 
@@ -68,7 +69,7 @@ def compute_advantages(
     group that reached turn k (learner/advantages.py: turn_baseline_advantages), the outcome
     discounted by ``turn_discount`` per turn between turn k and the episode's last turn.
 
-    ``step_weight`` > 0 (grpo, rloo): plus ``step_weight`` times the step-relative advantage of the
+    ``step_weight`` > 0 (grpo, rloo, reinforce_pp): plus ``step_weight`` times the step-relative advantage of the
     turns that acted on the same observation (learner/step_groups.py; GiGPO, arXiv 2505.10978).
     """
     agent = batch.loss_mask != 0
@@ -81,8 +82,8 @@ def compute_advantages(
                                lam=lam, values=values, bootstrap=bootstrap, whiten=whiten, baseline=baseline,
                                turn_discount=turn_discount)  # fmt: skip
     if step_weight > 0:
-        if algorithm not in ("grpo", "rloo"):
-            raise ValueError(f"compute_advantages: step_weight needs 'grpo' or 'rloo', not {algorithm!r}")
+        if algorithm not in STEP_TERM_ALGORITHMS:
+            raise ValueError(f"compute_advantages: step_weight needs one of {STEP_TERM_ALGORITHMS}, not {algorithm!r}")
         adv = adv + step_weight * state_step_advantages(batch.input_ids, batch.loss_mask, token_rewards,
                                                         batch.group_index, discount=turn_discount,
                                                         std_normalize=std_normalize)  # fmt: skip

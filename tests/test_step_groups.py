@@ -106,7 +106,23 @@ def test_compute_advantages_adds_the_weighted_step_term_to_grpo() -> None:
     assert step.abs().sum() > 0
     assert torch.allclose(both, base + 0.5 * step)
     with pytest.raises(ValueError, match="step_weight needs"):
-        compute_advantages("reinforce_pp", batch, step_weight=0.5)
+        compute_advantages("ppo", batch, step_weight=0.5, values=torch.zeros_like(rew), bootstrap=torch.zeros(3))
+
+
+def test_reinforce_pp_gets_the_step_term_as_a_baseline_of_the_state() -> None:
+    # Two episodes of one task act on the same first observation; the one that took A was paid
+    # at once, the one that took B never: from that state A was the better move.
+    ids, mask = rows(ep(P, "X", A, "X"), ep(P, "Y", B, "Y"))
+    rew = torch.zeros_like(mask)
+    rew[0, 1] = 1.0
+    batch = one_group(ids, mask, rew)
+    base, _ = compute_advantages("reinforce_pp", batch, gamma=0.5)
+    both, _ = compute_advantages("reinforce_pp", batch, gamma=0.5, turn_discount=0.9, step_weight=1.0)
+    step = state_step_advantages(ids, mask, rew, batch.group_index, discount=0.9)
+    assert step[0, 1] > 0 > step[1, 1]  # the first turns share the prompt: an anchor group of two
+    assert torch.allclose(both, base + step)
+    cfg = load_config(None, ['learner.algorithm="reinforce_pp"', "learner.step_advantage_weight=1.0"])
+    assert cfg.learner.step_advantage_weight == 1.0
 
 
 def test_config_refuses_the_step_term_for_algorithms_that_credit_tokens_already() -> None:

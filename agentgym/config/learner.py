@@ -11,6 +11,13 @@ from pydantic import Field, model_validator
 from agentgym.config.sections import Section, check_tcp
 
 
+# The estimators the step-relative term (learner.step_advantage_weight) may be added to: the
+# group-relative ones, and reinforce_pp, whose per-token return has no baseline of its state (the
+# term supplies one: the other turns of the group that acted on the same observation). PPO's
+# critic is that baseline already.
+STEP_TERM_ALGORITHMS = ("grpo", "rloo", "reinforce_pp")
+
+
 class LoraConfig(Section):
     """LoRA adapters (peft): the learner trains only low-rank adapters on the base model and each
     weight version ships only them; actors serve them as LoRA adapters
@@ -154,9 +161,10 @@ class LearnerConfig(Section):
     turn_discount: Annotated[float, Field(gt=0, le=1)] = 1.0
     """grpo and rloo with baseline = "turn": the outcome is discounted by this per agent turn
     between a turn and the episode's last one, for the episode and its cohort's baseline alike,
-    so a success in fewer turns is credited more (1: every turn of an episode gets its outcome)."""
+    so a success in fewer turns is credited more (1: every turn of an episode gets its outcome);
+    with ``step_advantage_weight``, the step term's returns are discounted by it per turn too."""
     step_advantage_weight: Annotated[float, Field(ge=0)] = 0.0
-    """grpo and rloo: add this times the step-relative advantage of the turns that acted on the
+    """grpo, rloo and reinforce_pp: add this times the step-relative advantage of the turns that acted on the
     same observation within a group (GiGPO's anchor states, learner/step_groups.py), their returns
     discounted by ``turn_discount`` per turn. 0: off. Multi-turn envs whose episodes revisit
     states (maze, BabyAI, TextCraft): a move's credit then comes from what followed it from that
@@ -267,9 +275,9 @@ class LearnerConfig(Section):
         if self.filter_groups != "off" and self.algorithm not in ("grpo", "rloo"):
             raise ValueError(f"learner.filter_groups needs learner.algorithm 'grpo' or 'rloo', not {self.algorithm!r} "
                              "(its advantages are not relative to the group, so an all-equal group still carries a signal)")  # fmt: skip
-        if self.step_advantage_weight > 0 and self.algorithm not in ("grpo", "rloo"):
-            raise ValueError(f"learner.step_advantage_weight needs learner.algorithm 'grpo' or 'rloo', not {self.algorithm!r} "
-                             "(ppo and reinforce_pp credit each token already)")  # fmt: skip
+        if self.step_advantage_weight > 0 and self.algorithm not in STEP_TERM_ALGORITHMS:
+            raise ValueError(f"learner.step_advantage_weight needs learner.algorithm in {STEP_TERM_ALGORITHMS}, not "
+                             f"{self.algorithm!r} (ppo's critic is a baseline of each state already)")  # fmt: skip
         if self.algorithm == "ppo" and self.value_model == "separate" and self.dp_mode == "fsdp":
             raise ValueError("learner.value_model = 'separate' needs learner.dp_mode = 'replicate' "
                              "(sharding the separate critic with fsdp is not supported)")  # fmt: skip

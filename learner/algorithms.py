@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from agentgym.config.learner import STEP_TERM_ALGORITHMS
 from agentgym.learner.advantages import (
     broadcast_sequence_advantages,
     gae,
@@ -27,7 +28,6 @@ from agentgym.learner.advantages import (
     turn_baseline_advantages,
 )
 from agentgym.learner.batch import Batch
-from agentgym.config.learner import STEP_TERM_ALGORITHMS
 from agentgym.learner.losses import masked_mean, masked_whiten
 from agentgym.learner.step_groups import state_step_advantages
 
@@ -69,8 +69,9 @@ def compute_advantages(
     group that reached turn k (learner/advantages.py: turn_baseline_advantages), the outcome
     discounted by ``turn_discount`` per turn between turn k and the episode's last turn.
 
-    ``step_weight`` > 0 (grpo, rloo, reinforce_pp): plus ``step_weight`` times the step-relative advantage of the
-    turns that acted on the same observation (learner/step_groups.py; GiGPO, arXiv 2505.10978).
+    ``step_weight`` > 0 (grpo, rloo, reinforce_pp): plus ``step_weight`` times the step-relative
+    advantage of the turns that acted on the same observation (learner/step_groups.py; GiGPO,
+    arXiv 2505.10978).
     """
     agent = batch.loss_mask != 0
     token_rewards, seq_rewards = batch.token_rewards, batch.rewards

@@ -164,9 +164,9 @@ class LearnerConfig(Section):
     so a success in fewer turns is credited more (1: every turn of an episode gets its outcome);
     with ``step_advantage_weight``, the step term's returns are discounted by it per turn too."""
     step_advantage_weight: Annotated[float, Field(ge=0)] = 0.0
-    """grpo, rloo and reinforce_pp: add this times the step-relative advantage of the turns that acted on the
-    same observation within a group (GiGPO's anchor states, learner/step_groups.py), their returns
-    discounted by ``turn_discount`` per turn. 0: off. Multi-turn envs whose episodes revisit
+    """grpo, rloo and reinforce_pp: add this times the step-relative advantage of the turns that
+    acted on the same observation within a group (GiGPO's anchor states, learner/step_groups.py),
+    their returns discounted by ``turn_discount`` per turn. 0: off. Multi-turn envs whose episodes revisit
     states (maze, BabyAI, TextCraft): a move's credit then comes from what followed it from that
     state, not from the whole episode's outcome alone. GiGPO used 1 with a discount of 0.95."""
     negative_advantage_scale: Annotated[float, Field(ge=0, le=1)] = 1.0

@@ -58,6 +58,9 @@ class Session:
     reward: float | None = None
     success: bool | None = None
     closed: bool = False
+    name: str = ""
+    """The episode it plays ("group/index"): its calls' request ids are "agent/{name}/{call}", as
+    the native rollout names a turn "group/index/turn" (logs, per-request seeds); else the key."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -109,9 +112,9 @@ class AgentEndpoint:
             self._runner = None
 
     # ------------------------------------------------------------------ conversations
-    def open(self, trace: AgentTrace, sampling: SamplingSpec, turn_limit: int, max_tokens: int) -> Session:
+    def open(self, trace: AgentTrace, sampling: SamplingSpec, turn_limit: int, max_tokens: int, name: str = "") -> Session:
         key = secrets.token_hex(12)  # also a capability: only its agent knows it
-        s = self.sessions[key] = Session(key, trace, sampling, turn_limit, max_tokens)
+        s = self.sessions[key] = Session(key, trace, sampling, turn_limit, max_tokens, name=name)
         return s
 
     def close_session(self, session: Session) -> None:
@@ -189,7 +192,7 @@ class AgentEndpoint:
             temp = body.get("temperature")
             if self.request_temperature and isinstance(temp, (int, float)) and temp > 0:
                 spec = replace(spec, temperature=float(temp), top_p=float(body.get("top_p") or 1.0))
-            gen = await self.engine.generate(f"agent/{s.key}/{s.calls}", plan.prompt_ids, spec)
+            gen = await self.engine.generate(f"agent/{s.name or s.key}/{s.calls}", plan.prompt_ids, spec)
             if gen.finish_reason == "abort" or s.closed:
                 raise ApiError(503, "the actor is stopping", "unavailable")
             text = s.trace.record(plan, gen)

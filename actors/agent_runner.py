@@ -155,7 +155,8 @@ class AgentRunner:
                                 stop_token_ids=(eos,) if eos is not None else (),
                                 banned_token_ids=() if spec.allow_special_tokens else banned_action_ids(self.tokenizer))  # fmt: skip
         budget = min(spec.max_episode_tokens, getattr(self.engine, "max_model_len", None) or spec.max_episode_tokens)
-        session = self.endpoint.open(AgentTrace(self.tokenizer, budget), sampling, turn_limit, spec.max_tokens_per_turn)
+        session = self.endpoint.open(AgentTrace(self.tokenizer, budget), sampling, turn_limit, spec.max_tokens_per_turn,
+                                     name=f"{ticket.group_id}/{index}")
         result: Any = None
         failure = ""
         try:

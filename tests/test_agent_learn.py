@@ -3,9 +3,10 @@ agent endpoint, and ``agentgym train`` runs one end to end.
 
 - In this process, as tests/test_algorithms_learn.py does for the native path: the reference
   engine serves the endpoint, the example agent plays groups of guess_number through it (the
-  ``openai`` SDK in a thread per episode), the learner's Trainer takes a step on each batch and
-  the new weights go into the engine. Held-out success (test tasks, resolved by the runner from
-  evaluation tickets as the actor does) must rise by the same margin as the native path's.
+  ``openai`` SDK in a thread per episode; each call sampled with its own seed, from the request
+  id that names its episode and call, so the threads' timing changes nothing), the learner's
+  Trainer takes a step on each batch and the new weights go into the engine. Held-out success
+  (test tasks, resolved by the runner from evaluation tickets as the actor does) must rise by the same margin as the native path's.
 - Real processes: ``agentgym train`` with ``actor.agent_endpoint`` on, a learner and one actor
   (hf engine) over ZeroMQ: every episode arrives through the endpoint, is trained and accounted
   for, and summary.json counts the prefix breaks (none for this agent).
@@ -21,12 +22,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from learn_loop import learn
+from learn_loop import RequestSeededEngine, learn
 
 pytest.importorskip("openai")
 
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
@@ -60,7 +60,7 @@ async def train_and_evaluate(model_dir: Path) -> tuple[float, float, list[dict[s
     spec = rollout_spec(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     trainer = Trainer.load(cfg)
-    engine = HfEngine(cfg.model.path, seed=cfg.run.seed)
+    engine = RequestSeededEngine(cfg.model.path, seed=cfg.run.seed)  # the same tokens whatever the calls' order
     stats: dict[str, int] = {}
     runner = AgentRunner(AgentEndpointConfig(enabled=True, program=PROGRAM), engine, tokenizer, stats)
 

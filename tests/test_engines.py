@@ -373,10 +373,12 @@ def test_in_flight_update_resumes_with_the_new_weights(h: Harness, endless) -> N
         await e.update_weights(h.dirs["w1"], old + 1)
         return await task
 
-    # The update must land after the first tokens and before the last; how long that takes
-    # depends on the machine (a remote server streams its first token after its prefill; on an
-    # idle machine it can stream all 300 before a 50 ms wait is over).
-    for delay in (0.0, 0.01, 0.05, 0.3, 1.0, 3.0):
+    # The update must land after the first token and before the last. When that is depends on
+    # the machine and its load (a remote server streams its first token after its prefill; an
+    # idle one can stream all 300 before a 50 ms wait is over), so the wait is searched: longer
+    # after an update that came before the first token, shorter after one that came after the last.
+    lo, hi, delay = 0.0, None, 0.0
+    for _ in range(12):
         h.use("w0")
         old = e.version
         g = h.run(scenario(delay))
@@ -384,6 +386,8 @@ def test_in_flight_update_resumes_with_the_new_weights(h: Harness, endless) -> N
         k = g.versions.count(old)
         if 0 < k < 300:
             break
+        lo, hi = (delay, hi) if k == 0 else (lo, delay)
+        delay = (lo + hi) / 2 if hi is not None else max(2 * delay, 0.01)
     assert g.versions == [old] * k + [old + 1] * (len(g.token_ids) - k)
     assert 0 < k < 300, f"the update did not land mid-request (k={k})"
     assert g.token_ids[:k] == w0_greedy[:k]

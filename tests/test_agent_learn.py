@@ -6,7 +6,8 @@ agent endpoint, and ``agentgym train`` runs one end to end.
   ``openai`` SDK in a thread per episode; each call sampled with its own seed, from the request
   id that names its episode and call, so the threads' timing changes nothing), the learner's
   Trainer takes a step on each batch and the new weights go into the engine. Held-out success
-  (test tasks, resolved by the runner from evaluation tickets as the actor does) must rise by the same margin as the native path's.
+  (test tasks, resolved by the runner from evaluation tickets as the actor does) must rise by
+  the same margin as the native path's.
 - Real processes: ``agentgym train`` with ``actor.agent_endpoint`` on, a learner and one actor
   (hf engine) over ZeroMQ: every episode arrives through the endpoint, is trained and accounted
   for, and summary.json counts the prefix breaks (none for this agent).

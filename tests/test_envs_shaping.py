@@ -42,5 +42,32 @@ def test_wordle_progress_is_the_share_of_information_and_success_stays_the_word(
             assert total == pytest.approx(1.0)  # the whole list's information, once solved
     paid.reset(0)
     assert paid.step("zzzzz").reward == 0.0  # not a word: nothing learnt, nothing paid
-    with pytest.raises(TypeError, match="progress_reward must be true or false"):
-        Wordle(word_list=SMALL, progress_reward=1)
+    for bad in (1, "consistant"):
+        with pytest.raises(ValueError, match='progress_reward must be false, true, "information" or "consistent"'):
+            Wordle(word_list=SMALL, progress_reward=bad)
+
+
+def test_wordle_consistent_progress_pays_only_guesses_the_feedback_allowed() -> None:
+    """``progress_reward = "consistent"``: the same share, paid only for a guess that was still
+    possible (hard mode); one the feedback had ruled out earns nothing, whatever it tells."""
+    info = Wordle(word_list=SMALL, progress_reward="information")
+    hard = Wordle(word_list=SMALL, progress_reward="consistent")
+    words = sorted(hard._all)
+    rng = random.Random(1)
+    seen = {True: 0, False: 0}
+    for task in [*Wordle.tasks("test", word_list=SMALL)] + [*Wordle.tasks("train", word_list=SMALL)][:20]:
+        info.reset(task), hard.reset(task)
+        answer, history = hard.word(task), []
+        for turn in range(6):
+            allowed = _consistent(words, history)
+            ruled_out = [w for w in words if w not in allowed]
+            guess = rng.choice(ruled_out if turn % 2 and ruled_out else allowed)  # possible or not
+            r_info, r_hard = info.step(guess), hard.step(guess)
+            assert r_hard.observation == r_info.observation and r_hard.done == r_info.done
+            seen[guess in allowed] += 1
+            assert r_hard.reward == (r_info.reward if guess in allowed else 0.0)
+            history.append((guess, feedback(guess, answer)))
+            if r_hard.done:
+                assert r_hard.info["success"] == (guess == answer)
+                break
+    assert seen[True] > 10 and seen[False] > 10  # both kinds of guess were tried

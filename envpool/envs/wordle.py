@@ -9,12 +9,15 @@ the list gains or loses entries.
     options:  length: int = 5 (4..7)          letters per word
               max_guesses: int = 6 (1..20)
               word_list: str = WORD_LIST      a file with one word per line
-              progress_reward: bool = False   also reward each guess by what it tells:
+              progress_reward: bool | str = False   also reward each guess by what it tells:
                                   (ln|C_before| - ln|C_after|) / ln|C_start|, C the words of the
                                   list consistent with every feedback so far (C_start the whole
                                   list); a guess that rules nothing out gets 0, the answer the rest
                                   of the way (C_after = {answer}), so a solved game's shares sum
-                                  to 1. Success is still guessing the word.
+                                  to 1. true or "information": every guess; "consistent": only
+                                  a guess consistent with every feedback so far (one of C_before,
+                                  as Wordle's hard mode asks), so what is paid is reading the
+                                  feedback, never a word itself. Success is still guessing the word.
     task ids: train 0..n_train-1 (an id below 2**30 wraps onto them), dev and test from 2**30 on,
               as ``Env.tasks(split)`` lists them; the word of an id is the id-th word of its split
               in alphabetical order, so it depends on the list's version.
@@ -113,13 +116,15 @@ def _options(length: object, max_guesses: object, word_list: object) -> tuple[in
 class Wordle(Env):
     name = "wordle"
 
-    def __init__(self, length: int = 5, max_guesses: int = 6, word_list: str = WORD_LIST, progress_reward: bool = False,
-                 **kwargs: object) -> None:  # fmt: skip
+    def __init__(self, length: int = 5, max_guesses: int = 6, word_list: str = WORD_LIST,
+                 progress_reward: bool | str = False, **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.length, self.max_guesses, self.word_list = _options(length, max_guesses, word_list)
-        if not isinstance(progress_reward, bool):
-            raise TypeError(f"wordle: option progress_reward must be true or false, got {progress_reward!r}")
-        self.progress_reward = progress_reward
+        if not (isinstance(progress_reward, bool) or progress_reward in ("information", "consistent")):
+            raise ValueError(
+                f'wordle: option progress_reward must be false, true, "information" or "consistent", got {progress_reward!r}'
+            )
+        self.progress_reward = "information" if progress_reward is True else (progress_reward or "")
         self._splits = load_words(self.word_list, self.length)
         self._all = frozenset(w for words in self._splits.values() for w in words)
         self._sorted_all = tuple(sorted(self._all))
@@ -184,10 +189,12 @@ class Wordle(Env):
             text = f"{why}. Answer with one {self.length}-letter word. {_left(left)}"
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False, "guesses": len(self._guesses)})
         marks = feedback(guess, self._answer)
-        before = len(self._consistent()) if self.progress_reward else 0
+        cands = self._consistent() if self.progress_reward else []
+        before, paid = len(cands), self.progress_reward == "information" or guess in cands
         self._guesses.append((guess, marks))
-        # The share of the list's information this guess gave (progress_reward), 0 otherwise.
-        gain = math.log(before / len(self._consistent())) / math.log(len(self._all)) if self.progress_reward else 0.0
+        # The share of the list's information this guess gave (progress_reward; "consistent":
+        # only for a guess the feedback so far allowed), 0 otherwise.
+        gain = math.log(before / len(self._consistent())) / math.log(len(self._all)) if paid and before else 0.0
         info: dict[str, str | int | float | bool] = {"turns": self._turns, "guesses": len(self._guesses)}
         if guess == self._answer:
             self._done = True

@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from agentgym.host import early_signals
+
+    early_signals.hold()  # a SIGTERM while torch loads or the learner is awaited: a clean stop, with its record
     args = build_parser().parse_args(argv)
     flags = []
     if args.learner:

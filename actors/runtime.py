@@ -32,6 +32,7 @@ from agentgym.observe.memstats import peak_memory
 from agentgym.actors.transport import RECONNECT_AFTER_S, ControlLink
 from agentgym.actors.weight_sync import WeightSync
 from agentgym.auth.keys import ClientKeys, KeyFileError, load_public
+from agentgym.host import early_signals
 from agentgym.protocol.limits import actor_control_frame
 from agentgym.protocol.weights import WeightBuffers
 from agentgym.protocol import (
@@ -319,11 +320,22 @@ class Actor(WeightSync):
     async def run(self) -> Stop:
         self.rehello = asyncio.Event()
         self.resend = asyncio.Event()
-        await self.connect()
         loop = asyncio.get_running_loop()
         self.leave_asked = loop.create_future()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda s=sig: self.ask_to_leave(Stop(f"got {signal.Signals(s).name}", 0, leave=True)))
+        if (held := early_signals.take()) is not None:  # came while torch loaded (agentgym/host/early_signals.py)
+            self.ask_to_leave(Stop(f"got {held.name}", 0, leave=True))
+        # A signal while the learner is awaited ends the wait: nothing was taken, nothing to hand over.
+        connecting = asyncio.ensure_future(self.connect())
+        await asyncio.wait((connecting, self.leave_asked), return_when=asyncio.FIRST_COMPLETED)
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+            stop = self.leave_asked.result()
+            log.info("actor_leaving", reason=stop.reason, handover=False, running_groups=0, registered=False)
+            return Stop(stop.reason, stop.code)  # not registered: no Leave to send
+        connecting.result()  # its error (no learner, refused) is the actor's
 
         async def watch_signal() -> None:
             from agentgym.actors.handover import leave

@@ -152,6 +152,10 @@ def test_a_slurm_job_with_a_cancelled_actor_step_and_a_requeue_trains_to_the_end
     # One node's actor step cancelled (docs/operations.md, "On Slurm"): it is started again.
     # (Slurm 22.05's scancel signals the step, then reports "Invalid job id specified" for it:
     # its exit code says nothing; the restart below is what is checked.)
+    # Once its actor joined: one still starting stops as cleanly (tests/test_actor_early_signal.py),
+    # but this one has episodes to hand over.
+    joined = lambda: read_events(run_dir / "logs" / "learner.jsonl", "actor_joined")  # noqa: E731
+    wait(lambda: any(e["actor_id"].startswith("slurm-n3-") for e in joined()), 300, "n3's actor joined", why)
     slurm.run("scancel", "--signal=TERM", slurm.steps(job)["agentgym-actors-n3"], check=False)
     events = lambda name: read_events(run_dir / "logs" / f"slurm-{job}.jsonl", name)  # noqa: E731
     wait(
@@ -190,8 +194,7 @@ def test_a_slurm_job_with_a_cancelled_actor_step_and_a_requeue_trains_to_the_end
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == steps and summary["reason"] == "run finished"
     accounted(summary["tickets"])
-    joined = read_events(run_dir / "logs" / "learner.jsonl", "actor_joined")
-    assert {e["actor_id"].rsplit("-", 1)[0] for e in joined} == {"slurm-n2-0", "slurm-n3-0"}
+    assert {e["actor_id"].rsplit("-", 1)[0] for e in joined()} == {"slurm-n2-0", "slurm-n3-0"}
     # Every actor stopped cleanly: the cancelled one on its SIGTERM, those of the requeued job's first
     # start when its learner stopped, the two of the last start when the run finished.
     reasons = Counter(json.loads(p.read_text())["reason"] for p in (run_dir / "actors").glob("*.json"))

@@ -1,0 +1,25 @@
+"""SIGTERM before a process's event loop takes it over.
+
+An actor spends seconds importing torch and vLLM, and up to ``actor.connect_timeout_s`` waiting
+for its learner, before its loop installs its own handlers. Python's default SIGTERM would end it
+there with no record (Slurm's ``scancel`` of a step that is still starting, a supervisor's stop).
+``hold`` replaces that default with a note of the signal; the loop's handler, once installed,
+calls ``take`` and acts on a signal held meanwhile as on one that came later.
+SIGINT is not held: Ctrl-C during the imports stops the process at once, as it always has.
+"""
+
+from __future__ import annotations
+
+import signal
+
+_held: list[signal.Signals] = []
+
+
+def hold(sig: signal.Signals = signal.SIGTERM) -> None:
+    """From now on ``sig`` is noted, not fatal, until the caller installs a handler of its own."""
+    signal.signal(sig, lambda n, _frame: _held.append(signal.Signals(n)))
+
+
+def take() -> signal.Signals | None:
+    """The first signal held since ``hold`` (forgotten once taken), or None."""
+    return _held.pop(0) if _held else None

@@ -336,6 +336,7 @@ class Actor(WeightSync):
             log.info("actor_leaving", reason=stop.reason, handover=False, running_groups=0, registered=False)
             return Stop(stop.reason, stop.code)  # not registered: no Leave to send
         connecting.result()  # its error (no learner, refused) is the actor's
+        structlog.contextvars.bind_contextvars(actor=self.welcome.actor_index)  # connect's task bound it in its own context
 
         async def watch_signal() -> None:
             from agentgym.actors.handover import leave

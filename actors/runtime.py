@@ -154,8 +154,8 @@ class Actor(WeightSync):
             await asyncio.sleep(RECONNECT_AFTER_S)  # the learner lets the old connection go first
             self.link = ControlLink(self.ctx, self.cfg.actor.learner, self.actor_id, self.keys, max_frame=need)
             self.welcome = await self.link.handshake(self.hello(fp), self.cfg.actor.connect_timeout_s)
-        structlog.contextvars.bind_contextvars(actor=self.welcome.actor_index)
-        log.info("actor_registered", actor_id=self.actor_id, run_id=self.welcome.run_id, mode=self.welcome.mode)
+        log.info("actor_registered", actor=self.welcome.actor_index, actor_id=self.actor_id, run_id=self.welcome.run_id,
+                 mode=self.welcome.mode)  # fmt: skip
 
     async def start_engine(self) -> None:
         model_dir = self._model_dir()
@@ -336,7 +336,7 @@ class Actor(WeightSync):
             log.info("actor_leaving", reason=stop.reason, handover=False, running_groups=0, registered=False)
             return Stop(stop.reason, stop.code)  # not registered: no Leave to send
         connecting.result()  # its error (no learner, refused) is the actor's
-        structlog.contextvars.bind_contextvars(actor=self.welcome.actor_index)  # connect's task bound it in its own context
+        structlog.contextvars.bind_contextvars(actor=self.welcome.actor_index)  # here, not in connect's task: every later log names it
 
         async def watch_signal() -> None:
             from agentgym.actors.handover import leave

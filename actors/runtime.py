@@ -4,7 +4,7 @@
 
 Links (made in ``Actor.run``):
   learner --Welcome/Grant/Ack/WeightsReady/Heartbeat/Shutdown--> receive_loop
-  receive_loop --tickets--> ticket queue --> players (concurrency.target of them) --> engine + env pools
+  receive_loop --tickets--> ticket queue --> players (actors/playing.py; concurrency.target of them) --> engine + env pools
   players --Rollout--> learner; kept in ``unacked`` until the learner's Ack (re-sent after a re-hello)
   receive_loop --WeightsReady--> weight_loop (actors/weight_sync.py) --pull chunks (this host's relay if any, else or on its
                  silence the learner)--> engine.update_weights (version bump)
@@ -30,6 +30,7 @@ from agentgym.actors.concurrency import Concurrency, Signals
 from agentgym.actors.engines import load_tokenizer, make_engine
 from agentgym.observe.memstats import peak_memory
 from agentgym.actors.transport import RECONNECT_AFTER_S, ControlLink
+from agentgym.actors.playing import Playing
 from agentgym.actors.weight_sync import WeightSync
 from agentgym.auth.keys import ClientKeys, KeyFileError, load_public
 from agentgym.host import early_signals
@@ -64,7 +65,7 @@ class Stop(Exception):
         """Asked to leave (a signal, the learner's leave request): hand over, then send Leave."""
 
 
-class Actor(WeightSync):
+class Actor(WeightSync, Playing):
     def __init__(self, cfg: Config, actor_id: str | None = None) -> None:
         self.cfg = cfg
         self.actor_id = actor_id or uuid.uuid4().hex[:12]
@@ -169,22 +170,6 @@ class Actor(WeightSync):
         await self.engine.start()
         log.info("engine_started", model=str(model_dir), seconds=round(time.monotonic() - t0, 1))
 
-    async def pool_for(self, env: str):
-        from agentgym.envpool.pool import EnvPool
-
-        # Players ask concurrently; the first one starts the pool and the others wait for it.
-        async with self.pools_lock:
-            pool = self.pools.get(env)
-            if pool is None:
-                spec = self.welcome.rollout
-                size = self.cfg.actor.env_workers or self.concurrency.target * spec.group_size
-                pool = EnvPool(env, dict(spec.env_kwargs.get(env, {})), size, step_timeout_s=self.cfg.actor.step_timeout_s)
-                self.pools[env] = pool
-                t0 = time.monotonic()
-                await pool.start()
-                log.info("env_pool_started", env=env, workers=size, seconds=round(time.monotonic() - t0, 1))
-        return pool
-
     # ------------------------------------------------------------------ loops
     def dispatch(self, msg: Message) -> None:
         self.last_from_learner = time.monotonic()
@@ -284,38 +269,6 @@ class Actor(WeightSync):
                 self.stats["resent"] += 1
             if self.unacked:
                 log.info("rollouts_resent", count=len(self.unacked))
-
-    async def player(self, n: int) -> None:
-        from agentgym.actors.critic import shared_critic
-        from agentgym.actors.handover import play_group
-
-        spec = self.welcome.rollout
-        critic = await shared_critic(spec.critic, self.engine, self.tokenizer, self.cfg.run.seed)  # None: off
-        while True:
-            while n >= self.concurrency.target:  # this player is beyond the current capacity: idle
-                await self.capacity_changed.wait()
-            ticket = await self.tickets.get()
-            if self.leaving.is_set():  # the Leave returns it to the learner
-                return
-            await self.wait_version(max(ticket.min_version, 0))
-            agents = self.agents if self.agents is not None and self.agents.plays(ticket.env) else None
-            pool = None if agents else await self.pool_for(ticket.env)
-            self.running_groups += 1
-            t0 = time.monotonic()
-            turn_limit = self.turn_limits.get(ticket.env, self.turn_limit)
-            episodes = await (asyncio.gather(*(agents.play(ticket, i, spec, turn_limit) for i in range(spec.group_size)))
-                              if agents else play_group(self, ticket, pool, spec, turn_limit, critic))  # fmt: skip
-            self.running_groups -= 1
-            if episodes is None:  # stopped to leave: handed over in self.handovers
-                return
-            rollout = Rollout(
-                group_id=ticket.group_id, actor_id=self.actor_id, env=ticket.env, task_id=ticket.task_id,
-                episodes=list(episodes), elapsed_s=time.monotonic() - t0,
-            )  # fmt: skip
-            self.unacked[ticket.group_id] = rollout
-            await self.link.send(rollout)
-            self.stats["groups_sent"] += 1
-            self.stats["episodes_sent"] += len(episodes)
 
     async def run(self) -> Stop:
         self.rehello = asyncio.Event()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import random
 import re
 import signal
 from collections.abc import Callable
@@ -474,6 +475,37 @@ def test_wordle_runs_out_of_guesses_and_reveals_the_word() -> None:
     assert env.step("notaword").info["guesses"] == 1  # a word not in the list uses no guess
     r = env.step(wrong)
     assert r.done and r.reward == 0.0 and r.observation.endswith(f"the word was {word}.")
+
+
+def test_wordle_letters_mode_writes_and_reads_spaced_letters() -> None:
+    small = "configs/envs/wordle-small.txt"
+    env, plain = Wordle(word_list=small, max_guesses=2, letters=True), Wordle(word_list=small, max_guesses=2)
+    word = env.word(5)
+    assert "separated by spaces" in env.instructions() and "separated by spaces" not in plain.instructions()
+    for e in (env, plain):  # either form is a guess in either mode
+        e.reset(5)
+        wrong = next(w for w in ("table", "chair") if w != word)
+        r = e.step(" ".join(wrong))
+        assert r.info["guesses"] == 1 and r.observation.endswith("1 guess left.")
+        assert e.step("c h a i").info.get("valid") is False  # four letters: not a guess, no guess used
+        r = e.step(wrong)
+        assert r.done and not r.info["success"]
+        shown = " ".join(word) if e is env else word
+        assert r.observation.startswith(f"{' '.join(wrong) if e is env else wrong}: ")
+        assert r.observation.endswith(f"the word was {shown}.")
+    rng = random.Random(0)
+    env.reset(5)
+    assert all(re.fullmatch(r"[a-z]( [a-z]){4}", env.random_action(rng)) for _ in range(20))
+    results, action = [], ""
+    env = Wordle(word_list=small, letters=True)
+    env.reset(5)
+    while not results or not results[-1].done:
+        action = env.expert_action()
+        assert re.fullmatch(r"[a-z]( [a-z]){4}", action)
+        results.append(env.step(action))
+    assert results[-1].info["success"] and action.replace(" ", "") == word
+    with pytest.raises(TypeError, match="option letters must be true or false"):
+        Wordle(word_list=small, letters="yes")  # type: ignore[arg-type]
 
 
 def test_wordle_missing_word_list_names_the_package(tmp_path: Path) -> None:

@@ -18,11 +18,16 @@ the list gains or loses entries.
                                   a guess consistent with every feedback so far (one of C_before,
                                   as Wordle's hard mode asks), so what is paid is reading the
                                   feedback, never a word itself. Success is still guessing the word.
+              letters: bool = False       the env writes guesses and words as space-separated
+                                  letters ("c r a n e", LMRL-Gym's Wordle format, which
+                                  AgentGym's follows): in its instructions, the echo of each guess,
+                                  the revealed word, random_action and expert_action. Either form
+                                  is accepted as an answer in both modes.
     task ids: train 0..n_train-1 (an id below 2**30 wraps onto them), dev and test from 2**30 on,
               as ``Env.tasks(split)`` lists them; the word of an id is the id-th word of its split
               in alphabetical order, so it depends on the list's version.
     reset ->  "Guess the 5-letter word. You have 6 guesses."
-    action:   one word ("crane"; "guess: crane" is accepted too)
+    action:   one word ("crane"; "guess: crane" and "c r a n e" are accepted too)
     step  ->  "crane: c absent, r correct, a present, n absent, e absent. 5 guesses left."
               correct = right letter, right place; present = in the word elsewhere (a letter is
               marked present at most as often as the word has it beyond its correct places).
@@ -52,7 +57,7 @@ WORD_LIST = "/usr/share/dict/american-english"
 """Debian's ``wamerican`` list (``apt-get install wamerican``)."""
 
 _SPLIT_START = {"train": 0, "dev": 1 << 30, "test": (1 << 30) + 10_000}  # Env's default ranges
-_ANSWER = re.compile(r"^(?:guess\s*:\s*|guess\s+)?([a-z]+)$")
+_ANSWER = re.compile(r"^(?:guess\s*:\s*|guess\s+)?([a-z]+(?: [a-z])*)$")  # a word, or its letters spaced
 _OPENER_POOL = 400  # with more candidates than this, guess by letter frequency (cheap)
 _WIDE_POOL = 400  # with at most this many candidates, non-candidate words may be guessed too
 
@@ -117,7 +122,7 @@ class Wordle(Env):
     name = "wordle"
 
     def __init__(self, length: int = 5, max_guesses: int = 6, word_list: str = WORD_LIST,
-                 progress_reward: bool | str = False, **kwargs: object) -> None:  # fmt: skip
+                 progress_reward: bool | str = False, letters: bool = False, **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.length, self.max_guesses, self.word_list = _options(length, max_guesses, word_list)
         if not (isinstance(progress_reward, bool) or progress_reward in ("information", "consistent")):
@@ -125,6 +130,9 @@ class Wordle(Env):
                 f'wordle: option progress_reward must be false, true, "information" or "consistent", got {progress_reward!r}'
             )
         self.progress_reward = "information" if progress_reward is True else (progress_reward or "")
+        if not isinstance(letters, bool):
+            raise TypeError(f"wordle: option letters must be true or false, got {letters!r}")
+        self.letters = letters
         self._splits = load_words(self.word_list, self.length)
         self._all = frozenset(w for words in self._splits.values() for w in words)
         self._sorted_all = tuple(sorted(self._all))
@@ -168,10 +176,15 @@ class Wordle(Env):
         self._done = False
         return f"Guess the {self.length}-letter word. You have {self.max_guesses} guesses."
 
+    def _shown(self, word: str) -> str:
+        """``word`` as the env writes it: spaced letters in ``letters`` mode."""
+        return " ".join(word) if self.letters else word
+
     def instructions(self) -> str:
+        answer = f"its {self.length} letters separated by spaces, e.g. {self._shown(self._sorted_all[0])!r}" if self.letters else "one word"
         return (
             f"Play Wordle: find a hidden English word of {self.length} letters in at most {self.max_guesses} "
-            "guesses. Answer each turn with one word. After each guess you learn, letter by letter, "
+            f"guesses. Answer each turn with {answer}. After each guess you learn, letter by letter, "
             "whether it is correct (right letter, right place), present (in the word, elsewhere) or "
             "absent (not in the word)."
         )
@@ -181,12 +194,13 @@ class Wordle(Env):
             return StepResult("The game is over.", 0.0, True, {"turns": self._turns, "success": False})
         self._turns += 1
         m = _ANSWER.match(" ".join(action.lower().strip().strip(".!\"'`*").split()))
-        guess = m.group(1) if m else None
+        guess = m.group(1).replace(" ", "") if m else None
         if guess is None or len(guess) != self.length or guess not in self._all:
             shown = action.strip()[:40]
             why = f"{shown!r} is not a {self.length}-letter word of the word list" if shown else "Empty answer"
             left = self.max_guesses - len(self._guesses)
-            text = f"{why}. Answer with one {self.length}-letter word. {_left(left)}"
+            form = f"its {self.length} letters separated by spaces" if self.letters else f"one {self.length}-letter word"
+            text = f"{why}. Answer with {form}. {_left(left)}"
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False, "guesses": len(self._guesses)})
         marks = feedback(guess, self._answer)
         cands = self._consistent() if self.progress_reward else []
@@ -198,12 +212,12 @@ class Wordle(Env):
         info: dict[str, str | int | float | bool] = {"turns": self._turns, "guesses": len(self._guesses)}
         if guess == self._answer:
             self._done = True
-            return StepResult(f"{guess}: correct! You found the word.", 1.0 + gain, True, {**info, "success": True})
-        text = f"{guess}: " + ", ".join(f"{g} {m}" for g, m in zip(guess, marks)) + "."
+            return StepResult(f"{self._shown(guess)}: correct! You found the word.", 1.0 + gain, True, {**info, "success": True})
+        text = f"{self._shown(guess)}: " + ", ".join(f"{g} {m}" for g, m in zip(guess, marks)) + "."
         left = self.max_guesses - len(self._guesses)
         if left == 0:
             self._done = True
-            return StepResult(f"{text} No guesses left; the word was {self._answer}.", 0.0, True,
+            return StepResult(f"{text} No guesses left; the word was {self._shown(self._answer)}.", 0.0, True,
                               {**info, "success": False})  # fmt: skip
         return StepResult(f"{text} {_left(left)}", gain, False, info)
 
@@ -222,9 +236,12 @@ class Wordle(Env):
 
     def random_action(self, rng: random.Random) -> str:
         # Any word of the list (the action space), whatever the feedback said.
-        return rng.choice(self._sorted_all)
+        return self._shown(rng.choice(self._sorted_all))
 
     def expert_action(self) -> str:
+        return self._shown(self._expert_word())
+
+    def _expert_word(self) -> str:
         if self._answer is None or self._done:
             return self._sorted_all[0]
         cands = self._consistent()

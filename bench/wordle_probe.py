@@ -1,0 +1,89 @@
+"""Does a model read Wordle's feedback? Guesses sampled after random ones, by what the feedback allows.
+
+    python bench/wordle_probe.py models/agent-tiny-wordle-letters [--tasks 24] [--before 2] [--samples 8]
+
+Reading the feedback is the skill a Wordle row needs: a policy that guesses at random among the
+words the feedback so far allows solves every held-out word of the small list (docs/results.md).
+For the train and the test split apart (the test words are never an answer in training), on the
+row's env (``--config``), this reports, after ``--before`` random guesses, ``--samples`` guesses
+sampled at temperature 1 from the prompt an actor builds: the share that is the answer, another
+word the feedback allows (what the row's progress reward pays), a word of the list it rules out,
+or no word of the list; and ``uniform``, the share of the list the feedback allows there (the
+answer included): what a uniform guess among the list's words would score as answer + allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def _kind(env, text: str) -> str:  # noqa: ANN001 - a Wordle env mid-game
+    word = "".join(text.lower().split()).strip(".")
+    if word not in env._all:
+        return "not a word"
+    allowed = env._consistent()
+    return "answer" if word == env._answer else "allowed" if word in allowed else "ruled out"
+
+
+def probe(model_dir: Path, config: Path, tasks: int, before: int, samples: int, seed: int = 0) -> dict[str, object]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.actors.conversation import Conversation
+    from agentgym.config import load_config
+    from agentgym.envpool.envs.wordle import Wordle
+
+    kwargs = dict(load_config(config).env.specs[0].kwargs)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    env = Wordle(**kwargs)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    report: dict[str, object] = {"model": str(model_dir), "config": str(config), "before": before}
+    for split in ("train", "test"):
+        guessed: Counter[str] = Counter()
+        uniform: list[float] = []
+        for task in list(Wordle.tasks(split, **kwargs))[:tasks]:
+            first = env.reset(task)
+            conv = Conversation.start(tok, env.instructions() or None, first)
+            for _ in range(before):
+                action = env.random_action(rng)
+                ids = tok.encode(action, add_special_tokens=False)
+                conv.add_agent_turn(ids, [0.0] * len(ids), 0)
+                conv.add_observation(env.step(action).observation)
+            uniform.append(len(env._consistent()) / len(env._all))
+            prompt = torch.tensor([conv.prompt_ids])
+            with torch.no_grad():
+                out = model.generate(prompt.repeat(samples, 1), max_new_tokens=12, do_sample=True, temperature=1.0,
+                                     eos_token_id=end, pad_token_id=tok.pad_token_id or 0)  # fmt: skip
+            for row in out[:, prompt.shape[1]:]:
+                guessed[_kind(env, tok.decode(row, skip_special_tokens=True))] += 1
+        n = sum(guessed.values())
+        report[split] = {"guesses": {k: round(v / n, 3) for k, v in sorted(guessed.items())}, "sampled": n,
+                         "uniform": round(sum(uniform) / len(uniform), 3)}
+    return report
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="+", type=Path)
+    p.add_argument("--config", type=Path, default=REPO / "configs" / "envs" / "wordle-letters.toml")
+    p.add_argument("--tasks", type=int, default=24)
+    p.add_argument("--before", type=int, default=2)
+    p.add_argument("--samples", type=int, default=8)
+    args = p.parse_args()
+    for m in args.models:
+        print(json.dumps(probe(m, args.config, args.tasks, args.before, args.samples)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

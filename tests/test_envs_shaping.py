@@ -43,7 +43,7 @@ def test_wordle_progress_is_the_share_of_information_and_success_stays_the_word(
     paid.reset(0)
     assert paid.step("zzzzz").reward == 0.0  # not a word: nothing learnt, nothing paid
     for bad in (1, "consistant"):
-        with pytest.raises(ValueError, match='progress_reward must be false, true, "information" or "consistent"'):
+        with pytest.raises(ValueError, match='progress_reward must be false, true, "information", "consistent" or "marks"'):
             Wordle(word_list=SMALL, progress_reward=bad)
 
 
@@ -71,3 +71,30 @@ def test_wordle_consistent_progress_pays_only_guesses_the_feedback_allowed() -> 
                 assert r_hard.info["success"] == (guess == answer)
                 break
     assert seen[True] > 10 and seen[False] > 10  # both kinds of guess were tried
+
+
+def test_wordle_marks_progress_pays_each_new_best_mark_score_up_to_one() -> None:
+    """``progress_reward = "marks"``: a guess is paid what it adds to the best (2 x correct +
+    present) / 10 so far; one no better earns nothing, the answer the rest of the way to 1."""
+    plain, paid = Wordle(word_list=SMALL), Wordle(word_list=SMALL, progress_reward="marks")
+    words = sorted(paid._all)
+    rng = random.Random(2)
+    gained = 0
+    for task in [*Wordle.tasks("test", word_list=SMALL)] + [*Wordle.tasks("train", word_list=SMALL)][:10]:
+        plain.reset(task), paid.reset(task)
+        answer, best, total = paid.word(task), 0.0, 0.0
+        for turn in range(6):
+            guess = paid.expert_action() if turn >= 3 else rng.choice(words)
+            r, r_plain = paid.step(guess), plain.step(guess)
+            assert r.observation == r_plain.observation and r.done == r_plain.done
+            marks = feedback(guess, answer)
+            score = (2 * marks.count("correct") + marks.count("present")) / 10
+            assert r.reward - r_plain.reward == pytest.approx(max(0.0, score - best))
+            gained += score > best
+            best, total = max(best, score), total + r.reward - r_plain.reward
+            if r.done:
+                break
+        assert total == pytest.approx(best)
+        if r.info.get("success"):
+            assert total == pytest.approx(1.0)
+    assert gained > 10

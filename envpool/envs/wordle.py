@@ -17,7 +17,12 @@ the list gains or loses entries.
                                   to 1. true or "information": every guess; "consistent": only
                                   a guess consistent with every feedback so far (one of C_before,
                                   as Wordle's hard mode asks), so what is paid is reading the
-                                  feedback, never a word itself. Success is still guessing the word.
+                                  feedback, never a word itself. "marks": each guess paid what it
+                                  adds to the best mark score so far, the score (2 per correct
+                                  letter, 1 per present) / (2 x length), so the answer is paid the
+                                  rest of the way to 1 and a guess no better than an earlier one
+                                  gets 0 (a record, as maze's "record"). Success is still guessing
+                                  the word.
               letters: bool = False       the env writes guesses and words as space-separated
                                   letters ("c r a n e", LMRL-Gym's Wordle format, which
                                   AgentGym's follows): in its instructions, the echo of each guess,
@@ -125,9 +130,9 @@ class Wordle(Env):
                  progress_reward: bool | str = False, letters: bool = False, **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.length, self.max_guesses, self.word_list = _options(length, max_guesses, word_list)
-        if not (isinstance(progress_reward, bool) or progress_reward in ("information", "consistent")):
+        if not (isinstance(progress_reward, bool) or progress_reward in ("information", "consistent", "marks")):
             raise ValueError(
-                f'wordle: option progress_reward must be false, true, "information" or "consistent", got {progress_reward!r}'
+                f'wordle: option progress_reward must be false, true, "information", "consistent" or "marks", got {progress_reward!r}'
             )
         self.progress_reward = "information" if progress_reward is True else (progress_reward or "")
         if not isinstance(letters, bool):
@@ -140,6 +145,7 @@ class Wordle(Env):
         self._guesses: list[tuple[str, tuple[str, ...]]] = []
         self._candidates: list[str] = []  # the expert's: words consistent with the feedback so far
         self._filtered = 0  # how many guesses the candidates account for
+        self._best = 0.0
         self._turns = 0
         self._done = True
 
@@ -172,6 +178,7 @@ class Wordle(Env):
         self._guesses = []
         self._candidates = list(self._sorted_all)
         self._filtered = 0
+        self._best = 0.0  # progress_reward "marks": the best mark score so far
         self._turns = 0
         self._done = False
         return f"Guess the {self.length}-letter word. You have {self.max_guesses} guesses."
@@ -203,12 +210,17 @@ class Wordle(Env):
             text = f"{why}. Answer with {form}. {_left(left)}"
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False, "guesses": len(self._guesses)})
         marks = feedback(guess, self._answer)
-        cands = self._consistent() if self.progress_reward else []
-        before, paid = len(cands), self.progress_reward == "information" or guess in cands
-        self._guesses.append((guess, marks))
-        # The share of the list's information this guess gave (progress_reward; "consistent":
-        # only for a guess the feedback so far allowed), 0 otherwise.
-        gain = math.log(before / len(self._consistent())) / math.log(len(self._all)) if paid and before else 0.0
+        if self.progress_reward == "marks":  # what the guess adds to the best mark score so far
+            score = sum(_MARK[m] for m in marks) / (2 * self.length)
+            gain, self._best = max(0.0, score - self._best), max(score, self._best)
+            self._guesses.append((guess, marks))
+        else:
+            cands = self._consistent() if self.progress_reward else []
+            before, paid = len(cands), self.progress_reward == "information" or guess in cands
+            self._guesses.append((guess, marks))
+            # The share of the list's information this guess gave (progress_reward; "consistent":
+            # only for a guess the feedback so far allowed), 0 otherwise.
+            gain = math.log(before / len(self._consistent())) / math.log(len(self._all)) if paid and before else 0.0
         info: dict[str, str | int | float | bool] = {"turns": self._turns, "guesses": len(self._guesses)}
         if guess == self._answer:
             self._done = True

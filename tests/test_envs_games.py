@@ -488,6 +488,7 @@ def test_wordle_letters_mode_writes_and_reads_spaced_letters() -> None:
         r = e.step(" ".join(wrong))
         assert r.info["guesses"] == 1 and r.observation.endswith("1 guess left.")
         assert e.step("c h a i").info.get("valid") is False  # four letters: not a guess, no guess used
+        assert e.step(f"{wrong[:4]} {wrong[4]}").info.get("valid") is False  # a word and a letter: neither form
         r = e.step(wrong)
         assert r.done and not r.info["success"]
         shown = " ".join(word) if e is env else word

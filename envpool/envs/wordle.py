@@ -62,7 +62,7 @@ WORD_LIST = "/usr/share/dict/american-english"
 """Debian's ``wamerican`` list (``apt-get install wamerican``)."""
 
 _SPLIT_START = {"train": 0, "dev": 1 << 30, "test": (1 << 30) + 10_000}  # Env's default ranges
-_ANSWER = re.compile(r"^(?:guess\s*:\s*|guess\s+)?([a-z]+(?: [a-z])*)$")  # a word, or its letters spaced
+_ANSWER = re.compile(r"^(?:guess\s*:\s*|guess\s+)?([a-z]+|[a-z](?: [a-z])+)$")  # a word, or its letters spaced
 _OPENER_POOL = 400  # with more candidates than this, guess by letter frequency (cheap)
 _WIDE_POOL = 400  # with at most this many candidates, non-candidate words may be guessed too
 
@@ -211,7 +211,7 @@ class Wordle(Env):
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False, "guesses": len(self._guesses)})
         marks = feedback(guess, self._answer)
         if self.progress_reward == "marks":  # what the guess adds to the best mark score so far
-            score = sum(_MARK[m] for m in marks) / (2 * self.length)
+            score = sum(_MARK[k] for k in marks) / (2 * self.length)
             gain, self._best = max(0.0, score - self._best), max(score, self._best)
             self._guesses.append((guess, marks))
         else:

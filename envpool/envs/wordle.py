@@ -145,7 +145,6 @@ class Wordle(Env):
         self._guesses: list[tuple[str, tuple[str, ...]]] = []
         self._candidates: list[str] = []  # the expert's: words consistent with the feedback so far
         self._filtered = 0  # how many guesses the candidates account for
-        self._best = 0.0
         self._turns = 0
         self._done = True
 
@@ -178,10 +177,13 @@ class Wordle(Env):
         self._guesses = []
         self._candidates = list(self._sorted_all)
         self._filtered = 0
-        self._best = 0.0  # progress_reward "marks": the best mark score so far
         self._turns = 0
         self._done = False
         return f"Guess the {self.length}-letter word. You have {self.max_guesses} guesses."
+
+    def _score(self, marks: tuple[str, ...]) -> float:
+        """A guess's mark score (progress_reward "marks"): (2 per correct, 1 per present) / (2 x length)."""
+        return sum(_MARK[k] for k in marks) / (2 * self.length)
 
     def _shown(self, word: str) -> str:
         """``word`` as the env writes it: spaced letters in ``letters`` mode."""
@@ -211,8 +213,7 @@ class Wordle(Env):
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False, "guesses": len(self._guesses)})
         marks = feedback(guess, self._answer)
         if self.progress_reward == "marks":  # what the guess adds to the best mark score so far
-            score = sum(_MARK[k] for k in marks) / (2 * self.length)
-            gain, self._best = max(0.0, score - self._best), max(score, self._best)
+            gain = max(0.0, self._score(marks) - max((self._score(k) for _, k in self._guesses), default=0.0))
             self._guesses.append((guess, marks))
         else:
             cands = self._consistent() if self.progress_reward else []

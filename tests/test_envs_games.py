@@ -610,3 +610,34 @@ def test_wordle_refuses_a_word_list_whose_dev_ids_would_reach_the_test_ids(tmp_p
     path.write_text("\n".join(itertools.islice(words, 260_000)))  # ~5% dev: ~13,000 > 10,000
     with pytest.raises(ValueError, match=r"dev words of 4 letters; dev task ids have room for 10000"):
         Wordle(length=4, word_list=str(path))
+
+
+def test_wordle_held_out_games_draw_every_split_from_the_whole_list(tmp_path: Path) -> None:
+    few = tmp_path / "words"
+    few.write_text("crane\nslate\n")  # too few words for three splits, enough for games
+    assert {Wordle(word_list=str(few), held_out="games").word(t) for t in range(50)} == {"crane", "slate"}
+    with pytest.raises(ValueError, match=r"too few 5-letter words for all splits"):
+        Wordle(word_list=str(few))
+    with pytest.raises(ValueError, match=r"has no 6-letter word"):
+        Wordle(word_list=str(few), length=6, held_out="games")
+    small = "configs/envs/wordle-small.txt"
+    words = set(Path(small).read_text().split())
+    env = Wordle(word_list=small, held_out="games")
+    test_ids = list(Wordle.tasks("test", word_list=small, held_out="games"))
+    train_ids = list(Wordle.tasks("train", word_list=small, held_out="games"))
+    assert len(test_ids) == 1_000 and len(train_ids) == 100_000
+    assert not set(test_ids) & set(train_ids)  # other games ...
+    test_words = {env.word(t) for t in test_ids}
+    train_words = {env.word(t) for t in train_ids[:2_000]}
+    assert test_words == train_words == words  # ... of the same words, every one of the list
+    by_words = Wordle(word_list=small)
+    assert not {by_words.word(t) for t in Wordle.tasks("test", word_list=small)} & set(load_words(small)["train"])
+    assert env.word(test_ids[7]) == Wordle(word_list=small, held_out="games").word(test_ids[7])  # by the id alone
+    with pytest.raises(ValueError, match=r"task id .* past the test split \(1000 games"):
+        env.word(test_ids[-1] + 1)
+    results = solve(env, test_ids[3])
+    assert results[-1].info["success"] is True and len(results) <= 6
+    with pytest.raises(ValueError, match=r"option held_out must be one of \['words', 'games'\], got 'seeds'"):
+        Wordle(word_list=small, held_out="seeds")
+    with pytest.raises(ValueError, match=r"option held_out must be one of"):
+        Wordle.tasks("test", word_list=small, held_out="seeds")

@@ -28,9 +28,18 @@ the list gains or loses entries.
                                   AgentGym's follows): in its instructions, the echo of each guess,
                                   the revealed word, random_action and expert_action. Either form
                                   is accepted as an answer in both modes.
+              held_out: str = "words"     what a held-out task holds out. "words": each word
+                                  belongs to one split (by its hash, above), so a test task's
+                                  answer is never a training answer. "games": every word of the
+                                  list is an answer in every split, and a task is one game whose
+                                  answer is drawn from the whole list by a hash of its id, as
+                                  AgentGym's Wordle (LMRL-Gym's) draws each game's word from its
+                                  vocabulary by the game's seed: a test task is a game never
+                                  played in training, whose word may have been.
     task ids: train 0..n_train-1 (an id below 2**30 wraps onto them), dev and test from 2**30 on,
               as ``Env.tasks(split)`` lists them; the word of an id is the id-th word of its split
-              in alphabetical order, so it depends on the list's version.
+              in alphabetical order, so it depends on the list's version. held_out "games":
+              GAMES[split] ids a split from the same starts (any train id below 2**30 is a game).
     reset ->  "Guess the 5-letter word. You have 6 guesses."
     action:   one word ("crane"; "guess: crane" and "c r a n e" are accepted too)
     step  ->  "crane: c absent, r correct, a present, n absent, e absent. 5 guesses left."
@@ -62,6 +71,9 @@ WORD_LIST = "/usr/share/dict/american-english"
 """Debian's ``wamerican`` list (``apt-get install wamerican``)."""
 
 _SPLIT_START = {"train": 0, "dev": 1 << 30, "test": (1 << 30) + 10_000}  # Env's default ranges
+GAMES = {"train": 100_000, "dev": 1_000, "test": 1_000}
+"""held_out "games": how many games each split lists (dev's fit below the test ids' start)."""
+HELD_OUT = ("words", "games")
 _ANSWER = re.compile(r"^(?:guess\s*:\s*|guess\s+)?([a-z]+|[a-z](?: [a-z])+)$")  # a word, or its letters spaced
 _OPENER_POOL = 400  # with more candidates than this, guess by letter frequency (cheap)
 _WIDE_POOL = 400  # with at most this many candidates, non-candidate words may be guessed too
@@ -77,8 +89,9 @@ def split_of(word: str) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def load_words(path: str = WORD_LIST, length: int = 5) -> dict[str, tuple[str, ...]]:
-    """The words of ``length`` letters in ``path`` by split, each sorted."""
+def load_words(path: str = WORD_LIST, length: int = 5, held_out: str = "words") -> dict[str, tuple[str, ...]]:
+    """The words of ``length`` letters in ``path`` by split, each sorted (held_out "games" needs a
+    word, not every split)."""
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(
@@ -90,11 +103,13 @@ def load_words(path: str = WORD_LIST, length: int = 5) -> dict[str, tuple[str, .
     by_split: dict[str, list[str]] = {s: [] for s in SPLITS}
     for w in words:
         by_split[split_of(w)].append(w)
-    if not all(by_split.values()):
+    if held_out == "games" and not words:
+        raise ValueError(f"wordle: word list {path} has no {length}-letter word")
+    if held_out != "games" and not all(by_split.values()):
         sizes = {s: len(v) for s, v in by_split.items()}
         raise ValueError(f"wordle: word list {path} has too few {length}-letter words for all splits: {sizes}")
     room = _SPLIT_START["test"] - _SPLIT_START["dev"]
-    if len(by_split["dev"]) > room:
+    if held_out != "games" and len(by_split["dev"]) > room:  # games: the ids are games, not words
         raise ValueError(
             f"wordle: word list {path} has {len(by_split['dev'])} dev words of {length} letters; dev task ids "
             f"have room for {room} before the test ids start: use a shorter list"
@@ -114,7 +129,9 @@ def feedback(guess: str, answer: str) -> tuple[str, ...]:
     return tuple(marks)
 
 
-def _options(length: object, max_guesses: object, word_list: object) -> tuple[int, int, str]:
+def _options(length: object, max_guesses: object, word_list: object, held_out: object = "words") -> tuple[int, int, str]:
+    if held_out not in HELD_OUT:
+        raise ValueError(f"wordle: option held_out must be one of {list(HELD_OUT)}, got {held_out!r}")
     for key, value, lo, hi in (("length", length, 4, 7), ("max_guesses", max_guesses, 1, 20)):
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
             raise ValueError(f"wordle: option {key} must be an integer from {lo} to {hi}, got {value!r}")
@@ -127,9 +144,11 @@ class Wordle(Env):
     name = "wordle"
 
     def __init__(self, length: int = 5, max_guesses: int = 6, word_list: str = WORD_LIST,
-                 progress_reward: bool | str = False, letters: bool = False, **kwargs: object) -> None:  # fmt: skip
+                 progress_reward: bool | str = False, letters: bool = False, held_out: str = "words",
+                 **kwargs: object) -> None:  # fmt: skip
         super().__init__(**kwargs)
-        self.length, self.max_guesses, self.word_list = _options(length, max_guesses, word_list)
+        self.length, self.max_guesses, self.word_list = _options(length, max_guesses, word_list, held_out)
+        self.held_out = held_out
         if not (isinstance(progress_reward, bool) or progress_reward in ("information", "consistent", "marks")):
             raise ValueError(
                 f'wordle: option progress_reward must be false, true, "information", "consistent" or "marks", got {progress_reward!r}'
@@ -138,7 +157,7 @@ class Wordle(Env):
         if not isinstance(letters, bool):
             raise TypeError(f"wordle: option letters must be true or false, got {letters!r}")
         self.letters = letters
-        self._splits = load_words(self.word_list, self.length)
+        self._splits = load_words(self.word_list, self.length, held_out)
         self._all = frozenset(w for words in self._splits.values() for w in words)
         self._sorted_all = tuple(sorted(self._all))
         self._answer: str | None = None
@@ -152,16 +171,24 @@ class Wordle(Env):
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:
         if split not in SPLITS:
             raise ValueError(f"env wordle: unknown split {split!r}; splits are {list(SPLITS)}")
+        held_out = options.get("held_out", "words")
         length, _, path = _options(options.get("length", 5), options.get("max_guesses", 6),
-                                   options.get("word_list", WORD_LIST))  # fmt: skip
+                                   options.get("word_list", WORD_LIST), held_out)  # fmt: skip
         start = _SPLIT_START[split]
-        return range(start, start + len(load_words(path, length)[split]))
+        words = load_words(path, length, held_out)[split]  # read in both modes: a missing or short list is an error
+        return range(start, start + (GAMES[split] if held_out == "games" else len(words)))
 
     def word(self, task_id: int) -> str:
         """The hidden word of ``task_id``."""
         for split in ("test", "dev", "train"):  # highest start first
             start = _SPLIT_START[split]
             if task_id >= start:
+                if self.held_out == "games":
+                    if split != "train" and task_id - start >= GAMES[split]:
+                        raise ValueError(f"wordle: task id {task_id} is past the {split} split "
+                                         f"({GAMES[split]} games from id {start})")  # fmt: skip
+                    seed = hashlib.sha256(f"wordle game {task_id}".encode()).digest()
+                    return self._sorted_all[int.from_bytes(seed[:8], "big") % len(self._sorted_all)]
                 words = self._splits[split]
                 if split == "train":
                     return words[task_id % len(words)]

@@ -1,6 +1,7 @@
 """Does a model read Wordle's feedback? Guesses sampled after random ones, by what the feedback allows.
 
     python bench/wordle_probe.py models/agent-tiny-wordle-letters [--tasks 24] [--before 2] [--samples 8]
+    python bench/wordle_probe.py MODEL --config configs/envs/wordle-games.toml --reveal [--tasks 64]
 
 Reading the feedback is the skill a Wordle row needs: a policy that guesses at random among the
 words the feedback so far allows solves every held-out word of the small list (docs/results.md).
@@ -73,6 +74,59 @@ def probe(model_dir: Path, config: Path, tasks: int, before: int, samples: int, 
     return report
 
 
+def reveal(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str, object]:
+    """What the model expects the env to reveal: games played at random to the last guess and lost,
+    then every word of the list scored as the word in "the word was ..."; the share of games whose
+    best-scored word is the answer, beside ``reader``: the share a pick uniform among the words the
+    feedback allows would get (the answer's chance in a reader of the feedback), and ``uniform``
+    (1 / the list). A base pretrained with ``model.pretrain_endings`` has seen those endings."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.actors.conversation import Conversation
+    from agentgym.config import load_config
+    from agentgym.envpool.envs.wordle import Wordle
+
+    kwargs = dict(load_config(config).env.specs[0].kwargs)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    env = Wordle(**kwargs)
+    rng = random.Random(seed)
+    report: dict[str, object] = {"model": str(model_dir), "config": str(config), "reveal": True}
+    for split in ("train", "test"):
+        hits, reader, games = 0, 0.0, 0
+        for task in list(Wordle.tasks(split, **kwargs))[:tasks]:
+            first = env.reset(task)
+            conv = Conversation.start(tok, env.instructions() or None, first)
+            while True:
+                action = env.random_action(rng)
+                ids = tok.encode(action, add_special_tokens=False)
+                conv.add_agent_turn(ids, [0.0] * len(ids), 0)
+                result = env.step(action)
+                if result.done:
+                    break
+                conv.add_observation(result.observation)
+            if result.info.get("success"):
+                continue  # solved by chance: nothing revealed
+            reader += 1 / len(env._consistent())
+            shown = env._shown(env._answer)
+            scores = []
+            for word in env._sorted_all:
+                c = copy.deepcopy(conv)
+                c.add_observation(result.observation.replace(f"the word was {shown}.", f"the word was {env._shown(word)}."))
+                ids = torch.tensor([c.token_ids])
+                with torch.no_grad():
+                    logp = torch.log_softmax(model(ids).logits[0, :-1], -1).gather(1, ids[0, 1:, None]).sum()
+                scores.append(float(logp))
+            hits += env._sorted_all[max(range(len(scores)), key=scores.__getitem__)] == env._answer
+            games += 1
+        report[split] = {"games": games, "best_is_answer": round(hits / max(games, 1), 3),
+                         "reader": round(reader / max(games, 1), 3), "uniform": round(1 / len(env._all), 3)}  # fmt: skip
+    return report
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="+", type=Path)
@@ -80,9 +134,11 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=24)
     p.add_argument("--before", type=int, default=2)
     p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--reveal", action="store_true", help="instead: which word the model expects a lost game to reveal")
     args = p.parse_args()
     for m in args.models:
-        print(json.dumps(probe(m, args.config, args.tasks, args.before, args.samples)), flush=True)
+        out = reveal(m, args.config, args.tasks) if args.reveal else probe(m, args.config, args.tasks, args.before, args.samples)
+        print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,24 @@ def test_random_play_is_built_like_an_actor_builds_it(models: tuple[Path, Path, 
     assert random_play(tok, env, 7, 6, random.Random(0)) == ids  # deterministic given the seeds
 
 
+def test_random_play_with_endings_keeps_the_env_s_last_reply(models: tuple[Path, Path, dict]) -> None:
+    from transformers import AutoTokenizer
+
+    from agentgym.envpool.envs.wordle import Wordle
+
+    tok = AutoTokenizer.from_pretrained(models[0])
+    env = Wordle(word_list=str(REPO / "configs" / "envs" / "wordle-16.txt"), held_out="games", max_guesses=2)
+    for task in range(6):
+        plain = tok.decode(random_play(tok, env, task, 8, random.Random(task)))
+        ended = tok.decode(random_play(tok, env, task, 8, random.Random(task), endings=True))
+        assert ended.startswith(plain)  # the same game, the same moves ...
+        moves = re.findall(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", ended)
+        replies = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", ended)
+        assert len(replies) == len(moves) + 1  # ... and a reply to every move, the last one too
+        assert replies[-1].endswith((f"the word was {env.word(task)}.", "correct! You found the word."))
+        assert "the word was" not in plain
+
+
 def test_lm_loss_takes_transcripts_of_one_length(models: tuple[Path, Path, dict]) -> None:
     # Random play's ids are numpy int32; a batch that needs no padding (every transcript as long,
     # as maze 5x5 played to its turn cap gives) once reached cross-entropy as int32 and crashed.

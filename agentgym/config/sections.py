@@ -80,6 +80,11 @@ class ModelConfig(Section):
     run's (merged over each env's ``kwargs``): a run that trains on one setting of an env from a
     base pretrained on a wider one names it here (configs/envs/maze5.toml: RL on 5x5 mazes, the
     base pretrained on 3x3 to 5x5 ones, ``{ train_sizes = [3, 4, 5] }``). Empty: the run's own."""
+    pretrain_endings: bool = False
+    """With ``pretrain_steps``: each transcript also holds the env's reply to its last action, how
+    the game ended (Wordle's "No guesses left; the word was ...", a maze's "You reached the goal"),
+    as a text of a whole game would; the actions stay the policy's. False: transcripts end at the
+    last action, as the actors' do (the rows made before 2026-12-07)."""
     pretrain_policy: Literal["random", "expert"] = "random"
     """With ``pretrain_steps``: what plays the transcripts. ``random``: the base model (the format,
     never a good move); ``expert``: supervised fine-tuning on the envs' scripted experts, for the

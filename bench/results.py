@@ -45,7 +45,7 @@ from learn_curve import EVAL_EPISODES, LOOP_OVERRIDES, REPO, train_curve  # noqa
 
 from agentgym.config import Config, load_config  # noqa: E402
 
-ROWS = ("maze3", "maze3-map", "maze5", "maze5-sft", "textcraft1", "textcraft1-sft", "textcraft1-d0", "textcraft2", "wordle", "wordle-letters", "babyai", "deepsearch",
+ROWS = ("maze3", "maze3-map", "maze5", "maze5-sft", "textcraft1", "textcraft1-sft", "textcraft1-d0", "textcraft2", "wordle", "wordle-letters", "wordle-games", "babyai", "deepsearch",
         "sciworld", "webshop")  # fmt: skip
 """Rows of the table, in order: configs/envs/<row>.toml."""
 

@@ -2,6 +2,7 @@
 
     python bench/wordle_probe.py models/agent-tiny-wordle-letters [--tasks 24] [--before 2] [--samples 8]
     python bench/wordle_probe.py MODEL --config configs/envs/wordle-games.toml --reveal [--tasks 64]
+    python bench/wordle_probe.py MODEL --config configs/envs/wordle-games.toml --belief --tasks 2000 --before 3
 
 Reading the feedback is the skill a Wordle row needs: a policy that guesses at random among the
 words the feedback so far allows solves every held-out word of the small list (docs/results.md).
@@ -127,6 +128,61 @@ def reveal(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str
     return report
 
 
+def belief(model_dir: Path, config: Path, games: int, before: int, seed: int = 0) -> dict[str, object]:
+    """Is the hidden word readable from the model's state where it writes its guess? Games of the
+    train split played at random for ``before`` guesses (the unsolved ones), the last layer's
+    hidden state at the generation prompt, and a linear probe (multinomial logistic regression)
+    fitted on 3/4 of the games to name the answer; its accuracy on the other 1/4, beside
+    ``reader`` (a pick uniform among the words the feedback allows) and ``uniform``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.actors.conversation import Conversation
+    from agentgym.config import load_config
+    from agentgym.envpool.envs.wordle import Wordle
+
+    kwargs = dict(load_config(config).env.specs[0].kwargs)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    env = Wordle(**kwargs)
+    rng = random.Random(seed)
+    feats, labels, reader = [], [], []
+    for task in list(Wordle.tasks("train", **kwargs))[:games]:
+        first = env.reset(task)
+        conv = Conversation.start(tok, env.instructions() or None, first)
+        for _ in range(before):
+            action = env.random_action(rng)
+            ids = tok.encode(action, add_special_tokens=False)
+            conv.add_agent_turn(ids, [0.0] * len(ids), 0)
+            result = env.step(action)
+            if result.done:
+                break
+            conv.add_observation(result.observation)
+        if result.done:
+            continue
+        with torch.no_grad():
+            out = model(torch.tensor([list(conv.prompt_ids)]), output_hidden_states=True)
+        feats.append(out.hidden_states[-1][0, -1])
+        labels.append(env._sorted_all.index(env._answer))
+        reader.append(1 / len(env._consistent()))
+    x, y = torch.stack(feats), torch.tensor(labels)
+    x = (x - x.mean(0)) / (x.std(0) + 1e-6)
+    cut = len(y) * 3 // 4
+    torch.manual_seed(seed)
+    probe_layer = torch.nn.Linear(x.shape[1], len(env._sorted_all))
+    opt = torch.optim.Adam(probe_layer.parameters(), lr=1e-2, weight_decay=1e-3)
+    for _ in range(500):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(probe_layer(x[:cut]), y[:cut]).backward()
+        opt.step()
+    with torch.no_grad():
+        acc = (probe_layer(x[cut:]).argmax(-1) == y[cut:]).float().mean().item()
+        fit = (probe_layer(x[:cut]).argmax(-1) == y[:cut]).float().mean().item()
+    return {"model": str(model_dir), "belief": True, "before": before, "games": len(y), "probe_test": round(acc, 3),
+            "probe_fit": round(fit, 3), "reader": round(sum(reader[cut:]) / len(reader[cut:]), 3),
+            "uniform": round(1 / len(env._all), 3)}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="+", type=Path)
@@ -135,9 +191,16 @@ def main() -> None:
     p.add_argument("--before", type=int, default=2)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--reveal", action="store_true", help="instead: which word the model expects a lost game to reveal")
+    p.add_argument("--belief", action="store_true",
+                   help="instead: a linear probe for the hidden word on the state where the model writes its guess (--tasks games)")
     args = p.parse_args()
     for m in args.models:
-        out = reveal(m, args.config, args.tasks) if args.reveal else probe(m, args.config, args.tasks, args.before, args.samples)
+        if args.belief:
+            out = belief(m, args.config, args.tasks, args.before)
+        elif args.reveal:
+            out = reveal(m, args.config, args.tasks)
+        else:
+            out = probe(m, args.config, args.tasks, args.before, args.samples)
         print(json.dumps(out), flush=True)
 
 

@@ -35,19 +35,48 @@ def _kind(env, text: str) -> str:  # noqa: ANN001 - a Wordle env mid-game
     return "answer" if word == env._answer else "allowed" if word in allowed else "ruled out"
 
 
-def probe(model_dir: Path, config: Path, tasks: int, before: int, samples: int, seed: int = 0) -> dict[str, object]:
+def _load(model_dir: Path, config: Path):  # noqa: ANN202 - (tokenizer, model, env, env options)
+    """The model (eval mode, float32), its tokenizer, and the Wordle env of ``config``'s first env."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentgym.actors.conversation import Conversation
     from agentgym.config import load_config
     from agentgym.envpool.envs.wordle import Wordle
 
     kwargs = dict(load_config(config).env.specs[0].kwargs)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return tok, model, Wordle(**kwargs), kwargs
+
+
+def _play_random(env, tok, task: int, rng: random.Random, guesses: int | None = None):  # noqa: ANN001, ANN202
+    """A game of ``task`` played at random, as an actor builds it: ``guesses`` random guesses or, with
+    None, to the end. Returns the conversation (no reply after the game's last guess) and the last
+    step's result."""
+    from agentgym.actors.conversation import Conversation
+
+    conv = Conversation.start(tok, env.instructions() or None, env.reset(task))
+    n = 0
+    while guesses is None or n < guesses:
+        action = env.random_action(rng)
+        ids = tok.encode(action, add_special_tokens=False)
+        conv.add_agent_turn(ids, [0.0] * len(ids), 0)
+        result = env.step(action)
+        n += 1
+        if result.done:
+            break
+        conv.add_observation(result.observation)
+    return conv, result
+
+
+def probe(model_dir: Path, config: Path, tasks: int, before: int, samples: int, seed: int = 0) -> dict[str, object]:
+    import torch
+
+    from agentgym.actors.conversation import Conversation
+    from agentgym.envpool.envs.wordle import Wordle
+
+    tok, model, env, kwargs = _load(model_dir, config)
     end = tok.convert_tokens_to_ids("<|im_end|>")
-    env = Wordle(**kwargs)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     report: dict[str, object] = {"model": str(model_dir), "config": str(config), "before": before}
@@ -84,31 +113,16 @@ def reveal(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str
     import copy
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentgym.actors.conversation import Conversation
-    from agentgym.config import load_config
     from agentgym.envpool.envs.wordle import Wordle
 
-    kwargs = dict(load_config(config).env.specs[0].kwargs)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    env = Wordle(**kwargs)
+    tok, model, env, kwargs = _load(model_dir, config)
     rng = random.Random(seed)
     report: dict[str, object] = {"model": str(model_dir), "config": str(config), "reveal": True}
     for split in ("train", "test"):
         hits, reader, games = 0, 0.0, 0
         for task in list(Wordle.tasks(split, **kwargs))[:tasks]:
-            first = env.reset(task)
-            conv = Conversation.start(tok, env.instructions() or None, first)
-            while True:
-                action = env.random_action(rng)
-                ids = tok.encode(action, add_special_tokens=False)
-                conv.add_agent_turn(ids, [0.0] * len(ids), 0)
-                result = env.step(action)
-                if result.done:
-                    break
-                conv.add_observation(result.observation)
+            conv, result = _play_random(env, tok, task, rng)
             if result.info.get("success"):
                 continue  # solved by chance: nothing revealed
             reader += 1 / len(env._consistent())
@@ -135,29 +149,14 @@ def belief(model_dir: Path, config: Path, games: int, before: int, seed: int = 0
     fitted on 3/4 of the games to name the answer; its accuracy on the other 1/4, beside
     ``reader`` (a pick uniform among the words the feedback allows) and ``uniform``."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentgym.actors.conversation import Conversation
-    from agentgym.config import load_config
     from agentgym.envpool.envs.wordle import Wordle
 
-    kwargs = dict(load_config(config).env.specs[0].kwargs)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    env = Wordle(**kwargs)
+    tok, model, env, kwargs = _load(model_dir, config)
     rng = random.Random(seed)
     feats, labels, reader = [], [], []
     for task in list(Wordle.tasks("train", **kwargs))[:games]:
-        first = env.reset(task)
-        conv = Conversation.start(tok, env.instructions() or None, first)
-        for _ in range(before):
-            action = env.random_action(rng)
-            ids = tok.encode(action, add_special_tokens=False)
-            conv.add_agent_turn(ids, [0.0] * len(ids), 0)
-            result = env.step(action)
-            if result.done:
-                break
-            conv.add_observation(result.observation)
+        conv, result = _play_random(env, tok, task, rng, before)
         if result.done:
             continue
         with torch.no_grad():

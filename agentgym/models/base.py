@@ -69,9 +69,8 @@ def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.
         ids = tokenizer.encode(action, add_special_tokens=False)
         conv.add_agent_turn(ids, [0.0] * len(ids), 0)
         result = env.step(action)
-        if result.done and not endings:
-            break
-        conv.add_observation(result.observation)
+        if endings or not result.done:
+            conv.add_observation(result.observation)
         if result.done:
             break
     return list(conv.token_ids)

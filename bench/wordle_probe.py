@@ -3,6 +3,7 @@
     python bench/wordle_probe.py models/agent-tiny-wordle-letters [--tasks 24] [--before 2] [--samples 8]
     python bench/wordle_probe.py MODEL --config configs/envs/wordle-games.toml --reveal [--tasks 64]
     python bench/wordle_probe.py MODEL --config configs/envs/wordle-games.toml --belief --tasks 2000 --before 3
+    python bench/wordle_probe.py MODEL --config configs/envs/wordle-games.toml --quiz [--tasks 64]
 
 Reading the feedback is the skill a Wordle row needs: a policy that guesses at random among the
 words the feedback so far allows solves every held-out word of the small list (docs/results.md).
@@ -142,6 +143,39 @@ def reveal(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str
     return report
 
 
+def quiz(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str, object]:
+    """Does the model name the hidden word in its own turn? Games played at random to the last guess
+    and lost, then the env's question (``Env.quiz``: "... No guesses left. What was the word?")
+    and the model's greedy answer: the share that is the word, beside ``reader`` and ``uniform``
+    as ``reveal`` has them. A base pretrained with ``model.pretrain_quiz`` has seen such endings."""
+    import torch
+
+    from agentgym.envpool.envs.wordle import Wordle
+
+    tok, model, env, kwargs = _load(model_dir, config)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    rng = random.Random(seed)
+    report: dict[str, object] = {"model": str(model_dir), "config": str(config), "quiz": True}
+    for split in ("train", "test"):
+        hits, reader, games = 0, 0.0, 0
+        for task in list(Wordle.tasks(split, **kwargs))[:tasks]:
+            conv, result = _play_random(env, tok, task, rng)
+            if result.info.get("success"):
+                continue  # solved by chance: nothing to ask
+            question, answer = env.quiz()
+            conv.add_observation(question)
+            prompt = torch.tensor([conv.prompt_ids])
+            with torch.no_grad():
+                out = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=end,
+                                     pad_token_id=tok.pad_token_id or 0)  # fmt: skip
+            hits += tok.decode(out[0, prompt.shape[1]:], skip_special_tokens=True).strip() == answer
+            reader += 1 / len(env._consistent())
+            games += 1
+        report[split] = {"games": games, "named": round(hits / max(games, 1), 3),
+                         "reader": round(reader / max(games, 1), 3), "uniform": round(1 / len(env._all), 3)}  # fmt: skip
+    return report
+
+
 def belief(model_dir: Path, config: Path, games: int, before: int, seed: int = 0) -> dict[str, object]:
     """Is the hidden word readable from the model's state where it writes its guess? Games of the
     train split played at random for ``before`` guesses (the unsolved ones), the last layer's
@@ -190,12 +224,15 @@ def main() -> None:
     p.add_argument("--before", type=int, default=2)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--reveal", action="store_true", help="instead: which word the model expects a lost game to reveal")
+    p.add_argument("--quiz", action="store_true", help="instead: does the model name the hidden word of a lost game when asked")
     p.add_argument("--belief", action="store_true",
                    help="instead: a linear probe for the hidden word on the state where the model writes its guess (--tasks games)")
     args = p.parse_args()
     for m in args.models:
         if args.belief:
             out = belief(m, args.config, args.tasks, args.before)
+        elif args.quiz:
+            out = quiz(m, args.config, args.tasks)
         elif args.reveal:
             out = reveal(m, args.config, args.tasks)
         else:

@@ -129,6 +129,14 @@ class Env(abc.ABC):
         (``agentgym.models.base``). Optional: the default says the env has none."""
         raise NotImplementedError(f"env {type(self).__name__} does not define random_action()")
 
+    def quiz(self) -> tuple[str, str] | None:
+        """After a lost episode: the env's last reply asked as a question about what was hidden, and
+        the answer (Wordle: "... No guesses left. What was the word?", the word); None where there
+        is none (the default) or the episode is not over and lost. Used only to write a demo base
+        model's transcripts (``model.pretrain_quiz``): the answer is a fact about the finished
+        game, never a move in it."""
+        return None
+
     def instructions(self) -> str:
         """Task text shown before the first observation ("" when the observation says it all)."""
         return ""

@@ -103,6 +103,7 @@ def test_ensure_model_makes_the_configured_arch_on_the_run_s_envs(tmp_path: Path
     ensure_model(load_config(REPO / "configs" / "envs" / "maze3.toml", [f'model.path="{ended}"', 'model.arch="agent-tiny"',
                                                                         "model.pretrain_steps=1", "model.pretrain_endings=true"]))  # fmt: skip
     assert json.loads((ended / "pretrain.json").read_text())["endings"] is True
+    assert record["quiz"] is False
     config = json.loads((path / "config.json").read_text())
     assert config["hidden_size"] == SIZES["agent-tiny"]["hidden_size"] and config["vocab_size"] > 1000
 

@@ -129,6 +129,33 @@ def test_random_play_with_endings_keeps_the_env_s_last_reply(models: tuple[Path,
         assert "the word was" not in plain
 
 
+def test_random_play_with_quiz_ends_a_lost_game_with_the_agent_naming_the_word(models: tuple[Path, Path, dict]) -> None:
+    from transformers import AutoTokenizer
+
+    from agentgym.envpool.envs.wordle import Wordle
+
+    tok = AutoTokenizer.from_pretrained(models[0])
+    env = Wordle(word_list=str(REPO / "configs" / "envs" / "wordle-16.txt"), held_out="games", max_guesses=3)
+    lost = won = 0
+    for task in range(30):
+        ended = tok.decode(random_play(tok, env, task, 8, random.Random(task), endings=True))
+        quizzed = tok.decode(random_play(tok, env, task, 8, random.Random(task), endings=True, quiz=True))
+        moves = re.findall(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", quizzed)
+        replies = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", quizzed)
+        if "correct! You found the word." in ended:
+            assert quizzed == ended  # a won game has nothing to ask
+            won += 1
+            continue
+        lost += 1
+        # The same moves, then the last feedback without the word, asked, and the word as the agent's turn.
+        assert moves[:-1] == re.findall(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", ended)
+        assert replies[-1].endswith("No guesses left. What was the word?") and "the word was" not in quizzed
+        assert moves[-1] == env.word(task) and len(moves) == 4 and len(replies) == 4
+    assert lost and won  # both kinds of game were seen
+    plain = GuessNumber()  # an env without a quiz ends as endings says
+    assert random_play(tok, plain, 3, 6, random.Random(0), quiz=True) == random_play(tok, plain, 3, 6, random.Random(0))
+
+
 def test_lm_loss_takes_transcripts_of_one_length(models: tuple[Path, Path, dict]) -> None:
     # Random play's ids are numpy int32; a batch that needs no padding (every transcript as long,
     # as maze 5x5 played to its turn cap gives) once reached cross-entropy as int32 and crashed.

@@ -477,6 +477,28 @@ def test_wordle_runs_out_of_guesses_and_reveals_the_word() -> None:
     assert r.done and r.reward == 0.0 and r.observation.endswith(f"the word was {word}.")
 
 
+def test_wordle_quiz_asks_for_the_word_only_after_a_lost_game() -> None:
+    env = Wordle(max_guesses=2)
+    env.reset(10)
+    word = env.word(10)
+    wrong = next(w for w in ("crane", "slate", "pious") if w != word)
+    assert env.quiz() is None  # not over
+    env.step(wrong)
+    assert env.quiz() is None
+    last = env.step(wrong).observation
+    question, answer = env.quiz()
+    # The last feedback as the game gave it, the word kept back and asked for.
+    assert question == last.split(" No guesses left")[0] + " No guesses left. What was the word?" and answer == word
+    assert word not in question
+    env.reset(10)
+    env.step(word)
+    assert env.quiz() is None  # a won game hides nothing
+    spelt = Wordle(max_guesses=1, letters=True)
+    spelt.reset(10)
+    spelt.step(wrong)
+    assert spelt.quiz()[1] == " ".join(word)
+
+
 def test_wordle_letters_mode_writes_and_reads_spaced_letters() -> None:
     small = "configs/envs/wordle-small.txt"
     env, plain = Wordle(word_list=small, max_guesses=2, letters=True), Wordle(word_list=small, max_guesses=2)

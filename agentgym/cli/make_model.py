@@ -51,6 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrain-turns", type=int, default=6, metavar="N", help="turns per random-play transcript")
     p.add_argument("--pretrain-endings", action="store_true",
                    help="each transcript also holds the env's reply to its last action (how the game ended)")
+    p.add_argument("--pretrain-quiz", action="store_true",
+                   help="a lost game's transcript ends with the env's question about it, answered in the agent's turn")
     p.add_argument("--pretrain-policy", choices=["random", "expert"], default="random",
                    help="what plays the transcripts: random (a base model) or the env's scripted expert (SFT on expert)")
     p.add_argument("--sft-steps", type=int, default=0, metavar="N",
@@ -145,6 +147,6 @@ def run(args: argparse.Namespace) -> int:
 
         pretrain_in_stages(out, out, args.pretrain_env, options, steps=args.pretrain_steps, policy=args.pretrain_policy,
                            sft_steps=args.sft_steps, seed=args.seed, turns=args.pretrain_turns,
-                           endings=args.pretrain_endings)  # fmt: skip
+                           endings=args.pretrain_endings, quiz=args.pretrain_quiz)  # fmt: skip
     print(out)
     return 0

@@ -85,6 +85,11 @@ class ModelConfig(Section):
     the game ended (Wordle's "No guesses left; the word was ...", a maze's "You reached the goal"),
     as a text of a whole game would; the actions stay the policy's. False: transcripts end at the
     last action, as the actors' do (the rows made before 2026-12-07)."""
+    pretrain_quiz: bool = False
+    """With ``pretrain_steps``: a lost game's transcript ends with the env's question about it and
+    the agent's answer (``Env.quiz``: Wordle's "No guesses left. What was the word?", then the
+    word): the base learns to work out what was hidden in the agent's own turn, a fact about the
+    finished game and never a move in it; an env with no quiz ends as ``pretrain_endings`` says."""
     pretrain_policy: Literal["random", "expert"] = "random"
     """With ``pretrain_steps``: what plays the transcripts. ``random``: the base model (the format,
     never a good move); ``expert``: supervised fine-tuning on the envs' scripted experts, for the

@@ -56,10 +56,12 @@ scripted expert, the results table's labelled "SFT on expert" rows, never the ba
 
 
 def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.Random, policy: str = "random",
-                endings: bool = False) -> list[int]:  # fmt: skip
+                endings: bool = False, quiz: bool = False) -> list[int]:  # fmt: skip
     """Token ids of one episode of ``env`` played with ``env.random_action`` (or, with ``policy``
     "expert", ``env.expert_action``), as an actor builds them; with ``endings``, followed by the
-    env's reply to the last action (an actor has no use for it: nothing is generated after it)."""
+    env's reply to the last action (an actor has no use for it: nothing is generated after it).
+    With ``quiz``, a lost episode ends instead with the env's question about it and an agent turn
+    that answers it (``Env.quiz``: Wordle's "What was the word?" and the word)."""
     from agentgym.actors.conversation import Conversation
 
     first = env.reset(task_id)  # before instructions(): some envs' instructions name the task
@@ -69,7 +71,12 @@ def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.
         ids = tokenizer.encode(action, add_special_tokens=False)
         conv.add_agent_turn(ids, [0.0] * len(ids), 0)
         result = env.step(action)
-        if endings or not result.done:
+        asked = env.quiz() if quiz and result.done else None
+        if asked is not None:
+            conv.add_observation(asked[0])
+            ids = tokenizer.encode(asked[1], add_special_tokens=False)
+            conv.add_agent_turn(ids, [0.0] * len(ids), 0)
+        elif endings or not result.done:
             conv.add_observation(result.observation)
         if result.done:
             break
@@ -121,11 +128,12 @@ def _build_envs(mix: EnvMix, rng: random.Random, policy: str) -> list[Any]:
 
 def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None = None,
                      *, steps: int = 300, lr: float = 3e-3, seed: int = 0, turns: int = PRETRAIN_TURNS,
-                     policy: str = "random", endings: bool = False) -> dict[str, Any]:  # fmt: skip
+                     policy: str = "random", endings: bool = False, quiz: bool = False) -> dict[str, Any]:  # fmt: skip
     """Train the model at ``model_dir`` on random play of ``env_name`` (an env's name, ``MIX``, or
     an ``EnvMix``), or on its expert's play with ``policy`` "expert" (``POLICIES``); write it to
     ``out_dir``. ``endings``: each transcript keeps the env's reply to its last action (how the
-    game ended: Wordle's "the word was ..."), what a text of a whole game holds.
+    game ended: Wordle's "the word was ..."), what a text of a whole game holds. ``quiz``: a lost
+    game ends with the env's question about it, answered in the agent's turn (``random_play``).
 
     Returns the record also written to ``out_dir/pretrain.json``. ``model_dir`` may be ``out_dir``."""
     import torch
@@ -146,7 +154,7 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
     def play(split: str, r: random.Random) -> list[int]:
         i = 0 if len(envs) == 1 else r.choices(range(len(envs)), weights)[0]
         ids = splits[i][split]
-        return random_play(tokenizer, envs[i], ids[r.randrange(len(ids))], turns, r, policy, endings)
+        return random_play(tokenizer, envs[i], ids[r.randrange(len(ids))], turns, r, policy, endings, quiz)
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -173,7 +181,7 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
             after = float(lm_loss(model, probe, pad_id))
     name = env_name if isinstance(env_name, str) else "+".join(n for n, _, _ in mix)
     record = {"env": name, "env_kwargs": dict(env_kwargs or {}), "mix": [[n, k, w] for n, k, w in mix],
-              "steps": steps, "lr": lr, "seed": seed, "turns": turns, "policy": policy, "endings": endings,
+              "steps": steps, "lr": lr, "seed": seed, "turns": turns, "policy": policy, "endings": endings, "quiz": quiz,
               "batch": PRETRAIN_BATCH, "heldout_loss_before": round(before, 4),
               "heldout_loss_after": round(after, 4), "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
     out_dir = Path(out_dir)
@@ -193,7 +201,7 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
 
 def pretrain_in_stages(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None, *,
                        steps: int, policy: str, sft_steps: int, seed: int, turns: int,
-                       endings: bool = False) -> dict[str, Any]:  # fmt: skip
+                       endings: bool = False, quiz: bool = False) -> dict[str, Any]:  # fmt: skip
     """``pretrain_on_play``: ``steps`` of ``policy``'s play, then ``sft_steps`` of the expert's
     (``model.sft_steps``), each stage only if it has steps (at least one must). The model appears
     at ``out_dir`` after the last stage; its ``pretrain.json`` lists every stage under ``stages``
@@ -205,7 +213,7 @@ def pretrain_in_stages(model_dir: Path, out_dir: Path, env_name: str | EnvMix, e
     for i, (n, p) in enumerate(stages):
         last = i == len(stages) - 1
         records.append(pretrain_on_play(model_dir, out_dir if last else model_dir, env_name, env_kwargs, steps=n,
-                                        seed=seed, turns=turns, policy=p, endings=endings))  # fmt: skip
+                                        seed=seed, turns=turns, policy=p, endings=endings, quiz=quiz))  # fmt: skip
     if len(records) > 1:
         (out_dir / "pretrain.json").write_text(json.dumps({**records[-1], "stages": records}, indent=1))
     return records[-1]
@@ -245,6 +253,7 @@ def ensure_model(cfg: Any) -> None:
     try:
         pretrain_in_stages(raw, path, target, mix[0][1] if len(mix) == 1 else None, steps=cfg.model.pretrain_steps,
                            policy=cfg.model.pretrain_policy, sft_steps=cfg.model.sft_steps, seed=cfg.run.seed,
-                           turns=cfg.model.pretrain_turns, endings=cfg.model.pretrain_endings)  # fmt: skip
+                           turns=cfg.model.pretrain_turns, endings=cfg.model.pretrain_endings,
+                           quiz=cfg.model.pretrain_quiz)  # fmt: skip
     finally:
         shutil.rmtree(raw, ignore_errors=True)

@@ -253,13 +253,24 @@ class Wordle(Env):
         if guess == self._answer:
             self._done = True
             return StepResult(f"{self._shown(guess)}: correct! You found the word.", 1.0 + gain, True, {**info, "success": True})
-        text = f"{self._shown(guess)}: " + ", ".join(f"{g} {m}" for g, m in zip(guess, marks)) + "."
+        text = self._marks_text(guess, marks)
         left = self.max_guesses - len(self._guesses)
         if left == 0:
             self._done = True
             return StepResult(f"{text} No guesses left; the word was {self._shown(self._answer)}.", 0.0, True,
                               {**info, "success": False})  # fmt: skip
         return StepResult(f"{text} {_left(left)}", gain, False, info)
+
+    def _marks_text(self, guess: str, marks: tuple[str, ...]) -> str:
+        return f"{self._shown(guess)}: " + ", ".join(f"{g} {m}" for g, m in zip(guess, marks)) + "."
+
+    def quiz(self) -> tuple[str, str] | None:
+        """After a lost game: its last feedback, then "No guesses left. What was the word?", and
+        the word (``Env.quiz``)."""
+        if not self._done or not self._guesses or self._guesses[-1][0] == self._answer:
+            return None
+        guess, marks = self._guesses[-1]
+        return f"{self._marks_text(guess, marks)} No guesses left. What was the word?", self._shown(self._answer)
 
     def _consistent(self) -> list[str]:
         """The words of the list consistent with every feedback so far (the expert's candidates;

@@ -131,10 +131,10 @@ class Env(abc.ABC):
 
     def quiz(self) -> tuple[str, str] | None:
         """After a lost episode: the env's last reply asked as a question about what was hidden, and
-        the answer (Wordle: "... No guesses left. What was the word?", the word); None where there
-        is none (the default) or the episode is not over and lost. Used only to write a demo base
-        model's transcripts (``model.pretrain_quiz``): the answer is a fact about the finished
-        game, never a move in it."""
+        the answer (Wordle: "... No guesses left. What was the word?", the word). None where the
+        env has none (the default), before the episode is over, and after one that was won. Used
+        only to write a demo base model's transcripts (``model.pretrain_quiz``): the answer is a
+        fact about the finished game, never a move in it."""
         return None
 
     def instructions(self) -> str:

@@ -105,75 +105,76 @@ def probe(model_dir: Path, config: Path, tasks: int, before: int, samples: int, 
     return report
 
 
-def reveal(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str, object]:
-    """What the model expects the env to reveal: games played at random to the last guess and lost,
-    then every word of the list scored as the word in "the word was ..."; the share of games whose
-    best-scored word is the answer, beside ``reader``: the share a pick uniform among the words the
-    feedback allows would get (the answer's chance in a reader of the feedback), and ``uniform``
-    (1 / the list). A base pretrained with ``model.pretrain_endings`` has seen those endings."""
-    import copy
-
-    import torch
-
+def _lost_games(env, tok, kwargs: dict, tasks: int, rng: random.Random, hit, key: str) -> dict[str, object]:  # noqa: ANN001
+    """For the train and the test split: the first ``tasks`` games played at random to the end, and
+    of the lost ones the share where ``hit(conv, result)`` (the conversation without the last reply,
+    the last step's result) holds, as ``key``, beside ``reader`` (the answer's chance in a pick
+    uniform among the words the feedback allows) and ``uniform`` (1 / the list)."""
     from agentgym.envpool.envs.wordle import Wordle
 
-    tok, model, env, kwargs = _load(model_dir, config)
-    rng = random.Random(seed)
-    report: dict[str, object] = {"model": str(model_dir), "config": str(config), "reveal": True}
+    report: dict[str, object] = {}
     for split in ("train", "test"):
         hits, reader, games = 0, 0.0, 0
         for task in list(Wordle.tasks(split, **kwargs))[:tasks]:
             conv, result = _play_random(env, tok, task, rng)
             if result.info.get("success"):
-                continue  # solved by chance: nothing revealed
+                continue  # solved by chance: nothing hidden
             reader += 1 / len(env._consistent())
-            shown = env._shown(env._answer)
-            scores = []
-            for word in env._sorted_all:
-                c = copy.deepcopy(conv)
-                c.add_observation(result.observation.replace(f"the word was {shown}.", f"the word was {env._shown(word)}."))
-                ids = torch.tensor([c.token_ids])
-                with torch.no_grad():
-                    logp = torch.log_softmax(model(ids).logits[0, :-1], -1).gather(1, ids[0, 1:, None]).sum()
-                scores.append(float(logp))
-            hits += env._sorted_all[max(range(len(scores)), key=scores.__getitem__)] == env._answer
+            hits += bool(hit(conv, result))
             games += 1
-        report[split] = {"games": games, "best_is_answer": round(hits / max(games, 1), 3),
+        report[split] = {"games": games, key: round(hits / max(games, 1), 3),
                          "reader": round(reader / max(games, 1), 3), "uniform": round(1 / len(env._all), 3)}  # fmt: skip
     return report
+
+
+def reveal(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str, object]:
+    """What the model expects the env to reveal: games played at random to the last guess and lost,
+    then every word of the list scored as the word in "the word was ..."; the share of games whose
+    best-scored word is the answer (``_lost_games``). A base pretrained with
+    ``model.pretrain_endings`` has seen those endings."""
+    import copy
+
+    import torch
+
+    tok, model, env, kwargs = _load(model_dir, config)
+
+    def best_is_answer(conv, result) -> bool:  # noqa: ANN001
+        shown = env._shown(env._answer)
+        scores = []
+        for word in env._sorted_all:
+            c = copy.deepcopy(conv)
+            c.add_observation(result.observation.replace(f"the word was {shown}.", f"the word was {env._shown(word)}."))
+            ids = torch.tensor([c.token_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits[0, :-1], -1).gather(1, ids[0, 1:, None]).sum()
+            scores.append(float(logp))
+        return env._sorted_all[max(range(len(scores)), key=scores.__getitem__)] == env._answer
+
+    lost = _lost_games(env, tok, kwargs, tasks, random.Random(seed), best_is_answer, "best_is_answer")
+    return {"model": str(model_dir), "config": str(config), "reveal": True, **lost}
 
 
 def quiz(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str, object]:
     """Does the model name the hidden word in its own turn? Games played at random to the last guess
     and lost, then the env's question (``Env.quiz``: "... No guesses left. What was the word?")
-    and the model's greedy answer: the share that is the word, beside ``reader`` and ``uniform``
-    as ``reveal`` has them. A base pretrained with ``model.pretrain_quiz`` has seen such endings."""
+    and the model's greedy answer: the share that is the word (``_lost_games``). A base pretrained
+    with ``model.pretrain_quiz`` has seen such endings."""
     import torch
-
-    from agentgym.envpool.envs.wordle import Wordle
 
     tok, model, env, kwargs = _load(model_dir, config)
     end = tok.convert_tokens_to_ids("<|im_end|>")
-    rng = random.Random(seed)
-    report: dict[str, object] = {"model": str(model_dir), "config": str(config), "quiz": True}
-    for split in ("train", "test"):
-        hits, reader, games = 0, 0.0, 0
-        for task in list(Wordle.tasks(split, **kwargs))[:tasks]:
-            conv, result = _play_random(env, tok, task, rng)
-            if result.info.get("success"):
-                continue  # solved by chance: nothing to ask
-            question, answer = env.quiz()
-            conv.add_observation(question)
-            prompt = torch.tensor([conv.prompt_ids])
-            with torch.no_grad():
-                out = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=end,
-                                     pad_token_id=tok.pad_token_id or 0)  # fmt: skip
-            hits += tok.decode(out[0, prompt.shape[1]:], skip_special_tokens=True).strip() == answer
-            reader += 1 / len(env._consistent())
-            games += 1
-        report[split] = {"games": games, "named": round(hits / max(games, 1), 3),
-                         "reader": round(reader / max(games, 1), 3), "uniform": round(1 / len(env._all), 3)}  # fmt: skip
-    return report
+
+    def named(conv, result) -> bool:  # noqa: ANN001, ARG001 - the question replaces the last reply
+        question, answer = env.quiz()
+        conv.add_observation(question)
+        prompt = torch.tensor([conv.prompt_ids])
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=end,
+                                 pad_token_id=tok.pad_token_id or 0)  # fmt: skip
+        return tok.decode(out[0, prompt.shape[1]:], skip_special_tokens=True).strip() == answer
+
+    lost = _lost_games(env, tok, kwargs, tasks, random.Random(seed), named, "named")
+    return {"model": str(model_dir), "config": str(config), "quiz": True, **lost}
 
 
 def belief(model_dir: Path, config: Path, games: int, before: int, seed: int = 0) -> dict[str, object]:

@@ -23,6 +23,8 @@ from typing import Literal, Protocol, overload
 import torch
 from torch import Tensor
 
+from agentgym.learner.shared_prefix import PackedRows
+
 # Elements of float32 working memory per chunk (64 MiB).
 _CHUNK_ELEMENTS = 1 << 24
 
@@ -132,28 +134,70 @@ class _OnlyNeededRows:
     the agent's tokens (a few percent of an episode) have a loss. A model whose forward calls
     its head some other way is left alone: ``hit`` stays False and the full logits come back."""
 
-    def __init__(self, model: torch.nn.Module, needed: Tensor) -> None:
+    def __init__(self, model: torch.nn.Module, needed: Tensor, packed: PackedRows | None = None) -> None:
         get = getattr(model, "get_output_embeddings", None)
         self.head = get() if callable(get) else None
         self.sel = needed[:, 1:]
+        self.packed = packed
+        """Rows packed by group (learner/shared_prefix.py): the hidden states come as [R, L, H]
+        and the needed tokens' predecessors are gathered by their flat packed index."""
+        self.index = packed.predecessors(needed) if packed is not None else None
         self.hit = False
         self.handle = None
+        self.own_forward: object = None
 
     def _pre(self, _module: torch.nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
         h = args[0] if args else None
-        if self.hit or h is None or h.dim() != 3 or h.shape[:2] != (self.sel.shape[0], self.sel.shape[1] + 1):
+        if self.hit or h is None or h.dim() != 3:
+            return None
+        if self.packed is not None and self.index is not None:
+            if h.shape[:2] != self.packed.input_ids.shape:
+                return None
+            self.hit = True
+            return (h.reshape(-1, h.shape[-1])[self.index][None], *args[1:])
+        if h.shape[:2] != (self.sel.shape[0], self.sel.shape[1] + 1):
             return None
         self.hit = True
         return (h[:, :-1][self.sel][None], *args[1:])
 
     def __enter__(self) -> _OnlyNeededRows:
-        if isinstance(self.head, torch.nn.Module):
-            self.handle = self.head.register_forward_pre_hook(self._pre)
+        head = self.head
+        if isinstance(head, torch.nn.Module):
+            self.handle = head.register_forward_pre_hook(self._pre)
+            self.own_forward = head.__dict__.get("forward")  # an instance's own forward, if it has one
+            own = head.forward
+
+            def full_precision(x: Tensor, *args: object, **kwargs: object) -> Tensor:
+                """The head's matmul outside autocast, in the weights' dtype: the few needed
+                rows cost little, and bfloat16 logits (3 significant digits: about 0.06 on a
+                logit of 20) would put that error into every logprob and importance weight."""
+                if not torch.is_autocast_enabled(x.device.type):
+                    return own(x, *args, **kwargs)
+                with torch.autocast(x.device.type, enabled=False):
+                    return own(x.to(next(head.parameters()).dtype), *args, **kwargs)
+
+            head.forward = full_precision  # type: ignore[method-assign]  # this instance, while open
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.handle is not None:
             self.handle.remove()
+            assert self.head is not None
+            if self.own_forward is not None:
+                self.head.forward = self.own_forward  # type: ignore[method-assign]
+            else:
+                del self.head.forward
+
+
+def _packed_mask(model: torch.nn.Module, packed: PackedRows) -> Tensor:
+    """The packed rows' 4-D mask as the model's attention takes it: boolean (True: attend) for
+    torch's fused attention, additive (0 or the dtype's minimum) for the eager implementation."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
+    if impl == "eager":
+        dtype = next(model.parameters()).dtype
+        return torch.zeros(packed.allowed.shape, dtype=dtype, device=packed.allowed.device).masked_fill(
+            ~packed.allowed, torch.finfo(dtype).min)  # fmt: skip
+    return packed.allowed
 
 
 def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0, banned: Tensor | None = None) -> Tensor:
@@ -171,11 +215,13 @@ def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0, 
 def sequence_logprobs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
     *, return_entropy: Literal[False] = ..., banned: Tensor | None = ..., needed: Tensor | None = ...,
+    packed: PackedRows | None = ...,
 ) -> Tensor: ...  # fmt: skip
 @overload
 def sequence_logprobs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
     *, return_entropy: Literal[True], banned: Tensor | None = ..., needed: Tensor | None = ...,
+    packed: PackedRows | None = ...,
 ) -> tuple[Tensor, Tensor]: ...  # fmt: skip
 def sequence_logprobs(
     model: torch.nn.Module,
@@ -186,6 +232,7 @@ def sequence_logprobs(
     return_entropy: bool = False,
     banned: Tensor | None = None,
     needed: Tensor | None = None,
+    packed: PackedRows | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token logprobs [B, T] of right-padded sequences under any HF causal LM.
 
@@ -196,7 +243,9 @@ def sequence_logprobs(
     ``banned``: token ids the policy gives probability 0 (protocol/vocab.py; the engine sampled
     without them), as a long tensor on the logits' device. ``needed`` [B, T] (bool): the tokens
     whose logprob (and entropy) the caller reads, e.g. the agent's; the others get 0 and the LM
-    head computes logits for the needed ones only (``_OnlyNeededRows``).
+    head computes logits for the needed ones only (``_OnlyNeededRows``). ``packed``: the same
+    rows packed by group (learner/shared_prefix.py ``pack_groups``; needs ``needed``): the
+    model runs once over each group's shared prefix, with the same logprobs up to rounding.
     """
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"sequence_logprobs: attention_mask {tuple(attention_mask.shape)} must have "
@@ -204,13 +253,25 @@ def sequence_logprobs(
     if needed is not None and needed.shape != input_ids.shape:
         raise ValueError(f"sequence_logprobs: needed {tuple(needed.shape)} must have the shape of "
                          f"input_ids {tuple(input_ids.shape)}")  # fmt: skip
+    if packed is not None and needed is None:
+        raise ValueError("sequence_logprobs: packed rows need `needed` (the tokens whose logprobs are read)")
     only = None
     if needed is not None and input_ids.shape[1] > 0:
         needed = needed.bool() & (attention_mask != 0)
-        only = _OnlyNeededRows(model, needed)
+        only = _OnlyNeededRows(model, needed, packed)
     with only or contextlib.nullcontext():
-        out: _CausalLMOutput = model(input_ids=input_ids, attention_mask=None if right_padded(attention_mask) else attention_mask)
-    if only is not None and only.hit and needed is not None:
+        if packed is not None:
+            out: _CausalLMOutput = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                                         attention_mask=_packed_mask(model, packed))  # fmt: skip
+        else:
+            out = model(input_ids=input_ids, attention_mask=None if right_padded(attention_mask) else attention_mask)
+    if packed is not None and needed is not None:
+        # The head saw the needed rows only, or (a model whose head the hook did not see: a
+        # wrapper such as the LoRA reference view) the full packed logits, gathered here.
+        rows = out.logits[0] if only is not None and only.hit else out.logits.reshape(-1, out.logits.shape[-1])[packed.predecessors(needed)]
+        _check("sequence_logprobs", rows[None], input_ids[:, 1:][needed[:, 1:]][None], temperature)
+        logp, ent = _needed_logprobs(rows, input_ids, needed, temperature, return_entropy, banned)
+    elif only is not None and only.hit and needed is not None:
         _check("sequence_logprobs", out.logits, input_ids[:, 1:][needed[:, 1:]][None], temperature)
         logp, ent = _needed_logprobs(out.logits[0], input_ids, needed, temperature, return_entropy, banned)
     else:  # the full logits (no ``needed``, or a model whose head the hook did not see)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from agentgym.learner.value_model import SeparateValueModel, ValueHead, align_values
 from agentgym.learner.logprobs import sequence_logprobs
+from agentgym.learner.shared_prefix import PackedRows
 
 __all__ = ["Forward", "ValueHead", "forward_tokens", "load_causal_lm", "load_reference"]
 
@@ -61,14 +62,20 @@ def forward_tokens(
     value_head: ValueHead | SeparateValueModel | None = None,
     banned: Tensor | None = None,
     needed: Tensor | None = None,
+    packed: PackedRows | None = None,
 ) -> Forward:
     """One forward pass of right-padded rows: logprobs and entropies at ``temperature`` (without
     the ``banned`` ids: protocol/vocab.py), values. ``needed``: the tokens whose logprob and entropy
-    are read (the others are 0; learner/logprobs.py)."""
-    if value_head is None or value_head.own_body:
+    are read (the others are 0; learner/logprobs.py). ``packed``: the rows packed by group
+    (learner/shared_prefix.py), for a policy without a value head."""
+    if packed is not None and value_head is not None:
+        raise ValueError("forward_tokens: packed rows are for the policy alone (a critic reads every position)")
+    if value_head is None:
+        logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned,
+                                      needed=needed, packed=packed)  # fmt: skip
+        return Forward(logp, ent, None, None)
+    if value_head.own_body:
         logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned, needed=needed)
-        if value_head is None:
-            return Forward(logp, ent, None, None)
         v_state = value_head.state_values(None, input_ids, attention_mask)
     else:
         keep = _KeepHidden(model)

@@ -55,6 +55,7 @@ from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, t
 from agentgym.learner.staleness import StalenessRule
 from agentgym.learner.trainer_state import TrainerState
 from agentgym.learner.policy import forward_tokens, load_causal_lm
+from agentgym.learner.shared_prefix import PackedRows, attention_cost_ratio, pack_groups
 from agentgym.protocol.vocab import banned_action_ids
 from agentgym.learner.value_model import SeparateValueModel, ValueHead, build_value_model
 from agentgym.protocol import Rollout
@@ -103,6 +104,9 @@ class Trainer(TrainerState):
             self.ref_model = copy.deepcopy(self.model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+        self.attention_ratio = attention_cost_ratio(model)
+        """Attention cost per (query, key) pair over linear cost per token: when packing a
+        group's shared prefix pays (learner/shared_prefix.py)."""
         self.tied = tied_groups(self.model)
         trained = [self.model, *([self.value_head] if self.value_head is not None else [])]
         self.dp.broadcast_params([p for m in trained for p in m.parameters()])
@@ -148,7 +152,8 @@ class Trainer(TrainerState):
         if cfg.learner.threads:
             torch.set_num_threads(cfg.learner.threads)
         torch.manual_seed(cfg.run.seed + dp.rank)
-        model = load_causal_lm(cfg.model.path, getattr(torch, cfg.model.dtype))
+        lc = cfg.learner
+        model = load_causal_lm(cfg.model.path, torch.float32 if lc.param_dtype == "float32" else getattr(torch, cfg.model.dtype))
         tok = AutoTokenizer.from_pretrained(cfg.model.path)
         pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         return cls(cfg, model, pad, dp=dp)
@@ -183,10 +188,19 @@ class Trainer(TrainerState):
         with self._collective:
             return self.train_batch(self.dp.send_step(batch))
 
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        """The autocast dtype of forward and backward passes, or None (the weights' own): mixed
+        precision when the weights are float32 masters of a bfloat16/float16 model
+        (``learner.param_dtype``), or ``learner.bf16_autocast``."""
+        lc, dtype = self.cfg.learner, self.cfg.model.dtype
+        if lc.param_dtype == "float32" and dtype != "float32":
+            return getattr(torch, dtype)
+        return torch.bfloat16 if lc.bf16_autocast else None
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.cfg.learner.bf16_autocast:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        dtype = self.compute_dtype
+        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
     def _micro_plan(self, mb: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor | None]:
         """This rank's micro-batches of minibatch ``mb``; with fsdp padded with None (an idle
@@ -197,6 +211,12 @@ class Trainer(TrainerState):
             most = max(len(micro_batches(shard_rows(mb, lengths, r, world), lengths, budget)) for r in range(world))
             mine += [None] * (most - len(mine))
         return mine
+
+    def _pack(self, b: Batch, rows: torch.Tensor, L: int) -> PackedRows | None:
+        """Micro-batch ``rows`` packed by group (``learner.shared_prefix``), or None: unpacked."""
+        if not self.cfg.learner.shared_prefix or self.value_head is not None:
+            return None
+        return pack_groups(b.input_ids[rows, :L], b.lengths[rows], b.group_index[rows], ratio=self.attention_ratio)
 
     def _idle_forward(self, *, policy: bool, ref: bool) -> torch.Tensor:
         """The forward passes a micro-batch makes (the policy with its value head, the
@@ -238,14 +258,17 @@ class Trainer(TrainerState):
                 L = int(b.lengths[rows].max())
                 ids, attn = b.input_ids[rows, :L], b.attention_mask[rows, :L]
                 agent = b.loss_mask[rows, :L] != 0  # no loss reads another token's logprob
+                packed = self._pack(b, rows, L)
                 if "prox" in out:
-                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned, needed=agent)
+                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned,
+                                       needed=agent, packed=packed)  # fmt: skip
                     out["prox"][rows, :L] = f.logp.float()
                     if f.values is not None and f.last_value is not None:
                         out["values"][rows, :L] = f.values.float()
                         out["last_value"][rows] = f.last_value.float()
                 if self.ref_model is not None:
-                    out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp, banned=self.banned, needed=agent).float()
+                    out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp, banned=self.banned, needed=agent,
+                                                             packed=packed).float()  # fmt: skip
         for v in out.values():
             self.dp.all_reduce_(v)
         return out
@@ -291,7 +314,7 @@ class Trainer(TrainerState):
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in
-                (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "micro")}  # fmt: skip
+                (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "forward", "micro")}  # fmt: skip
         w_max = torch.zeros((), device=self.device)
         # Flight recorder: per row, k3 KL between the behaviour logprobs the actor reported and
         # the learner's own at the batch start (first epoch): the agreement per actor.
@@ -314,9 +337,10 @@ class Trainer(TrainerState):
                 loc_tok = keep[rows, :L].sum()
                 tok_scale = loc_tok / tok_total
                 scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
+                packed = self._pack(b, rows, L)
                 with self._autocast():
                     f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned,
-                                       needed=agent[rows, :L])  # fmt: skip
+                                       needed=agent[rows, :L], packed=packed)  # fmt: skip
                 prox = pre["prox"][rows, :L] if several else f.logp.detach()
                 if int(mb[0]) in first_epoch:
                     d = (prox - b.behav_logp[rows, :L]).double()
@@ -350,6 +374,7 @@ class Trainer(TrainerState):
                 sums["pg_loss"] += pg.detach() * scale
                 sums["entropy"] += (f.entropy.detach() * keep[rows, :L]).sum()
                 sums["padded"] += rows.numel() * L
+                sums["forward"] += packed.packed_tokens if packed is not None else int(b.lengths[rows].sum())
                 sums["micro"] += 1
             if not self.fsdp:  # fsdp has summed them (reduce-scatter) in each backward
                 self.dp.all_reduce_grads(self.params)
@@ -382,7 +407,7 @@ class Trainer(TrainerState):
             optimizer_steps=float(stepped), lr=lr,
             reward_mean=float(b.rewards.mean()), success_rate=float(b.success.mean()),
             episodes=float(B), agent_tokens=float(agent.sum()), trained_tokens=tot["tokens"],
-            tokens=float(b.lengths.sum()), padded_tokens=tot["padded"], micro_batches=tot["micro"],
+            tokens=float(b.lengths.sum()), padded_tokens=tot["padded"], forward_tokens=tot["forward"], micro_batches=tot["micro"],
             turns_mean=float(b.turns.mean()), truncated_frac=float(b.truncated.mean()),
             advantage_abs_mean=float(adv[agent].abs().mean()) if agent.any() else 0.0,
             staleness_mean=float(staleness.mean()) if staleness.numel() else 0.0,

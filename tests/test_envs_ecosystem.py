@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.envpool.base import split_of
+from agentgym.envpool.base import StepResult, split_of
 from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 
 pytest.importorskip("reasoning_gym", reason="the envs extra: pip install -e '.[envs]'")
@@ -59,6 +59,8 @@ def test_reasoning_gym_scores_with_the_dataset_and_gives_a_wrong_answer_another_
                 last = await ep.step("-2")
                 assert (last.reward, last.done, last.info["success"]) == (0.0, True, False)
             assert pool.task_id("test", 0) == ReasoningGym.tasks("test", **kwargs)[0]
+            # forked from a zygote that imported reasoning_gym once (Env.preload), not a new Python each
+            assert pool.stats()["starts"] == {"forked": 1}
 
     run(main())
 
@@ -120,6 +122,22 @@ def test_textarena_two_player_game_against_the_random_opponent_ends_with_the_sea
     assert run(play(11)) == (obs, reward, success)  # a deterministic function of the task and the moves
 
 
+class NonsenseAgent:
+    """A fixed textarena opponent (``opponent = "module:Class"``) that never makes a valid move."""
+
+    def __call__(self, observation: str) -> str:
+        return "pass"
+
+
+def test_textarena_opponent_that_loses_before_the_agent_moves_pays_the_agent_at_its_first_step() -> None:
+    env = TextArena(game="TicTacToe-v0", opponent=f"{__name__}:NonsenseAgent", seat=1)  # player 0 moves first
+    assert "Tic Tac Toe" in env.reset(3)
+    r = env.step("[4]")  # the game is already over: two invalid moves lost it for player 0
+    assert (r.reward, r.done, r.info["success"]) == (1.0, True, True)
+    assert "does not follow the correct format" in r.observation
+    assert env.step("[4]") == StepResult("the game is over", 0.0, True, {"success": False})
+
+
 def test_skyrl_gym_env_steps_on_a_row_and_pays_its_reward() -> None:
     kwargs = {"env_id": "gsm8k_multi_turn", "data": TRAIN, "test_data": TEST}
     answer = json.loads(Path(TEST).read_text().splitlines()[0])["reward_spec"]["ground_truth"]
@@ -153,7 +171,7 @@ def test_skyrl_gym_env_steps_on_a_row_and_pays_its_reward() -> None:
 )
 def test_an_unknown_id_fails_the_pool_start_in_one_line_listing_what_exists(env: str, kwargs: dict, match: str) -> None:
     async def main() -> None:
-        pool = EnvPool(env, kwargs, 2)
+        pool = EnvPool(env, kwargs, 1)
         with pytest.raises(EnvStartError, match=match) as info:
             await pool.start()
         assert "\n" not in str(info.value)
@@ -217,3 +235,14 @@ def test_a_missing_package_names_the_extra_to_install(cls, kwargs, module, extra
     with pytest.raises(ImportError, match=rf"needs the package of the '{extra}' extra: pip install 'agentgym\[{extra}\]'") as info:
         cls(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_agentgym_train_stops_on_an_unknown_dataset_before_any_process_starts(tmp_path: Path) -> None:
+    import subprocess
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "ecosystem" / "reasoning_gym.toml"
+    out = subprocess.run([sys.executable, "-m", "agentgym.cli", "train", "--config", str(config),
+                          "-o", 'env.kwargs.dataset="leg_countin"'], cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: env.kwargs: env reasoning_gym: unknown dataset 'leg_countin' (did you mean leg_counting")
+    assert out.stderr.count("\n") == 1 and not list(tmp_path.iterdir())  # one line; no run directory, no model made

@@ -55,6 +55,7 @@ def _int(key: str, value: object, lo: int) -> int:
 
 class ReasoningGym(Env):
     name = NAME
+    preload = ("reasoning_gym", "reasoning_gym.utils")  # imported once by the pool's zygote, shared by every forked worker
 
     def __init__(self, dataset: str = "", size: int = 1000, seed: int = 0, test_size: int = 100,
                  test_seed: int | None = None, max_tries: int = 1, answer: str = "tag", **config: Any) -> None:
@@ -98,6 +99,10 @@ class ReasoningGym(Env):
         except (TypeError, ValueError, AssertionError) as exc:
             raise ValueError(f"env {NAME}: dataset {self.dataset!r} rejects its options {self.config}: "
                              f"{type(exc).__name__}: {one_line(exc)}") from None
+
+    @classmethod
+    def check_options(cls, **options: object) -> None:
+        cls(**options)  # cheap: the dataset generates its items on demand
 
     @classmethod
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:

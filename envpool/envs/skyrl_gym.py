@@ -76,6 +76,7 @@ def _text(messages: Any) -> str:
 
 class SkyRLGym(Env):
     name = NAME
+    preload = ("skyrl_gym", "omegaconf")  # imported once by the pool's zygote, shared by every forked worker
 
     def __init__(self, env_id: str = "", data: str = "", test_data: str = "", **env_config: Any) -> None:
         super().__init__()
@@ -91,6 +92,10 @@ class SkyRLGym(Env):
         self.env_config = OmegaConf.create(dict(env_config))  # SkyRL's envs read it as attributes
         self._env: Any = None
         self._done = True
+
+    @classmethod
+    def check_options(cls, **options: object) -> None:
+        cls(**options)  # reads the rows: a missing file or a bad line is named at start-up
 
     @classmethod
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:

@@ -93,6 +93,7 @@ def _opponent(spec: str) -> Any:
 
 class TextArena(Env):
     name = NAME
+    preload = ("textarena",)  # imported once by the pool's zygote, shared by every forked worker
 
     def __init__(self, game: str = "", players: int = 0, seat: int = 0, opponent: str = "",
                  observation: str = "new", **kwargs: object) -> None:
@@ -118,6 +119,18 @@ class TextArena(Env):
         self._core: Any = None
         self._history: dict[int, list[str]] = {}
         self._done = True
+        self._over_at_reset = False
+
+    @classmethod
+    def check_options(cls, **options: object) -> None:
+        opponent = str(options.get("opponent", ""))
+        if opponent.startswith("hf:"):  # loading the checkpoint is the workers' job; it must be there
+            from pathlib import Path
+
+            if not (Path(opponent[3:]) / "config.json").is_file():
+                raise ValueError(f"env {NAME}: opponent {opponent!r}: no Hugging Face checkpoint (config.json) at {opponent[3:]!r}")
+            options = {**options, "opponent": "random"}
+        cls(**options)
 
     def _players(self) -> int:
         """1 if the game accepts one player (textarena's states assert their count), else 2."""
@@ -166,19 +179,19 @@ class TextArena(Env):
         if isinstance(self.opponent, _RandomAgent):
             self.opponent.task_id, self.opponent.moves = task_id, 0
         self._env.reset(num_players=self.players, seed=task_id)
-        done, text = self._others()
-        if done:  # over before the agent's first move (not in any textarena game; handled anyway)
-            self._done = True
-        return text
+        # An opponent can end the game before the agent's first move (two invalid moves lose it):
+        # then the agent's first step only collects the result.
+        self._over_at_reset, text = self._others()
+        return text or "the game is over"
 
     def step(self, action: str) -> StepResult:
         if self._done or self._env is None:
             return StepResult("the game is over", 0.0, True, {"success": False})
-        done, _ = self._env.step(action)
-        if not done:
-            done, text = self._others()
+        if self._over_at_reset:
+            done, text = True, ""
         else:
-            text = self._final()
+            done, _ = self._env.step(action)
+            done, text = self._others() if not done else (True, self._final())
         if not done:
             return StepResult(text, 0.0, False, {})
         self._done = True

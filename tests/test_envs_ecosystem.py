@@ -138,6 +138,14 @@ def test_textarena_opponent_that_loses_before_the_agent_moves_pays_the_agent_at_
     assert env.step("[4]") == StepResult("the game is over", 0.0, True, {"success": False})
 
 
+def test_textarena_opponent_from_a_local_checkpoint_is_textarenas_own_agent_and_greedy(fallback_model: Path) -> None:
+    env = TextArena(game="TicTacToe-v0", opponent=f"hf:{fallback_model}", seat=1)
+    assert type(env.opponent).__name__ == "HFLocalAgent"
+    first = env.reset(4)
+    assert "[Player 0]" in first  # the checkpoint moved first (whatever a random tiny model says)
+    assert env.reset(4) == first  # greedy: the same game again
+
+
 def test_skyrl_gym_env_steps_on_a_row_and_pays_its_reward() -> None:
     kwargs = {"env_id": "gsm8k_multi_turn", "data": TRAIN, "test_data": TEST}
     answer = json.loads(Path(TEST).read_text().splitlines()[0])["reward_spec"]["ground_truth"]

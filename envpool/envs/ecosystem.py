@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -60,5 +61,5 @@ def split_index(env: str, task_id: int, train: int, test: int) -> tuple[str, int
 
 def one_line(text: object, limit: int = 300) -> str:
     """``text`` on one line, cut to ``limit`` characters (for error messages quoting env output)."""
-    flat = " ".join(str(text).split())
+    flat = " ".join(re.sub(r"\*{5,}", " ", str(text)).split())  # NLTK frames its errors in asterisks
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."

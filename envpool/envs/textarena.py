@@ -3,8 +3,8 @@ opponent in the other seats. Needs the ``textarena`` extra.
 
     options:  game: str                    a textarena env id ("GuessTheNumber-v0", "TicTacToe-v0",
                                            "Wordle-v0", ...; textarena's ENV_REGISTRY)
-              players: int = 0             seats in the game; 0: 1 if the game takes one player,
-                                           else 2 (found by resetting it once at start-up)
+              players: int = 0             seats in the game; 0: the fewest the game accepts
+                                           (found by resetting it at start-up: 1, 2, ...)
               seat: int = 0                the agent's player id (0 moves first in most games)
               opponent: str = ""           who plays the other seats (required with 2+ players):
                   "random"       agentgym's fixed agent: a uniform pick among the bracketed moves
@@ -133,13 +133,21 @@ class TextArena(Env):
         cls(**options)
 
     def _players(self) -> int:
-        """1 if the game accepts one player (textarena's states assert their count), else 2."""
-        env = self._ta.make(self.game)
-        try:
-            env.reset(num_players=1, seed=0)
-            return 1
-        except (AssertionError, ValueError):
-            return 2
+        """The fewest players the game accepts (textarena's games assert their count at reset)."""
+        errors: list[str] = []
+        for n in range(1, 9):
+            try:
+                game = self._ta.make(self.game)
+            except Exception as exc:  # noqa: BLE001 - e.g. NLTK data it cannot download: one line
+                raise ValueError(f"env {NAME}: game {self.game!r} cannot be made here: "
+                                 f"{type(exc).__name__}: {one_line(exc)}") from None
+            try:
+                game.reset(num_players=n, seed=0)
+                return n
+            except Exception as exc:  # noqa: BLE001 - a count the game refuses, or a reset that fails
+                errors.append(f"{n}: {type(exc).__name__}: {one_line(exc, 120)}")
+        raise ValueError(f"env {NAME}: {self.game} took no player count from 1 to 8 at reset "
+                         f"({'; '.join(errors[:2])} ...); set option players")
 
     def _say(self, pid: int) -> str:
         """The current player's new messages, also kept in its history; own moves left out."""

@@ -49,11 +49,6 @@ _MOVES_LINE = re.compile(r"(?i)(available|valid|legal)[ _]*(moves|actions)[^\n]*
 _BRACKETED = re.compile(r"\[[^\[\]\n]{1,40}\]")
 
 
-def known_games() -> list[str]:
-    """Every game id textarena registers (its ``-raw`` and ``-train`` variants included)."""
-    return sorted(require("textarena", EXTRA, NAME).envs.registration.ENV_REGISTRY)
-
-
 def random_move(observation: str, rng: random.Random) -> str:
     """A uniform pick among the moves listed in the last moves line of ``observation``."""
     lines = [m.group(0) for m in _MOVES_LINE.finditer(observation)]
@@ -108,6 +103,8 @@ class TextArena(Env):
             raise ValueError(f"env {NAME}: option players must be an integer >= 0, got {players!r}")
         self.game, self.observation = game, observation
         self.players = players or self._players()
+        if players:
+            self._make()  # a game that cannot be built here fails now, not at the first reset
         if not isinstance(seat, int) or isinstance(seat, bool) or not 0 <= seat < self.players:
             raise ValueError(f"env {NAME}: option seat must be a player id from 0 to {self.players - 1}, got {seat!r}")
         self.seat = seat
@@ -132,15 +129,18 @@ class TextArena(Env):
             options = {**options, "opponent": "random"}
         cls(**options)
 
+    def _make(self) -> Any:
+        try:
+            return self._ta.make(self.game)
+        except Exception as exc:  # noqa: BLE001 - e.g. NLTK data it cannot download: one line
+            raise ValueError(f"env {NAME}: game {self.game!r} cannot be made here: "
+                             f"{type(exc).__name__}: {one_line(exc)}") from None
+
     def _players(self) -> int:
         """The fewest players the game accepts (textarena's games assert their count at reset)."""
         errors: list[str] = []
         for n in range(1, 9):
-            try:
-                game = self._ta.make(self.game)
-            except Exception as exc:  # noqa: BLE001 - e.g. NLTK data it cannot download: one line
-                raise ValueError(f"env {NAME}: game {self.game!r} cannot be made here: "
-                                 f"{type(exc).__name__}: {one_line(exc)}") from None
+            game = self._make()
             try:
                 game.reset(num_players=n, seed=0)
                 return n

@@ -1,6 +1,7 @@
 """Throughput and memory of the game envs (babyai, textcraft, maze, wordle): raw and through the pool.
 
     python bench/envs_bench.py [--seconds 5] [--concurrency 1 2] [--envs babyai textcraft maze wordle]
+    python bench/envs_bench.py --envs reasoning_gym textarena skyrl_gym    # the envs extra
 
 Every row plays episodes of one env for about ``--seconds`` seconds with a fixed cycle of actions
 per env (valid moves mixed with an invalid one; not the expert, whose planning would be counted
@@ -24,6 +25,7 @@ from typing import Any
 
 from poolplay import play_for
 
+_DATA = Path(__file__).resolve().parents[1] / "configs" / "ecosystem" / "data"
 ENVS: dict[str, tuple[dict[str, Any], list[str]]] = {
     # name: (kwargs, action cycle)
     "guess_number": ({}, ["4", "x", "6", "2", "7", "1", "3", "5", "8"]),
@@ -33,6 +35,11 @@ ENVS: dict[str, tuple[dict[str, Any], list[str]]] = {
                                  "get 1 iron ore", "craft it", "inventory"]),
     "maze": ({"size": 6}, ["move up", "move right", "move down", "move left", "move right", "fly"]),
     "wordle": ({}, ["crane", "slate", "pious", "xyzzy", "round", "guess: mount"]),
+    # Other ecosystems' packages through their adapters (the envs extra): the configs/ecosystem options.
+    "reasoning_gym": ({"dataset": "basic_arithmetic", "max_tries": 3, "answer": "raw", "min_terms": 2, "max_terms": 2,
+                       "min_digits": 1, "max_digits": 1, "operators": ["+", "-"]}, ["1", "7", "x", "3", "-2"]),
+    "textarena": ({"game": "TicTacToe-v0", "opponent": "random"}, ["[4]", "[0]", "[8]", "[2]", "[6]", "x", "[1]", "[3]", "[5]"]),
+    "skyrl_gym": ({"env_id": "gsm8k_multi_turn", "data": str(_DATA / "skyrl_gsm8k_train.jsonl")}, ["#### 12", "no idea", "#### 7"]),
 }  # fmt: skip
 EPISODE_STEPS = 20
 
@@ -54,7 +61,7 @@ def memory_kib(pid: int) -> tuple[int, int] | None:
 def tasks(name: str) -> list[int]:
     from agentgym.envpool.registry import resolve_env
 
-    return [int(t) for t in resolve_env(name).tasks("train")[:100_000]]
+    return [int(t) for t in resolve_env(name).tasks("train", **ENVS[name][0])[:100_000]]
 
 
 def raw(name: str, seconds: float) -> dict[str, Any]:
@@ -103,7 +110,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each row")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    p.add_argument("--envs", nargs="+", default=list(ENVS)[:5], choices=list(ENVS))
     args = p.parse_args()
 
     import structlog

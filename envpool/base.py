@@ -97,6 +97,12 @@ class Env(abc.ABC):
     over to another actor, which replays them and plays on; an env whose state lives elsewhere
     (a remote server, a live site) sets False and its episodes are played again from the start."""
 
+    preload: ClassVar[tuple[str, ...]] = ()
+    """Modules the pool's zygote imports before it forks the workers (envpool/zygote.py): a
+    package the env module imports only inside functions, so that the workers share one import
+    instead of each paying it at start. One that is not installed is skipped there (the env's
+    construction in the worker reports it)."""
+
     def __init__(self, **kwargs: object) -> None:
         # Subclasses take their options as keyword arguments and pass the rest here, so a typo in
         # a config's env.kwargs is an error naming the option instead of being silently ignored.
@@ -122,6 +128,14 @@ class Env(abc.ABC):
         if split not in SPLITS:
             raise ValueError(f"env {cls.__name__}: unknown split {split!r}; splits are {list(SPLITS)}")
         return _PROCEDURAL[split]
+
+    @classmethod
+    def check_options(cls, **options: object) -> None:
+        """Check ``options`` (a config's env.kwargs) in the process that launches a run, before any
+        worker starts: raise a ValueError, TypeError or ImportError of one line naming what is
+        wrong (``agentgym train`` prints it and stops). The default checks nothing, so naming an
+        env still costs no start of a JVM or a browser; the workers' construction checks anyway.
+        Envs whose tasks come from a package (a dataset, a game by id) check the id here."""
 
     def random_action(self, rng: random.Random) -> str:
         """A uniformly random action for the current episode (no better than chance, no privileged

@@ -104,6 +104,10 @@ register_env("textcraft", "agentgym.envpool.envs.textcraft:TextCraft")
 register_env("maze", "agentgym.envpool.envs.maze:Maze")
 register_env("wordle", "agentgym.envpool.envs.wordle:Wordle")
 register_env("probe", "agentgym.envpool.envs.probe:Probe")
+# Adapters for other ecosystems' env packages (optional extras; docs/environments.md, "Bring an environment from ...").
+register_env("reasoning_gym", "agentgym.envpool.envs.reasoning_gym:ReasoningGym")
+register_env("textarena", "agentgym.envpool.envs.textarena:TextArena")
+register_env("skyrl_gym", "agentgym.envpool.envs.skyrl_gym:SkyRLGym")
 
 ENV_INFO: dict[str, tuple[str, str, bool]] = {
     # name: (what it is, what it needs beyond the Python packages, test-only)
@@ -117,6 +121,9 @@ ENV_INFO: dict[str, tuple[str, str, bool]] = {
     "webshop": ("buy the product an instruction describes on a local web shop, in a browser", "Chromium (Debian chromium)", False),
     "remote": ("an env played on a remote AgentGym env server over HTTP", "a running env server (env.kwargs.url)", False),
     "probe": ("one-turn diagnostics: can the learner learn one given thing", "-", False),
+    "reasoning_gym": ("any reasoning-gym dataset by name, scored by its score_answer", "agentgym[reasoning-gym]", False),
+    "textarena": ("any TextArena game by id; two-player games against a fixed opponent", "agentgym[textarena]", False),
+    "skyrl_gym": ("any registered SkyRL-gym env id, on SkyRL-format rows (JSON Lines)", "agentgym[skyrl-gym]", False),
     "chaos": ("an env that crashes, hangs or corrupts on request (pool robustness tests)", "-", True),
 }
 """What ``agentgym envs`` prints for each built-in (docs/environments.md has the details)."""

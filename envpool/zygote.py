@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import os
 import selectors
 import signal
@@ -237,7 +238,10 @@ def serve(sock: socket.socket, parent_pid: int, env: str, target: str) -> int:
     worker._die_with_parent(parent_pid)  # noqa: SLF001 - the same rule as a worker's
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        load_target(target, env)  # the env's module, once, for every child
+        cls = load_target(target, env)  # the env's module, once, for every child
+        for module in cls.preload:  # and the packages it imports lazily (Env.preload)
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - the pool falls back to starting workers itself
         sock.send(f"unsafe cannot import {target}: {type(exc).__name__}: {exc}"[:_MSG].encode())
         return 1

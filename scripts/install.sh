@@ -61,6 +61,7 @@ fi
 # `transformers` model imports ("operator torchvision::nms does not exist"). Text models need none.
 "$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$PIP" install -q -e ".[test,tensorboard,wandb]"  # wandb: the W&B sink is tested (offline) in the suite
+"$PIP" install -q -e ".[verifiers]"  # the verifiers env adapter is tested against the real package (pins openai<3)
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

@@ -43,14 +43,15 @@ def preflight(cfg: Config, model_key: str = "model.path") -> Config:
     env name is known (envpool/registry.py), every metrics sink's library is installed
     (agentgym/observe/sinks.py), and the model is found (agentgym/config/model_path.py, named ``model_key`` in
     the error). Returns ``cfg`` with ``model.path`` resolved; exits with one line on a problem."""
-    from agentgym.envpool.registry import UnknownEnvError, env_target
+    from agentgym.envpool.registry import UnknownEnvError, check_env, env_target
     from agentgym.config.model_path import ModelNotFound, with_model_found
     from agentgym.observe.sinks import SinkError, check_sinks
 
     try:
         for i, spec in enumerate(cfg.env.specs):
             env_target(spec.name, f"env.mix[{i}].name" if cfg.env.mix else "env.name")
+            check_env(spec.name, spec.kwargs, cfg)  # an adapter's options (envs/verifiers_env.py)
         check_sinks(cfg.metrics.sinks)
         return with_model_found(cfg, model_key)
-    except (UnknownEnvError, SinkError, ModelNotFound) as exc:
+    except (UnknownEnvError, SinkError, ModelNotFound, ImportError, ValueError) as exc:
         raise fail(str(exc)) from None

@@ -28,6 +28,7 @@ returned here, is what is trained. ``check`` is the start-up check (``agentgym.c
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -163,6 +164,12 @@ class _Loop:
         self.stack = contextlib.AsyncExitStack()
         self.serving = asyncio.Lock()
         threading.Thread(target=self.loop.run_forever, name="verifiers", daemon=True).start()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Stop what serving started (interception servers, shared tool servers) as the actor exits."""
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.stack.aclose(), self.loop).result(timeout=10)
 
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -196,7 +203,9 @@ async def _episode(env: Loaded, loop: _Loop, index: int, root: str, key: str, mo
         raise RuntimeError(f"verifiers episode failed: {errors[-1].type}: {' '.join(errors[-1].message.split())[:800]}"
                            if errors else "verifiers episode failed")  # fmt: skip
     reward = float(sum(t.reward for t in episode.traces))
-    return {"reward": reward, "success": reward > 0}
+    # done: the harness ended the episode (a call refused at a limit never gets here: it fails the
+    # harness, and the runner keeps the limit's truncation)
+    return {"reward": reward, "success": reward > 0, "done": True}
 
 
 def play(task: dict[str, Any], client: Any) -> dict[str, Any]:

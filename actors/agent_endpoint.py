@@ -12,8 +12,12 @@ Routes (aiohttp, in the actor's own asyncio loop):
   GET  /v1/models, /c/{key}/v1/models
   POST /c/{key}/v1/chat/completions       the conversation named by its key in the base URL
   POST /v1/chat/completions               the same, the key in the X-Agentgym-Conversation header
+                                          or the body's "agentgym_conversation" field
   POST /c/{key}/reward, /v1/reward        {"reward": 1.0, "success": true}: ends the conversation
-Requests: messages, tools, max_tokens (or max_completion_tokens), temperature; n = 1, no streaming.
+Requests: messages, tools, max_tokens (or max_completion_tokens), temperature; n = 1. With
+``stream = true`` the finished completion is sent as server-sent events (one content chunk, one
+finish chunk, a usage chunk when ``stream_options.include_usage``, then ``[DONE]``): agent loops that
+only stream (verifiers' harness programs) work, though nothing arrives before the reply is complete.
 Sampling uses rollout.temperature and top_p (the distribution the learner assumes) unless
 ``request_temperature``. A call past the turn limit (counted in calls) or the token budget is
 refused with HTTP 400 and ends the episode as a turn_limit / token_limit truncation. With a
@@ -41,6 +45,9 @@ from agentgym.actors.engine import InferenceEngine, SamplingSpec
 log = structlog.get_logger(__name__)
 
 CONVERSATION_HEADER = "X-Agentgym-Conversation"
+CONVERSATION_FIELD = "agentgym_conversation"
+"""A request body field naming the conversation: for a client that keeps one base URL and one set
+of headers for many conversations but adds body fields per request (verifiers' sampling extras)."""
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
@@ -135,8 +142,10 @@ class AgentEndpoint:
         except ApiError as exc:
             return web.json_response({"error": {"message": exc.message, "type": exc.code, "code": exc.code}}, status=exc.status)
 
-    def _session(self, request: web.Request) -> Session:
+    def _session(self, request: web.Request, body: dict[str, Any] | None = None) -> Session:
         key = request.match_info.get("key") or request.headers.get(CONVERSATION_HEADER, "")
+        if not key and body is not None and isinstance(body.get(CONVERSATION_FIELD), str):
+            key = body[CONVERSATION_FIELD]
         if not key:
             raise ApiError(400, f"no conversation: use the base URL /c/KEY/v1 or the {CONVERSATION_HEADER} header")
         s = self.sessions.get(key)
@@ -159,11 +168,9 @@ class AgentEndpoint:
             s.success = body["success"]
         return web.json_response({"ok": True})
 
-    async def _chat(self, request: web.Request) -> web.Response:
-        s = self._session(request)
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await _json(request)
-        if body.get("stream"):
-            raise ApiError(400, "stream=true is not supported: ask without streaming")
+        s = self._session(request, body)
         if body.get("n", 1) != 1:
             raise ApiError(400, f"n must be 1, got {body.get('n')!r}")
         messages = body.get("messages")
@@ -198,12 +205,35 @@ class AgentEndpoint:
             text = s.trace.record(plan, gen)
         message, finish = _assistant(text, gen.finish_reason, bool(tools))
         n_prompt, n_gen = len(plan.prompt_ids), len(gen.token_ids)
+        head = {"id": f"chatcmpl-{s.key[:8]}-{s.calls}", "created": int(time.time()), "model": self.model_name}
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+        if body.get("stream"):
+            options = body.get("stream_options")
+            return await _stream(request, head, message, finish, usage if isinstance(options, dict) and options.get("include_usage") else None)
         return web.json_response({
-            "id": f"chatcmpl-{s.key[:8]}-{s.calls}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
+            **head, "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}], "usage": usage,
         })  # fmt: skip
+
+
+async def _stream(request: web.Request, head: dict[str, Any], message: dict[str, Any], finish: str,
+                  usage: dict[str, int] | None) -> web.StreamResponse:  # fmt: skip
+    """A finished completion as chat.completion.chunk server-sent events."""
+    delta = {k: v for k, v in message.items() if k != "tool_calls"}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+    chunk = {**head, "object": "chat.completion.chunk"}
+    events = [{**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]},
+              {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}]}]  # fmt: skip
+    if usage is not None:
+        events.append({**chunk, "choices": [], "usage": usage})
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for event in events:
+        await response.write(f"data: {json.dumps(event)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 async def _json(request: web.Request) -> dict[str, Any]:

@@ -12,7 +12,9 @@ episode's conversation; or a command, run with OPENAI_BASE_URL / OPENAI_API_KEY 
 in its environment, whose reward is the last line of its stdout or a POST to ``{base_url}/reward``.
 ``task`` is a dict: env, task_id (the env's task id; evaluation tickets are resolved to one),
 split, group_id, index, max_calls (the turn limit), max_tokens_per_call and the env's options.
-A reward may be a number or ``{"reward": x, "success": bool}`` (success defaults to reward > 0).
+A reward may be a number or ``{"reward": x, "success": bool}`` (success defaults to reward > 0);
+``"done": true`` in it says the agent ended the episode itself, so an unsuccessful episode that
+used every call is not taken for one cut at the turn limit.
 
 An agent that raises, exits non-zero, gives no reward or runs past ``timeout_s`` costs its episode
 only: it becomes ``finish="env_failure"`` (counted by the learner as env-worker failures are, and
@@ -191,7 +193,8 @@ class AgentRunner:
                         calls=len(trace.calls), error=failure[:500])  # fmt: skip
             return trace.to_episode(reward=0.0, success=False, finish="env_failure", turn_limit=turn_limit, failure=failure)
         success = bool(reward > 0) if success is None else success
-        finish = session.limit or ("turn_limit" if len(trace.calls) >= turn_limit and not success else "done")
+        ended = isinstance(result, dict) and result.get("done") is True  # the agent says it finished
+        finish = session.limit or ("turn_limit" if len(trace.calls) >= turn_limit and not success and not ended else "done")
         return trace.to_episode(reward=reward, success=success, finish=finish, turn_limit=turn_limit)
 
     async def _run(self, session: Session, task: dict[str, Any]) -> Any:

@@ -108,6 +108,7 @@ register_env("probe", "agentgym.envpool.envs.probe:Probe")
 register_env("reasoning_gym", "agentgym.envpool.envs.reasoning_gym:ReasoningGym")
 register_env("textarena", "agentgym.envpool.envs.textarena:TextArena")
 register_env("skyrl_gym", "agentgym.envpool.envs.skyrl_gym:SkyRLGym")
+register_env("verifiers", "agentgym.envpool.envs.verifiers_env:Verifiers")
 
 ENV_INFO: dict[str, tuple[str, str, bool]] = {
     # name: (what it is, what it needs beyond the Python packages, test-only)
@@ -124,9 +125,26 @@ ENV_INFO: dict[str, tuple[str, str, bool]] = {
     "reasoning_gym": ("any reasoning-gym dataset by name, scored by its score_answer", "agentgym[reasoning-gym]", False),
     "textarena": ("any TextArena game by id; two-player games against a fixed opponent", "agentgym[textarena]", False),
     "skyrl_gym": ("any registered SkyRL-gym env id, on SkyRL-format rows (JSON Lines)", "agentgym[skyrl-gym]", False),
+    "verifiers": ("a verifiers (prime-rl) taskset, played by its own harness through the agent endpoint",
+                  "pip extra [verifiers]; uv fetches the harness program's packages on first use", False),
     "chaos": ("an env that crashes, hangs or corrupts on request (pool robustness tests)", "-", True),
 }
 """What ``agentgym envs`` prints for each built-in (docs/environments.md has the details)."""
+
+
+ENV_CHECKS: dict[str, str] = {
+    "verifiers": "agentgym.envpool.envs.verifiers_env:check",
+}
+"""Start-up checks of envs whose options can only be checked by loading what they name (a
+package's taskset): ``function(options, cfg)`` raises ImportError or ValueError with one line."""
+
+
+def check_env(name: str, options: dict, cfg: object = None) -> None:
+    """Run ``name``'s start-up check, if it has one (imports the env's module only then)."""
+    target = ENV_CHECKS.get(name)
+    if target is not None:
+        module_name, _, attr = target.partition(":")
+        getattr(importlib.import_module(module_name), attr)(dict(options), cfg)
 
 
 def describe_envs() -> list[tuple[str, str, str, bool]]:

@@ -69,6 +69,7 @@ fi
 # Other ecosystems' env packages (the adapters' tests run against them); pure Python, they leave
 # torch, vllm and transformers as installed above.
 "$PIP" install -q -e ".[envs]"
+"$PIP" install -q -e ".[verifiers]"  # the verifiers env adapter is tested against the real package (pins openai<3)
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

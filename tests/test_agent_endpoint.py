@@ -249,3 +249,39 @@ def test_the_guard_refuses_segments_that_do_not_tile_the_episode() -> None:
     assert collate([episode([2, 4])], 0).input_ids.tolist() == [[1, 2], [3, 4]]
     for bad in ([2, 3], [0, 4], [3, 2, 4]):
         assert guard.content(episode(bad)) == "segment_ends_out_of_order_or_range"
+
+
+def test_a_streamed_call_routed_by_a_body_field_is_recorded_like_any_other(setup) -> None:
+    """``stream=true`` (verifiers' harness programs only stream) and the conversation named by the
+    body's ``agentgym_conversation`` (one base URL for every episode): the SDK reassembles the
+    completion, and the call is kept as the engine made it."""
+    from agentgym.actors.agent_endpoint import AgentEndpoint
+    from agentgym.actors.agent_trace import AgentTrace
+
+    model_dir, tok, _ = setup
+
+    async def go():
+        engine = RecordingEngine(model_dir, seed=0)
+        await engine.start()
+        endpoint = AgentEndpoint(engine, tok)
+        await endpoint.start()
+        try:
+            spec = SamplingSpec(max_tokens=4, temperature=1.0, top_p=1.0, stop_token_ids=(tok.eos_token_id,))
+            session = endpoint.open(AgentTrace(tok, 256), spec, turn_limit=2, max_tokens=4)
+            client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/v1", api_key="-", max_retries=0)
+            stream = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "guess a number from 1 to 8"}], stream=True,
+                stream_options={"include_usage": True}, extra_body={"agentgym_conversation": session.key})  # fmt: skip
+            chunks = [c async for c in stream]
+            return chunks, session, engine.seen
+        finally:
+            await endpoint.close()
+            await engine.close()
+
+    chunks, session, seen = asyncio.run(asyncio.wait_for(go(), 120))
+    (prompt, gen), = seen
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    ids = gen.token_ids[:-1] if gen.finish_reason == "stop" and gen.token_ids[-1] == tok.eos_token_id else gen.token_ids
+    assert text == tok.decode(ids) and chunks[-1].usage.completion_tokens == len(gen.token_ids)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert session.trace.calls[0].prompt_ids == prompt and session.trace.calls[0].token_ids == gen.token_ids

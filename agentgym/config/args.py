@@ -43,14 +43,17 @@ def preflight(cfg: Config, model_key: str = "model.path", env_options: bool = Fa
     env name is known (envpool/registry.py), every metrics sink's library is installed
     (agentgym/observe/sinks.py), and the model is found (agentgym/config/model_path.py, named ``model_key`` in
     the error). With ``env_options`` (envs are played on this host) also each env's options, by
-    its ``Env.check_options``. Returns ``cfg`` with ``model.path`` resolved; exits with one line on a problem."""
-    from agentgym.envpool.registry import UnknownEnvError, env_target, load_target
+    its ``Env.check_options``; an env with a start-up check of the whole config (``check_env``:
+    the verifiers adapter needs the agent endpoint) runs it. Returns ``cfg`` with ``model.path``
+    resolved; exits with one line on a problem."""
+    from agentgym.envpool.registry import UnknownEnvError, check_env, env_target, load_target
     from agentgym.config.model_path import ModelNotFound, with_model_found
     from agentgym.observe.sinks import SinkError, check_sinks
 
     try:
         for i, spec in enumerate(cfg.env.specs):
             target = env_target(spec.name, f"env.mix[{i}].name" if cfg.env.mix else "env.name")
+            check_env(spec.name, spec.kwargs, cfg)  # an adapter's check of the config (envs/verifiers_env.py)
             if env_options:
                 where = f"env.mix[{i}].kwargs" if cfg.env.mix else "env.kwargs"
                 try:
@@ -59,5 +62,5 @@ def preflight(cfg: Config, model_key: str = "model.path", env_options: bool = Fa
                     raise fail(f"{where}: {exc}") from None
         check_sinks(cfg.metrics.sinks)
         return with_model_found(cfg, model_key)
-    except (UnknownEnvError, SinkError, ModelNotFound) as exc:
+    except (UnknownEnvError, SinkError, ModelNotFound, ImportError, ValueError) as exc:
         raise fail(str(exc)) from None

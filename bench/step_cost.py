@@ -3,6 +3,12 @@ trainer (TRL's ``GRPOTrainer``) on the same model, task, batch and optimizer, si
 
     pip install trl          # the bench extra: pip install -e '.[bench]'
     python bench/step_cost.py --model models/tiny-gn-base --steps 40 [--engines hf,vllm] [--out runs/step_cost]
+    python bench/step_cost.py --model models/smollm2-135m --real --steps 8 --engines vllm
+
+``--real`` is the preset for an instruct model: at most 8 new tokens a turn, AdamW at a constant lr
+1e-6, and agentgym in mixed precision (``model.dtype = "bfloat16"``: bfloat16 engines and wire,
+float32 master weights; docs/adr/0023) with each group's prompt run once; TRL as it runs by
+default on a CPU (float32). ``--trl-bf16`` gives TRL bfloat16 autocast too (its ``bf16`` flag).
 
 The task is the echo probe (observation: a number 1-8; reward 1 for saying it), one token per
 turn, 8 groups of 8 per step, temperature 1, AdamW at a constant lr 3e-3, grad clip 1.0, no KL.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -36,9 +43,14 @@ SETTINGS = [
 ]  # fmt: skip
 
 
-def agentgym_run(model: Path, engine: str, mode: str, steps: int, out: Path, port: int) -> dict:
+REAL = ["rollout.max_tokens_per_turn=8", "learner.lr=1e-6", 'model.dtype="bfloat16"', "learner.shared_prefix=true",
+        "rollout.max_episode_tokens=256", "actor.kv_cache_gib=0.5"]  # fmt: skip
+"""--real: the settings an instruct model is measured with (they follow SETTINGS, so they win)."""
+
+
+def agentgym_run(model: Path, engine: str, mode: str, steps: int, out: Path, port: int, extra: list[str]) -> dict:
     run_dir = out / f"agentgym-{engine}-{mode}"
-    overrides = [*SETTINGS, f'model.path="{model}"', f'actor.engine="{engine}"', f'learner.bind="tcp://127.0.0.1:{port}"']
+    overrides = [*SETTINGS, *extra, f'model.path="{model}"', f'actor.engine="{engine}"', f'learner.bind="tcp://127.0.0.1:{port}"']
     cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
            "--run-dir", str(run_dir), "--mode", mode, "--max-steps", str(steps), "--actors", "2",
            *[x for o in overrides for x in ("-o", o)]]  # fmt: skip
@@ -57,7 +69,7 @@ def agentgym_run(model: Path, engine: str, mode: str, steps: int, out: Path, por
     }
 
 
-def trl_run(model: Path, steps: int, out: Path) -> dict:
+def trl_run(model: Path, steps: int, out: Path, *, max_tokens: int = 1, lr: float = 3e-3, bf16: bool = False) -> dict:
     """TRL's GRPOTrainer on the same prompts, reward, batch and optimizer."""
     try:
         from datasets import Dataset
@@ -87,8 +99,8 @@ def trl_run(model: Path, steps: int, out: Path) -> dict:
             stamps.append(time.time())
 
     cfg = GRPOConfig(
-        output_dir=str(out / "trl"), per_device_train_batch_size=64, num_generations=8, max_completion_length=1,
-        learning_rate=3e-3, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, beta=0.0,
+        output_dir=str(out / "trl"), per_device_train_batch_size=64, num_generations=8, max_completion_length=max_tokens,
+        learning_rate=lr, bf16=bf16, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, beta=0.0,
         temperature=1.0, max_steps=steps, use_cpu=True, report_to=[], logging_steps=10, save_strategy="no",
         dataloader_num_workers=0, seed=0,
     )  # fmt: skip
@@ -97,7 +109,7 @@ def trl_run(model: Path, steps: int, out: Path) -> dict:
                           processing_class=tok, callbacks=[Clock()])  # fmt: skip
     start = time.time() - t0
     trainer.train()
-    return {"system": "TRL GRPOTrainer (in-process)", "steps": len(stamps), "wall_s": round(time.time() - t0, 1),
+    return {"system": f"TRL GRPOTrainer (in-process{', bf16' if bf16 else ''})", "steps": len(stamps), "wall_s": round(time.time() - t0, 1),
             "steps_per_s": round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 3), "startup_s": round(start, 1)}  # fmt: skip
 
 
@@ -108,17 +120,22 @@ def main() -> int:
     p.add_argument("--engines", default="hf,vllm")
     p.add_argument("--modes", default="sync,async")
     p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--real", action="store_true", help="the instruct-model preset (see the module docstring)")
+    p.add_argument("--trl-bf16", action="store_true", help="TRL with bfloat16 autocast")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "step_cost")
     args = p.parse_args()
     args.model = args.model.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = [] if args.skip_trl else [trl_run(args.model, args.steps, args.out)]
+    trl = {"max_tokens": 8, "lr": 1e-6} if args.real else {}
+    results = [] if args.skip_trl else [trl_run(args.model, args.steps, args.out, bf16=args.trl_bf16, **trl)]
     port = 5800
     for engine in args.engines.split(","):
         for mode in args.modes.split(","):
-            results.append(agentgym_run(args.model, engine, mode, args.steps, args.out, port))
+            results.append(agentgym_run(args.model, engine, mode, args.steps, args.out, port, REAL if args.real else []))
             port += 2
-    (args.out / "step_cost.json").write_text(json.dumps(results, indent=2))
+    load = os.getloadavg()
+    (args.out / "step_cost.json").write_text(json.dumps({"load": load, "results": results}, indent=2))
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (compare figures of one invocation only)")
     ref = next((r["steps_per_s"] for r in results if r["system"].startswith("TRL") and "error" not in r), None)
     print("\n| system | steps/s | vs TRL | start-up s | per step: wait / train / export s |")
     print("|---|---|---|---|---|")

@@ -6,6 +6,11 @@ there with no record (Slurm's ``scancel`` of a step that is still starting, a su
 ``hold`` replaces that default with a note of the signal; the loop's handler, once installed,
 calls ``take`` and acts on a signal held meanwhile as on one that came later.
 SIGINT is not held: Ctrl-C during the imports stops the process at once, as it always has.
+
+The learner holds SIGTERM from its start and SIGINT from just before its trio loop, and never lets
+go: its loop's receiver replaces the held handlers while it is open and puts them back when it
+closes, so a signal repeated or late (the launcher forwarding one the process group already got)
+is noted instead of killing a learner that is saving its checkpoint (learner/stopping.py).
 """
 
 from __future__ import annotations

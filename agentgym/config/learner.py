@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from agentgym.config.sections import Section, check_tcp
+from agentgym.protocol.limits import DEFAULT_CHUNK_MIB
 
 
 # The estimators the step-relative term (learner.step_advantage_weight) may be added to: the
@@ -111,7 +112,7 @@ class LearnerConfig(Section):
     inbox_mib: Annotated[int, Field(ge=1)] = 256
     """Bytes of unread messages ZeroMQ may hold per actor on the control port: its receive queue
     holds as many messages as groups of the largest size fit in this (learner/bounds.py)."""
-    weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 16
+    weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_CHUNK_MIB
     """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
     agentgym's processes set it, agentgym/host/allocator.py), an actor's received frames reuse freed
     memory instead of faulting in fresh pages (docs/adr/0011-weight-transfer.md)."""

@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     # Held from here to the process's exit, outside the signal receiver that run_learner keeps
     # open meanwhile: a repeated or late signal must never reach the default action (death).
     early_signals.hold(signal.SIGINT)
-    return trio.run(run_learner, cfg, run_dir, args.resume is not None)
+    try:
+        return trio.run(run_learner, cfg, run_dir, args.resume is not None)
+    finally:
+        early_signals.ignore_from_now()
 
 
 def worker_rank() -> int | None:

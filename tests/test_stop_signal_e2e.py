@@ -4,7 +4,8 @@ simulated engine, the tiny model) stopped mid-step the ways a job is stopped, th
 1. As Slurm's ``scancel`` does: SIGTERM to the job's whole process group (the launcher runs in a
    session of its own), twice, while a training step runs. The step is abandoned before its
    optimizer step, the ``interrupted`` checkpoint holds the last completed step, summary.json is
-   written, the actors leave, every process exits.
+   written, the actors leave (their env workers, signalled too, stay up until closed), every
+   process exits with its own code (130 for the launcher and learner, 0 for the actors).
 2. ``agentgym train --resume`` under ``timeout``: SIGTERM to the ``timeout`` process, which sends it
    to the launcher and to their process group (coreutils' own behaviour at its deadline), and a
    SIGINT to the learner alone on top. The run continues from the checkpoint's step, and stops
@@ -112,6 +113,11 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     assert _steps(run_dir) == list(range(1, first + 1))
     for f in (run_dir / "actors").glob("*.json"):
         assert json.loads(f.read_text())["reason"] in ("got SIGTERM", "learner: learner got SIGTERM"), f.read_text()
+    # The actors stopped cleanly (a late SIGTERM did not end them with -15), and their env
+    # workers, signalled with the group, stayed up until the actors closed them.
+    assert "actor_failed" not in log.read_text(), log.read_text()[-3000:]
+    for f in (run_dir / "logs").glob("actor-local-*.jsonl"):
+        assert '"crash"' not in f.read_text(), f.read_text()[-3000:]  # the pool's failures by reason
 
     # 2. `timeout` stops the resumed run: SIGTERM to timeout, which signals the launcher and the
     # process group; a SIGINT to the learner alone on top.
@@ -133,6 +139,7 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     _, alive = psutil.wait_procs(family, timeout=30)
     assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
     assert [e["step"] for e in _learner_events(run_dir, "learner_resumed")] == [first]
+    assert "actor_failed" not in log.read_text(), log.read_text()[-3000:]
     second = _check_stopped(run_dir, "SIGTERM")
     assert second >= first + 2
     assert _steps(run_dir) == list(range(1, second + 1))  # the step count went on from the checkpoint

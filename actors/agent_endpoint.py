@@ -84,9 +84,12 @@ class ApiError(Exception):
 class AgentEndpoint:
     def __init__(
         self, engine: InferenceEngine, tokenizer: Any, *, host: str = "127.0.0.1", port: int = 0, token: str = "",
-        model_name: str = "policy", request_temperature: bool = False,
+        model_name: str = "policy", request_temperature: bool = False, max_request_bytes: int = 64 * 2**20,
     ) -> None:  # fmt: skip
         self.engine, self.tokenizer = engine, tokenizer
+        self.max_request_bytes = max_request_bytes
+        """Largest request body read (protocol/limits.py, ``agent_request_bytes``); a larger one
+        is answered 413 unread past the cap, and logged."""
         self.host, self.port, self.token = host, port, token
         self.model_name, self.request_temperature = model_name, request_temperature
         self.sessions: dict[str, Session] = {}
@@ -95,7 +98,7 @@ class AgentEndpoint:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        app = web.Application(client_max_size=64 * 2**20, middlewares=[self._errors])
+        app = web.Application(client_max_size=self.max_request_bytes, middlewares=[self._errors])
         app.add_routes([
             web.get("/v1/models", self._models), web.get("/c/{key}/v1/models", self._models),
             web.post("/v1/chat/completions", self._chat), web.post("/c/{key}/v1/chat/completions", self._chat),
@@ -139,8 +142,13 @@ class AgentEndpoint:
             if self.token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {self.token}"):
                 raise ApiError(401, "missing or wrong bearer token", "invalid_api_key")
             return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            log.warning("agent_request_refused", path=request.path, content_length=request.content_length,
+                        frame_cap_bytes=self.max_request_bytes, why="request body over the cap (a conversation past the rollout limits)")  # fmt: skip
+            return _error(ApiError(413, f"request body over {self.max_request_bytes} bytes, the most a conversation of "
+                                        "this run's rollout.max_episode_tokens can take", "request_too_large"))
         except ApiError as exc:
-            return web.json_response({"error": {"message": exc.message, "type": exc.code, "code": exc.code}}, status=exc.status)
+            return _error(exc)
 
     def _session(self, request: web.Request, body: dict[str, Any] | None = None) -> Session:
         key = request.match_info.get("key") or request.headers.get(CONVERSATION_HEADER, "")
@@ -234,6 +242,10 @@ async def _stream(request: web.Request, head: dict[str, Any], message: dict[str,
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+def _error(exc: ApiError) -> web.Response:
+    return web.json_response({"error": {"message": exc.message, "type": exc.code, "code": exc.code}}, status=exc.status)
 
 
 async def _json(request: web.Request) -> dict[str, Any]:

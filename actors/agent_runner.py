@@ -103,14 +103,15 @@ def _reward(value: Any) -> tuple[float, bool | None]:
 
 class AgentRunner:
     def __init__(self, cfg: AgentEndpointConfig, engine: InferenceEngine, tokenizer: Any,
-                 stats: dict[str, int] | None = None) -> None:  # fmt: skip
+                 stats: dict[str, int] | None = None, max_request_bytes: int = 64 * 2**20) -> None:  # fmt: skip
         self.cfg = cfg
         token = os.environ.get(cfg.token_env, "") if cfg.token_env else ""
         if cfg.token_env and not token:
             raise ValueError(f"actor.agent_endpoint.token_env: environment variable {cfg.token_env!r} is empty or unset")
         self.api_key = token or "agentgym"  # the SDK insists on some key
         self.endpoint = AgentEndpoint(engine, tokenizer, host=cfg.host, port=cfg.port, token=token,
-                                      model_name=cfg.model_name, request_temperature=cfg.request_temperature)  # fmt: skip
+                                      model_name=cfg.model_name, request_temperature=cfg.request_temperature,
+                                      max_request_bytes=max_request_bytes)  # fmt: skip
         self.tokenizer = tokenizer
         self.engine = engine
         self.program = load_program(cfg.program) if cfg.program else None

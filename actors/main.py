@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        early_signals.ignore_from_now()  # the loop's handlers are gone: a late SIGTERM must not end a clean stop
 
 
 if __name__ == "__main__":

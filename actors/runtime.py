@@ -34,7 +34,7 @@ from agentgym.actors.playing import Playing
 from agentgym.actors.weight_sync import WeightSync
 from agentgym.auth.keys import ClientKeys, KeyFileError, load_public
 from agentgym.host import early_signals
-from agentgym.protocol.limits import actor_control_frame
+from agentgym.protocol.limits import actor_control_frame, agent_request_bytes
 from agentgym.protocol.weights import WeightBuffers
 from agentgym.protocol import (
     Ack,
@@ -313,7 +313,8 @@ class Actor(WeightSync, Playing):
                 if self.cfg.actor.agent_endpoint.enabled:  # the user's agent through an OpenAI-compatible endpoint
                     from agentgym.actors.agent_runner import AgentRunner
 
-                    self.agents = AgentRunner(self.cfg.actor.agent_endpoint, self.engine, self.tokenizer, self.stats)
+                    self.agents = AgentRunner(self.cfg.actor.agent_endpoint, self.engine, self.tokenizer, self.stats,
+                                              max_request_bytes=agent_request_bytes(self.welcome.rollout.max_episode_tokens))  # fmt: skip
                     await self.agents.start()
                 self.engine_ready.set()
                 tg.create_task(self.weight_loop())  # WeightsReady -> fetch -> engine update

@@ -9,8 +9,10 @@ writing to fd 1, lands in the pool's log instead of corrupting frames. An except
 env is answered with ``Failure(kind="env_error")`` carrying its traceback (the pool logs it), and
 the worker lives on; a malformed request ends the worker: the stream can no longer be trusted.
 
-The worker ignores SIGINT (the actor decides when envs stop) and, on Linux, asks to be killed
-when its parent dies, so a hung env cannot outlive its actor.
+The worker ignores SIGINT and SIGTERM (the actor decides when envs stop: a stop signal to the
+whole job, Ctrl-C, ``timeout`` or Slurm's ``scancel``, must leave its envs up while it finishes its
+episodes' turns and hands them over) and, on Linux, asks to be killed when its parent dies, so a
+hung env cannot outlive its actor. The pool stops a worker with Close, or SIGKILL.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ _FRAME_FD: int | None = None
 def frame_fd() -> int | None:
     """The fd that carries reply frames in this process (None outside a worker). For tests only."""
     return _FRAME_FD
+
+
+def ignore_stop_signals() -> None:
+    """SIGINT and SIGTERM change nothing here: they reach every process of a job at once, and
+    the actor closes its envs itself once its episodes are handed over (see the module docstring)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
@@ -175,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m agentgym.envpool.worker", description=__doc__.split("\n")[0])
     p.add_argument("--parent-pid", type=int, help="die when this process dies (Linux)")
     args = p.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_stop_signals()
     _die_with_parent(args.parent_pid)
 
     # Frames go to a private copy of the original stdout; fd 1 becomes stderr for everyone else.

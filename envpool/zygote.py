@@ -235,8 +235,8 @@ def serve(sock: socket.socket, parent_pid: int, env: str, target: str) -> int:
 
     with contextlib.suppress(ImportError):
         import setproctitle  # noqa: F401 - imported once here, used by every child
-    worker._die_with_parent(parent_pid)  # noqa: SLF001 - the same rule as a worker's
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker._die_with_parent(parent_pid)  # noqa: SLF001 - the same rules as a worker's
+    worker.ignore_stop_signals()  # the forked workers inherit it
     try:
         cls = load_target(target, env)  # the env's module, once, for every child
         for module in cls.preload:  # and the packages it imports lazily (Env.preload)

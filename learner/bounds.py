@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The per-token and per-episode figures are the actor's too (its caps): one definition.
-from agentgym.protocol.limits import EPISODE_FIXED, MARGIN, TOKEN_BYTES, KiB, MiB, group_bytes
+from agentgym.protocol.limits import EPISODE_FIXED, MARGIN, REQUEST_FRAME, TOKEN_BYTES, KiB, MiB, group_bytes
 
 __all__ = ["EPISODE_FIXED", "MARGIN", "TOKEN_BYTES", "KiB", "MiB", "MIN_INBOX", "WEIGHTS_FRAME", "SocketBounds"]
-WEIGHTS_FRAME = 4 * KiB
+WEIGHTS_FRAME = REQUEST_FRAME
 MIN_INBOX = 16
 
 

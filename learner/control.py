@@ -288,9 +288,10 @@ class ActorControl:
             for late, ticket in self.sched.overdue():
                 # A live heartbeat says nothing of this ticket: another actor plays it too, the
                 # first answer is trained and the other is acknowledged duplicate.
+                p95 = self.sched.deadlines.turnaround_s(late.actor_id)  # what its deadline was made from
                 log.warning("ticket_overdue", group=ticket.group_id, actor=late.index, actor_id=late.actor_id,
-                            turnaround_s=None if late.turnaround_s is None else round(late.turnaround_s, 2),
-                            missed=late.missed, grant=late.earned)  # fmt: skip
+                            turnaround_p95_s=None if p95 is None else round(p95, 2), missed=late.missed,
+                            grant=late.earned)  # fmt: skip
             # The staleness rule's headroom tells actors whether playing more at once would help.
             hint = {"headroom": float(self.sched.headroom(self.version)), "stale_groups": float(
                 self.counters.groups["stale"] + self.counters.expired["groups"])}

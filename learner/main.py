@@ -17,6 +17,7 @@ by hand); RANK 0 is the learner the actors talk to, RANK > 0 a data-parallel wor
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from agentgym.host import early_signals
+
+    if worker_rank() is None:
+        # A SIGTERM while torch loads (a job stopped as it starts): noted, and the run stops
+        # cleanly once its loop runs (learner/stopping.py), instead of dying with no summary.
+        early_signals.hold(signal.SIGTERM)
     args = build_parser().parse_args(argv)
     if args.resume is not None:
         if args.config is None:
@@ -101,7 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         from agentgym.learner.trainer import Trainer
 
         return run_worker(cfg, Trainer.build)
-    return trio.run(run_learner, cfg, run_dir, args.resume is not None)
+    # Held from here to the process's exit, outside the signal receiver that run_learner keeps
+    # open meanwhile: a repeated or late signal must never reach the default action (death).
+    early_signals.hold(signal.SIGINT)
+    try:
+        return trio.run(run_learner, cfg, run_dir, args.resume is not None)
+    finally:
+        early_signals.ignore_from_now()
 
 
 def worker_rank() -> int | None:

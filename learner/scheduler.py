@@ -12,13 +12,14 @@ heartbeats (``actors/concurrency.py``).
 Tickets of an actor that leaves or goes silent are re-issued to the others, so no group is lost.
 
 Deadlines and earned grants (docs/operations.md, "Stragglers"): a live heartbeat says nothing of
-the tickets an actor holds, so every ticket also has a deadline, ``deadline_factor`` times its
-actor's observed grant-to-answer time (the slowest actor's for one with none yet; the cap while
-no actor has answered), within [``deadline_min_s``, ``deadline_max_s``]. ``overdue`` issues a
-ticket past its deadline again to another actor; the first answer is trained and the other is
-acknowledged ``duplicate`` (``late_answers`` counts them). The late holder keeps the slot until it
-answers, and its earned grant is halved, so a hoarder ends up holding one ticket and a hung engine
-behind a live heartbeat loses its tickets one deadline after it hangs. An actor holds at most
+the tickets an actor holds, so every ticket also has a deadline from measured turnaround (a few
+times the p95 of its actor's grant-to-answer times, the fleet's for an actor with no history:
+learner/deadlines.py owns the rule). ``overdue`` issues a ticket past its deadline again to
+another actor, and with it every other ticket its holder has, at once; the first answer is
+trained and the other is acknowledged ``duplicate`` (``late_answers`` counts them). The late
+holder keeps the slots until it answers, and its earned grant shrinks to what it has answered
+(at most half of it), so a hoarder ends up holding one ticket and a hung engine behind a live
+heartbeat loses its tickets one deadline after it hangs. An actor holds at most
 ``min(capacity, earned, share)`` tickets: ``earned`` starts at ``grant_start`` and grows by one per
 group it answers first; ``share`` is twice its fraction of the last ``SHARE_WINDOW`` first answers,
 of the tickets the staleness rule admits (never below ``grant_start``).
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentgym.config import EnvSpec
+from agentgym.learner.deadlines import DeadlineRule
 from agentgym.learner.dedupe import split_ticket_id
 from agentgym.learner.staleness import StalenessRule
 from agentgym.protocol import Ticket
@@ -64,7 +66,8 @@ class ActorState:
     earned: int = 0
     """Tickets this actor may hold on its record (see the module docstring)."""
     turnaround_s: float | None = None
-    """Smoothed seconds from grant to answer (None until its first answer)."""
+    """Seconds from grant to answer of its last answer (None until its first); its deadlines
+    come from its recent ones (learner/deadlines.py)."""
     missed: int = 0
     """Tickets of this actor that passed their deadline."""
     last_grant: float = 0.0
@@ -87,8 +90,8 @@ class Scheduler:
         seed: int,
         issued: int = 0,
         rule: StalenessRule | None = None,
-        deadline_factor: float = 4.0,
-        deadline_min_s: float = 30.0,
+        deadline_factor: float = 3.0,
+        deadline_min_s: float = 2.0,
         deadline_max_s: float = 900.0,
         grant_start: int = 2,
     ) -> None:
@@ -114,7 +117,7 @@ class Scheduler:
         batch_groups x max_staleness of them no batch could ever fill again."""
         self.rule = rule or StalenessRule(mode=mode, max_staleness=max_staleness, batch_groups=batch_groups)  # type: ignore[arg-type]
         self._next_index = 0
-        self.deadline_factor, self.deadline_min_s, self.deadline_max_s = deadline_factor, deadline_min_s, deadline_max_s
+        self.deadlines = DeadlineRule(deadline_factor, deadline_min_s, deadline_max_s)
         self.grant_start = grant_start
         self._copies: dict[str, set[str]] = {}
         """Tickets issued again past a deadline and not yet answered -> the actors holding them."""
@@ -175,6 +178,7 @@ class Scheduler:
         state = self.actors.pop(actor_id, None)
         if state is None:
             return []
+        self.deadlines.forget(actor_id)
         back = []
         for t in state.outstanding.values():
             holders = self._copies.get(t.group_id)
@@ -203,28 +207,28 @@ class Scheduler:
     # ------------------------------------------------------------------ deadlines
     def deadline_s(self, state: ActorState) -> float:
         """Seconds a ticket granted to ``state`` now may take before it is issued again."""
-        est = state.turnaround_s
-        if est is None:  # no answer yet: as long as the slowest actor that has answered
-            est = max((a.turnaround_s for a in self.actors.values() if a.turnaround_s is not None), default=None)
-        if est is None:
-            return self.deadline_max_s
-        return min(max(self.deadline_factor * est, self.deadline_min_s), self.deadline_max_s)
+        return self.deadlines.deadline_s(state.actor_id)
 
     def overdue(self, now: float | None = None) -> list[tuple[ActorState, Ticket]]:
-        """Tickets past their deadline: each is queued to be issued again (first in line) and its
-        holder's earned grant is halved. The holder keeps it: its answer, if first, still counts."""
+        """Tickets past their deadline, and every other ticket their holders have: each is queued
+        to be issued again (first in line; an actor that missed one is not waited on for the rest)
+        and the holder's earned grant shrinks to its recent first answers, at most half of what it
+        was (never below one). The holder keeps them: its answer, if first, still counts."""
         now = time.monotonic() if now is None else now
         missed: list[tuple[ActorState, Ticket]] = []
         for a in self.actors.values():
-            for gid in [g for g, (_, dl) in a.deadlines.items() if now > dl]:
+            if not any(now > dl for _, dl in a.deadlines.values()):
+                continue
+            late = [g for g, (_, dl) in a.deadlines.items() if dl != math.inf]  # past it, or of the same holder
+            for gid in late:
                 a.deadlines[gid] = (a.deadlines[gid][0], math.inf)  # issued again once, not each tick
                 t = a.outstanding[gid]
-                a.missed += 1
-                a.earned = max(1, a.earned // 2)
                 self._copies.setdefault(gid, set()).add(a.actor_id)
-                self.requeue.appendleft(t)
                 self.deadline_reissued += 1
                 missed.append((a, t))
+            self.requeue.extendleft(reversed([a.outstanding[g] for g in late]))
+            a.missed += len(late)
+            a.earned = max(1, min(a.earned // 2, self._first_counts[a.actor_id]))
         return missed
 
     def postpone(self, seconds: float) -> None:
@@ -375,9 +379,9 @@ class Scheduler:
         # The ticket may have been re-queued (its first actor was presumed dead) or moved.
         return self._drop_queued(group_id)  # None: unknown or answered before (a duplicate)
 
-    @staticmethod
-    def _observe(state: ActorState, took: float) -> None:
-        state.turnaround_s = took if state.turnaround_s is None else 0.7 * state.turnaround_s + 0.3 * took
+    def _observe(self, state: ActorState, took: float) -> None:
+        state.turnaround_s = took
+        self.deadlines.observe(state.actor_id, took)
 
     def _first(self, actor_id: str) -> None:
         if len(self._firsts) == self._firsts.maxlen:

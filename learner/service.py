@@ -40,6 +40,7 @@ from agentgym.learner.health import RunHealth
 from agentgym.learner.run_stats import Counters
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.staleness import StalenessRule, StalenessTally, TrainBuffer
+from agentgym.learner.stopping import StepAbandoned, StopSignals
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
 from agentgym.learner.validate import Guard, vocab_size
 from agentgym.learner.weight_export import WeightExporter
@@ -186,8 +187,18 @@ class Learner(ActorControl):
             # checkpoint is consistent with the ticket journal.
             with trio.CancelScope(shield=True):
                 self.mid_step = True
-                with self.clock.part("train"):
-                    stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
+                log.debug("train_step_started", step=self.step + 1, groups=len(batch))
+                try:
+                    with self.clock.part("train"):
+                        stats = await trio.to_thread.run_sync(self.trainer.train_step, batch)
+                except StepAbandoned:
+                    # A stop signal came before the step's optimizer step: its groups go back to
+                    # the buffer (the journal has them buffered, as a resume reopens them).
+                    for r in batch:
+                        self.buffer.add(r, *version_span(r, self.version))
+                    self.mid_step = False
+                    log.info("train_step_abandoned", step=self.step + 1, groups=len(batch))
+                    return
                 group_kl = stats.pop("group_mismatch_kl", None)
                 if isinstance(group_kl, list):  # flight recorder: whose logprobs disagree with ours
                     # compared at equal lag: the KL also holds the policy's drift since the group's version
@@ -209,12 +220,15 @@ class Learner(ActorControl):
             stats.update(self.health.metrics())
             self.staleness.add(stats)
             stats = {**stats, **per_env, **self.mix.step_record(), **self.curriculum.metrics(played)}
-            with self.clock.part("export"):
-                await self.publish()
-            self.sched.on_version(self.version)
-            self.grant()
-            self.report({**stats, **self.clock.step_record()})
-            await trio.to_thread.run_sync(self.episode_log.write, "train", self.step, self.version, batch)
+            try:
+                with self.clock.part("export"):
+                    await self.publish()
+                self.sched.on_version(self.version)
+                self.grant()
+            finally:  # a stop during the publish: the step is trained and checkpointed, so it is recorded
+                with trio.CancelScope(shield=True):
+                    self.report({**stats, **self.clock.step_record()})
+                    await trio.to_thread.run_sync(self.episode_log.write, "train", self.step, self.version, batch)
             if (lc.checkpoint_every and self.step % lc.checkpoint_every == 0) or (
                 lc.checkpoint_minutes and time.monotonic() - self.last_checkpoint[1] >= 60 * lc.checkpoint_minutes
             ):
@@ -327,6 +341,23 @@ class Learner(ActorControl):
 
 
 async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
+    """The learner's life. One signal receiver spans all of it, from loading the model to the last
+    line of summary.json: the first SIGINT or SIGTERM stops the run, later ones change nothing
+    (learner/stopping.py)."""
+    from agentgym.host import early_signals
+
+    stop = StopSignals()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as outer:
+            outer.start_soon(stop.watch, signals)
+            while (held := early_signals.take()) is not None:  # came before the receiver opened
+                stop.got(held)
+            code = await _run_learner(cfg, run_dir, resume, stop)
+            outer.cancel_scope.cancel()
+    return code
+
+
+async def _run_learner(cfg: Config, run_dir: Path, resume: bool, stop: StopSignals) -> int:
     from agentgym.learner.checkpoint import latest_checkpoint
     from agentgym.learner.trainer import Trainer
 
@@ -351,30 +382,23 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
             learner.restore(extra)
         log.info("learner_listening", bind=cfg.learner.bind, run_id=learner.run_id)
         reason = "run finished"
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-                await learner.publish()  # version 0: the weights actors start from
-                nursery.start_soon(learner.control_loop)  # hub.inbox -> control_loop -> buffer, grants
-                nursery.start_soon(learner.reaper)  # liveness both ways; re-issue lost tickets
-
-                async def watch_signals() -> None:
-                    nonlocal reason
-                    async for sig in signals:
-                        reason = f"learner got {signal.Signals(sig).name}"
-                        log.warning("learner_interrupted", signal=signal.Signals(sig).name)
-                        nursery.cancel_scope.cancel()
-                        return
-
-                nursery.start_soon(watch_signals)
-                try:
-                    await learner.train_loop()  # buffer -> torch step -> publish weights -> grants
-                except Exception:
-                    # A failure outside a training step leaves a consistent state: keep it.
-                    log.exception("train_loop_failed", step=learner.step, checkpoint=not learner.mid_step)
-                    with trio.CancelScope(shield=True):
-                        await learner.checkpoint("crash")
-                    raise
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            stop.attach(nursery.cancel_scope, getattr(trainer, "abandon", None), lambda: learner.mid_step)
+            await learner.publish()  # version 0: the weights actors start from
+            nursery.start_soon(learner.control_loop)  # hub.inbox -> control_loop -> buffer, grants
+            nursery.start_soon(learner.reaper)  # liveness both ways; re-issue lost tickets
+            try:
+                await learner.train_loop()  # buffer -> torch step -> publish weights -> grants
+            except Exception:
+                # A failure outside a training step leaves a consistent state: keep it.
+                log.exception("train_loop_failed", step=learner.step, checkpoint=not learner.mid_step)
+                with trio.CancelScope(shield=True):
+                    await learner.checkpoint("crash")
+                raise
+            nursery.cancel_scope.cancel()
+        stop.attach(trio.CancelScope(), None)  # the run is over: a signal from here on is only noted
+        if stop.reason is not None:
+            reason = stop.reason
         if learner.collapsed:
             reason = learner.collapsed
         if reason != "run finished":

@@ -53,6 +53,7 @@ from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.lora import BaseModelView, wrap_lora
 from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, truncated_weights, value_loss
 from agentgym.learner.staleness import StalenessRule
+from agentgym.learner.stopping import StepAbandoned
 from agentgym.learner.trainer_state import TrainerState
 from agentgym.learner.policy import forward_tokens, load_causal_lm
 from agentgym.learner.shared_prefix import PackedRows, attention_cost_ratio, pack_groups
@@ -63,6 +64,7 @@ from agentgym.protocol import Rollout
 __all__ = ["Batch", "Trainer", "collate", "trainable_episodes"]
 
 log = structlog.get_logger(__name__)
+
 
 # Token-weighted means summed over micro-batches and ranks (value x tokens, then / tokens).
 _TOKEN_METRICS = ("is_weight_mean", "is_truncated_frac", "is_rejected_frac", "clip_frac", "dual_clip_frac", "behav_clip_frac", "approx_kl")
@@ -135,6 +137,9 @@ class Trainer(TrainerState):
         trains from different threads, and the other ranks must see the commands in order."""
         self.step = 0
         """Optimizer steps taken; the weights after step s are weight version s (``version``)."""
+        self.abandon = threading.Event()
+        """Set from another thread (the learner stopping on a signal): the step in progress gives up
+        at its next micro-batch if no optimizer step of it was taken yet (``StepAbandoned``)."""
 
     def _action_ban(self) -> torch.Tensor | None:
         if self.cfg.rollout.allow_special_tokens:
@@ -198,6 +203,13 @@ class Trainer(TrainerState):
             return getattr(torch, dtype)
         return torch.bfloat16 if lc.bf16_autocast else None
 
+    def _check_abandon(self, stepped: bool) -> None:
+        """Raise ``StepAbandoned`` when asked to and the step can still be dropped whole: before
+        its first optimizer step, and with no other rank that would wait in a collective for us."""
+        if self.abandon.is_set() and not stepped and not self.dp.active:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise StepAbandoned(f"step {self.step + 1} abandoned before its first optimizer step")
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.compute_dtype
         return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
@@ -252,6 +264,7 @@ class Trainer(TrainerState):
             return out
         with torch.no_grad(), self._autocast():
             for rows in micros:
+                self._check_abandon(stepped=False)
                 if rows is None:  # the same forwards as a real micro-batch below
                     self._idle_forward(policy="prox" in out, ref=self.ref_model is not None)
                     continue
@@ -329,6 +342,7 @@ class Trainer(TrainerState):
                 continue  # nothing trainable in this minibatch (e.g. all of it too stale)
             self.optimizer.zero_grad(set_to_none=True)
             for rows in mb_micros:
+                self._check_abandon(stepped=bool(grad_norms))
                 if rows is None:
                     self._idle_forward(policy=True, ref=False).backward()
                     continue

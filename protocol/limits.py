@@ -14,6 +14,16 @@ learner's caps are learner/bounds.py (built on these figures); the actor's are h
   WeightsReady and the rest are small next to ``MARGIN``.
 - weights (from the learner or a relay): a chunk's data frame holds at most the version's
   ``total_bytes`` (WeightsReady, the manifest), its header one ``TensorMeta`` per tensor.
+- agent endpoint (HTTP, from the user's agent program): a chat completion request holds the
+  conversation so far, which must fit the episode's ``max_episode_tokens`` tokens (a longer one
+  is refused as a token_limit anyway), at ``AGENT_TEXT_BYTES`` a token, plus ``MARGIN`` for the
+  tools and the sampling fields.
+
+A weight relay's (agentgym/cluster/relay.py):
+
+- downstream (from actors or child relays): only WeightRequests, ``REQUEST_FRAME``;
+- upstream (from the learner or a parent relay): chunks of at most ``learner.weight_chunk_mib``,
+  ``chunk_frame``.
 """
 
 from __future__ import annotations
@@ -26,6 +36,13 @@ of action text, what a token decodes to and more."""
 EPISODE_FIXED = 320 * KiB
 """Per episode: the failure text (64 Ki characters, up to 4 bytes each) and the keys."""
 MARGIN = 1 * MiB
+REQUEST_FRAME = 4 * KiB
+"""A WeightRequest's frames (a few dozen bytes): what a weights port (the learner's, a relay's) takes."""
+DEFAULT_CHUNK_MIB = 16
+"""``learner.weight_chunk_mib``'s default: a weight chunk's data frame, at most."""
+AGENT_TEXT_BYTES = 6 * 64
+"""Per token of an agent's request: 64 bytes of text (as in ``TOKEN_BYTES``), each byte at most
+6 in JSON (``\\u00XX``)."""
 TENSOR_META = 512
 """Per tensor of a weight chunk's header: its name (up to 256 bytes), dtype, shape, offsets."""
 
@@ -44,3 +61,15 @@ def actor_control_frame(group_size: int, max_episode_tokens: int, max_groups: in
 def weights_frame(total_bytes: int, tensors: int) -> int:
     """Cap on a frame the actor's weights socket takes (a chunk of a version of ``total_bytes``)."""
     return total_bytes + max(tensors, 1) * TENSOR_META + MARGIN
+
+
+def chunk_frame(chunk_mib: int = DEFAULT_CHUNK_MIB) -> int:
+    """Cap on a frame of a weights stream whose chunks are at most ``chunk_mib`` MiB (a relay's
+    upstream): the data frame, or a header of up to ``MARGIN / TENSOR_META`` tensors more."""
+    return chunk_mib * MiB + MARGIN
+
+
+def agent_request_bytes(max_episode_tokens: int) -> int:
+    """Cap on an HTTP request body the actor's agent endpoint reads (a conversation of at most
+    ``max_episode_tokens`` tokens)."""
+    return max_episode_tokens * AGENT_TEXT_BYTES + MARGIN

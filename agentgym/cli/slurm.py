@@ -136,8 +136,10 @@ class Job:
     """The batch step's children: one ``srun`` per learner, relay and per-node actor step."""
 
     def __init__(self, lay: Layout, run_dir: Path, common: list[str], actors_per_node: int, resume: bool,
-                 max_actor_restarts: int, gpus: tuple[int, int] = (0, 0)) -> None:  # fmt: skip
+                 max_actor_restarts: int, gpus: tuple[int, int] = (0, 0), chunk_mib: int = 16) -> None:  # fmt: skip
         self.lay, self.run_dir, self.common = lay, run_dir, common
+        self.chunk_mib = chunk_mib
+        """learner.weight_chunk_mib: the relays' cap on frames from the learner."""
         self.learner_gpus, self.actor_gpus = gpus
         self.actors_per_node, self.resume, self.max_actor_restarts = (
             actors_per_node,
@@ -183,7 +185,8 @@ class Job:
             return
         upstream = f"tcp://{self.lay.learner_addr}:{self.lay.port + 1}"
         self.relays = self.srun("agentgym-relay", self.lay.actor_nodes, 1,
-                                [self.py, "-m", "agentgym.cluster.relay", "--bind", self.lay.relay_url, "--upstream", upstream])  # fmt: skip
+                                [self.py, "-m", "agentgym.cluster.relay", "--bind", self.lay.relay_url, "--upstream", upstream,
+                                 "--chunk-mib", str(self.chunk_mib)])  # fmt: skip
 
     def start_actors(self, node: str) -> None:
         relay = ["--weights-relay", self.lay.relay_url] if self.lay.relays else []
@@ -328,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args, [])  # a bad key or value exits 2 here, before any step
     ensure_model(cfg)  # the demo model (model.create_tiny), made once here, before any step starts
     gpus = step_gpus(cfg)
-    job = Job(lay, run_dir, common, args.actors_per_node, resume, args.max_actor_restarts, gpus)
+    job = Job(lay, run_dir, common, args.actors_per_node, resume, args.max_actor_restarts, gpus, cfg.learner.weight_chunk_mib)
     log.info("slurm_job", job_id=lay.job_id, nodes=lay.nodes, learner=lay.learner_url, restart_count=lay.restart_count,
              learner_gpus=gpus[0], actor_gpus_per_task=gpus[1])  # fmt: skip
 

@@ -19,6 +19,12 @@ only ever receives chunks of v, and checks them again itself. Versions older tha
 
 Failure: an upstream that answers nothing for ``stall_s`` while requests are out is abandoned
 for the next ``--upstream`` (round robin), and the outstanding requests are asked again there.
+
+Frame caps (protocol/limits.py): requests from downstream are at most ``REQUEST_FRAME``, frames
+from upstream at most ``chunk_frame(--chunk-mib)`` (the learner's ``learner.weight_chunk_mib``).
+ZeroMQ drops a connection that sends a larger frame before reading it; the relay logs each
+dropped connection (``relay_peer_dropped``, ``relay_upstream_dropped``, naming the cap) and
+connects upstream again, to the next ``--upstream``, asking again what was outstanding.
 Actors fall back to the learner themselves when their relay goes silent (actors/weight_fetch.py).
 
 CURVE (docs/adr/0009-authentication.md): with ``--secret-key`` the relay connects upstream as a
@@ -42,7 +48,10 @@ import structlog
 import zmq
 
 from agentgym.auth.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
-from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode, max_frame_bytes
+from zmq.utils.monitor import recv_monitor_message
+
+from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode
+from agentgym.protocol.limits import DEFAULT_CHUNK_MIB, REQUEST_FRAME, chunk_frame
 from agentgym.protocol.weights import verify_chunk
 
 log = structlog.get_logger(__name__)
@@ -55,6 +64,7 @@ class Relay:
     def __init__(
         self, bind: str, upstreams: list[str], *, upstream_keys: list[ClientKeys | None] | None = None,
         server_keys: object | None = None, stall_s: float = 5.0, keep: int = 2, max_in_flight: int = 64,
+        chunk_mib: int = DEFAULT_CHUNK_MIB,
     ) -> None:  # fmt: skip
         if not upstreams:
             raise ValueError("relay: at least one --upstream address is needed")
@@ -66,7 +76,8 @@ class Relay:
         self.ctx = zmq.Context()
         self.auth = None
         self.down = self.ctx.socket(zmq.ROUTER)
-        self.down.setsockopt(zmq.MAXMSGSIZE, 4096)  # only requests come in
+        self.up_frame = chunk_frame(chunk_mib)
+        self.down.setsockopt(zmq.MAXMSGSIZE, REQUEST_FRAME)  # only requests come in
         self.down.setsockopt(zmq.SNDHWM, 100_000)  # a ROUTER drops past its high-water mark
         self.down.setsockopt(zmq.LINGER, 0)
         if server_keys is not None:
@@ -74,6 +85,7 @@ class Relay:
 
             self.auth, self.allow = start_authenticator(self.ctx, server_keys)  # type: ignore[arg-type]
             make_server(self.down, server_keys)  # type: ignore[arg-type]
+        self.down_events = self.down.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.down.bind(bind)
         self.at = 0
         self.up = self._connect_up()
@@ -85,15 +97,17 @@ class Relay:
         self.newest = -1
         self.last_heard = time.monotonic()
         self.stats = {"requests": 0, "hits": 0, "chunks_in": 0, "bytes_in": 0, "chunks_out": 0, "bytes_out": 0,
-                      "bad_chunks": 0, "bad_requests": 0, "upstream_switches": 0, "gone": 0}  # fmt: skip
+                      "bad_chunks": 0, "bad_requests": 0, "upstream_switches": 0, "gone": 0,
+                      "peers_dropped": 0, "upstream_dropped": 0}  # fmt: skip
         self.running = True
 
     def _connect_up(self) -> zmq.Socket:
         s = self.ctx.socket(zmq.DEALER)
         apply_client(s, self.upstream_keys[self.at])  # CURVE: the upstream admits us like an actor
-        s.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes())
+        s.setsockopt(zmq.MAXMSGSIZE, self.up_frame)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RCVHWM, 100_000)
+        self.up_events = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         s.connect(self.upstreams[self.at])
         log.info("relay_upstream", upstream=self.upstreams[self.at])
         return s
@@ -189,14 +203,51 @@ class Relay:
         now = time.monotonic()
         if not self.asked or now - self.last_heard < self.stall_s or now - min(self.asked.values()) < self.stall_s:
             return
-        old = self.upstreams[self.at]
-        self.up.close(linger=0)
-        self.at = (self.at + 1) % len(self.upstreams)
-        self.up = self._connect_up()
-        self.stats["upstream_switches"] += 1
+        old = self._switch_up()
         log.warning("relay_upstream_stalled", upstream=old, next=self.upstreams[self.at], outstanding=len(self.asked))
         self._reask_all()
         self.last_heard = now
+
+    def _switch_up(self) -> str:
+        """Connect to the next upstream (round robin); returns the one left."""
+        old = self.upstreams[self.at]
+        self._close_up()
+        self.at = (self.at + 1) % len(self.upstreams)
+        self.up = self._connect_up()
+        self.stats["upstream_switches"] += 1
+        return old
+
+    def _close_up(self) -> None:
+        self.up.disable_monitor()
+        self.up_events.close(linger=0)
+        self.up.close(linger=0)
+
+    def _check_drops(self, events: dict) -> None:  # type: ignore[type-arg]
+        """Log connections ZeroMQ dropped: a frame over the socket's cap (refused unread) or a peer
+        gone. Upstream, ZeroMQ does not connect again after a refused frame: the relay does."""
+        while self.down_events in events:
+            try:
+                ev = recv_monitor_message(self.down_events, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.stats["peers_dropped"] += 1
+            log.info("relay_peer_dropped", peer=ev["endpoint"].decode(errors="replace"), frame_cap_bytes=REQUEST_FRAME,
+                     why="a frame over frame_cap_bytes (refused unread), or the peer left")  # fmt: skip
+        dropped = False
+        while self.up_events in events:
+            try:
+                recv_monitor_message(self.up_events, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            dropped = True
+        if dropped:
+            self.stats["upstream_dropped"] += 1
+            old = self._switch_up()
+            log.warning("relay_upstream_dropped", upstream=old, next=self.upstreams[self.at], frame_cap_bytes=self.up_frame,
+                        outstanding=len(self.asked), why="a frame over frame_cap_bytes (refused unread; "
+                        "--chunk-mib below the learner's learner.weight_chunk_mib?), or the upstream went away")  # fmt: skip
+            self._reask_all()
+            self.last_heard = time.monotonic()
 
     # ------------------------------------------------------------------ loop
     def run(self, stats_path: Path | None = None, stats_every_s: float = 10.0) -> None:
@@ -206,7 +257,10 @@ class Relay:
                 poller = zmq.Poller()  # the upstream socket changes on a switch
                 poller.register(self.down, zmq.POLLIN)
                 poller.register(self.up, zmq.POLLIN)
+                poller.register(self.down_events, zmq.POLLIN)
+                poller.register(self.up_events, zmq.POLLIN)
                 events = dict(poller.poll(200))
+                self._check_drops(events)
                 if self.up in events:
                     for _ in range(256):
                         try:
@@ -239,8 +293,10 @@ class Relay:
         tmp.replace(path)  # readers see a whole file
 
     def close(self) -> None:
+        self.down.disable_monitor()
+        self.down_events.close(linger=0)
         self.down.close(linger=0)
-        self.up.close(linger=0)
+        self._close_up()
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
@@ -258,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without CURVE keys")
     p.add_argument("--stall", type=float, default=5.0, help="seconds of upstream silence before the next upstream")
     p.add_argument("--keep", type=int, default=2, help="versions kept in the cache")
+    p.add_argument("--chunk-mib", type=int, default=DEFAULT_CHUNK_MIB,
+                   help="the learner's learner.weight_chunk_mib: frames from upstream are refused past it (plus 1 MiB)")
     p.add_argument("--stats", type=Path, help="write the relay's counters here (JSON) every --stats-every s and on exit")
     p.add_argument("--stats-every", type=float, default=10.0, help="seconds between counter writes (and debug logs)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -295,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                 "reaches it could download the weights. Give it --secret-key and --authorized-keys, or accept the "
                 "risk with --insecure") from None
         relay = Relay(args.bind, args.upstream, upstream_keys=up_keys, server_keys=server,
-                      stall_s=args.stall, keep=args.keep)  # fmt: skip
+                      stall_s=args.stall, keep=args.keep, chunk_mib=args.chunk_mib)  # fmt: skip
     except (KeyFileError, InsecureBind, ValueError, zmq.ZMQError) as exc:
         print(f"agentgym-relay: {exc}", file=sys.stderr)
         return 2

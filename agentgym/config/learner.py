@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from agentgym.config.sections import Section, check_tcp
+from agentgym.protocol.limits import DEFAULT_CHUNK_MIB
 
 
 # The estimators the step-relative term (learner.step_advantage_weight) may be added to: the
@@ -88,11 +89,12 @@ class LearnerConfig(Section):
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 1.0
     actor_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An actor silent for this long is dropped and its tickets are given to others."""
-    ticket_deadline_factor: Annotated[float, Field(ge=1)] = 4.0
-    """A ticket's deadline is this many times its actor's smoothed grant-to-answer time (the
-    slowest actor's while it has answered none); past it the ticket is issued again to another
-    actor and the first answer is trained (docs/operations.md, "Stragglers")."""
-    ticket_deadline_min_s: Annotated[float, Field(gt=0)] = 30.0
+    ticket_deadline_factor: Annotated[float, Field(ge=1)] = 3.0
+    """A ticket's deadline is this many times the p95 of its actor's recent grant-to-answer times
+    (the fleet's while it has answered none); past it the ticket, and every other one its
+    actor holds, is issued again to another actor and the first answer is trained
+    (docs/operations.md, "Stragglers"; learner/deadlines.py)."""
+    ticket_deadline_min_s: Annotated[float, Field(gt=0)] = 2.0
     """Floor of a ticket's deadline, in seconds."""
     ticket_deadline_max_s: Annotated[float, Field(gt=0)] = 900.0
     """Cap of a ticket's deadline, in seconds (also the deadline while no actor has answered)."""
@@ -111,7 +113,7 @@ class LearnerConfig(Section):
     inbox_mib: Annotated[int, Field(ge=1)] = 256
     """Bytes of unread messages ZeroMQ may hold per actor on the control port: its receive queue
     holds as many messages as groups of the largest size fit in this (learner/bounds.py)."""
-    weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = 16
+    weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_CHUNK_MIB
     """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
     agentgym's processes set it, agentgym/host/allocator.py), an actor's received frames reuse freed
     memory instead of faulting in fresh pages (docs/adr/0011-weight-transfer.md)."""

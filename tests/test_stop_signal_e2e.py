@@ -1,0 +1,145 @@
+"""A stop signal never loses work: ``agentgym train`` (the launcher, a learner, two actors on the
+simulated engine, the tiny model) stopped mid-step the ways a job is stopped, then resumed.
+
+1. As Slurm's ``scancel`` does: SIGTERM to the job's whole process group (the launcher runs in a
+   session of its own), twice, while a training step runs. The step is abandoned before its
+   optimizer step, the ``interrupted`` checkpoint holds the last completed step, summary.json is
+   written, the actors leave (their env workers, signalled too, stay up until closed), every
+   process exits with its own code (130 for the launcher and learner, 0 for the actors).
+2. ``agentgym train --resume`` under ``timeout``: SIGTERM to the ``timeout`` process, which sends it
+   to the launcher and to their process group (coreutils' own behaviour at its deadline), and a
+   SIGINT to the learner alone on top. The run continues from the checkpoint's step, and stops
+   the same way.
+
+Micro-batches of 64 tokens make a step of many micro-batches, long enough to be caught in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from agentgym.host.netutil import free_port_pair
+from agentgym.learner.checkpoint import latest_checkpoint
+from agentgym.observe.logs import read_events
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _wait(cond: Callable[[], bool], what: str, procs: list[subprocess.Popen], log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        for p in procs:
+            assert p.poll() is None, f"exited ({p.returncode}) before {what}:\n" + log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + log.read_text()[-3000:]
+        time.sleep(0.05)
+
+
+def _steps(run_dir: Path) -> list[int]:
+    m = run_dir / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in m.read_text().splitlines()] if m.exists() else []
+
+
+def _learner_events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+    return read_events(run_dir / "logs" / "learner.jsonl", name)
+
+
+def _mid_step(run_dir: Path, after: int) -> Callable[[], bool]:
+    """True once the learner has started a training step past step ``after``."""
+    return lambda: any(e["step"] > after for e in _learner_events(run_dir, "train_step_started"))
+
+
+def _family(pid: int) -> list[psutil.Process]:
+    return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+
+
+def _check_stopped(run_dir: Path, signal_name: str) -> int:
+    """The run ended on ``signal_name`` with nothing lost; returns the checkpoint's step."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reason"] == f"learner got {signal_name}", summary["reason"]
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    assert ckpt is not None
+    step = int(ckpt.name.split("_")[1])
+    # the interrupted checkpoint is the last completed step, recorded in metrics.jsonl
+    assert summary["step"] == step == _steps(run_dir)[-1], (summary["step"], ckpt, _steps(run_dir)[-1:])
+    assert _learner_events(run_dir, "checkpoint_saved")[-1]["reason"] == "interrupted"
+    assert summary["tickets"]["unaccounted"] == 0, summary["tickets"]
+    assert _learner_events(run_dir, "learner_finished")[-1]["step"] == step
+    return step
+
+
+def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_model: Path, tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    port = free_port_pair()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    args = ["--run-dir", str(run_dir), "--actors", "2", "--max-steps", "1000",
+            "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{fallback_model}"',
+            "-o", "model.create_tiny=false", "-o", 'actor.engine="sim"', "-o", "learner.micro_batch_tokens=64",
+            "-o", "learner.checkpoint_every=0", "-o", "learner.checkpoint_minutes=0",
+            "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+    train = [sys.executable, "-m", "agentgym.cli", "train"]
+
+    # 1. Slurm: the job's process group gets SIGTERM, and again while the learner stops.
+    with log.open("ab") as out:
+        job = subprocess.Popen([*train, "--config", str(REPO / "configs" / "quickstart.toml"), *args], cwd=tmp_path,
+                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        _wait(_mid_step(run_dir, after=2), "step 3 to start", [job], log)
+        family = _family(job.pid)
+        os.killpg(job.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        os.killpg(job.pid, signal.SIGTERM)
+        assert job.wait(timeout=120) == 130, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    interrupted = _learner_events(run_dir, "learner_interrupted")
+    assert [e["signal"] for e in interrupted] == ["SIGTERM"] and interrupted[0]["mid_step"], interrupted
+    assert _learner_events(run_dir, "learner_signal_repeated"), "the second SIGTERM was not seen"
+    abandoned = _learner_events(run_dir, "train_step_abandoned")
+    first = _check_stopped(run_dir, "SIGTERM")
+    assert [e["step"] for e in abandoned] == [first + 1], (abandoned, first)
+    assert _steps(run_dir) == list(range(1, first + 1))
+    for f in (run_dir / "actors").glob("*.json"):
+        assert json.loads(f.read_text())["reason"] in ("got SIGTERM", "learner: learner got SIGTERM"), f.read_text()
+    # The actors stopped cleanly (a late SIGTERM did not end them with -15), and their env
+    # workers, signalled with the group, stayed up until the actors closed them.
+    assert "actor_failed" not in log.read_text(), log.read_text()[-3000:]
+    for f in (run_dir / "logs").glob("actor-local-*.jsonl"):
+        assert '"crash"' not in f.read_text(), f.read_text()[-3000:]  # the pool's failures by reason
+
+    # 2. `timeout` stops the resumed run: SIGTERM to timeout, which signals the launcher and the
+    # process group; a SIGINT to the learner alone on top.
+    assert shutil.which("timeout"), "coreutils' timeout is needed"
+    with log.open("ab") as out:
+        job = subprocess.Popen(["timeout", "600", *train, "--resume", *args], cwd=tmp_path, env=env, stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        _wait(_mid_step(run_dir, after=first + 2), "two steps after the resume", [job], log)
+        family = _family(job.pid)
+        learner = next(p for p in family if "agentgym.learner.main" in " ".join(p.cmdline()))
+        job.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        learner.send_signal(signal.SIGINT)
+        assert job.wait(timeout=120) == 130, log.read_text()[-3000:]  # timeout, signalled, exits with its child's code
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    assert [e["step"] for e in _learner_events(run_dir, "learner_resumed")] == [first]
+    assert "actor_failed" not in log.read_text(), log.read_text()[-3000:]
+    second = _check_stopped(run_dir, "SIGTERM")
+    assert second >= first + 2
+    assert _steps(run_dir) == list(range(1, second + 1))  # the step count went on from the checkpoint

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agentgym.config import load_config
+
 
 @pytest.fixture
 def results(monkeypatch: pytest.MonkeyPatch):
@@ -122,6 +124,11 @@ def test_replayed_draws_find_the_held_out_tasks_a_run_trained_on(results) -> Non
     assert by_word["overlap"] == 0 and by_word["drawn"] == 320
     by_game = task_overlap.overlap(results.config("wordle-games", 0, []), steps=3, eval_tasks=32)
     assert by_game["overlap"] == 32  # 96 draws of 16 words already hold every test game's word
+    # guess_number keeps the task id (for its latency): an id is not what a task is. 1-8 has 8
+    # targets, so 80 draws hold every test task's; 1-10^6 holds none.
+    quick = Path(__file__).parents[1] / "configs" / "quickstart.toml"
+    assert task_overlap.overlap(load_config(quick, []), steps=10, eval_tasks=16)["overlap"] == 16
+    assert task_overlap.overlap(load_config(quick, ["env.kwargs={low=1,high=1000000}"]), steps=10, eval_tasks=16)["overlap"] == 0
     cfg = results.config("maze3", 1, [])
     draw = random.Random(1)
     steps = [task_overlap.train_task_ids(cfg.env.specs[0], cfg.learner.batch_groups, draw) for _ in range(3)]

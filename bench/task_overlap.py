@@ -2,12 +2,15 @@
 
     python bench/task_overlap.py maze3 --seeds 0,1,2            # steps from the row's record
     python bench/task_overlap.py wordle-games --steps 100
+    python bench/task_overlap.py --config configs/envs/mix.toml --tickets 1920   # an `agentgym train` run
 
 The results table's RL runs (bench/learn_curve.py ``train_curve``) draw each step's training tasks
 with ``train_task_ids``: ``learner.batch_groups`` ids a step, uniform over the config's
 ``env.task_start`` .. ``+ env.task_count``, from ``random.Random(run.seed)``; so a run's draws
 follow from its config, seed and number of steps, and are replayed here, with the same function,
 instead of being stored. Its held-out tasks are the first ``eval.tasks`` of the env's test split.
+An ``agentgym train`` run draws per ticket instead (learner/scheduler.py ``ticket_task``: ticket n's
+env and task from (run.seed, n)), so its draws are those of the tickets it issued (``--tickets``).
 
 Two tasks are **identical** when an agent cannot tell them apart and the env would score the same
 play the same way. Task ids are compared by playing them in the env:
@@ -38,7 +41,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentgym.config import Config, EnvSpec
+from agentgym.config import Config, EnvSpec, load_config
+from agentgym.learner.scheduler import ticket_task
 
 
 def train_task_ids(spec: EnvSpec, batch_groups: int, draw: random.Random) -> list[int]:
@@ -51,6 +55,15 @@ def drawn(cfg: Config, steps: int) -> list[int]:
     draw = random.Random(cfg.run.seed)
     spec = cfg.env.specs[0]
     return [t for _ in range(steps) for t in train_task_ids(spec, cfg.learner.batch_groups, draw)]
+
+
+def ticket_drawn(cfg: Config, tickets: int) -> dict[str, list[int]]:
+    """Env name -> the training task ids of an ``agentgym train`` run's first ``tickets`` tickets."""
+    out: dict[str, list[int]] = {spec.name: [] for spec in cfg.env.specs}
+    for n in range(tickets):
+        spec, task = ticket_task(cfg.run.seed, n, cfg.env.specs)
+        out[spec.name].append(task)
+    return out
 
 
 class _NotPlain(Exception):
@@ -114,42 +127,45 @@ def expert_play(env: Any, task_id: int, limit: int) -> tuple:
     return tuple(play)
 
 
-def overlap(cfg: Config, steps: int, eval_tasks: int) -> dict:
+def overlap(cfg: Config, steps: int, eval_tasks: int, env: str | None = None, draws: list[int] | None = None) -> dict:
     """How many of the first ``eval_tasks`` test tasks are identical to a training task that a run of
-    ``cfg`` drew in ``steps`` steps: ``{"overlap", "test_tasks", "drawn", "distinct", "test_ids"}``
-    (``test_ids``: the indices into the test split of those that were drawn)."""
+    ``cfg`` drew in ``steps`` steps (or to one of ``draws``, the ids drawn for ``env``, an env of the
+    config's mix): ``{"overlap", "test_tasks", "drawn", "distinct", "test_ids"}`` (``test_ids``: the
+    indices into the test split of those that were drawn)."""
     from agentgym.envpool.registry import resolve_env
 
-    spec = cfg.env.specs[0]
+    spec = next((s for s in cfg.env.specs if s.name == env), None) if env else cfg.env.specs[0]
+    if spec is None:
+        raise ValueError(f"task_overlap: env {env!r} is not in the config's envs {[s.name for s in cfg.env.specs]}")
     cls = resolve_env(spec.name)
     limit = cfg.schedule.for_env(spec.name).final_limit
     ids = list(cls.tasks("test", **spec.kwargs))
     tests = [int(ids[i % len(ids)]) for i in range(eval_tasks)]  # as EnvPool.task_id resolves them
-    draws = drawn(cfg, steps)
+    draws = drawn(cfg, steps) if draws is None else draws
     distinct = sorted(set(draws))
-    env = cls(**spec.kwargs)
+    game = cls(**spec.kwargs)
     try:
-        skip = id_attributes(env, sorted({tests[0], *distinct[:2]}))
+        skip = id_attributes(game, sorted({tests[0], *distinct[:2]}))
         looks: dict[tuple, list[int]] = {}
         for i, task in enumerate(tests):
-            looks.setdefault(first_look(env, task, skip), []).append(i)
+            looks.setdefault(first_look(game, task, skip), []).append(i)
         plays: dict[int, tuple] = {}  # test index -> its expert play, computed when needed
 
         def play_of(i: int) -> tuple:
             if i not in plays:
-                plays[i] = expert_play(env, tests[i], limit)
+                plays[i] = expert_play(game, tests[i], limit)
             return plays[i]
 
         found: set[int] = set()
         for task in distinct:
-            same = [i for i in looks.get(first_look(env, task, skip), []) if i not in found]
+            same = [i for i in looks.get(first_look(game, task, skip), []) if i not in found]
             if same:
-                mine = expert_play(env, task, limit)
+                mine = expert_play(game, task, limit)
                 found.update(i for i in same if play_of(i) == mine)
             if len(found) == len(tests):
                 break
     finally:
-        env.close()
+        game.close()
     return {"overlap": len(found), "test_tasks": len(tests), "drawn": len(draws), "distinct": len(distinct),
             "test_ids": sorted(found)}  # fmt: skip
 
@@ -175,12 +191,26 @@ def main() -> int:
     from results import RECORD, config  # noqa: PLC0415
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("row", help="a row of bench/results.py (configs/envs/<row>.toml)")
+    p.add_argument("row", nargs="?", help="a row of bench/results.py (configs/envs/<row>.toml)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the runs in --runs)")
     p.add_argument("--steps", type=int, default=None, help="steps trained (default: each run's, from --runs)")
     p.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks (default: the config's eval.tasks)")
     p.add_argument("--runs", type=Path, default=None, help="the row's runs (default: docs/results-data/<row>)")
+    p.add_argument("--config", type=Path, default=None, help="instead of a row: an `agentgym train` config (with --tickets)")
+    p.add_argument("--tickets", type=int, default=None, help="training tickets the `agentgym train` run issued")
+    p.add_argument("-o", "--override", action="append", default=[], help="config override (with --config)")
     args = p.parse_args()
+    if args.config is not None:
+        if args.tickets is None:
+            raise SystemExit("task_overlap: --config needs --tickets (the training tickets the run issued)")
+        cfg = load_config(args.config, args.override)
+        for env, ids in ticket_drawn(cfg, args.tickets).items():
+            r = overlap(cfg, 0, args.eval_tasks or cfg.eval.tasks, env=env, draws=ids)
+            print(f"{args.config} {env}: {r['overlap']} of {r['test_tasks']} test tasks drawn in training "
+                  f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}")  # fmt: skip
+        return 0
+    if args.row is None:
+        raise SystemExit("task_overlap: give a row or --config")
     if args.steps is None:
         folder = args.runs or RECORD / args.row
         if not any(folder.glob("seed*.json")):

@@ -1,6 +1,8 @@
 """The results table's record (bench/results.py): what a run wrote is copied to the committed
 record without its transcripts, and the table is the same whether it is rebuilt from the runs or
-from the record alone; a row in neither keeps the page's line."""
+from the record alone; a row in neither keeps the page's line and says so. A verdict within the
+noise of the bar is "borderline", and the held-out tasks each run also drew in training are found
+by replaying its draws (bench/task_overlap.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentgym.config import load_config
+from agentgym.learner.scheduler import Scheduler
 
 
 @pytest.fixture
@@ -133,3 +136,18 @@ def test_replayed_draws_find_the_held_out_tasks_a_run_trained_on(results) -> Non
     draw = random.Random(1)
     steps = [task_overlap.train_task_ids(cfg.env.specs[0], cfg.learner.batch_groups, draw) for _ in range(3)]
     assert task_overlap.drawn(cfg, 3) == [t for step in steps for t in step]
+
+
+def test_an_agentgym_train_runs_draws_are_its_schedulers_tickets(results) -> None:
+    """``ticket_drawn`` replays learner/scheduler.py's tickets (env and task from the seed and the
+    ticket number), env by env of a mix."""
+    import task_overlap
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "envs" / "mix.toml", ["run.seed=3"])
+    sched = Scheduler(envs=cfg.env.specs, batch_groups=4, max_staleness=1, mode="async", run_id="r", seed=3)
+    issued: dict[str, list[int]] = {spec.name: [] for spec in cfg.env.specs}
+    for _ in range(40):
+        t = sched._new_ticket(-1)
+        issued[t.env].append(t.task_id)
+    assert task_overlap.ticket_drawn(cfg, 40) == issued
+    assert sum(1 for ids in issued.values() if ids) >= 4  # the mix's envs, by weight

@@ -44,6 +44,7 @@ from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
+from task_overlap import train_task_ids  # noqa: E402
 
 EVAL_EPISODES = 4
 
@@ -155,8 +156,9 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
         draw = random.Random(cfg.run.seed)
 
         def play(step: int) -> asyncio.Future:
-            tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
-                       for g in range(cfg.learner.batch_groups)]  # fmt: skip
+            # bench/task_overlap.py replays these draws to find the held-out tasks also trained on.
+            tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=task)
+                       for g, task in enumerate(train_task_ids(env, cfg.learner.batch_groups, draw))]  # fmt: skip
             return asyncio.ensure_future(play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step)))
 
         playing = play(0)

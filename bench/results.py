@@ -25,8 +25,11 @@ days, and the table is rebuilt from whatever is there; a row not run is listed a
 ``--plot`` draws the held-out curves. ``--table-only`` also copies the rows it finds in ``OUT``
 to ``--record`` (docs/results-data: the committed record, without the held-out transcripts and
 with a few metrics a step), and reads that record for the rows ``OUT`` does not hold, so a fresh
-clone rebuilds the same table; a row in neither keeps the line the page already has.
-A row meets the bar when base + RL is >= base + 0.3, or >= 0.8 of the expert.
+clone rebuilds the same table; a row in neither keeps the line the page already has, its name
+cell marked ``NO_RECORD``.
+A row meets the bar when base + RL is >= base + 0.3, or >= 0.8 of the expert; within twice the
+standard error of the difference (``noise``) of either it is "borderline". Each row also says how
+many of its held-out tasks each seed drew in training (bench/task_overlap.py, replayed).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import sys
@@ -42,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learn_curve import EVAL_EPISODES, LOOP_OVERRIDES, REPO, train_curve  # noqa: E402
+from task_overlap import row_overlap  # noqa: E402
 
 from agentgym.config import Config, load_config  # noqa: E402
 
@@ -53,6 +58,15 @@ SFT_ROWS = {"maze5-sft": "maze5", "textcraft1-sft": "textcraft1"}
 """Labelled rows whose model is trained on the expert's play (``model.pretrain_policy = "expert"``),
 and the row they stand beside: their "base" arm is SFT on expert and their "base + RL" arm SFT + RL.
 The bar is for RL from a base model, so they are never judged by it."""
+
+ROW_NOTES = {
+    "wordle-games": "every test game is a training game (a game is its word; the 32 test games cover all 16 "
+                    "words) and the base was trained on the answer in its own turn (ADR 0021)",
+}  # fmt: skip
+"""What a row's name cell says beside the row (docs/results.md), where its figures need it."""
+
+NO_RECORD = "no committed record (line kept from the page)"
+"""What the name cell of a row kept from the page says: its figures cannot be rebuilt."""
 
 COMMAND = (
     "nice python bench/results.py --rows {rows} --seeds 0,1,2 --steps 100 --max-wall-s 1200 "
@@ -166,7 +180,8 @@ def summarise(folder: Path) -> dict | None:
     done = [r for r in runs if not r.get("partial")]
     base = [r["curve"][0][1] for r in runs if r["curve"]]
     final = [r["curve"][-1][1] for r in done]
-    return {**arms, "base": base, "final": final, "seeds": [r["seed"] for r in done],
+    tasks = arms.get("eval_tasks") or next((r["eval_tasks"] for r in runs if r.get("eval_tasks")), None)
+    return {**arms, "eval_tasks": tasks, "base": base, "final": final, "seeds": [r["seed"] for r in done],
             "steps": [r.get("steps", len(r["metrics"])) for r in done], "wall_s": [r["wall_s"] for r in done],
             "entropy": [r["metrics"][-1].get("entropy") for r in done if r["metrics"]],
             "partial": len(runs) - len(done)}  # fmt: skip
@@ -180,29 +195,66 @@ def _ms(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
 
+def noise(p: float, n: int, q: float, m: int, scale: float = 1.0) -> float:
+    """Twice the standard error of ``p - scale * q``, ``p`` and ``q`` the means of ``n`` and ``m``
+    independent successes (Bernoulli): the margin within which a difference of two evaluations is
+    noise (about 95%). Episodes of one task are not independent, so the real noise is larger."""
+    return 2 * math.sqrt(p * (1 - p) / n + scale**2 * q * (1 - q) / m)
+
+
 def verdict(s: dict, row: str = "") -> str:
+    """Whether the row meets the bar: base + RL (mean of 3 seeds) >= base + 0.3, or >= 0.8 of the
+    expert; "borderline" where the nearer of the two is within ``noise`` of it, either way, with
+    n = eval tasks x EVAL_EPISODES x seeds episodes an arm (the expert: eval tasks)."""
     if row in SFT_ROWS:
         return f"- (SFT on expert; {SFT_ROWS[row]} is the RL-from-base row)"
     if len(s["final"]) < 3:
         return f"not judged ({len(s['final'])} of 3 seeds)"
     rl, base, expert = statistics.mean(s["final"]), statistics.mean(s["base"]), s["expert"]["success"]
-    if rl >= base + 0.3:
-        return "yes (>= base + 0.3)"
-    if expert and rl >= 0.8 * expert:
-        return "yes (>= 0.8 expert)"
+    tasks = s.get("eval_tasks") or s["expert"].get("episodes") or 16
+    bars = [("base + 0.3", rl - base - 0.3, noise(rl, tasks * EVAL_EPISODES * len(s["final"]), base, tasks * EVAL_EPISODES * len(s["base"])))]
+    if expert:
+        bars.append(("0.8 expert", rl - 0.8 * expert, noise(rl, tasks * EVAL_EPISODES * len(s["final"]), expert,
+                                                             s["expert"].get("episodes") or tasks, 0.8)))  # fmt: skip
+    for name, gap, margin in bars:
+        if gap >= margin:
+            return f"yes (>= {name})"
+    near = [b for b in bars if abs(b[1]) < b[2]]
+    if near:
+        name, gap, margin = max(near, key=lambda b: b[1])
+        return f"borderline ({gap:+.3f} of {name}, within the noise ±{margin:.2f})"
     return "no"
+
+
+def overlap_cell(row: str, folder: Path) -> str:
+    """The held-out tasks each finished seed also drew in training (bench/task_overlap.py)."""
+    try:
+        res = row_overlap(row, folder)
+    except (ImportError, OSError, RuntimeError) as exc:  # an env that needs what this machine lacks
+        return f"not replayed ({type(exc).__name__})"
+    if not res:
+        return "-"
+    tasks = {r["test_tasks"] for r in res.values()}
+    return "/".join(str(r["overlap"]) for r in res.values()) + f" of {'/'.join(str(t) for t in sorted(tasks))}"
 
 
 def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str] | None = None) -> str:
     """The table of ``rows`` from their runs (``where``); a row with none keeps its line in
     ``kept`` (the page's current table), if any."""
     lines = ["| env (config) | random | base | base + RL: mean ± sd (min-max) | expert | RL steps | wall per RL run (s) | "
-             "turn limit | meets the bar |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "turn limit | test tasks also drawn in training, per seed | meets the bar |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     missing = []
     for row in rows:
-        s = summarise(where(out, record, row))
+        folder = where(out, record, row)
+        s = summarise(folder)
         if s is None and row in (kept or {}):
-            lines.append(kept[row])
+            line = kept[row]
+            if NO_RECORD not in line:  # the name cell says that the line cannot be rebuilt
+                cells = line.split("|")
+                cells[1] = f" {cells[1].strip()}: {NO_RECORD} "
+                line = "|".join(cells)
+            lines.append(line)
             if "not judged" in kept[row]:
                 missing.append(row)
             continue
@@ -213,8 +265,10 @@ def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str
         steps = "/".join(str(n) for n in s["steps"]) or "-"
         wall = "/".join(f"{w:.0f}" for w in s["wall_s"]) or "-"
         name = f"{row}: base = SFT on expert, + RL = SFT + RL" if row in SFT_ROWS else row
+        name = f"{name}: {ROW_NOTES[row]}" if row in ROW_NOTES else name
         lines.append(f"| {name} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
-                     f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | {verdict(s, row)} |")  # fmt: skip
+                     f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | "
+                     f"{overlap_cell(row, folder)} | {verdict(s, row)} |")  # fmt: skip
     if missing:
         lines.append("")
         lines.append(f"Rows without 3 finished RL seeds: {', '.join(missing)}. To run them: "

@@ -42,6 +42,15 @@ from agentgym.learner.staleness import StalenessRule
 from agentgym.protocol import Ticket
 
 
+def ticket_task(seed: int, n: int, envs: Sequence[EnvSpec]) -> tuple[EnvSpec, int]:
+    """The environment and task id of training ticket ``n`` of a run of ``seed``: a function of
+    the two alone, so a resumed run draws the same, and a finished run's draws can be replayed
+    (bench/task_overlap.py)."""
+    rng = random.Random(f"{seed}:{n}")
+    env = envs[0] if len(envs) == 1 else rng.choices(envs, cum_weights=list(itertools.accumulate(e.weight for e in envs)))[0]
+    return env, env.task_start + rng.randrange(env.task_count)
+
+
 @dataclass
 class ActorState:
     actor_id: str
@@ -98,7 +107,6 @@ class Scheduler:
         if not envs:
             raise ValueError("Scheduler: no environment to play")
         self.envs = list(envs)
-        self._weights = list(itertools.accumulate(e.weight for e in self.envs))
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
         self.mode = mode
@@ -250,10 +258,7 @@ class Scheduler:
     def _new_ticket(self, min_version: int) -> Ticket:
         n = self.issued
         self.issued += 1
-        # Environment and task are a function of (seed, ticket number): a resumed run draws the same.
-        rng = random.Random(f"{self.seed}:{n}")
-        env = self.envs[0] if len(self.envs) == 1 else rng.choices(self.envs, cum_weights=self._weights)[0]
-        task = env.task_start + rng.randrange(env.task_count)
+        env, task = ticket_task(self.seed, n, self.envs)
         return Ticket(group_id=f"{self.run_id}:{n}", env=env.name, task_id=task, min_version=min_version)
 
     def eval_round(self, version: int, split: str, tasks: int) -> list[Ticket]:

@@ -1,14 +1,20 @@
 """The results table's record (bench/results.py): what a run wrote is copied to the committed
 record without its transcripts, and the table is the same whether it is rebuilt from the runs or
-from the record alone; a row in neither keeps the page's line."""
+from the record alone; a row in neither keeps the page's line and says so. A verdict within the
+noise of the bar is "borderline", and the held-out tasks each run also drew in training are found
+by replaying its draws (bench/task_overlap.py)."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import random
 from pathlib import Path
 
 import pytest
+
+from agentgym.config import load_config
+from agentgym.learner.scheduler import Scheduler
 
 
 @pytest.fixture
@@ -45,8 +51,9 @@ def test_the_record_rebuilds_the_same_table_and_keeps_rows_it_has_not(results, t
     assert from_record == from_runs
     lines = from_record.splitlines()
     assert lines[2].startswith("| maze5 | 0.10 |") and "0.60 ± 0.10 (0.50-0.70)" in lines[2] and "yes" in lines[2]
-    assert lines[3] == "| wordle | 0.17 | old line |"  # kept from the page
-    assert lines[4] == "| textcraft2 | 0.00 | not judged (0 of 3 seeds) |"
+    assert "| 0/0/0 of 32 |" in lines[2]  # 4 steps of 16 draws on 5x5 mazes: no held-out maze among them
+    assert lines[3] == f"| wordle: {results.NO_RECORD} | 0.17 | old line |"  # kept from the page, and says so
+    assert lines[4] == f"| textcraft2: {results.NO_RECORD} | 0.00 | not judged (0 of 3 seeds) |"
     assert "Rows without 3 finished RL seeds: textcraft2, babyai." in from_record  # a kept line not judged too
     results.write_table(page, from_record)
     text = page.read_text()
@@ -84,3 +91,63 @@ def test_an_sft_row_is_labelled_never_judged_and_kept_by_its_name(results, tmp_p
     page.write_text(f"{results.BEGIN}\n{text}\n{results.END}\n")
     assert results.page_lines(page)["textcraft1-sft"] == line
     assert set(results.SFT_ROWS) <= set(results.ROWS) and set(results.SFT_ROWS.values()) <= set(results.ROWS)
+
+
+def test_a_verdict_within_the_noise_of_the_bar_is_borderline(results) -> None:
+    """maze3's figures (32 tasks x 4 x 3 seeds an arm): +0.305 over the base meets base + 0.3 by
+    0.005, inside the ±0.07 that two such evaluations differ by; a clear margin is "yes", a clear
+    miss "no"."""
+    def row(base: list[float], final: list[float]) -> dict:
+        return {"base": base, "final": final, "eval_tasks": 32, "expert": {"success": 1.0, "episodes": 32}}
+
+    maze3 = results.verdict(row([0.289, 0.305, 0.328], [0.578, 0.508, 0.75]))
+    assert maze3 == "borderline (+0.005 of base + 0.3, within the noise ±0.07)", maze3
+    assert results.verdict(row([0.3] * 3, [0.25] * 3)) == "no"
+    assert results.verdict(row([0.3] * 3, [0.45] * 3)) == "no"
+    assert results.verdict(row([0.3] * 3, [0.59] * 3)).startswith("borderline (-0.010 of base + 0.3")
+    assert results.verdict(row([0.3] * 3, [0.7] * 3)) == "yes (>= base + 0.3)"
+    assert results.verdict(row([0.6] * 3, [0.95] * 3)) == "yes (>= 0.8 expert)"  # +0.05 over base + 0.3 is within its noise
+    assert results.verdict(row([0.7] * 3, [0.9] * 3)) == "yes (>= 0.8 expert)"
+    assert results.verdict(row([0.7] * 3, [0.82] * 3)).startswith("borderline (+0.020 of 0.8 expert")
+
+
+def test_replayed_draws_find_the_held_out_tasks_a_run_trained_on(results) -> None:
+    """bench/task_overlap.py replays a run's training draws (learn_curve's ``train_task_ids``) and
+    compares tasks by what the env holds and shows, not by id: maze3's committed runs drew 14, 19
+    and 16 of its 32 test mazes (the same layout, start and goal under another id); Wordle held
+    out by word never draws a test word, and held out by game every test game is a training game."""
+    import task_overlap
+
+    record = Path(__file__).parents[1] / "docs" / "results-data"
+    maze3 = task_overlap.row_overlap("maze3", record / "maze3")
+    assert {seed: r["overlap"] for seed, r in maze3.items()} == {0: 14, 1: 19, 2: 16}
+    assert {r["test_tasks"] for r in maze3.values()} == {32}
+    assert maze3[0]["drawn"] == 80 * 32  # 80 steps of 32 groups
+    by_word = task_overlap.overlap(results.config("wordle", 0, []), steps=10, eval_tasks=16)
+    assert by_word["overlap"] == 0 and by_word["drawn"] == 320
+    by_game = task_overlap.overlap(results.config("wordle-games", 0, []), steps=3, eval_tasks=32)
+    assert by_game["overlap"] == 32  # 96 draws of 16 words already hold every test game's word
+    # guess_number keeps the task id (for its latency): an id is not what a task is. 1-8 has 8
+    # targets, so 80 draws hold every test task's; 1-10^6 holds none.
+    quick = Path(__file__).parents[1] / "configs" / "quickstart.toml"
+    assert task_overlap.overlap(load_config(quick, []), steps=10, eval_tasks=16)["overlap"] == 16
+    assert task_overlap.overlap(load_config(quick, ["env.kwargs={low=1,high=1000000}"]), steps=10, eval_tasks=16)["overlap"] == 0
+    cfg = results.config("maze3", 1, [])
+    draw = random.Random(1)
+    steps = [task_overlap.train_task_ids(cfg.env.specs[0], cfg.learner.batch_groups, draw) for _ in range(3)]
+    assert task_overlap.drawn(cfg, 3) == [t for step in steps for t in step]
+
+
+def test_an_agentgym_train_runs_draws_are_its_schedulers_tickets(results) -> None:
+    """``ticket_drawn`` replays learner/scheduler.py's tickets (env and task from the seed and the
+    ticket number), env by env of a mix."""
+    import task_overlap
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "envs" / "mix.toml", ["run.seed=3"])
+    sched = Scheduler(envs=cfg.env.specs, batch_groups=4, max_staleness=1, mode="async", run_id="r", seed=3)
+    issued: dict[str, list[int]] = {spec.name: [] for spec in cfg.env.specs}
+    for _ in range(40):
+        t = sched._new_ticket(-1)
+        issued[t.env].append(t.task_id)
+    assert task_overlap.ticket_drawn(cfg, 40) == issued
+    assert sum(1 for ids in issued.values() if ids) >= 4  # the mix's envs, by weight

@@ -95,7 +95,6 @@ class VllmEngine(GatedEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         t1 = time.monotonic()
-
         # Building the AsyncLLM blocks until the engine core process is up (~15 s); vLLM starts
         # its loop-bound tasks lazily, so it is built in a thread and the loop keeps serving.
         ours = psutil.Process()
@@ -115,8 +114,8 @@ class VllmEngine(GatedEngine):
             log.info("engine_start_abandoned", engine="vllm", stopped_pids=stopped)
             raise
         await self._llm.is_paused()  # a first call on this loop starts vLLM's output tasks
-        # import_s: importing vLLM here; build_s: its engine core process (and, on a CPU, its
-        # worker process) started, the model loaded and the KV cache allocated.
+        # import_s: importing vLLM here; build_s: its engine core process started (on a GPU, with
+        # a worker process of its own), the model loaded and the KV cache allocated.
         log.info(
             "engine_started", engine="vllm", model=str(self.model_dir), on_cpu=self.on_cpu, dtype=self.dtype,
             kv_cache_gib=self.kv_cache_gib, seconds=round(time.monotonic() - t0, 1), import_s=round(t1 - t0, 1),
@@ -135,8 +134,8 @@ class VllmEngine(GatedEngine):
         from vllm.usage.usage_lib import UsageContext
         from vllm.utils.ompmultiprocessing import OMPProcessManager
 
-        # Read by vLLM's CPU platform when it checks the config (it would switch to the "mp"
-        # executor), and inherited by the engine core process, which checks it again.
+        # Read by vLLM's CPU platform when it checks the config (set, it keeps the "uni"
+        # executor), and inherited by the engine core process started meanwhile.
         with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
             config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
             with OMPProcessManager(config).configure_omp_envs(rank=0, local_rank=0):

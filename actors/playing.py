@@ -87,4 +87,6 @@ class Playing:
             self.unacked[ticket.group_id] = rollout
             await self.link.send(rollout)
             self.stats["groups_sent"] += 1
+            if self.stats["groups_sent"] == 1:  # the last phase of the launch-to-first-step time
+                log.info("first_rollout_sent", group_id=ticket.group_id, play_s=round(rollout.elapsed_s, 2))
             self.stats["episodes_sent"] += len(episodes)

@@ -51,6 +51,7 @@ from agentgym.protocol import (
     WeightsReady,
     Welcome,
 )
+from agentgym.protocol.messages import LoraSpec
 
 log = structlog.get_logger(__name__)
 
@@ -158,17 +159,36 @@ class Actor(WeightSync, Playing):
         log.info("actor_registered", actor=self.welcome.actor_index, actor_id=self.actor_id, run_id=self.welcome.run_id,
                  mode=self.welcome.mode)  # fmt: skip
 
-    async def start_engine(self) -> None:
+    async def start_engine(self, lora: LoraSpec | None = None) -> None:
         model_dir = self._model_dir()
         log.info("engine_starting", engine=self.cfg.actor.engine, model=str(model_dir))  # vLLM takes a minute or more
+        t0 = time.monotonic()
         # Importing torch/transformers and loading a tokenizer take seconds: off the loop, so
         # heartbeats go on meanwhile.
         self.tokenizer = await asyncio.to_thread(load_tokenizer, model_dir)
-        self.engine = make_engine(self.cfg, model_dir, lora=self.welcome.lora)  # actor.engine: vllm | remote | hf | sim
-        self.weights_synced = model_dir.resolve() == Path(self.welcome.model_path).resolve()
-        t0 = time.monotonic()
+        t1 = time.monotonic()
+        self.engine = make_engine(self.cfg, model_dir, lora=lora)  # actor.engine: vllm | remote | hf | sim
         await self.engine.start()
-        log.info("engine_started", model=str(model_dir), seconds=round(time.monotonic() - t0, 1))
+        log.info("engine_started", model=str(model_dir), seconds=round(time.monotonic() - t0, 1),
+                 tokenizer_s=round(t1 - t0, 1), lora=lora is not None)  # fmt: skip
+
+    def _can_start_early(self) -> bool:
+        """Whether the engine can start before the learner's Welcome: this host has the model
+        directory (the Welcome could only point elsewhere when it has not) and its config asks
+        for no LoRA adapters (the Welcome's ``lora`` shapes the engine)."""
+        return (Path(self.cfg.model.path) / "config.json").exists() and self.cfg.learner.lora.rank == 0
+
+    async def engine_up(self, early: asyncio.Future[None] | None) -> None:
+        """The engine started, for the learner's Welcome: the one started before the handshake
+        when it fits the Welcome (no LoRA adapters), else a new one."""
+        if early is not None:
+            await early
+            if self.welcome.lora is not None:  # the learner trains adapters this config did not ask for
+                log.info("engine_restarting", reason="the learner's Welcome asks for LoRA adapters")
+                engine, self.engine = self.engine, None
+                await engine.close()
+        if self.engine is None:
+            await self.start_engine(self.welcome.lora)
 
     # ------------------------------------------------------------------ loops
     def dispatch(self, msg: Message) -> None:
@@ -279,16 +299,28 @@ class Actor(WeightSync, Playing):
             loop.add_signal_handler(sig, lambda s=sig: self.ask_to_leave(Stop(f"got {signal.Signals(s).name}", 0, leave=True)))
         if (held := early_signals.take()) is not None:  # came while torch loaded (agentgym/host/early_signals.py)
             self.ask_to_leave(Stop(f"got {held.name}", 0, leave=True))
+        # The engine starts while the learner is awaited (the learner's own start-up is seconds of
+        # imports and model loading), when it needs nothing from the Welcome.
+        early = asyncio.ensure_future(self.start_engine()) if self._can_start_early() else None
         # A signal while the learner is awaited ends the wait: nothing was taken, nothing to hand over.
         connecting = asyncio.ensure_future(self.connect())
         await asyncio.wait((connecting, self.leave_asked), return_when=asyncio.FIRST_COMPLETED)
-        if not connecting.done():
-            connecting.cancel()
-            await asyncio.gather(connecting, return_exceptions=True)
+        left = not connecting.done()
+        if left or connecting.exception() is not None:
+            # Asked to leave, no learner, or refused: an engine still starting is abandoned
+            # (VllmEngine.start ends its processes), one already up is closed by close().
+            tasks = [t for t in (connecting, early) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if left:
             stop = self.leave_asked.result()
             log.info("actor_leaving", reason=stop.reason, handover=False, running_groups=0, registered=False)
             return Stop(stop.reason, stop.code)  # not registered: no Leave to send
         connecting.result()  # its error (no learner, refused) is the actor's
+        # The learner's own model directory: the engine holds the weights of version 0 already
+        # (set before the engine is up, so that a learner restart meanwhile can clear it).
+        self.weights_synced = self._model_dir().resolve() == Path(self.welcome.model_path).resolve()
         structlog.contextvars.bind_contextvars(actor=self.welcome.actor_index)  # here, not in connect's task: every later log names it
 
         async def watch_signal() -> None:
@@ -309,7 +341,7 @@ class Actor(WeightSync, Playing):
                 tg.create_task(self.rehello_loop())  # re-register after learner restarts
                 tg.create_task(self.resend_loop())  # unacked rollouts again after a Welcome
                 tg.create_task(watch_signal())
-                await self.start_engine()  # players and weight updates need it
+                await self.engine_up(early)  # players and weight updates need it
                 if self.cfg.actor.agent_endpoint.enabled:  # the user's agent through an OpenAI-compatible endpoint
                     from agentgym.actors.agent_runner import AgentRunner
 

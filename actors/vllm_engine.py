@@ -94,13 +94,12 @@ class VllmEngine(GatedEngine):
         args = await asyncio.to_thread(self._engine_args)  # imports vllm: seconds, keep the loop free
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        t1 = time.monotonic()
         # Building the AsyncLLM blocks until the engine core process is up (~15 s); vLLM starts
         # its loop-bound tasks lazily, so it is built in a thread and the loop keeps serving.
         ours = psutil.Process()
         before = {c.pid for c in ours.children()}
-        building = asyncio.ensure_future(
-            asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._stats.factory])
-        )
+        building = asyncio.ensure_future(asyncio.to_thread(self._build, AsyncLLM, args))
         try:
             self._llm = await asyncio.shield(building)
         except asyncio.CancelledError:
@@ -115,10 +114,32 @@ class VllmEngine(GatedEngine):
             log.info("engine_start_abandoned", engine="vllm", stopped_pids=stopped)
             raise
         await self._llm.is_paused()  # a first call on this loop starts vLLM's output tasks
+        # import_s: importing vLLM here; build_s: its engine core process started (on a GPU, with
+        # a worker process of its own), the model loaded and the KV cache allocated.
         log.info(
             "engine_started", engine="vllm", model=str(self.model_dir), on_cpu=self.on_cpu, dtype=self.dtype,
-            kv_cache_gib=self.kv_cache_gib, seconds=round(time.monotonic() - t0, 1),
+            kv_cache_gib=self.kv_cache_gib, seconds=round(time.monotonic() - t0, 1), import_s=round(t1 - t0, 1),
+            build_s=round(time.monotonic() - t1, 1),
         )  # fmt: skip
+
+    def _build(self, async_llm: Any, args: Any) -> Any:
+        """``AsyncLLM`` from ``args``. On a CPU its worker runs inside the engine core process
+        (vLLM's ``uni`` executor) instead of a process of its own: one spawned process less,
+        each of which imports torch and vLLM anew (a third of the engine's start). vLLM's CPU
+        backend asks for a worker process only to give it OpenMP's environment (its cores);
+        the engine core process is given that environment instead, as vLLM would have given it
+        to the worker (``OMPProcessManager``)."""
+        if not self.on_cpu:
+            return async_llm.from_engine_args(args, stat_loggers=[self._stats.factory])
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+        # Read by vLLM's CPU platform when it checks the config (set, it keeps the "uni"
+        # executor), and inherited by the engine core process started meanwhile.
+        with _environ(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+            config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+            with OMPProcessManager(config).configure_omp_envs(rank=0, local_rank=0):
+                return async_llm.from_vllm_config(config, stat_loggers=[self._stats.factory])
 
     def _engine_args(self) -> Any:
         import torch
@@ -146,6 +167,7 @@ class VllmEngine(GatedEngine):
             logprobs_mode="processed_logprobs",
             worker_extension_cls=_WORKER_EXTENSION,
             enforce_eager=self.on_cpu if self.enforce_eager is None else self.enforce_eager,
+            distributed_executor_backend="uni" if self.on_cpu else None,  # see _build
             disable_log_stats=True,  # our own stat logger below still receives the stats
             **extra,
         )
@@ -281,6 +303,21 @@ def _sampled_logprobs(request_id: str, token_ids: list[int], logprobs: Any) -> l
             raise RuntimeError(f"VllmEngine({request_id!r}): no logprob for sampled token {tok} at position {i}")
         out.append(float(found[0]))
     return out
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Any:
+    """``os.environ`` with ``values`` set for the block, as it was after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _shm_dir() -> str | None:

@@ -4,7 +4,8 @@ engines, real torch training.
 - ``agentgym train``: one learner and two actor processes train the tiny model on guess_number;
   success late in the run is clearly above success early in it, and every group an actor sent
   is accounted for by the learner (accepted, stale, duplicate, ...), status by status.
-- ``agentgym-actor`` with nothing listening exits with a clear error (exit 3), never hangs.
+- ``agentgym-actor`` with nothing listening exits with a clear error (exit 3), never hangs; one
+  with its own model directory starts its engine while it waits for the learner.
 - ``agentgym-actor`` with a different model than the learner's is refused (exit 2), naming the
   mismatching setting.
 """
@@ -143,6 +144,24 @@ def test_actor_with_no_learner_exits_with_a_clear_error(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert "learner_unreachable" in out and f"127.0.0.1:{port}" in out, out
     assert time.monotonic() - t0 < 100  # bounded by the connect timeout, not a hang
+
+
+def test_an_actor_with_its_own_model_starts_its_engine_while_it_waits_for_the_learner(tiny_model: Path, tmp_path: Path) -> None:
+    # Its engine needs nothing from the learner's Welcome (its own model directory, no LoRA): it
+    # starts beside the wait for the learner, and goes with the actor when no learner answers.
+    port = free_port_pair()
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        ["agentgym.actors.main", "--config", str(QUICKSTART), "--learner", f"tcp://127.0.0.1:{port}", "--model",
+         str(tiny_model), "-o", 'actor.engine="sim"', "--connect-timeout", "3", "--run-dir", str(run_dir),
+         "--actor-id", "early"],
+        timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    events = [json.loads(line)["event"] for line in (run_dir / "logs" / "actor-early.jsonl").read_text().splitlines()]
+    assert "engine_starting" in events and "waiting_for_learner" in events, events
+    assert events.index("engine_starting") < events.index("waiting_for_learner"), events
+    assert "learner_unreachable" in events, events
 
 
 @pytest.mark.slow

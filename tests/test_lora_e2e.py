@@ -1,8 +1,9 @@
 """A LoRA run end to end: ``agentgym train`` with learner.lora starts the learner and a real actor
 (processes, ZeroMQ, the guess_number env); every weight version the actor fetches is the adapter
 (its exact byte size, a fraction of the model's), the actor serves each one, and the checkpoint
-holds the adapter. The engine here is ``hf`` (starts in a second); tests/test_lora_engines.py
-checks the vLLM path's logprobs against the learner's."""
+holds the adapter. An actor whose own config asks for no adapters (its engine started before the
+learner's Welcome) restarts its engine to serve them. The engine here is ``hf`` (starts in a
+second); tests/test_lora_engines.py checks the vLLM path's logprobs against the learner's."""
 
 from __future__ import annotations
 
@@ -66,3 +67,39 @@ def test_a_lora_run_ships_adapters_to_a_real_actor(tmp_path: Path) -> None:
     assert json.loads((ckpt / "adapter_config.json").read_text())["r"] == RANK
     saved = load_file(str(ckpt / "adapter_model.safetensors"))
     assert sum(t.numel() * t.element_size() for t in saved.values()) == adapter_bytes
+
+
+def test_an_actor_whose_config_has_no_lora_serves_the_learners_adapters(tmp_path: Path) -> None:
+    # The actor starts its engine before the learner's Welcome (its config: no adapters); the
+    # Welcome asks for them, so it starts an adapter-serving engine instead and plays with that.
+    model = make_default_tiny_model(tmp_path / "tiny", seed=0)
+    port, run_dir = free_port_pair(), tmp_path / "run"
+    common = ["--config", str(REPO / "configs" / "quickstart.toml"), "-o", f'model.path="{model}"', "-o", "model.create_tiny=false",
+              "-o", 'actor.engine="hf"', "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "learner.batch_groups=1",
+              "-o", "rollout.group_size=4", "-o", "actor.max_groups=1", "-o", "schedule.turn_limits=[[0, 2]]",
+              "-o", 'run.mode="sync"', "--run-dir", str(run_dir)]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.learner.main", *common, "--bind", f"tcp://127.0.0.1:{port}", "--max-steps", "2",
+         "-o", f"learner.lora.rank={RANK}", "-o", f"learner.lora.target_modules={list(TARGETS)!r}".replace("'", '"')],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    actor = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.actors.main", *common, "--learner", f"tcp://127.0.0.1:{port}", "--actor-id", "a"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        lout, _ = learner.communicate(timeout=600)
+        aout, _ = actor.communicate(timeout=120)
+    finally:
+        for p in (learner, actor):
+            p.kill()
+    assert learner.returncode == 0, lout[-3000:]
+    assert actor.returncode == 0, aout[-3000:]
+    events = [json.loads(line) for line in (run_dir / "logs" / "actor-a.jsonl").read_text().splitlines()]
+    names = [e["event"] for e in events]
+    assert "engine_restarting" in names, names
+    started = [e for e in events if e["event"] == "engine_started" and "lora" in e]
+    assert [e["lora"] for e in started] == [False, True], started
+    loaded = [e for e in events if e["event"] == "engine_weights_loaded"]
+    assert loaded and all(e["engine"] == "HfLoraEngine" for e in loaded), loaded

@@ -106,3 +106,21 @@ def test_from_takes_no_random_weight_options(tmp_path: Path, capsys: pytest.Capt
         main(["make-model", "--from", "smollm2-135m-instruct", "--arch", "tiny", str(tmp_path / "x")])
     assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_config_names_the_packaged_models_and_leaves_the_making_to_the_launcher(tmp_path: Path) -> None:
+    # model.make_from: the packaged models by name (the config's choices are the registry's), and
+    # a config whose model is not made yet passes the model check: the launcher makes it first.
+    import typing
+
+    from agentgym.config import load_config
+    from agentgym.config.model_path import with_model_found
+    from agentgym.config.sections import ModelConfig
+    from agentgym.models.packaged import PACKAGED
+
+    choices = typing.get_args(typing.get_args(ModelConfig.model_fields["make_from"].annotation)[0])
+    assert set(choices) == set(PACKAGED)
+    cfg = load_config(None, [f'model.path="{tmp_path / "m"}"', 'model.make_from="smollm2-135m-instruct"'])
+    assert with_model_found(cfg).model.path == tmp_path / "m"
+    with pytest.raises(Exception, match="make_from"):
+        load_config(None, ['model.make_from="gpt-9"'])

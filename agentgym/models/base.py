@@ -223,9 +223,23 @@ def ensure_model(cfg: Any) -> None:
     """With ``model.create_tiny``: make the demo model ``model.arch`` at ``model.path`` if it has
     none, then, with ``model.pretrain_steps``, pretrain it on random play of the run's envs (by
     their weights; their experts' play with ``model.pretrain_policy = "expert"``), and then, with
-    ``model.sft_steps``, on their experts' play. A model already there is left alone, whatever made it."""
+    ``model.sft_steps``, on their experts' play. With ``model.make_from``: the pretrained model from
+    its package (agentgym/models/packaged.py). A model already there is left alone, whatever made it."""
     path = Path(cfg.model.path)
-    if not cfg.model.create_tiny or (path / "config.json").exists():
+    if (path / "config.json").exists():
+        return
+    if cfg.model.make_from:
+        from agentgym.models.packaged import make_from_package
+
+        log.info("making_model", path=str(path), source=cfg.model.make_from)
+        part = path.with_name(f"{path.name}.part-{os.getpid()}")  # renamed when whole: never half a model at path
+        try:
+            make_from_package(cfg.model.make_from, part)
+            part.rename(path)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
+        return
+    if not cfg.model.create_tiny:
         return
     from agentgym.models.agent import make_agent_model
     from agentgym.models.tiny import make_default_tiny_model

@@ -4,6 +4,13 @@
     nice python bench/results.py --rows all                          # every row, one after another
     python bench/results.py --table-only                             # rebuild docs/results.md from runs/results
     python bench/results.py --mix-curves runs/mix-games --plot x.png # per-env curves of a run on configs/envs/mix.toml
+    nice python bench/results.py --suite real --rows real/guess_number --seeds 0,1,2 --steps 40 --engine vllm
+    python bench/results.py --suite real --table-only --table docs/results.md --plot docs/img/results_real.png
+
+``--suite real`` is the real model's table (``REAL_ROWS``: configs/real/<env>.toml, SmolLM2-135M-Instruct
+with the env's outcome reward only): its "base" arm is the instruct model zero-shot, and a row meets
+its bar at base + 0.15 (``SUITES``); it has its own place on the page and its own record
+(docs/results-data/real/).
 
 Each row is a config of ``configs/envs/`` (``ROWS``) and gets these arms, all scored on the same
 held-out test tasks (the first ``eval.tasks`` of the row config, or ``--eval-tasks``, of the env's test
@@ -42,6 +49,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,6 +67,24 @@ SFT_ROWS = {"maze5-sft": "maze5", "textcraft1-sft": "textcraft1"}
 and the row they stand beside: their "base" arm is SFT on expert and their "base + RL" arm SFT + RL.
 The bar is for RL from a base model, so they are never judged by it."""
 
+REAL_ROWS = ("real/guess_number", "real/maze3", "real/maze5", "real/babyai", "real/textcraft", "real/wordle",
+             "real/deepsearch", "real/webshop", "real/sciworld")  # fmt: skip
+"""The real model's rows: configs/real/<env>.toml (a row named ``real/<env>``)."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A table: its rows, where it sits on the page, and its bar."""
+
+    rows: tuple[str, ...]
+    markers: tuple[str, str]
+    gain: float
+    """base + RL meets the bar at base + ``gain`` (mean of 3 seeds) ..."""
+    expert_share: float | None
+    """... or at this share of the expert's success (None: the gain alone)."""
+    command: str
+
+
 ROW_NOTES = {
     "wordle-games": "every test game is a training game (a game is its word; the 32 test games cover all 16 "
                     "words) and the base was trained on the answer in its own turn (ADR 0021)",
@@ -74,10 +100,15 @@ COMMAND = (
 )
 
 
+def config_path(row: str) -> Path:
+    """configs/envs/<row>.toml, or configs/real/<env>.toml for a row ``real/<env>``."""
+    return REPO / "configs" / f"{row if '/' in row else 'envs/' + row}.toml"
+
+
 def config(row: str, seed: int, overrides: list[str]) -> Config:
-    path = REPO / "configs" / "envs" / f"{row}.toml"
+    path = config_path(row)
     if not path.exists():
-        raise SystemExit(f"results: --rows: no config {path}; rows are {', '.join(ROWS)}")
+        raise SystemExit(f"results: --rows: no config {path}; rows are {', '.join(ROWS + REAL_ROWS)}")
     return load_config(path, [f"run.seed={seed}", *LOOP_OVERRIDES, *overrides])
 
 
@@ -122,7 +153,7 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
     base_s = time.time() - t0
     pre = Path(cfg.model.path, "pretrain.json")
     n_eval = args.eval_tasks or cfg.eval.tasks  # the row's own eval.tasks unless --eval-tasks
-    arms = {"row": row, "config": f"configs/envs/{row}.toml", "model": str(cfg.model.path), "eval_tasks": n_eval,
+    arms = {"row": row, "config": str(config_path(row).relative_to(REPO)), "model": str(cfg.model.path), "eval_tasks": n_eval,
             "pretrain": json.loads(pre.read_text()) if pre.exists() else None, "base_make_s": round(base_s, 1)}  # fmt: skip
     for policy in ("random", "expert"):
         arms[policy] = scripted(cfg, policy, n_eval, EVAL_EPISODES)
@@ -135,7 +166,7 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
         res = asyncio.run(train_curve(cfg, args.eval_every, n_eval, cfg.schedule.final_limit,
                                       partial=out / f"seed{seed}.json", max_wall_s=args.max_wall_s,
                                       engine_kind=args.engine, overlap=args.overlap))  # fmt: skip
-        res.update(seed=seed, overrides=args.override, config=f"configs/envs/{row}.toml", engine=args.engine, eval_tasks=n_eval,
+        res.update(seed=seed, overrides=args.override, config=str(config_path(row).relative_to(REPO)), engine=args.engine, eval_tasks=n_eval,
                    overlap=args.overlap)  # fmt: skip
         (out / f"seed{seed}.json").write_text(json.dumps(res))
 
@@ -202,20 +233,22 @@ def noise(p: float, n: int, q: float, m: int, scale: float = 1.0) -> float:
     return 2 * math.sqrt(p * (1 - p) / n + scale**2 * q * (1 - q) / m)
 
 
-def verdict(s: dict, row: str = "") -> str:
+def verdict(s: dict, row: str = "", suite: Suite | None = None) -> str:
     """Whether the row meets the bar: base + RL (mean of 3 seeds) >= base + 0.3, or >= 0.8 of the
     expert; "borderline" where the nearer of the two is within ``noise`` of it, either way, with
     n = eval tasks x EVAL_EPISODES x seeds episodes an arm (the expert: eval tasks)."""
+    suite = suite or SUITES["toy"]
     if row in SFT_ROWS:
         return f"- (SFT on expert; {SFT_ROWS[row]} is the RL-from-base row)"
     if len(s["final"]) < 3:
         return f"not judged ({len(s['final'])} of 3 seeds)"
     rl, base, expert = statistics.mean(s["final"]), statistics.mean(s["base"]), s["expert"]["success"]
     tasks = s.get("eval_tasks") or s["expert"].get("episodes") or 16
-    bars = [("base + 0.3", rl - base - 0.3, noise(rl, tasks * EVAL_EPISODES * len(s["final"]), base, tasks * EVAL_EPISODES * len(s["base"])))]
-    if expert:
-        bars.append(("0.8 expert", rl - 0.8 * expert, noise(rl, tasks * EVAL_EPISODES * len(s["final"]), expert,
-                                                             s["expert"].get("episodes") or tasks, 0.8)))  # fmt: skip
+    n_rl, n_base = tasks * EVAL_EPISODES * len(s["final"]), tasks * EVAL_EPISODES * len(s["base"])
+    bars = [(f"base + {suite.gain:g}", rl - base - suite.gain, noise(rl, n_rl, base, n_base))]
+    share = suite.expert_share
+    if expert and share is not None:
+        bars.append((f"{share:g} expert", rl - share * expert, noise(rl, n_rl, expert, s["expert"].get("episodes") or tasks, share)))
     for name, gap, margin in bars:
         if gap >= margin:
             return f"yes (>= {name})"
@@ -238,12 +271,13 @@ def overlap_cell(row: str, folder: Path) -> str:
     return "/".join(str(r["overlap"]) for r in res.values()) + f" of {'/'.join(str(t) for t in sorted(tasks))}"
 
 
-def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str] | None = None) -> str:
+def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str] | None = None, suite: Suite | None = None) -> str:
     """The table of ``rows`` from their runs (``where``); a row with none keeps its line in
     ``kept`` (the page's current table), if any."""
     lines = ["| env (config) | random | base | base + RL: mean ± sd (min-max) | expert | RL steps | wall per RL run (s) | "
              "turn limit | test tasks also drawn in training, per seed | meets the bar |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    suite = suite or SUITES["toy"]
     missing = []
     for row in rows:
         folder = where(out, record, row)
@@ -268,19 +302,28 @@ def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str
         name = f"{name}: {ROW_NOTES[row]}" if row in ROW_NOTES else name
         lines.append(f"| {name} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
                      f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | "
-                     f"{overlap_cell(row, folder)} | {verdict(s, row)} |")  # fmt: skip
+                     f"{overlap_cell(row, folder)} | {verdict(s, row, suite)} |")  # fmt: skip
     if missing:
         lines.append("")
         lines.append(f"Rows without 3 finished RL seeds: {', '.join(missing)}. To run them: "
-                     f"`{COMMAND.format(rows=','.join(missing))}`")
+                     f"`{suite.command.format(rows=','.join(missing))}`")
     return "\n".join(lines)
 
 
 BEGIN, END = "<!-- results-table -->", "<!-- /results-table -->"
+SUITES = {
+    "toy": Suite(ROWS, (BEGIN, END), 0.3, 0.8, COMMAND),
+    "real": Suite(REAL_ROWS, ("<!-- real-table -->", "<!-- /real-table -->"), 0.15, None,
+                  "nice python bench/results.py --suite real --rows {rows} --seeds 0,1,2 --steps 40 --max-wall-s 2700 "
+                  "--engine vllm --table docs/results.md --plot docs/img/results_real.png"),
+}  # fmt: skip
+"""The tables: the demo models' (``toy``, the bar base + 0.3 or 0.8 of the expert) and the real
+model's (``real``, the bar base + 0.15 over the instruct model zero-shot)."""
 
 
-def page_lines(path: Path) -> dict[str, str]:
+def page_lines(path: Path, markers: tuple[str, str] = (BEGIN, END)) -> dict[str, str]:
     """Row -> its line in the table already on the page at ``path`` (between the markers)."""
+    BEGIN, END = markers  # noqa: N806
     page = path.read_text() if path.exists() else ""
     if BEGIN not in page or END not in page:
         return {}
@@ -290,9 +333,10 @@ def page_lines(path: Path) -> dict[str, str]:
             if line.startswith("| ") and line.count("|") > 3}  # fmt: skip
 
 
-def write_table(path: Path, text: str) -> None:
-    """Put ``text`` between the BEGIN/END markers of ``path`` (the page around it is kept), or
-    write it as the whole file when it has no markers."""
+def write_table(path: Path, text: str, markers: tuple[str, str] = (BEGIN, END)) -> None:
+    """Put ``text`` between the markers of ``path`` (the page around it is kept), or write it as
+    the whole file when it has no markers."""
+    BEGIN, END = markers  # noqa: N806
     page = path.read_text() if path.exists() else ""
     if BEGIN in page and END in page:
         head, rest = page.split(BEGIN, 1)
@@ -381,7 +425,8 @@ def mix_curves(run_dir: Path, path: Path, every: int = 10) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default="", help=f"comma-separated rows to run, or 'all' ({', '.join(ROWS)})")
+    p.add_argument("--suite", choices=list(SUITES), default="toy", help="which table: the demo models' or the real model's")
+    p.add_argument("--rows", default="", help=f"comma-separated rows to run, or 'all' ({', '.join(ROWS + REAL_ROWS)})")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=100, help="RL steps per run (at most)")
     p.add_argument("--max-wall-s", type=float, default=1200.0, help="wall time per RL run before it stops and evaluates")
@@ -406,26 +451,27 @@ def main() -> int:
     if args.mix_curves:
         mix_curves(args.mix_curves, args.plot or args.mix_curves / "env_curves.png")
         return 0
-    rows = list(ROWS) if args.rows == "all" else [r for r in args.rows.split(",") if r]
+    suite = SUITES[args.suite]
+    rows = list(suite.rows) if args.rows == "all" else [r for r in args.rows.split(",") if r]
     for row in rows:
-        if row not in ROWS:
-            raise SystemExit(f"results: --rows: unknown row {row!r}; rows are {', '.join(ROWS)}")
+        if row not in suite.rows:
+            raise SystemExit(f"results: --rows: unknown row {row!r} of --suite {args.suite}; its rows are {', '.join(suite.rows)}")
     if not args.table_only:
         if not rows:
             raise SystemExit("results: give --rows (or --table-only)")
         for row in rows:
             run_row(row, [int(s) for s in args.seeds.split(",")], args)
     if args.table_only:
-        for row in ROWS:
+        for row in suite.rows:
             save_record(args.out, args.record, row)
-    text = table(args.out, list(ROWS), args.record, page_lines(args.table) if args.table else None)
+    text = table(args.out, list(suite.rows), args.record, page_lines(args.table, suite.markers) if args.table else None, suite)
     if args.table:
-        write_table(args.table, text)
+        write_table(args.table, text, suite.markers)
         print(f"wrote {args.table}")
     else:
         print(text)
     if args.plot:
-        plot(args.out, list(ROWS), args.plot, args.record)
+        plot(args.out, list(suite.rows), args.plot, args.record)
     return 0
 
 

@@ -151,3 +151,28 @@ def test_an_agentgym_train_runs_draws_are_its_schedulers_tickets(results) -> Non
         issued[t.env].append(t.task_id)
     assert task_overlap.ticket_drawn(cfg, 40) == issued
     assert sum(1 for ids in issued.values() if ids) >= 4  # the mix's envs, by weight
+
+
+def test_the_real_models_table_has_its_own_rows_bar_place_and_record(results, tmp_path: Path) -> None:
+    """--suite real: rows real/<env> from configs/real/, judged at base + 0.15 over the zero-shot
+    model (no expert clause), written between their own markers beside the toy table."""
+    real = results.SUITES["real"]
+    assert all((results.REPO / "configs" / f"{row}.toml").exists() for row in real.rows)
+    assert results.config("real/guess_number", 1, []).run.seed == 1
+
+    def row(base: list[float], final: list[float]) -> dict:
+        return {"base": base, "final": final, "eval_tasks": 16, "expert": {"success": 1.0, "episodes": 16}}
+
+    assert results.verdict(row([0.1] * 3, [0.45] * 3), suite=real) == "yes (>= base + 0.15)"
+    assert results.verdict(row([0.1] * 3, [0.12] * 3), suite=real) == "no"
+    assert results.verdict(row([0.85] * 3, [0.9] * 3), suite=real) != "yes (>= 0.8 expert)"  # no expert clause
+    out, record, page = tmp_path / "runs", tmp_path / "record", tmp_path / "results.md"
+    _row(out / "real" / "guess_number", [0.5, 0.6, 0.7])
+    page.write_text(f"toy\n{results.BEGIN}\nold toy\n{results.END}\nreal\n{real.markers[0]}\nold\n{real.markers[1]}\n")
+    results.save_record(out, record, "real/guess_number")
+    text = results.table(tmp_path / "elsewhere", list(real.rows), record, results.page_lines(page, real.markers), real)
+    lines = text.splitlines()
+    assert lines[2].startswith("| real/guess_number | 0.10 |") and lines[2].endswith("| yes (>= base + 0.15) |")
+    assert "Rows without 3 finished RL seeds: real/maze3," in text and "--suite real --rows real/maze3," in text
+    results.write_table(page, text, real.markers)
+    assert page.read_text().startswith(f"toy\n{results.BEGIN}\nold toy\n{results.END}\nreal\n")

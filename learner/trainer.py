@@ -93,6 +93,9 @@ class Trainer(TrainerState):
         if lc.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad and with FSDP (torch's advice).
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.staleness_rule = StalenessRule.from_config(cfg)
+        """The per-token staleness weights (config fields only). Built once; ranks > 0 are other
+        processes, so this is not the learner's object, but it reads the same fields."""
         self.pad_id = pad_id
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(cfg.model.path)
         self.banned = self._action_ban()
@@ -317,7 +320,7 @@ class Trainer(TrainerState):
             gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
             whiten=lc.whiten_advantages, baseline=lc.baseline, turn_discount=lc.turn_discount, step_weight=lc.step_advantage_weight,
         )  # fmt: skip
-        weights = b.loss_mask * StalenessRule.from_config(cfg).token_weights(b.versions, self.version).to(b.loss_mask.dtype)
+        weights = b.loss_mask * self.staleness_rule.token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
         if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
             ratio = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)

@@ -44,6 +44,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from agentgym.config import Config
+from agentgym.config.registries import ALGORITHMS
 from agentgym.learner.advantages import importance_recentred
 from agentgym.learner.algorithms import bootstrap_values, compute_advantages, explained_variance, lr_factor
 from agentgym.learner.batch import Batch, collate, micro_batches, shard_rows, trainable_episodes
@@ -87,7 +88,7 @@ class Trainer(TrainerState):
         """LoRA (learner/lora.py): only adapters train; the reference is the adapter-less model."""
         # PPO's critic (learner/value_model.py); a separate one copies the body before LoRA wraps it.
         self.value_head: ValueHead | SeparateValueModel | None = (build_value_model(
-            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if lc.algorithm == "ppo" else None)  # fmt: skip
+            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if ALGORITHMS.get(lc.algorithm).critic else None)  # fmt: skip
         self.model = (wrap_lora(model, lc.lora) if self.lora else model).to(self.device)
         self.model.train()
         if lc.gradient_checkpointing:
@@ -305,7 +306,7 @@ class Trainer(TrainerState):
         kl_reward = lc.kl_coef > 0 and lc.kl_mode == "reward"
         kl_loss = lc.kl_coef > 0 and lc.kl_mode == "loss"
         several = n_mb > 1 or lc.epochs > 1  # several optimizer steps: pi_prox is the batch start's
-        recentre = lc.importance_baseline and lc.algorithm in ("grpo", "rloo") and bool(((b.versions >= 0) & (b.versions < self.version)).any())
+        recentre = lc.importance_baseline and ALGORITHMS.get(lc.algorithm).group_relative and bool(((b.versions >= 0) & (b.versions < self.version)).any())
         pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=several or kl_reward or recentre)
 
         # Advantages on the whole batch: identical on every rank.

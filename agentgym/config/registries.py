@@ -4,6 +4,7 @@ accepts for ``learner.algorithm`` and ``actor.engine``, what each one is, and wh
     ALGORITHMS.names()                  # ("grpo", "ppo", "reinforce_pp", "rloo"): the config's choices
     ALGORITHMS.get("rloo").group_relative
     estimate = ALGORITHMS.load("rloo")  # agentgym.learner.algorithms.rloo, imported now
+    build = ENGINES.load("hf")          # agentgym.actors.engines.build_hf
 
 A new algorithm or engine is one module (its estimator or engine builder) and one ``register``
 line below. The config builds its ``Literal`` from the names here, so validation, the error that
@@ -37,6 +38,16 @@ class AlgorithmEntry:
     baseline of each state. A critic is that baseline already."""
     critic: bool = False
     """Learns a value model (learner.value_model) and needs its values and bootstrap."""
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """An inference engine (actors/engines.py calls ``target`` to build it)."""
+
+    name: str
+    target: str
+    lora: bool = False
+    """Serves the learner's LoRA adapters (learner.lora)."""
 
 
 @dataclass
@@ -77,3 +88,9 @@ ALGORITHMS.register(AlgorithmEntry("grpo", "agentgym.learner.algorithms:grpo", g
 ALGORITHMS.register(AlgorithmEntry("ppo", "agentgym.learner.algorithms:ppo", critic=True))
 ALGORITHMS.register(AlgorithmEntry("reinforce_pp", "agentgym.learner.algorithms:reinforce_pp", step_term=True))
 ALGORITHMS.register(AlgorithmEntry("rloo", "agentgym.learner.algorithms:rloo", group_relative=True, step_term=True))
+
+ENGINES: Registry[EngineEntry] = Registry("actor.engine")
+ENGINES.register(EngineEntry("vllm", "agentgym.actors.engines:build_vllm", lora=True))
+ENGINES.register(EngineEntry("remote", "agentgym.actors.engines:build_remote"))
+ENGINES.register(EngineEntry("hf", "agentgym.actors.engines:build_hf", lora=True))
+ENGINES.register(EngineEntry("sim", "agentgym.actors.engines:build_sim"))

@@ -147,23 +147,17 @@ async def _make(spec: CriticSpec, engine: Any, tokenizer: Any, seed: int) -> Cri
         return OracleCritic()
     if spec.engine == "policy":  # self-critique: the policy's engine, outside the episode's tokens
         return LmCritic(engine, tokenizer, spec.max_tokens, spec.temperature, seed)
+    from agentgym.actors.engines import EngineRequest, build_engine
+
     if spec.engine == "remote":
         if not spec.url:
             raise ValueError("critic.url: an LM critic with engine 'remote' needs the server's base URL")
-        from agentgym.actors.remote_engine import RemoteEngine
-
-        critic_engine: Any = RemoteEngine(spec.url, model=spec.model or None)
+        req = EngineRequest(None, seed=seed, url=spec.url, model=spec.model)
     else:
         if not spec.model or not Path(spec.model).is_dir():
             raise FileNotFoundError(f"critic.model: the LM critic's model dir {spec.model!r} does not exist")
-        if spec.engine == "hf":
-            from agentgym.actors.hf_engine import HfEngine
-
-            critic_engine = HfEngine(Path(spec.model), seed=seed)
-        else:
-            from agentgym.actors.vllm_engine import VllmEngine
-
-            critic_engine = VllmEngine(Path(spec.model), seed=seed)
+        req = EngineRequest(Path(spec.model), seed=seed)
+    critic_engine: Any = build_engine(spec.engine, req)  # the actor's one engine factory (actors/engines.py)
     await critic_engine.start()
     from transformers import AutoTokenizer
 

@@ -3,17 +3,24 @@
     engine = make_engine(cfg, model_dir)     # VllmEngine | RemoteEngine | HfEngine | SimEngine, not started
     engine = make_engine(cfg, model_dir, lora=welcome.lora)   # serving the learner's LoRA adapters
 
-Each engine module imports its heavy library (vLLM, transformers, httpx) only when used.
+    engine = build_engine("hf", EngineRequest(Path(model), seed=0))   # a critic's engine, its defaults
+
+Each engine module imports its heavy library (vLLM, transformers, httpx) only when used. The
+names ``actor.engine`` accepts are registered in agentgym/config/registries.py (``ENGINES``), each
+with its builder: a new engine is its module, a builder (``EngineRequest`` -> engine) and one
+registration. The actor's engine and a critic's engine (actors/critic.py) are both built here.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym.actors.engine import GatedEngine
 from agentgym.config import Config
+from agentgym.config.registries import ENGINES
 from agentgym.protocol.messages import LoraSpec
 
 
@@ -37,53 +44,106 @@ def context_length(cfg: Config, model_dir: Path) -> int:
     return min(int(n), cfg.rollout.max_episode_tokens) if n else cfg.rollout.max_episode_tokens
 
 
-def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> GatedEngine:
-    a = cfg.actor
-    ctx = context_length(cfg, model_dir)
-    if lora is not None:
-        from agentgym.actors.lora_engine import HfLoraEngine, VllmLoraEngine
+@dataclass(frozen=True)
+class EngineRequest:
+    """What an engine builder reads. ``cfg``: the actor's config, whose ``[actor]`` settings the
+    policy's engine takes; None for a critic's engine (actors/critic.py), which takes the engine's
+    own defaults and ``model``/``url`` from the critic's spec."""
 
-        if a.engine == "vllm":
-            return VllmLoraEngine(
-                model_dir, lora=lora, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
-                gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
-            )  # fmt: skip
-        if a.engine == "hf":
-            return HfLoraEngine(model_dir, lora=lora, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
-                                update_mode=a.weight_update, max_model_len=ctx)
-        raise ValueError(f"actor.engine = {a.engine!r} cannot serve the learner's LoRA adapters (learner.lora); "
-                         "use the vllm or hf engine")  # fmt: skip
-    if a.engine == "vllm":
+    model_dir: Path | None
+    seed: int = 0
+    cfg: Config | None = None
+    lora: LoraSpec | None = None
+    url: str | None = None
+    model: str | None = None
+
+
+def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> GatedEngine:
+    """The policy's engine, by ``actor.engine``."""
+    return build_engine(cfg.actor.engine, EngineRequest(model_dir, seed=cfg.run.seed, cfg=cfg, lora=lora))
+
+
+def build_engine(name: str, req: EngineRequest) -> GatedEngine:
+    """The engine registered as ``name`` (agentgym/config/registries.py: ``ENGINES``), not started."""
+    entry = ENGINES.get(name)
+    if req.lora is not None and not entry.lora:
+        raise ValueError(f"actor.engine = {name!r} cannot serve the learner's LoRA adapters (learner.lora); "
+                         f"use the {' or '.join(ENGINES.with_('lora'))} engine")  # fmt: skip
+    return ENGINES.load(name)(req)
+
+
+# The builders, registered by name in agentgym/config/registries.py. Each imports its engine's
+# module (and so its heavy library) only when called.
+
+
+def build_vllm(req: EngineRequest) -> GatedEngine:
+    if req.cfg is None:
         from agentgym.actors.vllm_engine import VllmEngine
 
-        return VllmEngine(
-            model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
+        return VllmEngine(Path(req.model_dir), seed=req.seed)  # type: ignore[arg-type]  # a critic's: a model dir
+    cfg, a = req.cfg, req.cfg.actor
+    ctx = context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # the policy's: a model dir
+    if req.lora is not None:
+        from agentgym.actors.lora_engine import VllmLoraEngine
+
+        return VllmLoraEngine(
+            req.model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
             gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
-            enforce_eager=a.enforce_eager,
         )  # fmt: skip
-    if a.engine == "hf":
+    from agentgym.actors.vllm_engine import VllmEngine
+
+    return VllmEngine(
+        req.model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
+        gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
+        enforce_eager=a.enforce_eager,
+    )  # fmt: skip
+
+
+def build_hf(req: EngineRequest) -> GatedEngine:
+    if req.cfg is None:
         from agentgym.actors.hf_engine import HfEngine
 
-        return HfEngine(model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
-                        update_mode=a.weight_update, max_model_len=ctx)
-    if a.engine == "remote":
-        from agentgym.actors.remote_engine import RemoteEngine
+        return HfEngine(Path(req.model_dir), seed=req.seed)  # type: ignore[arg-type]  # a critic's: a model dir
+    cfg, a = req.cfg, req.cfg.actor
+    ctx = context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # the policy's: a model dir
+    if req.lora is not None:
+        from agentgym.actors.lora_engine import HfLoraEngine
 
-        r = a.remote
-        key = os.environ.get(r.api_key_env) if r.api_key_env else None
-        if r.api_key_env and not key:
-            raise KeyError(f"actor.remote.api_key_env names {r.api_key_env!r}, which is not set in the environment")
-        return RemoteEngine(
-            r.url, server=r.server, model=r.model or None, weights_dir=Path(r.weights_dir) if r.weights_dir else None, api_key=key,
-            update_mode=a.weight_update,
-        )  # fmt: skip
-    if a.engine == "sim":
-        from agentgym.actors.sim_engine import SimEngine
+        return HfLoraEngine(req.model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
+                            update_mode=a.weight_update, max_model_len=ctx)  # fmt: skip
+    from agentgym.actors.hf_engine import HfEngine
 
-        vocab = a.sim.vocab_size or _vocab_size(model_dir)
-        return SimEngine(vocab_size=vocab, tokens_per_s=a.sim.tokens_per_s, latency_s=a.sim.latency_s,
-                         stop_p=a.sim.stop_p, seed=cfg.run.seed, update_mode=a.weight_update)  # fmt: skip
-    raise ValueError(f"actor.engine: unknown engine {a.engine!r} (vllm, remote, hf, sim)")
+    return HfEngine(req.model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
+                    update_mode=a.weight_update, max_model_len=ctx)  # fmt: skip
+
+
+def build_remote(req: EngineRequest) -> GatedEngine:
+    from agentgym.actors.remote_engine import RemoteEngine
+
+    if req.cfg is None:
+        return RemoteEngine(req.url, model=req.model or None)  # type: ignore[arg-type]  # the critic checked the url
+    cfg, a = req.cfg, req.cfg.actor
+    context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # as every engine: the model's config must be readable
+    r = a.remote
+    key = os.environ.get(r.api_key_env) if r.api_key_env else None
+    if r.api_key_env and not key:
+        raise KeyError(f"actor.remote.api_key_env names {r.api_key_env!r}, which is not set in the environment")
+    return RemoteEngine(
+        r.url, server=r.server, model=r.model or None, weights_dir=Path(r.weights_dir) if r.weights_dir else None, api_key=key,
+        update_mode=a.weight_update,
+    )  # fmt: skip
+
+
+def build_sim(req: EngineRequest) -> GatedEngine:
+    from agentgym.actors.sim_engine import SimEngine
+
+    if req.cfg is None:
+        raise ValueError("the sim engine has no critic form (critic.engine: hf, vllm, remote or policy)")
+    cfg, a = req.cfg, req.cfg.actor
+    context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # as every engine: the model's config must be readable
+    vocab = a.sim.vocab_size or _vocab_size(req.model_dir)  # type: ignore[arg-type]
+    return SimEngine(vocab_size=vocab, tokens_per_s=a.sim.tokens_per_s, latency_s=a.sim.latency_s,
+                     stop_p=a.sim.stop_p, seed=cfg.run.seed, update_mode=a.weight_update)  # fmt: skip
 
 
 def _vocab_size(model_dir: Path) -> int:

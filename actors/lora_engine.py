@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgym.actors.hf_engine import HfEngine
-from agentgym.actors.vllm_engine import VllmEngine, _save_safetensors, _shm_dir
+from agentgym.actors.vllm_engine import VllmEngine
+from agentgym.actors.weight_files import save_safetensors, shm_dir
 from agentgym.protocol.messages import LoraSpec
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def write_adapter_dir(path: Path, tensors: Mapping[str, torch.Tensor], spec: Lor
         "base_model_name_or_path": str(base), "modules_to_save": None, "use_rslora": False, "use_dora": False,
     }  # fmt: skip
     (path / "adapter_config.json").write_text(json.dumps(config, indent=1))
-    _save_safetensors(tensors, path / "adapter_model.safetensors")
+    save_safetensors(tensors, path / "adapter_model.safetensors")
     return path
 
 
@@ -74,7 +75,7 @@ class VllmLoraEngine(VllmEngine):
         self.lora = lora
         self._ids = itertools.count(1)
         self._dirs = itertools.count()
-        self._root = Path(tempfile.mkdtemp(prefix="agentgym-lora-", dir=_shm_dir()))
+        self._root = Path(tempfile.mkdtemp(prefix="agentgym-lora-", dir=shm_dir()))
 
     def _engine_args(self) -> Any:
         rank = next((r for r in _VLLM_RANKS if r >= self.lora.rank), None)

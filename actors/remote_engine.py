@@ -289,12 +289,12 @@ class RemoteEngine(GatedEngine):
         if isinstance(tensors, (str, Path)):
             files = safetensors_files(Path(tensors), "RemoteEngine.update_weights")
             return files[0].parent
-        from agentgym.actors.vllm_engine import _save_safetensors
+        from agentgym.actors.weight_files import save_safetensors
 
         assert self.weights_dir is not None
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         out = Path(tempfile.mkdtemp(prefix="v", dir=self.weights_dir))
-        await asyncio.to_thread(_save_safetensors, tensors, out / "model.safetensors")
+        await asyncio.to_thread(save_safetensors, tensors, out / "model.safetensors")
         return out
 
     async def _load_weights(self, prepared: object) -> int:

@@ -37,6 +37,7 @@ import psutil
 import structlog
 
 from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files
+from agentgym.actors.weight_files import save_safetensors, shm_dir
 
 if TYPE_CHECKING:
     import torch
@@ -260,10 +261,10 @@ class VllmEngine(GatedEngine):
         self._require()
         if isinstance(tensors, (str, Path)):
             return safetensors_files(Path(tensors), "VllmEngine.update_weights"), None
-        tmp = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=_shm_dir()))
+        tmp = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=shm_dir()))
         path = tmp / "weights.safetensors"
         try:
-            await asyncio.to_thread(_save_safetensors, tensors, path)
+            await asyncio.to_thread(save_safetensors, tensors, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -318,27 +319,6 @@ def _environ(**values: str) -> Any:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def _shm_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-def _save_safetensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    seen: set[int] = set()
-    out = {}
-    for name, t in tensors.items():
-        t = t.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen and t.numel():  # tied weights share storage; safetensors refuses that
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        out[name] = t
-    if not out:
-        raise ValueError("VllmEngine.update_weights: no tensors given")
-    save_file(out, str(path))
 
 
 class _LoadSink:

@@ -127,7 +127,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     n_floats = a.weights_mib * MiB // 4
     tensors = [RawTensor(f"w{i}", "float32", (n_floats // 8,), rng.random(n_floats // 8, dtype=np.float32).tobytes()) for i in range(8)]
-    snap = WeightSnapshot.build(1, 1, 6, make_chunks(1, tensors, 64 * MiB))
+    snap = WeightSnapshot.build(1, make_chunks(1, tensors, 64 * MiB))
     ready = WeightsReady(version=1, step=1, turn_limit=6, num_chunks=len(snap.frames), total_bytes=snap.total_bytes)
     msgs = [rollout(i, rng) for i in range(64)]
     rollout_kib = len(encode(msgs[0])[1]) / 1024

@@ -198,7 +198,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
                         p.add_(1e-3)  # every tensor changes, as after an optimizer step
                 t0 = time.perf_counter()
                 chunks, cv = exporter.build(version, trainer.export_weights(dtype, sources=True), trainer.trained_names())
-                snap = WeightSnapshot.build(version, version, 3, chunks)
+                snap = WeightSnapshot.build(version, chunks)
                 del chunks
                 export_s = time.perf_counter() - t0
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))

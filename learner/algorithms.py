@@ -7,7 +7,9 @@
 Every algorithm then shares one loss, decoupled PPO with truncated importance weights
 (learner/losses.py); PPO adds a value loss. The estimators are the pure functions of
 learner/advantages.py; this module only chooses and feeds them. docs/off_policy.md has the
-formulas, docs/adr/0007-learner-algorithms.md the choices.
+formulas, docs/adr/0007-learner-algorithms.md the choices. Each estimator below is registered
+by name in agentgym/config/registries.py (``ALGORITHMS``), which ``learner.algorithm`` reads: a
+new one is a function with the same keywords (here or in its own module) and one registration.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from agentgym.config.learner import STEP_TERM_ALGORITHMS
+from agentgym.config.registries import ALGORITHMS as REGISTRY
 from agentgym.learner.advantages import (
     broadcast_sequence_advantages,
     gae,
@@ -31,8 +33,8 @@ from agentgym.learner.batch import Batch
 from agentgym.learner.losses import masked_mean, masked_whiten
 from agentgym.learner.step_groups import state_step_advantages
 
-Algorithm = Literal["grpo", "ppo", "reinforce_pp", "rloo"]
-ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "rloo")
+Algorithm = str  # a name registered in agentgym/config/registries.py
+ALGORITHMS = REGISTRY.names()
 
 
 def compute_advantages(
@@ -83,8 +85,9 @@ def compute_advantages(
                                lam=lam, values=values, bootstrap=bootstrap, whiten=whiten, baseline=baseline,
                                turn_discount=turn_discount)  # fmt: skip
     if step_weight > 0:
-        if algorithm not in STEP_TERM_ALGORITHMS:
-            raise ValueError(f"compute_advantages: step_weight needs one of {STEP_TERM_ALGORITHMS}, not {algorithm!r}")
+        step_term = REGISTRY.with_("step_term")
+        if algorithm not in step_term:
+            raise ValueError(f"compute_advantages: step_weight needs one of {step_term}, not {algorithm!r}")
         adv = adv + step_weight * state_step_advantages(batch.input_ids, batch.loss_mask, token_rewards,
                                                         batch.group_index, discount=turn_discount,
                                                         std_normalize=std_normalize)  # fmt: skip
@@ -99,24 +102,48 @@ def _advantages(
     """The estimator of ``algorithm`` on these rewards (the KL in the reward already taken off)."""
     if baseline not in ("episode", "turn"):
         raise ValueError(f"compute_advantages: baseline must be 'episode' or 'turn', got {baseline!r}")
-    if baseline == "turn" and algorithm in ("grpo", "rloo"):
-        return turn_baseline_advantages(seq_rewards, batch.group_index, batch.loss_mask, leave_one_out=algorithm == "rloo",
+    if algorithm not in REGISTRY.entries:
+        raise ValueError(f"learner.algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    estimate = REGISTRY.load(algorithm)
+    return estimate(batch, token_rewards, seq_rewards, std_normalize=std_normalize, gamma=gamma, lam=lam,
+                    values=values, bootstrap=bootstrap, whiten=whiten, baseline=baseline,
+                    turn_discount=turn_discount)  # fmt: skip
+
+
+# The estimators, registered by name in agentgym/config/registries.py. Each takes the batch, its
+# token and episode rewards and every option as keywords (``**_``: the ones it does not read).
+
+
+def grpo(batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, std_normalize: bool, baseline: str,
+         turn_discount: float, **_: object) -> tuple[Tensor, None]:  # fmt: skip
+    if baseline == "turn":
+        return turn_baseline_advantages(seq_rewards, batch.group_index, batch.loss_mask, leave_one_out=False,
                                         std_normalize=std_normalize, discount=turn_discount), None  # fmt: skip
-    if algorithm == "grpo":
-        seq = grpo_advantages(seq_rewards, batch.group_index, std_normalize=std_normalize)
-        return broadcast_sequence_advantages(seq, batch.loss_mask), None
-    if algorithm == "rloo":
-        return broadcast_sequence_advantages(rloo_advantages(seq_rewards, batch.group_index), batch.loss_mask), None
-    if algorithm == "reinforce_pp":
-        return reinforce_pp_advantages(token_rewards, batch.loss_mask, gamma=gamma), None
-    if algorithm == "ppo":
-        if values is None or bootstrap is None:
-            raise ValueError("compute_advantages: algorithm 'ppo' needs values [B, T] and bootstrap [B]")
-        adv, returns = gae(token_rewards, values, batch.loss_mask, gamma=gamma, lam=lam, bootstrap_value=bootstrap)
-        if whiten:
-            adv = masked_whiten(adv, (batch.loss_mask != 0).to(adv.dtype))
-        return adv, returns
-    raise ValueError(f"learner.algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    seq = grpo_advantages(seq_rewards, batch.group_index, std_normalize=std_normalize)
+    return broadcast_sequence_advantages(seq, batch.loss_mask), None
+
+
+def rloo(batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, std_normalize: bool, baseline: str,
+         turn_discount: float, **_: object) -> tuple[Tensor, None]:  # fmt: skip
+    if baseline == "turn":
+        return turn_baseline_advantages(seq_rewards, batch.group_index, batch.loss_mask, leave_one_out=True,
+                                        std_normalize=std_normalize, discount=turn_discount), None  # fmt: skip
+    return broadcast_sequence_advantages(rloo_advantages(seq_rewards, batch.group_index), batch.loss_mask), None
+
+
+def reinforce_pp(batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, gamma: float,
+                 **_: object) -> tuple[Tensor, None]:  # fmt: skip
+    return reinforce_pp_advantages(token_rewards, batch.loss_mask, gamma=gamma), None
+
+
+def ppo(batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, gamma: float, lam: float, values: Tensor | None,
+        bootstrap: Tensor | None, whiten: bool, **_: object) -> tuple[Tensor, Tensor]:  # fmt: skip
+    if values is None or bootstrap is None:
+        raise ValueError("compute_advantages: algorithm 'ppo' needs values [B, T] and bootstrap [B]")
+    adv, returns = gae(token_rewards, values, batch.loss_mask, gamma=gamma, lam=lam, bootstrap_value=bootstrap)
+    if whiten:
+        adv = masked_whiten(adv, (batch.loss_mask != 0).to(adv.dtype))
+    return adv, returns
 
 
 def bootstrap_values(last_values: Tensor, truncated: Tensor) -> Tensor:

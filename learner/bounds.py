@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentgym.learner.staleness import StalenessRule
+
 # The per-token and per-episode figures are the actor's too (its caps): one definition.
 from agentgym.protocol.limits import EPISODE_FIXED, MARGIN, REQUEST_FRAME, TOKEN_BYTES, KiB, MiB, group_bytes
 
@@ -49,6 +51,6 @@ class SocketBounds:
     @classmethod
     def from_config(cls, cfg: object) -> SocketBounds:
         rc, lc = cfg.rollout, cfg.learner  # type: ignore[attr-defined]
-        pipeline = lc.batch_groups * (lc.max_staleness + 1) if cfg.run.mode == "async" else lc.batch_groups  # type: ignore[attr-defined]
+        pipeline = StalenessRule.from_config(cfg).pipeline  # the rule owns the bound B·(K+1)
         return cls.build(group_size=rc.group_size, max_episode_tokens=rc.max_episode_tokens, pipeline=pipeline,
                          inbox_mib=lc.inbox_mib)  # fmt: skip

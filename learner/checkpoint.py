@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentgym.config.registries import ALGORITHMS
+
 STATE_FILE = Path("trainer") / "state.pt"
 EXTRA_FILE = Path("trainer") / "extra_state.json"
 _TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "added_tokens")
@@ -132,13 +134,14 @@ def check_loaded(
 def check_same_critic(path: Path, state: dict[str, Any], algorithm: str, value_model: str) -> None:
     """Raise unless the checkpoint's critic (none, a shared head or a separate value model; its
     weights and optimizer state) is the one ``learner.algorithm`` and ``learner.value_model`` build."""
-    if (state["value_head"] is None) != (algorithm != "ppo"):
+    critic = ALGORITHMS.get(algorithm).critic
+    if (state["value_head"] is None) != (not critic):
         raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
                          f"it cannot resume learner.algorithm = {algorithm!r} "
                          f"(the value head and optimizer state differ)")  # fmt: skip
     # Checkpoints from before learner.value_model existed hold a shared head.
     kind = state.get("value_model") or "shared"
-    if algorithm == "ppo" and kind != value_model:
+    if critic and kind != value_model:
         raise ValueError(f"checkpoint {path} was written with learner.value_model = {kind!r}; it cannot "
                          f"resume learner.value_model = {value_model!r} (the critics differ)")  # fmt: skip
 

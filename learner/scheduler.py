@@ -93,8 +93,8 @@ class Scheduler:
         *,
         envs: Sequence[EnvSpec],
         batch_groups: int,
-        max_staleness: int,
-        mode: str,
+        max_staleness: int | None = None,
+        mode: str | None = None,
         run_id: str,
         seed: int,
         issued: int = 0,
@@ -108,8 +108,6 @@ class Scheduler:
             raise ValueError("Scheduler: no environment to play")
         self.envs = list(envs)
         self.batch_groups = batch_groups
-        self.max_staleness = max_staleness
-        self.mode = mode
         self.run_id = run_id
         self.seed = seed
         self.actors: dict[str, ActorState] = {}
@@ -123,6 +121,10 @@ class Scheduler:
         expired in the buffer; lost in a learner restart). The admission rule counts only the
         others: otherwise every lost group would shrink the pipeline for good, and after
         batch_groups x max_staleness of them no batch could ever fill again."""
+        # One owner of the rule: the learner passes its own (``rule``); ``max_staleness`` and
+        # ``mode`` only build one where none is given (a scheduler on its own, as in the tests).
+        if (rule is None) == (max_staleness is None or mode is None):
+            raise ValueError("Scheduler: give either rule or both max_staleness and mode")
         self.rule = rule or StalenessRule(mode=mode, max_staleness=max_staleness, batch_groups=batch_groups)  # type: ignore[arg-type]
         self._next_index = 0
         self.deadlines = DeadlineRule(deadline_factor, deadline_min_s, deadline_max_s)

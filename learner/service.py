@@ -70,8 +70,6 @@ class Learner(ActorControl):
         self.sched = Scheduler(
             envs=cfg.env.specs,
             batch_groups=lc.batch_groups,
-            max_staleness=lc.max_staleness,
-            mode=cfg.run.mode,
             run_id=self.run_id,
             seed=cfg.run.seed,
             rule=self.rule,
@@ -143,7 +141,7 @@ class Learner(ActorControl):
         self.flight.exported(version, digest)
         limits = self.curriculum.limits()
         turn_limit = max(limits.values())
-        snap = WeightSnapshot.build(self.version, self.step, turn_limit, chunks)
+        snap = WeightSnapshot.build(self.version, chunks)
         self.hub.publish_weights(snap)
         self.weights_msg = WeightsReady(
             version=self.version, step=self.step, turn_limit=turn_limit,

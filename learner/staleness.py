@@ -66,6 +66,13 @@ class StalenessRule:
         return cls(mode=cfg.run.mode, max_staleness=lc.max_staleness, batch_groups=lc.batch_groups,  # type: ignore[attr-defined]
                    token_mode=lc.staleness_mode, decay=lc.staleness_decay)  # fmt: skip
 
+    @property
+    def pipeline(self) -> int:
+        """The most training tickets live at once (issued, neither trained nor forfeited):
+        B·(K+1) in async mode, B in sync mode. The learner's socket bounds size by it too
+        (learner/bounds.py)."""
+        return self.batch_groups * (self.max_staleness + 1) if self.mode == "async" else self.batch_groups
+
     # ------------------------------------------------------------------ admission
     def on_version(self, version: int) -> None:
         """A new version is published: sync mode opens its round of B tickets for it, less the
@@ -100,7 +107,7 @@ class StalenessRule:
         """How many more training tickets the rule would issue now (what actors may grow into)."""
         if self.mode == "sync":
             return max(self._round_left, 0) if self._round_version >= 0 else 0
-        return max(0, self.batch_groups * (self.max_staleness + 1) - live)
+        return max(0, self.pipeline - live)
 
     def on_forfeit(self) -> None:
         """A training ticket will never be trained: a sync round needs one more."""

@@ -44,6 +44,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from agentgym.config import Config
+from agentgym.config.registries import ALGORITHMS
 from agentgym.learner.advantages import importance_recentred
 from agentgym.learner.algorithms import bootstrap_values, compute_advantages, explained_variance, lr_factor
 from agentgym.learner.batch import Batch, collate, micro_batches, shard_rows, trainable_episodes
@@ -87,12 +88,15 @@ class Trainer(TrainerState):
         """LoRA (learner/lora.py): only adapters train; the reference is the adapter-less model."""
         # PPO's critic (learner/value_model.py); a separate one copies the body before LoRA wraps it.
         self.value_head: ValueHead | SeparateValueModel | None = (build_value_model(
-            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if lc.algorithm == "ppo" else None)  # fmt: skip
+            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if ALGORITHMS.get(lc.algorithm).critic else None)  # fmt: skip
         self.model = (wrap_lora(model, lc.lora) if self.lora else model).to(self.device)
         self.model.train()
         if lc.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad and with FSDP (torch's advice).
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.staleness_rule = StalenessRule.from_config(cfg)
+        """The per-token staleness weights (config fields only). Built once; ranks > 0 are other
+        processes, so this is not the learner's object, but it reads the same fields."""
         self.pad_id = pad_id
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(cfg.model.path)
         self.banned = self._action_ban()
@@ -302,7 +306,7 @@ class Trainer(TrainerState):
         kl_reward = lc.kl_coef > 0 and lc.kl_mode == "reward"
         kl_loss = lc.kl_coef > 0 and lc.kl_mode == "loss"
         several = n_mb > 1 or lc.epochs > 1  # several optimizer steps: pi_prox is the batch start's
-        recentre = lc.importance_baseline and lc.algorithm in ("grpo", "rloo") and bool(((b.versions >= 0) & (b.versions < self.version)).any())
+        recentre = lc.importance_baseline and ALGORITHMS.get(lc.algorithm).group_relative and bool(((b.versions >= 0) & (b.versions < self.version)).any())
         pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=several or kl_reward or recentre)
 
         # Advantages on the whole batch: identical on every rank.
@@ -317,7 +321,7 @@ class Trainer(TrainerState):
             gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
             whiten=lc.whiten_advantages, baseline=lc.baseline, turn_discount=lc.turn_discount, step_weight=lc.step_advantage_weight,
         )  # fmt: skip
-        weights = b.loss_mask * StalenessRule.from_config(cfg).token_weights(b.versions, self.version).to(b.loss_mask.dtype)
+        weights = b.loss_mask * self.staleness_rule.token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
         if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
             ratio = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)

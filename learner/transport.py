@@ -219,15 +219,13 @@ class WeightSnapshot:
     """One weight version, its chunks pre-encoded as ZeroMQ frames."""
 
     version: int
-    step: int
-    turn_limit: int
     frames: list[list[bytes]]
     total_bytes: int
 
     @classmethod
-    def build(cls, version: int, step: int, turn_limit: int, chunks: list[tuple[WeightChunk, bytes | memoryview]]) -> WeightSnapshot:
+    def build(cls, version: int, chunks: list[tuple[WeightChunk, bytes | memoryview]]) -> WeightSnapshot:
         frames = [encode(msg, data) for msg, data in chunks]
-        return cls(version, step, turn_limit, frames, sum(len(d) for _, d in chunks))  # type: ignore[arg-type]
+        return cls(version, frames, sum(len(d) for _, d in chunks))  # type: ignore[arg-type]
 
 
 def weights_address(control: str) -> str:

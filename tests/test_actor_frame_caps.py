@@ -120,7 +120,7 @@ def test_a_weights_source_sending_chunks_over_the_manifest_is_left_for_the_next(
 
     def snapshot(a: np.ndarray) -> WeightSnapshot:
         chunks = make_chunks(4, [RawTensor("w", "float32", a.shape, a.tobytes())], 8 * MiB)
-        return WeightSnapshot.build(4, 4, 3, chunks)
+        return WeightSnapshot.build(4, chunks)
 
     bad_port, good_port = free_port_pair(), free_port_pair()
     good = snapshot(honest)

@@ -102,7 +102,7 @@ def server_keys(d: Path) -> ServerKeys:
 
 def snapshot() -> WeightSnapshot:
     tensors = [RawTensor("w", "float32", (64, 64), np.arange(64 * 64, dtype=np.float32).tobytes())]
-    return WeightSnapshot.build(1, 1, 3, make_chunks(1, tensors, 4096))
+    return WeightSnapshot.build(1, make_chunks(1, tensors, 4096))
 
 
 def test_only_allow_listed_actors_get_a_welcome_weights_or_a_hearing(keydir: Path) -> None:

@@ -36,7 +36,7 @@ def test_a_half_billion_parameter_update_reaches_the_engine_exactly(tmp_path: Pa
         for p in trainer.model.parameters():
             p.add_(0.0625)
     chunks, chunk_versions = WeightExporter(64 << 20).build(1, trainer.export_weights("bfloat16"))
-    snap = WeightSnapshot.build(1, 1, 3, chunks)
+    snap = WeightSnapshot.build(1, chunks)
     assert snap.total_bytes == 494_032_768 * 2  # tied embedding sent once
     assert max(len(d) for _, d in chunks) <= 64 << 20
     # 15 chunks would hold it packed tight; a tensor that fits a chunk is never split, so 16

@@ -152,7 +152,7 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
 
     async def learner() -> None:
         async with open_hub(f"tcp://127.0.0.1:{control}", keys=ServerKeys.load(keys / "learner.key_secret", keys / "authorized")) as hub:
-            hub.publish_weights(WeightSnapshot.build(1, 1, 1, chunks))
+            hub.publish_weights(WeightSnapshot.build(1, chunks))
             hub_box["hub"] = hub
             started.set()
             while not done.is_set():

@@ -89,7 +89,7 @@ def test_a_relay_refuses_oversized_frames_both_ways_and_serves_on(tmp_path: Path
         req, _ = decode(frames)
         assert isinstance(req, WeightRequest) and (req.version, req.chunk) == (1, 0), req
         w = np.arange(1000, dtype=np.float32)
-        snap = WeightSnapshot.build(1, 1, 3, make_chunks(1, [RawTensor("w", "float32", w.shape, w.tobytes())], MiB))
+        snap = WeightSnapshot.build(1, make_chunks(1, [RawTensor("w", "float32", w.shape, w.tobytes())], MiB))
         upstream.send_multipart([peer, *snap.frames[0]])
         msg, data = decode(_recv(actor))
         assert isinstance(msg, WeightChunk) and np.array_equal(np.frombuffer(bytes(data[0]), np.float32), w)

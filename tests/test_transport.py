@@ -178,7 +178,7 @@ def test_weights_are_served_in_chunks_verified_and_superseded_versions_restart()
 
     def snapshot(version: int, scale: float) -> WeightSnapshot:
         tensors = [RawTensor(k, "float32", v.shape, (v * scale).tobytes()) for k, v in arrays.items()]
-        return WeightSnapshot.build(version, version, 3, make_chunks(version, tensors, chunk_bytes=20_000))
+        return WeightSnapshot.build(version, make_chunks(version, tensors, chunk_bytes=20_000))
 
     with HubThread(addr) as ht:
         s1 = snapshot(1, 1.0)

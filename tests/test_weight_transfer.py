@@ -105,7 +105,7 @@ def test_only_tensors_changed_since_the_actors_version_travel() -> None:
     def publish(ht: HubThread, version: int) -> WeightsReady:
         tensors = [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()]
         chunks, chunk_versions = exporter.build(version, tensors)
-        snap = WeightSnapshot.build(version, version, 3, chunks)
+        snap = WeightSnapshot.build(version, chunks)
         ht.commands.put(lambda hub: hub.publish_weights(snap))
         return WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(chunks),
                             total_bytes=snap.total_bytes, chunk_versions=chunk_versions)  # fmt: skip
@@ -182,7 +182,7 @@ def test_a_fetch_refuses_a_chunk_corrupted_on_the_way() -> None:
     bad = bytearray(data)
     bad[7] ^= 0x01
     chunks[1] = (msg, bytes(bad))
-    snap = WeightSnapshot.build(4, 4, 3, chunks)
+    snap = WeightSnapshot.build(4, chunks)
     ready = WeightsReady(version=4, step=4, turn_limit=3, num_chunks=len(chunks), total_bytes=snap.total_bytes)
     with HubThread(f"tcp://127.0.0.1:{port}") as ht:
         ht.commands.put(lambda hub: hub.publish_weights(snap))
@@ -318,7 +318,7 @@ def test_versions_exported_into_kept_buffers_arrive_exact_while_older_ones_are_s
             for version in range(1, 5):
                 arrays = tensors(version)
                 chunks, cv = exporter.build(version, [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()])
-                snap = WeightSnapshot.build(version, version, 3, chunks)
+                snap = WeightSnapshot.build(version, chunks)
                 if version == 2:
                     held.append(snap)  # version 2's buffers stay in use: never written by 3 or 4
                 del chunks
@@ -376,7 +376,7 @@ def test_an_actors_fetches_land_in_buffers_it_keeps_and_no_frame_outlives_its_ch
                 for i, a in enumerate(arrays.values()):
                     a[:] = version * 100 + i
                 chunks = make_chunks(version, [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()], 20_000)
-                snap = WeightSnapshot.build(version, version, 3, chunks)
+                snap = WeightSnapshot.build(version, chunks)
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
                 await asyncio.sleep(0.2)
                 ready = WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(chunks), total_bytes=snap.total_bytes)

@@ -88,7 +88,7 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
             for v in range(1, versions + 1):
                 raw = make_version(v, mib)
                 tensors = [RawTensor(n, "bfloat16", (len(d) // 2,), d) for n, d in raw]
-                snap = WeightSnapshot.build(v, v, 1, make_chunks(v, tensors, chunk_kib * 1024))
+                snap = WeightSnapshot.build(v, make_chunks(v, tensors, chunk_kib * 1024))
                 want = digest({n: crc32(d) for n, d in raw})
                 hub.publish_weights(snap)
                 egress0, chunks0, t0 = hub.weight_bytes_served, hub.weight_chunks_served, time.monotonic()

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from agentgym.config.registries import ENGINES
 from agentgym.config.sections import Section, check_tcp
 
 
@@ -93,7 +94,7 @@ class AgentEndpointConfig(Section):
 class ActorConfig(Section):
     learner: str = "tcp://127.0.0.1:5555"
     """Learner control address to connect to."""
-    engine: Literal["vllm", "remote", "hf", "sim"] = "vllm"
+    engine: Literal[ENGINES.names()] = "vllm"  # type: ignore[valid-type]  # the registered names
     """Inference engine: vLLM in the actor, a remote OpenAI-compatible server, plain transformers,
     or a simulation without a model (``actor.sim``; for scale tests)."""
     weight_update: Literal["resume", "drain"] = "resume"

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from agentgym.config.registries import ALGORITHMS
 from agentgym.config.sections import Section, check_tcp
 from agentgym.protocol.limits import DEFAULT_CHUNK_MIB
 
@@ -15,8 +16,9 @@ from agentgym.protocol.limits import DEFAULT_CHUNK_MIB
 # The estimators the step-relative term (learner.step_advantage_weight) may be added to: the
 # group-relative ones, and reinforce_pp, whose per-token return has no baseline of its state (the
 # term supplies one: the other turns of the group that acted on the same observation). PPO's
-# critic is that baseline already.
-STEP_TERM_ALGORITHMS = ("grpo", "rloo", "reinforce_pp")
+# critic is that baseline already. The registry (agentgym/config/registries.py) marks them.
+STEP_TERM_ALGORITHMS = ALGORITHMS.with_("step_term")
+GROUP_RELATIVE_ALGORITHMS = ALGORITHMS.with_("group_relative")
 
 
 class LoraConfig(Section):
@@ -132,7 +134,7 @@ class LearnerConfig(Section):
     (0: not by time), so a slow run loses at most this much work to a crash."""
 
     # --- algorithm (docs/off_policy.md, docs/adr/0007-learner-algorithms.md) ---
-    algorithm: Literal["grpo", "ppo", "reinforce_pp", "rloo"] = "grpo"
+    algorithm: Literal[ALGORITHMS.names()] = "grpo"  # type: ignore[valid-type]  # the registered names
     """Advantage estimator. grpo: group-normalised episode reward; rloo: leave-one-out group
     baseline; reinforce_pp: return-to-go whitened over the batch (REINFORCE++); ppo: GAE with a
     learned critic (value_model)."""
@@ -286,13 +288,13 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _lora_and_ranks(self) -> LearnerConfig:
-        if self.filter_groups != "off" and self.algorithm not in ("grpo", "rloo"):
-            raise ValueError(f"learner.filter_groups needs learner.algorithm 'grpo' or 'rloo', not {self.algorithm!r} "
+        if self.filter_groups != "off" and self.algorithm not in GROUP_RELATIVE_ALGORITHMS:
+            raise ValueError(f"learner.filter_groups needs learner.algorithm in {GROUP_RELATIVE_ALGORITHMS}, not {self.algorithm!r} "
                              "(its advantages are not relative to the group, so an all-equal group still carries a signal)")  # fmt: skip
         if self.step_advantage_weight > 0 and self.algorithm not in STEP_TERM_ALGORITHMS:
             raise ValueError(f"learner.step_advantage_weight needs learner.algorithm in {STEP_TERM_ALGORITHMS}, not "
                              f"{self.algorithm!r} (ppo's critic is a baseline of each state already)")  # fmt: skip
-        if self.algorithm == "ppo" and self.value_model == "separate" and self.dp_mode == "fsdp":
+        if ALGORITHMS.get(self.algorithm).critic and self.value_model == "separate" and self.dp_mode == "fsdp":
             raise ValueError("learner.value_model = 'separate' needs learner.dp_mode = 'replicate' "
                              "(sharding the separate critic with fsdp is not supported)")  # fmt: skip
         if self.lora.rank > 0 and self.dp_mode == "fsdp":

@@ -99,8 +99,12 @@ def test_relay_tree_survives_a_relay_killed_mid_transfer(tmp_path: Path) -> None
     assert len(stalls) == 2, read_events(js["f1"], "weights_source_stalled")
     assert all(e["chunks_done"] < e["chunks"] == CHUNKS for e in stalls), stalls
     assert max(e["chunks_done"] for e in stalls) > 0, stalls  # mid-transfer: verified chunks kept
-    # r2 moved to the learner when r1 went silent (at version 2 or 3, whichever it still needed).
-    assert read_events(js["r2"], "relay_upstream_stalled"), logs["r2"].read_text()[-2000:]
+    # r2 moved to the learner when r1 went away (at version 2 or 3, whichever it still needed): on
+    # the dropped connection (relay_upstream_dropped, ZeroMQ's monitor) or, where no drop is seen,
+    # on the silence (relay_upstream_stalled).
+    moved = [e for e in read_events(js["r2"], "relay_upstream_stalled") + read_events(js["r2"], "relay_upstream_dropped")
+             if e["upstream"].endswith(":5560")]  # fmt: skip
+    assert moved, logs["r2"].read_text()[-2000:]
     # The learner sent fewer copies than actors even with a relay dead: r2 still fans out on h2.
     assert v2["egress_chunks"] < 4 * CHUNKS and v3["egress_chunks"] <= 3 * CHUNKS
 

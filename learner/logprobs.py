@@ -268,7 +268,8 @@ def sequence_logprobs(
     if packed is not None and needed is not None:
         # The head saw the needed rows only, or (a model whose head the hook did not see: a
         # wrapper such as the LoRA reference view) the full packed logits, gathered here.
-        rows = out.logits[0] if only is not None and only.hit else out.logits.reshape(-1, out.logits.shape[-1])[packed.predecessors(needed)]
+        assert only is not None and only.index is not None  # built above for every packed call
+        rows = out.logits[0] if only.hit else out.logits.reshape(-1, out.logits.shape[-1])[only.index]
         _check("sequence_logprobs", rows[None], input_ids[:, 1:][needed[:, 1:]][None], temperature)
         logp, ent = _needed_logprobs(rows, input_ids, needed, temperature, return_entropy, banned)
     elif only is not None and only.hit and needed is not None:

@@ -22,8 +22,9 @@ torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
-from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
+from agentgym.actors.engine import SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
+from engine_fixtures import RecordingEngine  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.batch import collate, segments  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
@@ -37,19 +38,6 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "guess_number_agent.py")
 SPEC = RolloutSpec(group_size=4, max_tokens_per_turn=3, max_episode_tokens=512, temperature=1.0, top_p=1.0,
                    env_kwargs={"guess_number": {"low": 1, "high": 8}})  # fmt: skip
-
-
-class RecordingEngine(HfEngine):
-    """The reference engine, keeping every prompt it was given and generation it returned."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.seen: list[tuple[list[int], Generation]] = []
-
-    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
-        gen = await super().generate(request_id, prompt_ids, spec)
-        self.seen.append((list(prompt_ids), gen))
-        return gen
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,7 @@ pytest.importorskip("verifiers.v1")
 torch = pytest.importorskip("torch")
 
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
-from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
+from engine_fixtures import RecordingEngine  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.config.args import preflight  # noqa: E402
@@ -61,19 +60,6 @@ BROKEN = textwrap.dedent('''
         def load(self):
             raise FileNotFoundError("data/rows.jsonl is missing")
 ''')
-
-
-class RecordingEngine(HfEngine):
-    """The reference engine, keeping every prompt it was given and generation it returned."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.seen: list[tuple[list[int], Generation]] = []
-
-    async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
-        gen = await super().generate(request_id, prompt_ids, spec)
-        self.seen.append((list(prompt_ids), gen))
-        return gen
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,11 @@ all ranks run the same number of them, and exporting or saving gathers the full 
 with every rank taking part. Each collective waits at most ``learner.dist_timeout_s``; a rank whose parent dies is
 a daemon process and goes with it.
 
+Stop signals: a rank > 0 never dies of SIGINT or SIGTERM (``RankSignals``, learner/stopping.py).
+It writes a stop request to the rendezvous store (``STOP_KEY``), and rank 0, which watches for it
+(:meth:`DataParallel.watch_stop_requests`), stops the run as on a signal of its own: the step
+finishes, every rank takes part in the ``interrupted`` checkpoint, and ``stop`` ends the ranks.
+
 Commands are one small broadcast object (``step`` / ``load`` / ``export`` / ``save`` / ``divergence`` /
 ``stop``); tensors travel with
 ``dist.broadcast``. The objects are pickled by torch.distributed: the peers must be the run's own
@@ -33,7 +38,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import socket
+import threading
 import warnings
 from dataclasses import dataclass, field
 from collections.abc import Callable
@@ -45,9 +52,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from agentgym.config import Config
+from agentgym.host import early_signals
 from agentgym.learner.batch import Batch
+from agentgym.learner.stopping import RankSignals, rank_process
 
 log = structlog.get_logger(__name__)
+
+STOP_KEY = "agentgym/stop_request"
+"""The rendezvous store's key where a rank > 0 that got a stop signal writes why."""
 
 BuildTrainer = Callable[[Config, "DataParallel"], Any]
 """Makes one rank's trainer (``Trainer.build``); the command loop calls its ``train_batch``,
@@ -83,7 +95,10 @@ class DataParallel:
     world: int = 1
     device: torch.device = torch.device("cpu")
     procs: list[Any] | None = None
+    init_method: str | None = None
+    """The rendezvous (``tcp://HOST:PORT`` or ``env://``): its store carries the ranks' stop requests."""
     _mesh: Any = field(default=None, repr=False)
+    _closing: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def active(self) -> bool:
@@ -162,7 +177,28 @@ class DataParallel:
         dist.all_reduce(d, op=dist.ReduceOp.MAX)
         return float(d)
 
+    def watch_stop_requests(self, request: Callable[[str], None]) -> None:
+        """Rank 0: call ``request(reason)`` (from a thread of its own) when a rank > 0 got a stop
+        signal, once; a request written before this call is seen at once. No-op with one rank."""
+        if not self.active or self.rank != 0 or self.init_method is None:
+            return
+        store = store_client(self.init_method)
+
+        def watch() -> None:
+            while not self._closing.wait(0.5):
+                try:
+                    if store.check([STOP_KEY]):
+                        request(store.get(STOP_KEY).decode())
+                        return
+                except Exception as exc:  # the store is gone: the run is ending anyway
+                    if not self._closing.is_set():
+                        log.warning("dp_stop_watch_failed", error=str(exc))
+                    return
+
+        threading.Thread(target=watch, name="dp-stop-requests", daemon=True).start()
+
     def close(self) -> None:
+        self._closing.set()
         if not self.active:
             return
         if self.rank == 0:
@@ -209,6 +245,17 @@ def fsdp_shard(module: torch.nn.Module, dp: DataParallel) -> None:
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+
+
+def store_client(init_method: str) -> dist.TCPStore:
+    """A client of the ranks' rendezvous store (``tcp://HOST:PORT``, or ``env://``: MASTER_ADDR and
+    MASTER_PORT), separate from the process group's own connection to it."""
+    if init_method == "env://":
+        host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    else:
+        host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
+    return dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=30),
+                         wait_for_workers=False)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -318,7 +365,7 @@ def start_ranks(cfg: Config, build: BuildTrainer) -> DataParallel:
         init = rendezvous(cfg)
         _init_group(cfg, 0, le.world, init, device)
         log.info("dp_started", world=le.world, backend=dist.get_backend(), device=str(device), launch="external", init=init)
-        return DataParallel(0, le.world, device)
+        return DataParallel(0, le.world, device, init_method=init)
     world = cfg.learner.dp_size
     device = pick_device(cfg, 0)
     if world == 1:
@@ -327,37 +374,45 @@ def start_ranks(cfg: Config, build: BuildTrainer) -> DataParallel:
     init = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     procs = []
+    # The arguments travel pickled: the child takes over its stop signals before unpickling them
+    # imports torch (stopping.rank_process).
+    payload = pickle.dumps((cfg, build, world, init))
     for rank in range(1, world):
-        p = ctx.Process(target=_rank_main, args=(cfg, build, rank, world, init), daemon=True, name=f"learner-rank{rank}")
+        p = ctx.Process(target=rank_process, args=(rank, payload), daemon=True, name=f"learner-rank{rank}")
         p.start()
         procs.append(p)
     _init_group(cfg, 0, world, init, device)
     log.info("dp_started", world=world, backend=dist.get_backend(), device=str(device), pids=[p.pid for p in procs])
-    return DataParallel(0, world, device, procs)
+    return DataParallel(0, world, device, procs, init)
 
 
-def run_worker(cfg: Config, build: BuildTrainer) -> int:
+def run_worker(cfg: Config, build: BuildTrainer, signals: RankSignals | None = None) -> int:
     """A rank > 0 started the torchrun way (``agentgym-learner`` with RANK > 0): join the group,
-    make the trainer with ``build`` and run rank 0's commands until it stops; 0 when stopped by rank 0."""
+    make the trainer with ``build`` and run rank 0's commands until it stops; 0 when stopped by rank 0.
+    ``signals``: its stop signals, taken over as it started (learner/main.py)."""
     le = launch_env()
     if le is None or le.rank == 0:
         raise RuntimeError("run_worker: RANK > 0 and WORLD_SIZE must be set (a learner worker rank)")
     _check_world(cfg, le)
     init = rendezvous(cfg)
     log.info("dp_worker_starting", rank=le.rank, world=le.world, local_rank=le.local_rank, init=init)
-    _rank_main(cfg, build, le.rank, le.world, init, le.local_rank)
+    _rank_main(cfg, build, le.rank, le.world, init, le.local_rank, signals=signals)
     log.info("dp_worker_stopped", rank=le.rank)
     return 0
 
 
 def _rank_main(cfg: Config, build: BuildTrainer, rank: int, world: int, init_method: str,
-               local_rank: int | None = None) -> None:
-    """Ranks 1..: build the same trainer, then run rank 0's commands until ``stop``."""
+               local_rank: int | None = None, signals: RankSignals | None = None) -> None:
+    """Ranks 1..: build the same trainer, then run rank 0's commands until ``stop``. A stop signal
+    to this rank is passed to rank 0 (``signals``; taken over here when the caller has not)."""
+    signals = signals or RankSignals(rank)
     if cfg.learner.threads:
         torch.set_num_threads(cfg.learner.threads)
     device = pick_device(cfg, rank if local_rank is None else local_rank)
     _init_group(cfg, rank, world, init_method, device)
-    dp = DataParallel(rank, world, device)
+    store = store_client(init_method)
+    signals.connect(lambda reason: store.set(STOP_KEY, reason))
+    dp = DataParallel(rank, world, device, init_method=init_method)
     trainer = build(cfg, dp)
     try:
         while True:
@@ -379,3 +434,4 @@ def _rank_main(cfg: Config, build: BuildTrainer, rank: int, world: int, init_met
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        early_signals.ignore_from_now()  # stopped by rank 0: a late signal to the job ends nothing

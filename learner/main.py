@@ -52,10 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from agentgym.host import early_signals
 
+    rank_signals = None
     if worker_rank() is None:
         # A SIGTERM while torch loads (a job stopped as it starts): noted, and the run stops
         # cleanly once its loop runs (learner/stopping.py), instead of dying with no summary.
         early_signals.hold(signal.SIGTERM)
+    else:
+        from agentgym.learner.stopping import RankSignals
+
+        # A rank > 0 never dies of a stop signal: it asks rank 0 to stop the run (from the start,
+        # before torch loads, as a rank that is still starting is one rank 0 waits for).
+        rank_signals = RankSignals(worker_rank() or 0)
     args = build_parser().parse_args(argv)
     if args.resume is not None:
         if args.config is None:
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         from agentgym.learner.distributed import run_worker
         from agentgym.learner.trainer import Trainer
 
-        return run_worker(cfg, Trainer.build)
+        return run_worker(cfg, Trainer.build, rank_signals)
     # Held from here to the process's exit, outside the signal receiver that run_learner keeps
     # open meanwhile: a repeated or late signal must never reach the default action (death).
     early_signals.hold(signal.SIGINT)

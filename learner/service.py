@@ -15,6 +15,7 @@ Links (one comment each where they are made in ``run_learner``):
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
@@ -363,6 +364,17 @@ async def _run_learner(cfg: Config, run_dir: Path, resume: bool, stop: StopSigna
     (run_dir / "config.toml").write_text(to_toml(cfg))
     log.info("learner_starting", run_dir=str(run_dir), model=str(cfg.model.path), mode=cfg.run.mode, pid=os.getpid())
     trainer = await trio.to_thread.run_sync(Trainer.load, cfg)
+    token = trio.lowlevel.current_trio_token()
+
+    def rank_stop(reason: str) -> None:  # a rank > 0 got a stop signal (learner/distributed.py)
+        m = re.fullmatch(r"learner rank (\d+) got (\w+)", reason)
+        fields = {"rank": int(m[1]), "signal": m[2]} if m else {"request": reason}
+        try:
+            trio.from_thread.run_sync(lambda: stop.request(reason, **fields), trio_token=token)
+        except trio.RunFinishedError:
+            pass
+
+    trainer.dp.watch_stop_requests(rank_stop)
     extra: dict[str, object] | None = None
     if resume:
         ckpt = latest_checkpoint(run_dir / "checkpoints")

@@ -11,6 +11,12 @@ simulated engine, the tiny model) stopped mid-step the ways a job is stopped, th
    SIGINT to the learner alone on top. The run continues from the checkpoint's step, and stops
    the same way.
 
+3. A learner with two data-parallel ranks (fsdp, gloo): SIGTERM to rank 1 alone stops the run
+   the same way (rank 1 asks rank 0 to stop; both take part in the checkpoint), and the job's
+   process-group SIGTERM that follows, which reaches rank 1 again, kills no rank.
+4. Once the learner has stopped, the launcher waits for its actors; a SIGTERM to the launcher
+   during that wait ends it, even for an actor that will never stop on its own.
+
 Micro-batches of 64 tokens make a step of many micro-batches, long enough to be caught in.
 """
 
@@ -63,10 +69,10 @@ def _family(pid: int) -> list[psutil.Process]:
     return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
 
 
-def _check_stopped(run_dir: Path, signal_name: str) -> int:
-    """The run ended on ``signal_name`` with nothing lost; returns the checkpoint's step."""
+def _check_stopped(run_dir: Path, reason: str) -> int:
+    """The run ended for ``reason`` with nothing lost; returns the checkpoint's step."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["reason"] == f"learner got {signal_name}", summary["reason"]
+    assert summary["reason"] == reason, summary["reason"]
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     assert ckpt is not None
     step = int(ckpt.name.split("_")[1])
@@ -114,7 +120,7 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     if not finished or datetime.fromisoformat(finished[0]["timestamp"].replace("Z", "+00:00")).timestamp() > second + 0.05:
         assert _learner_events(run_dir, "learner_signal_repeated"), "the second SIGTERM was not seen"
     abandoned = _learner_events(run_dir, "train_step_abandoned")
-    first = _check_stopped(run_dir, "SIGTERM")
+    first = _check_stopped(run_dir, "learner got SIGTERM")
     assert [e["step"] for e in abandoned] == [first + 1], (abandoned, first)
     assert _steps(run_dir) == list(range(1, first + 1))
     for f in (run_dir / "actors").glob("*.json"):
@@ -146,6 +152,78 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
     assert [e["step"] for e in _learner_events(run_dir, "learner_resumed")] == [first]
     assert "actor_failed" not in log.read_text(), log.read_text()[-3000:]
-    second = _check_stopped(run_dir, "SIGTERM")
+    second = _check_stopped(run_dir, "learner got SIGTERM")
     assert second >= first + 2
     assert _steps(run_dir) == list(range(1, second + 1))  # the step count went on from the checkpoint
+
+
+def test_a_stop_signal_to_any_learner_rank_stops_every_rank_cleanly(fallback_model: Path, tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    port = free_port_pair()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    args = ["--run-dir", str(run_dir), "--actors", "1", "--max-steps", "1000",
+            "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{fallback_model}"',
+            "-o", "model.create_tiny=false", "-o", 'actor.engine="sim"', "-o", "learner.micro_batch_tokens=64",
+            "-o", "learner.dp_size=2", "-o", 'learner.dp_mode="fsdp"', "-o", "learner.dist_timeout_s=300",
+            "-o", "learner.checkpoint_every=0", "-o", "learner.checkpoint_minutes=0",
+            "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+    with log.open("ab") as out:
+        job = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
+                                *args], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        _wait(_mid_step(run_dir, after=1), "step 2 to start", [job], log)
+        family = _family(job.pid)
+        (rank1,) = _learner_events(run_dir, "dp_started")[-1]["pids"]
+        assert rank1 in [p.pid for p in family]
+        # SIGTERM to rank 1 alone, mid-step: rank 0 stops the run.
+        os.kill(rank1, signal.SIGTERM)
+        _wait(lambda: bool(_learner_events(run_dir, "learner_interrupted")), "rank 0 to stop", [job], log, timeout=60)
+        # Then the whole job, rank 1 again included, while the step ends and the checkpoint is written.
+        os.killpg(job.pid, signal.SIGTERM)
+        assert job.wait(timeout=120) == 130, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    text = log.read_text()
+    assert "Traceback" not in text and "actor_failed" not in text, text[-3000:]
+    interrupted = _learner_events(run_dir, "learner_interrupted")
+    assert [(e.get("rank"), e["signal"]) for e in interrupted] == [(1, "SIGTERM")], interrupted
+    # Every rank was still there for the fsdp checkpoint, which gathers the shards of both.
+    _check_stopped(run_dir, "learner rank 1 got SIGTERM")
+
+
+def _launcher_events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+    path = run_dir / "logs" / "launcher.jsonl"
+    return read_events(path, name) if path.exists() else []
+
+
+def test_a_stop_signal_ends_the_launchers_wait_for_a_stuck_actor(fallback_model: Path, tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    args = ["--run-dir", str(run_dir), "--actors", "1", "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',
+            "-o", f'model.path="{fallback_model}"', "-o", "model.create_tiny=false", "-o", 'actor.engine="sim"',
+            "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+    with log.open("ab") as out:
+        job = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
+                                *args], cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        _wait(lambda: bool(_launcher_events(run_dir, "launched")), "the launch", [job], log)
+        (actor,) = _launcher_events(run_dir, "launched")[0]["actor_pids"]
+        os.kill(actor, signal.SIGSTOP)  # stuck: it will neither join nor stop on its own
+        _wait(lambda: bool(_learner_events(run_dir, "learner_listening")), "the learner", [job], log)
+        family = _family(job.pid)
+        job.send_signal(signal.SIGTERM)  # passed on to the learner, which stops, and to the stuck actor
+        _wait(lambda: bool(_launcher_events(run_dir, "actors_waiting")), "the learner's exit", [job], log)
+        job.send_signal(signal.SIGTERM)  # during the wait for the actor
+        assert job.wait(timeout=120) == 130, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    assert json.loads((run_dir / "summary.json").read_text())["reason"] == "learner got SIGTERM"
+    # The wait ended on the signal, not at its 60 s limit; the killed actor is not reported as failed.
+    assert [(e["actor_id"], e["reason"]) for e in _launcher_events(run_dir, "actor_kill")] == [("local-0", "signal")]
+    assert not _launcher_events(run_dir, "actor_failed")

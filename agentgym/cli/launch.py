@@ -4,7 +4,9 @@
 
 The learner and every actor are separate processes talking over real ZeroMQ sockets on
 loopback, exactly as they would across hosts. The launcher only starts them, forwards
-Ctrl-C, and reaps them: the run ends when the learner ends.
+Ctrl-C and SIGTERM, and reaps them: the run ends when the learner ends. Once the learner has
+exited, its actors get ``ACTORS_EXIT_S`` to stop on its Shutdown; a stop signal that comes during
+that wait ends it, ``SIGNAL_GRACE_S`` later (docs/operations.md, "Stopping a run").
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ from agentgym.config import Config
 
 log = structlog.get_logger(__name__)
 
+
+ACTORS_EXIT_S = 60.0
+"""Once the learner has exited: how long its actors get to stop on its Shutdown (an engine's
+teardown included) before the launcher kills those still running."""
+
+SIGNAL_GRACE_S = 5.0
+"""A stop signal that comes once the learner has exited (a second Ctrl-C, the rest of a job's
+SIGTERM) ends the wait for the actors: it is passed on to them, and those still running this long
+after it are killed. An actor whose learner is gone has nothing left to hand over, and one that
+does not stop within this is stuck (a stopped process, a hung engine)."""
 
 BIND = "VLLM_CPU_OMP_THREADS_BIND"
 """vLLM's CPU cores for its worker's threads (a GPU engine ignores it)."""
@@ -95,6 +107,7 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
     log.info("launched", learner_pid=learner.pid, actor_pids=[p.pid for p in procs[1:]], run_dir=str(run_dir),
              actor_consoles=str(run_dir / "logs"), actor_cores=binds or None)  # fmt: skip
     reported: set[int] = set()
+    late_signal: list[float] = []  # when a stop signal came after the learner had exited
 
     def report_failed_actors() -> None:
         for i, p in enumerate(procs[1:]):
@@ -104,6 +117,8 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
                           tail=_tail(consoles[i]))  # fmt: skip
 
     def forward(sig: int, _frame: object) -> None:
+        if learner.poll() is not None and not late_signal:
+            late_signal.append(time.monotonic())
         for p in procs:
             if p.poll() is None:
                 p.send_signal(sig)
@@ -123,14 +138,25 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
                     break
             time.sleep(0.5)
         code = learner.wait()
-        deadline = time.monotonic() + 60
-        for p in procs[1:]:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("actor_kill", pid=p.pid)
-                p.kill()
-                p.wait()
+        report_failed_actors()
+        waiting = [i for i, p in enumerate(procs[1:]) if p.poll() is None]
+        if waiting:
+            log.info("actors_waiting", actor_ids=[f"local-{i}" for i in waiting], timeout_s=ACTORS_EXIT_S)
+        deadline = time.monotonic() + ACTORS_EXIT_S
+        while waiting:
+            # A polling wait, not Popen.wait: a signal handled meanwhile must be able to end it.
+            if late_signal:
+                deadline = min(deadline, late_signal[0] + SIGNAL_GRACE_S)
+            if time.monotonic() >= deadline:
+                for i in waiting:
+                    log.warning("actor_kill", actor_id=f"local-{i}", pid=procs[1 + i].pid,
+                                reason="signal" if late_signal else "timeout")  # fmt: skip
+                    procs[1 + i].kill()
+                    procs[1 + i].wait()
+                    reported.add(i)  # killed here, not failed on its own
+                break
+            time.sleep(0.1)
+            waiting = [i for i in waiting if procs[1 + i].poll() is None]
         report_failed_actors()
         return code
     finally:

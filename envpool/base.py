@@ -35,6 +35,7 @@ Contract:
 from __future__ import annotations
 
 import abc
+import inspect
 import random
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence, Union
@@ -77,6 +78,26 @@ def for_task(curriculum: list[int] | None, task_id: int, default: int) -> int:
     return default
 
 
+def option_names(cls: type) -> set[str] | None:
+    """The option names an env class takes by the contract of ``Env.__init__``: the keyword
+    parameters of each ``__init__`` up its class chain, as long as each passes the rest on with
+    ``**kwargs``; None when one takes positional-only or ``*args`` parameters (nothing to judge by)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is Env or klass is object:
+            break
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[1:]  # not self
+        if any(p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL) for p in params):
+            return None
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break  # the rest is refused here
+    return names
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one step returns. ``info`` is small and msgpack-able; ``success`` marks a solved task."""
@@ -97,6 +118,12 @@ class Env(abc.ABC):
     over to another actor, which replays them and plays on; an env whose state lives elsewhere
     (a remote server, a live site) sets False and its episodes are played again from the start."""
 
+    agent_program: ClassVar[str | None] = None
+    """The agent program (``"module:function"``) that plays this env's episodes through the actor's
+    agent endpoint (docs/agents.md) instead of env workers; a run of such an env must enable the
+    endpoint with this program, which the start-up check says in one line (the verifiers
+    adapter). None: played in env workers."""
+
     preload: ClassVar[tuple[str, ...]] = ()
     """Modules the pool's zygote imports before it forks the workers (envpool/zygote.py): a
     package the env module imports only inside functions, so that the workers share one import
@@ -107,7 +134,7 @@ class Env(abc.ABC):
         # Subclasses take their options as keyword arguments and pass the rest here, so a typo in
         # a config's env.kwargs is an error naming the option instead of being silently ignored.
         if kwargs:
-            raise TypeError(f"env {type(self).__name__}: unknown option(s) {sorted(kwargs)}")
+            raise TypeError(f"env {getattr(self, 'name', type(self).__name__)}: unknown option(s) {sorted(kwargs)}")
 
     @abc.abstractmethod
     def reset(self, task_id: int) -> str:
@@ -133,9 +160,18 @@ class Env(abc.ABC):
     def check_options(cls, **options: object) -> None:
         """Check ``options`` (a config's env.kwargs) in the process that launches a run, before any
         worker starts: raise a ValueError, TypeError or ImportError of one line naming what is
-        wrong (``agentgym train`` prints it and stops). The default checks nothing, so naming an
-        env still costs no start of a JVM or a browser; the workers' construction checks anyway.
-        Envs whose tasks come from a package (a dataset, a game by id) check the id here."""
+        wrong. Called through ``registry.check_env``, the one start-up check of a config's env,
+        which names the config key (``agentgym train`` prints it and stops). The default checks
+        the option names against the keyword parameters of the class's ``__init__`` chain (the
+        contract above: unknown ones reach ``Env.__init__``), without constructing the env, so
+        naming an env still costs no start of a JVM or a browser; the workers' construction
+        checks the values. Envs whose options are not keyword parameters, or whose tasks come
+        from a package (a dataset, a game by id), override it (the adapters construct the env)."""
+        names = option_names(cls)
+        unknown = sorted(set(options) - names) if names is not None else []
+        if unknown:
+            name = getattr(cls, "name", cls.__name__)
+            raise TypeError(f"env {name}: unknown option(s) {unknown}; its options are {sorted(names or ()) or 'none'}")
 
     def random_action(self, rng: random.Random) -> str:
         """A uniformly random action for the current episode (no better than chance, no privileged

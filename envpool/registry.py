@@ -3,6 +3,7 @@
     register_env("coin", "my_pkg.coin:Coin")
     cls = resolve_env("coin")          # imports my_pkg.coin, checks Coin is an Env
     known_envs()                       # ["chaos", "coin", "guess_number"]
+    check_env("coin", {"sides": 3})    # a config's env name and options, checked at start-up
     env_target("my_pkg.coin:Coin")     # a config may name the class itself
 
 Registration stores only the ``"module.path:ClassName"`` string: naming an env costs no import,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Mapping
 
 from agentgym.envpool.base import Env
 
@@ -132,19 +134,26 @@ ENV_INFO: dict[str, tuple[str, str, bool]] = {
 """What ``agentgym envs`` prints for each built-in (docs/environments.md has the details)."""
 
 
-ENV_CHECKS: dict[str, str] = {
-    "verifiers": "agentgym.envpool.envs.verifiers_env:check",
-}
-"""Start-up checks of envs whose options can only be checked by loading what they name (a
-package's taskset): ``function(options, cfg)`` raises ImportError or ValueError with one line."""
+class EnvOptionsError(ValueError):
+    """A config's env options that its env refuses: one line naming the config key, the env and
+    what was wrong (``env.kwargs: env maze: unknown option(s) ['sise']; ...``)."""
 
 
-def check_env(name: str, options: dict, cfg: object = None) -> None:
-    """Run ``name``'s start-up check, if it has one (imports the env's module only then)."""
-    target = ENV_CHECKS.get(name)
-    if target is not None:
-        module_name, _, attr = target.partition(":")
-        getattr(importlib.import_module(module_name), attr)(dict(options), cfg)
+def check_env(name: str, options: Mapping[str, object], where: str = "env") -> type[Env]:
+    """The start-up check of a config's env, the one path every env's options go through: the
+    name through the registry (``UnknownEnvError``, naming ``{where}.name``), then the class's
+    ``check_options`` (its module is imported; an adapter's package only if its check needs it).
+    A refusal is an ``EnvOptionsError`` of one line: ``{where}.kwargs: env NAME: what``. Returns
+    the class."""
+    cls = load_target(env_target(name, f"{where}.name"), name)
+    try:
+        cls.check_options(**dict(options))
+    except (ValueError, TypeError, ImportError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if not text.startswith("env "):  # the env's own messages name it; others get its name
+            text = f"env {name}: {text}"
+        raise EnvOptionsError(f"{where}.kwargs: {text}") from None
+    return cls
 
 
 def describe_envs() -> list[tuple[str, str, str, bool]]:

@@ -43,3 +43,35 @@ def test_entry_point_group_registers_an_env(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(UnknownEnvError, match="'broken'"):
         env_target("broken")
     assert sys.path[0] == str(tmp_path)
+
+
+def test_one_check_names_the_config_key_the_env_and_the_bad_option() -> None:
+    from agentgym.envpool.registry import EnvOptionsError, check_env
+
+    # The default check_options: option names against the __init__ chain, nothing constructed.
+    with pytest.raises(EnvOptionsError) as err:
+        check_env("maze", {"sise": 5})
+    assert str(err.value).startswith("env.kwargs: env maze: unknown option(s) ['sise']; its options are [")
+    assert "'size'" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(EnvOptionsError, match=r"^env\.mix\[1\]\.kwargs: env guess_number: unknown option\(s\) \['hihg'\]"):
+        check_env("guess_number", {"low": 1, "hihg": 8}, "env.mix[1]")
+    with pytest.raises(UnknownEnvError, match=r"'mazee' \(from env\.mix\[0\]\.name\); known environments: .*maze"):
+        check_env("mazee", {}, "env.mix[0]")
+    assert check_env("guess_number", {"low": 1, "high": 8}).name == "guess_number"
+
+
+def test_every_shipped_config_passes_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No false refusal: each env of each config in configs/ (paths in them are relative to the
+    repository), through the check that ``agentgym train`` runs."""
+    from agentgym.config import load_config
+    from agentgym.envpool.registry import check_env
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    checked = set()
+    for path in sorted((repo / "configs").rglob("*.toml")):
+        cfg = load_config(path, [])
+        for spec in cfg.env.specs:
+            check_env(spec.name, spec.kwargs)
+            checked.add(spec.name)
+    assert {"guess_number", "maze", "textcraft", "wordle", "reasoning_gym", "textarena", "skyrl_gym", "verifiers"} <= checked

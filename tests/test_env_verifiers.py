@@ -27,8 +27,8 @@ from engine_fixtures import RecordingEngine  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.config.args import preflight  # noqa: E402
-from agentgym.envpool.envs.verifiers_env import PROGRAM, VerifiersError, check  # noqa: E402
-from agentgym.envpool.registry import known_envs, resolve_env  # noqa: E402
+from agentgym.envpool.envs.verifiers_env import PROGRAM  # noqa: E402
+from agentgym.envpool.registry import EnvOptionsError, check_env, known_envs, resolve_env  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
@@ -139,8 +139,8 @@ def test_the_adapter_is_registered_and_lists_its_needs() -> None:
 ])  # fmt: skip
 def test_bad_options_fail_in_one_line_naming_what_was_wrong(tasksets: Path, options: dict, match: str) -> None:
     paths = [str(tasksets), str(REPO / "examples")]
-    with pytest.raises(VerifiersError, match=match) as err:
-        check({**options, "python_path": paths})
+    with pytest.raises(EnvOptionsError, match=r"^env\.kwargs: env verifiers: .*" + match) as err:
+        check_env("verifiers", {**options, "python_path": paths})
     assert "\n" not in str(err.value)
 
 
@@ -150,20 +150,20 @@ def test_start_up_stops_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
             "actor.agent_endpoint.enabled=true", f"actor.agent_endpoint.program='{PROGRAM}'"]  # fmt: skip
     cfg = load_config(None, [*base, "env.kwargs={'taskset.id'='no_such_taskset'}"])
     with pytest.raises(SystemExit):
-        preflight(cfg)
+        preflight(cfg, env_options=True)
     err = capsys.readouterr().err
-    assert err.startswith("error: env verifiers: cannot load taskset 'no_such_taskset'") and err.count("\n") == 1
+    assert err.startswith("error: env.kwargs: env verifiers: cannot load taskset 'no_such_taskset'") and err.count("\n") == 1
     path = str(REPO / "examples")
     cfg = load_config(None, [*base[:3], f"env.kwargs={{'taskset.id'='verifiers_say', python_path=['{path}']}}"])
     with pytest.raises(SystemExit):
-        preflight(cfg)
+        preflight(cfg, env_options=True)
     err = capsys.readouterr().err
     assert "set actor.agent_endpoint.enabled = true and program" in err and err.count("\n") == 1
 
 
 def test_without_the_package_the_error_names_the_extra() -> None:
     code = ("import sys; sys.modules['verifiers'] = None\n"  # how Python itself marks a module absent
-            "from agentgym.envpool.envs.verifiers_env import check\n"
-            "try:\n    check({'taskset.id': 'verifiers_say'})\nexcept ImportError as e:\n    print(e)")  # fmt: skip
+            "from agentgym.envpool.registry import check_env\n"
+            "try:\n    check_env('verifiers', {'taskset.id': 'verifiers_say'})\nexcept ValueError as e:\n    print(e)")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "env verifiers needs the verifiers package" in proc.stdout and "pip install -e '.[verifiers]'" in proc.stdout

@@ -74,7 +74,7 @@ def test_pretraining_takes_the_envs_options_and_its_policy(tmp_path: Path, capsy
     with pytest.raises(SystemExit, match="does not apply to --pretrain-env mix"):
         main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "mix",
               "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "y")])  # fmt: skip
-    with pytest.raises(SystemExit, match=r"--pretrain-env-options: env TextCraft: unknown option\(s\) \['depht'\]"):
+    with pytest.raises(SystemExit, match=r"--pretrain-env-options: env textcraft: unknown option\(s\) \['depht'\]"):
         main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
               "--pretrain-env-options", '{"depht": 1}', str(tmp_path / "z")])  # fmt: skip
     assert not any((tmp_path / d).exists() for d in "xyz")  # refused before a model was made

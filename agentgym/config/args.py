@@ -40,27 +40,29 @@ def fail(message: str, code: int = 2) -> SystemExit:
 
 def preflight(cfg: Config, model_key: str = "model.path", env_options: bool = False) -> Config:
     """What a run needs from this host, checked before any engine, model or socket starts: every
-    env name is known (envpool/registry.py), every metrics sink's library is installed
-    (agentgym/observe/sinks.py), and the model is found (agentgym/config/model_path.py, named ``model_key`` in
-    the error). With ``env_options`` (envs are played on this host) also each env's options, by
-    its ``Env.check_options``; an env with a start-up check of the whole config (``check_env``:
-    the verifiers adapter needs the agent endpoint) runs it. Returns ``cfg`` with ``model.path``
-    resolved; exits with one line on a problem."""
-    from agentgym.envpool.registry import UnknownEnvError, check_env, env_target, load_target
+    env name is known (envpool/registry.py; naming one imports nothing), every metrics sink's
+    library is installed (agentgym/observe/sinks.py), and the model is found
+    (agentgym/config/model_path.py, named ``model_key`` in the error). With ``env_options`` (envs
+    are played on this host: ``agentgym train`` with local actors) each env goes through
+    ``registry.check_env``, the one check of a config's env (its class's ``check_options``), and an
+    env played by an agent program (``Env.agent_program``) needs the actor's agent endpoint set
+    to it. Returns ``cfg`` with ``model.path`` resolved; exits with one line on a problem."""
+    from agentgym.envpool.registry import UnknownEnvError, check_env, env_target
     from agentgym.config.model_path import ModelNotFound, with_model_found
     from agentgym.observe.sinks import SinkError, check_sinks
 
     try:
         for i, spec in enumerate(cfg.env.specs):
-            target = env_target(spec.name, f"env.mix[{i}].name" if cfg.env.mix else "env.name")
-            check_env(spec.name, spec.kwargs, cfg)  # an adapter's check of the config (envs/verifiers_env.py)
-            if env_options:
-                where = f"env.mix[{i}].kwargs" if cfg.env.mix else "env.kwargs"
-                try:
-                    load_target(target, spec.name).check_options(**spec.kwargs)
-                except (ValueError, TypeError, ImportError) as exc:
-                    raise fail(f"{where}: {exc}") from None
+            where = f"env.mix[{i}]" if cfg.env.mix else "env"
+            if not env_options:
+                env_target(spec.name, f"{where}.name")
+                continue
+            program = check_env(spec.name, spec.kwargs, where).agent_program
+            agent = cfg.actor.agent_endpoint
+            if program and not (agent.enabled and agent.program == program and (not agent.envs or spec.name in agent.envs)):
+                raise ValueError(f"{where}.name: env {spec.name} is played by its agent program through the agent "
+                                 f"endpoint: set actor.agent_endpoint.enabled = true and program = {program!r}")  # fmt: skip
         check_sinks(cfg.metrics.sinks)
         return with_model_found(cfg, model_key)
-    except (UnknownEnvError, SinkError, ModelNotFound, ImportError, ValueError) as exc:
+    except (UnknownEnvError, SinkError, ModelNotFound, ImportError, ValueError, TypeError) as exc:
         raise fail(str(exc)) from None

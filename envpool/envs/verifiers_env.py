@@ -22,7 +22,9 @@ is the agent program the actor's ``AgentRunner`` calls per episode: it runs the 
 episode (``Env.run_slot``: harness program, interception, tools, ``@vf.reward`` scoring) in one
 event loop per actor process, with the env served once, its model calls sent to the episode's
 conversation on the endpoint; the endpoint records them token-exact and the rubric's reward,
-returned here, is what is trained. ``check`` is the start-up check (``agentgym.config.args.preflight``).
+returned here, is what is trained. ``Verifiers.check_options`` (loading the taskset) and
+``agent_program`` (the endpoint the run must enable) are its start-up check, through
+``registry.check_env`` as every env's.
 """
 
 from __future__ import annotations
@@ -139,17 +141,6 @@ def load(options: dict[str, Any]) -> Loaded:
         return _loaded[key]
 
 
-def check(options: dict[str, Any], cfg: Any = None) -> None:
-    """Start-up check: the package is installed, the taskset loads and splits, and the run plays
-    this env through the agent endpoint. Raises ImportError / VerifiersError (one line)."""
-    load(dict(options))
-    if cfg is not None:
-        agent = cfg.actor.agent_endpoint
-        if not agent.enabled or agent.program != PROGRAM or (agent.envs and "verifiers" not in agent.envs):
-            raise VerifiersError("env verifiers is played by verifiers' harness through the agent endpoint: set "
-                                 f"actor.agent_endpoint.enabled = true and program = {PROGRAM!r}")  # fmt: skip
-
-
 class _Loop:
     """The event loop verifiers' envs, their interception servers and episodes live in (one
     thread per actor process; the agent threads wait on it)."""
@@ -228,10 +219,17 @@ class Verifiers(Env):
 
     name = "verifiers"
     replayable = False
+    agent_program = PROGRAM
 
     def __init__(self, **kwargs: object) -> None:
         raise RuntimeError("env verifiers is played by verifiers' harness through the agent endpoint: set "
                            f"actor.agent_endpoint.enabled = true and program = {PROGRAM!r}")  # fmt: skip
+
+    @classmethod
+    def check_options(cls, **options: object) -> None:
+        """The package is installed, the taskset loads and splits (``ImportError`` /
+        ``VerifiersError``, one line); loaded once per process, as the episodes use it."""
+        load(dict(options))
 
     @classmethod
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:

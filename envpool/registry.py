@@ -111,6 +111,7 @@ register_env("reasoning_gym", "agentgym.envpool.envs.reasoning_gym:ReasoningGym"
 register_env("textarena", "agentgym.envpool.envs.textarena:TextArena")
 register_env("skyrl_gym", "agentgym.envpool.envs.skyrl_gym:SkyRLGym")
 register_env("verifiers", "agentgym.envpool.envs.verifiers_env:Verifiers")
+register_env("openenv", "agentgym.envpool.envs.openenv_env:OpenEnv")
 
 ENV_INFO: dict[str, tuple[str, str, bool]] = {
     # name: (what it is, what it needs beyond the Python packages, test-only)
@@ -129,6 +130,8 @@ ENV_INFO: dict[str, tuple[str, str, bool]] = {
     "skyrl_gym": ("any registered SkyRL-gym env id, on SkyRL-format rows (JSON Lines)", "agentgym[skyrl-gym]", False),
     "verifiers": ("a verifiers (prime-rl) taskset, played by its own harness through the agent endpoint",
                   "pip extra [verifiers]; uv fetches the harness program's packages on first use", False),
+    "openenv": ("an OpenEnv Environment class by 'module:Class', played in-process (no server, no Docker)",
+                "agentgym[openenv] (scripts/install.sh: without gradio)", False),
     "chaos": ("an env that crashes, hangs or corrupts on request (pool robustness tests)", "-", True),
 }
 """What ``agentgym envs`` prints for each built-in (docs/environments.md has the details)."""

@@ -70,6 +70,10 @@ fi
 # torch, vllm and transformers as installed above.
 "$PIP" install -q -e ".[envs]"
 "$PIP" install -q -e ".[verifiers]"  # the verifiers env adapter is tested against the real package (pins openai<3)
+# The openenv adapter's package, without its web UI's gradio (openenv-core requires it; nothing here
+# uses it): its other imports first, fastmcp at the version that keeps verifiers' mcp==2.0.0.
+"$PIP" install -q "fastmcp==4.1.1" "mcp==2.0.0"
+"$PIP" install -q --no-deps "openenv-core==0.3.0"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, zmq, trio, msgspec
 print(f"agentgym: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, "

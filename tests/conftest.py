@@ -65,7 +65,7 @@ HOSTS_GROUP = "hosts"
 """The modules that make network-namespace hosts or a Slurm cluster: one worker runs them all, one
 at a time (root's network namespaces and the daemons are machine-wide)."""
 HOSTS_MODULES = {"test_actor_leave", "test_handover_e2e", "test_learner_multinode", "test_multihost", "test_relay", "test_slurm"}
-SPLIT_MODULES = {"test_e2e"}
+SPLIT_MODULES = {"test_e2e", "test_stop_signal_e2e"}
 """Modules whose tests share no costly fixture: each test is a group of its own."""
 LONG_FIRST = ("hosts", "test_multitoken_learn", "test_e2e.py::test_an_actor_killed",
               "test_e2e.py::test_learner_and_two_actors", "test_e2e.py::test_a_mix_of_two_envs")  # fmt: skip

@@ -353,7 +353,7 @@ class Actor:
                 tg.create_task(self.resend_loop())  # unacked rollouts again after a Welcome
                 tg.create_task(self.watch_leave(leave_asked))  # a signal or the learner's leave request
                 self.serving = serving = await self.engine_up(welcome, early)  # players and weight updates need it
-                tg.create_task(self.weights.run(serving.engine, welcome.weights_port))  # WeightsReady -> fetch -> engine
+                tg.create_task(self.weights.run(serving.engine, welcome.weights_port))  # WeightsReady -> engine
                 for n in range(self.cfg.actor.max_groups):  # those past concurrency.target idle
                     tg.create_task(self.players.play(n, serving))  # tickets -> episodes -> Rollout
         except* Stop as eg:

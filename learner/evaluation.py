@@ -62,7 +62,9 @@ class EvalRound:
 
 
 class Evaluations:
-    def __init__(self, cfg: Config, sched: Scheduler, metrics: MetricsWriter | SinkWriter, episode_log: EpisodeLog) -> None:
+    def __init__(
+        self, cfg: Config, sched: Scheduler, metrics: MetricsWriter | SinkWriter, episode_log: EpisodeLog
+    ) -> None:
         self.cfg = cfg
         self.sched = sched
         self.metrics = metrics

@@ -92,7 +92,7 @@ class Learner:
         self.step = 0
         """Steps trained (the trainer's, copied after each step and on restore); ``version`` is it."""
         self.exporter = WeightExporter(cfg.learner.weight_chunk_mib * 1024 * 1024)
-        sinks: list[str] = list(cfg.metrics.sinks)  # agentgym/observe/sinks.py: TensorBoard / W&B beside the JSONL files
+        sinks: list[str] = list(cfg.metrics.sinks)  # observe/sinks.py: TensorBoard / W&B beside the JSONL
         self.metrics = with_sinks(MetricsWriter(run_dir / "metrics.jsonl"), sinks, run_dir, "train", cfg=cfg)
         self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval", cfg=cfg)
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
@@ -334,20 +334,22 @@ class Learner:
         self.eval_metrics.close()
         self.episode_log.close()
         c = self.counters
-        in_flight = [g for a in self.sched.actors.values() for g in a.outstanding] + [t.group_id for t in self.sched.requeue]
+        in_flight = [g for a in self.sched.actors.values() for g in a.outstanding]
+        in_flight += [t.group_id for t in self.sched.requeue]
         tickets = self.ledger.summary([r.group_id for r in self.buffer], in_flight)
         # Issued again past a deadline (events, also in ``reissued``) and the answers that then came second.
         tickets.update(deadline_reissued=self.sched.deadline_reissued, late_answers=self.sched.late_answers)
         self.ledger.close()
+        hub = self.hub
         log.info("learner_finished", reason=reason, step=self.step, groups=c.groups, episodes=c.episodes,
-                 expired=c.expired, bad_messages=self.hub.bad_messages, weight_chunks_served=self.hub.weight_chunks_served)  # fmt: skip
+                 expired=c.expired, bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
         (self.run_dir / "summary.json").write_text(json.dumps({
             "reason": reason, "step": self.step, "version": self.version,
-            "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": self.hub.bad_messages,
+            "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
             "prefix_breaks": c.prefix_breaks,
             "invalid_reasons": dict(self.control.guard.invalid), "dropped_messages": dict(self.control.guard.dropped),
-            "auth_refused": self.hub.allow.refused if self.hub.allow else 0,
-            "weights_served": {"chunks": self.hub.weight_chunks_served, "bytes": self.hub.weight_bytes_served},
+            "auth_refused": hub.allow.refused if hub.allow else 0,
+            "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},
             "tickets": tickets,
             "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in self.evals.results],
             "learner_time": self.clock.summary(), "episode_mix": self.mix.summary(),

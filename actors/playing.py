@@ -56,6 +56,8 @@ class Serving:
 
 
 class Players:
+    """The actor's players and the tickets, rollouts and env pools they share."""
+
     def __init__(
         self, cfg: Config, actor_id: str, concurrency: Concurrency, weights: WeightSync, stats: dict[str, int]
     ) -> None:

@@ -83,6 +83,8 @@ class Stop(Exception):
 
 
 class Actor:
+    """The actor process: the learner connection and the process's life; builds its components."""
+
     def __init__(self, cfg: Config, actor_id: str | None = None) -> None:
         self.cfg = cfg
         self.actor_id = actor_id or uuid.uuid4().hex[:12]

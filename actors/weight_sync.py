@@ -36,6 +36,8 @@ log = structlog.get_logger(__name__)
 
 
 class WeightSync:
+    """The engine's weights: what the learner announced, what the engine holds, the loop between."""
+
     def __init__(
         self,
         cfg: ActorConfig,

@@ -219,7 +219,8 @@ class _Request:
 class GatedEngine:
     """Request bookkeeping shared by every engine: versions, aborts, updates that drop nothing.
 
-    A backend implements ``_generate(segment_id, prompt_ids, spec)`` (one uninterrupted run;
+    A backend implements ``start``, ``load`` and ``close`` (``InferenceEngine``'s),
+    ``_generate(segment_id, prompt_ids, spec)`` (one uninterrupted run;
     returns ``finish_reason="abort"`` with the tokens so far when ``_abort(segment_id)`` stops
     it), ``_abort``, ``_load_weights(prepared)`` (with nothing running) and optionally
     ``_prepare_weights(tensors)`` (outside the gate: e.g. write a file while generation goes on).
@@ -269,6 +270,15 @@ class GatedEngine:
 
     async def _load_weights(self, prepared: object) -> int:
         """Load in place (nothing runs meanwhile); returns how many tensors were loaded."""
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    def load(self) -> EngineLoad:
+        raise NotImplementedError
+
+    async def close(self) -> None:
         raise NotImplementedError
 
     def _check_prompt(self, request_id: str, prompt_ids: list[int]) -> None:

@@ -1,10 +1,11 @@
 """Episode hand-over: an actor asked to leave passes its live episodes on instead of losing them.
 
-    episodes = await play_group(actor, ticket, pool, spec, turn_limit, critic)  # None: handed over
-    await leave(actor)                                # on SIGTERM: stop at turn boundaries, collect
-    Leave(actor_id=..., reason=..., handovers=actor.handovers)
+    episodes = await play_group(players, serving, ticket, pool, turn_limit, critic)  # None: handed over
+    await leave(players)                              # on SIGTERM: stop at turn boundaries, collect
+    Leave(actor_id=..., reason=..., handovers=players.handovers)
 
-When the actor gets SIGTERM (Slurm's scancel and preemption send it), ``actor.leaving`` is set:
+``players`` is the actor's ``Players`` (actors/playing.py), ``serving`` its engine and tokenizer.
+When the actor gets SIGTERM (Slurm's scancel and preemption send it), ``players.leaving`` is set:
 every episode stops at its next turn boundary (a turn being sampled gets ``TURN_GRACE_S`` to
 finish, then is aborted and dropped) and
 the group becomes a ``Handover``: the episodes it finished, and for each stopped one its tokens
@@ -26,11 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 import structlog
 
 from agentgym.actors.rollout import Interrupted, play_episode
-from agentgym.protocol import Episode, Handover, RolloutSpec, Ticket
+from agentgym.protocol import Episode, Handover, PartialEpisode, Ticket
+
+if TYPE_CHECKING:
+    from agentgym.actors.critic import Critic
+    from agentgym.actors.playing import Players, Serving
+    from agentgym.envpool.pool import EnvPool
 
 log = structlog.get_logger(__name__)
 
@@ -39,23 +46,26 @@ LEAVE_GRACE_S = 30.0
 flight finishes first; a stuck one is cut at this and its group played again elsewhere)."""
 
 
-async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit: int, critic) -> list[Episode] | None:  # type: ignore[no-untyped-def]
-    """The group's episodes, or None when ``actor.leaving`` stopped it: then its ``Handover`` is
-    in ``actor.handovers`` (training tickets only: an evaluation group stops too, and is played
+async def play_group(
+    players: Players, serving: Serving, ticket: Ticket, pool: EnvPool, turn_limit: int, critic: Critic | None
+) -> list[Episode] | None:
+    """The group's episodes, or None when ``players.leaving`` stopped it: then its ``Handover`` is
+    in ``players.handovers`` (training tickets only: an evaluation group stops too, and is played
     again from the start)."""
+    spec = serving.spec
     h = ticket.handover
     finished = list(h.finished) if h else []
     partial = list(h.partial) if h else []
     fresh = max(0, spec.group_size - len(finished) - len(partial))
     if h is not None:
-        actor.stats["handovers_taken"] = actor.stats.get("handovers_taken", 0) + 1
+        players.stats["handovers_taken"] = players.stats.get("handovers_taken", 0) + 1
         log.info("handover_taken", group=ticket.group_id, from_actor=h.actor_id, finished=len(finished),
                  partial=len(partial), fresh=fresh)  # fmt: skip
-    stop = actor.leaving
+    stop = players.leaving
 
-    async def one(i: int, resume) -> Episode | Interrupted:  # type: ignore[no-untyped-def]
+    async def one(i: int, resume: PartialEpisode | None) -> Episode | Interrupted:
         try:
-            return await play_episode(actor.engine, actor.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic,
+            return await play_episode(serving.engine, serving.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic,
                                       stop=stop, resume=resume)  # fmt: skip
         except Interrupted as exc:
             return exc
@@ -63,7 +73,7 @@ async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit:
     results = await asyncio.gather(*(one(i, p) for i, p in enumerate([*partial, *[None] * fresh])))
     played = [r for r in results if isinstance(r, Episode)]
     done = finished + played
-    s = actor.stats
+    s = players.stats
     if len(done) >= spec.group_size:
         s["sampled_tokens_sent"] = s.get("sampled_tokens_sent", 0) + sum(_own(e.loss_mask, e.resumed_at) for e in played)
         return done[: spec.group_size]
@@ -74,7 +84,7 @@ async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit:
     s["sampled_tokens_dropped"] = s.get("sampled_tokens_dropped", 0) + sum(r.dropped for r in stopped)
     if ticket.split != "train" or (not done and not kept):  # evaluation, or nothing played worth keeping:
         return None  # the ticket just goes back
-    actor.handovers.append(Handover(group_id=ticket.group_id, actor_id=actor.actor_id, finished=done, partial=kept))
+    players.handovers.append(Handover(group_id=ticket.group_id, actor_id=players.actor_id, finished=done, partial=kept))
     s["handover_groups"] = s.get("handover_groups", 0) + 1
     s["handover_partial"] = s.get("handover_partial", 0) + len(kept)
     s["handover_finished"] = s.get("handover_finished", 0) + len(done)
@@ -91,12 +101,12 @@ def _own(loss_mask: bytes, resumed_at: int) -> int:
     return len(loss_mask) - resumed_at - loss_mask[resumed_at:].count(0)
 
 
-async def leave(actor) -> None:  # type: ignore[no-untyped-def]
+async def leave(players: Players) -> None:
     """Stop every running group at its episodes' next turn boundary and wait (at most
     ``LEAVE_GRACE_S``) until each has been handed over; players take no new ticket meanwhile."""
     t0 = time.monotonic()
-    actor.leaving.set()
-    while actor.running_groups and time.monotonic() - t0 < LEAVE_GRACE_S:
+    players.leaving.set()
+    while players.running_groups and time.monotonic() - t0 < LEAVE_GRACE_S:
         await asyncio.sleep(0.02)
-    log.info("handover_ready", groups=len(actor.handovers), still_running=actor.running_groups,
-             seconds=round(time.monotonic() - t0, 3), partial=sum(len(h.partial) for h in actor.handovers))  # fmt: skip
+    log.info("handover_ready", groups=len(players.handovers), still_running=players.running_groups,
+             seconds=round(time.monotonic() - t0, 3), partial=sum(len(h.partial) for h in players.handovers))  # fmt: skip

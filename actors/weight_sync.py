@@ -1,91 +1,156 @@
 """The actor's weight loop: on each WeightsReady, pull the new version's chunks (this host's relay
 if configured, else or on its silence the learner) and load them into the engine in place.
 
-    class Actor(WeightSync): ...           # actors/runtime.py; Actor.run starts weight_loop
-    await actor.wait_version(ticket.min_version)
+    weights = WeightSync(cfg.actor, ctx, keys, relay_keys, stats)   # actors/runtime.py wires it
+    weights.offer(ready)                             # the receive loop, on each WeightsReady
+    tg.create_task(weights.run(engine, welcome.weights_port))
+    await weights.wait_version(engine, ticket.min_version)   # a player, before it plays
 
-A mix-in of ``actors/runtime.Actor``: it uses the actor's config, Welcome, CURVE keys, engine,
-weight buffers, stats, and the ``weights_wanted`` event and ``version_changed`` condition the
-receive loop and the players share with it.
+``WeightSync`` owns the weight state of the actor: the latest WeightsReady, whether the engine
+holds the learner's weights, the fetch buffers kept from one update to the next, what the engine
+serves (for the heartbeat's flight-recorder fields) and the turn limits of the latest version.
+It is given the actor's config, its ZeroMQ context and CURVE keys (to pull chunks) and the
+actor's stats; the engine is given to ``run``, which starts once the engine is up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
+import zmq.asyncio
 
 from agentgym.actors.weight_fetch import fetch_weights, to_torch, weights_addr
 from agentgym.auth.keys import ClientKeys
+from agentgym.protocol import WeightsReady
 from agentgym.protocol.limits import weights_frame
+from agentgym.protocol.weights import WeightBuffers, tensor_nbytes
+
+if TYPE_CHECKING:
+    from agentgym.actors.engine import GatedEngine
+    from agentgym.config import ActorConfig
 
 log = structlog.get_logger(__name__)
 
 
 class WeightSync:
-    cfg: Any
-    welcome: Any
-    keys: ClientKeys | None
-    relay_keys: ClientKeys | None
-    engine: Any
+    """The engine's weights: what the learner announced, what the engine holds, the loop between."""
 
-    def weight_sources(self) -> tuple[list[str], list[ClientKeys | None]]:
+    def __init__(
+        self,
+        cfg: ActorConfig,
+        ctx: zmq.asyncio.Context,
+        keys: ClientKeys | None,
+        relay_keys: ClientKeys | None,
+        stats: dict[str, int],
+    ) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.keys = keys
+        """CURVE keys to the learner's weights port (None: plain TCP)."""
+        self.relay_keys = relay_keys
+        """CURVE keys to this host's weight relay: this actor's pair, the relay's public key."""
+        self.stats = stats
+        self.latest: WeightsReady | None = None
+        """The newest WeightsReady heard; None until one comes (and again after a learner restart)."""
+        self.wanted = asyncio.Event()
+        """Set when ``latest`` names weights the engine may not hold: the loop fetches."""
+        self.synced = False
+        """True once the engine holds the learner's weights of ``engine.version``: at once when it
+        loaded the learner's own model directory, else after the first fetch (a directory with the
+        same architecture and tokenizer may hold other weights)."""
+        self.changed = asyncio.Condition()
+        """Notified after each WeightsReady is handled: players waiting for a version re-check."""
+        self.buffers = WeightBuffers()
+        """Where fetched weights land, kept from one update for the next (no page faults after the first)."""
+        self.served = (-1, -1)
+        """(version, weights digest) the engine serves: heartbeats report it."""
+        self.turn_limit = 1
+        self.turn_limits: dict[str, int] = {}
+        """Per-env limits of the latest WeightsReady (an env not in it plays ``turn_limit``)."""
+
+    def offer(self, msg: WeightsReady) -> None:
+        """A WeightsReady from the learner: fetch it unless a newer one came first."""
+        if self.latest is None or msg.version >= self.latest.version:
+            self.latest = msg
+            self.wanted.set()
+
+    def forget(self) -> None:
+        """A restarted learner resumed from a checkpoint: its weights may be older than the
+        engine's, and only its weights make trainable groups. Wait for its next WeightsReady."""
+        self.latest = None
+        self.synced = False
+
+    def turn_limit_for(self, env: str) -> int:
+        """The turn limit an episode of ``env`` that starts now plays."""
+        return self.turn_limits.get(env, self.turn_limit)
+
+    def sources(self, weights_port: int) -> tuple[list[str], list[ClientKeys | None]]:
         """Where weights come from, best first: this host's relay if configured (agentgym/cluster/relay.py),
         then the learner's weights port; with the CURVE keys for each."""
-        a = self.cfg.actor
-        learner = weights_addr(a.learner, self.welcome.weights_port)
-        if a.weights_relay is None:
+        learner = weights_addr(self.cfg.learner, weights_port)
+        if self.cfg.weights_relay is None:
             return [learner], [self.keys]
-        return [a.weights_relay, learner], [self.relay_keys, self.keys]
+        return [self.cfg.weights_relay, learner], [self.relay_keys, self.keys]
 
-    async def weight_loop(self) -> None:
-        sources, source_keys = self.weight_sources()
+    async def run(self, engine: GatedEngine, weights_port: int) -> None:
+        """Load each WeightsReady's weights into ``engine``, for the actor's life."""
+        sources, source_keys = self.sources(weights_port)
         while True:
-            await self.weights_wanted.wait()
-            self.weights_wanted.clear()
-            ready = self.latest_ready
+            await self.wanted.wait()
+            self.wanted.clear()
+            ready = self.latest
+            if ready is None:  # a learner restart cleared it after it was set: wait for the next
+                continue
             if (ready.turn_limit, ready.turn_limits) != (self.turn_limit, self.turn_limits):
                 log.info("turn_limits_changed", version=ready.version, turn_limit=ready.turn_limit,
                          per_env=dict(ready.turn_limits), previous=self.turn_limit)  # fmt: skip
             # Episodes that start from now on play these (set before the engine's version moves, so
             # a player waiting for this version starts with them); running ones keep theirs.
             self.turn_limit, self.turn_limits = ready.turn_limit, dict(ready.turn_limits)
-            if ready.version > self.engine.version or not self.weights_synced:
-                t0 = time.monotonic()
-                # An engine that loads a subset of tensors fetches only what changed since its version.
-                have = self.engine.version if self.weights_synced and self.engine.partial_updates else -1
-                try:
-                    version, raw = await fetch_weights(self.ctx, sources, ready, have_version=have, keys=source_keys,
-                                                       stall_s=self.cfg.actor.relay_stall_s, into=self.weight_buffers,
-                                                       max_frame=weights_frame(ready.total_bytes, ready.tensors))  # fmt: skip
-                except TimeoutError as exc:  # no source delivered (or each sent frames over the cap): try again
-                    self.stats["weight_fetch_failures"] = self.stats.get("weight_fetch_failures", 0) + 1
-                    log.error("weights_fetch_failed", version=ready.version, error=str(exc))
+            if ready.version > engine.version or not self.synced:
+                if not await self._update(engine, ready, sources, source_keys):
                     await asyncio.sleep(5.0)
-                    self.weights_wanted.set()
+                    self.wanted.set()
                     continue
-                tensors = to_torch(raw)
-                t1 = time.monotonic()
-                if version < self.engine.version:  # a restarted learner resumed an older checkpoint
-                    log.warning("weights_rolled_back", from_version=self.engine.version, to_version=version)
-                    self.engine.version = version
-                await self.engine.update_weights(tensors, version)
-                self.weights_synced = True
-                # Flight recorder: what the engine serves now, when the update covered every tensor
-                # (a changed-only update covers some: its digest is not the version's).
-                whole = ready.tensors > 0 and getattr(self.engine, "digest_tensors", 0) == ready.tensors
-                self.served = (version, getattr(self.engine, "weights_digest", -1) if whole else -1)
-                self.stats["weight_updates"] += 1
-                log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
-                         mib=round(sum(len(t.data) for t in raw) / 2**20, 2), tensors=len(raw),
-                         kept_mib=round(self.weight_buffers.nbytes / 2**20, 1))  # fmt: skip
-            async with self.version_changed:
-                self.version_changed.notify_all()
+            async with self.changed:
+                self.changed.notify_all()
 
-    async def wait_version(self, version: int) -> None:
-        async with self.version_changed:
-            await self.version_changed.wait_for(
-                lambda: self.weights_synced and self.engine.version >= version and self.latest_ready is not None
-            )
+    async def _update(
+        self, engine: GatedEngine, ready: WeightsReady, sources: list[str], source_keys: list[ClientKeys | None]
+    ) -> bool:
+        """Fetch ``ready``'s weights and load them; False when no source delivered them."""
+        t0 = time.monotonic()
+        # An engine that loads a subset of tensors fetches only what changed since its version.
+        have = engine.version if self.synced and engine.partial_updates else -1
+        try:
+            version, raw = await fetch_weights(self.ctx, sources, ready, have_version=have, keys=source_keys,
+                                               stall_s=self.cfg.relay_stall_s, into=self.buffers,
+                                               max_frame=weights_frame(ready.total_bytes, ready.tensors))  # fmt: skip
+        except TimeoutError as exc:  # no source delivered (or each sent frames over the cap): try again
+            self.stats["weight_fetch_failures"] = self.stats.get("weight_fetch_failures", 0) + 1
+            log.error("weights_fetch_failed", version=ready.version, error=str(exc))
+            return False
+        tensors = to_torch(raw)
+        t1 = time.monotonic()
+        if version < engine.version:  # a restarted learner resumed an older checkpoint
+            log.warning("weights_rolled_back", from_version=engine.version, to_version=version)
+            engine.version = version
+        await engine.update_weights(tensors, version)
+        self.synced = True
+        # Flight recorder: what the engine serves now, when the update covered every tensor
+        # (a changed-only update covers some: its digest is not the version's).
+        whole = ready.tensors > 0 and engine.digest_tensors == ready.tensors
+        self.served = (version, engine.weights_digest if whole else -1)
+        self.stats["weight_updates"] += 1
+        log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
+                 mib=round(sum(tensor_nbytes(t.dtype, t.shape) for t in raw) / 2**20, 2), tensors=len(raw),
+                 kept_mib=round(self.buffers.nbytes / 2**20, 1))  # fmt: skip
+        return True
+
+    async def wait_version(self, engine: GatedEngine, version: int) -> None:
+        """Return once ``engine`` holds the learner's weights of ``version`` or newer."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.synced and engine.version >= version and self.latest is not None)

@@ -63,7 +63,7 @@ def main() -> int:
     names = [f"sim{i}" for i in range(args.actors)]
     for a in names:
         ln.sched.register(a, a.encode(), "h", 8, session=a)
-    ln.grant()
+    ln.control.grant()
     rows, t0 = [], time.monotonic()
     known: dict = {}  # type: ignore[type-arg]  # tickets the actors were granted, by group id
     for step in range(1, args.steps + 1):
@@ -79,24 +79,24 @@ def main() -> int:
                 eps = [episode(PROMPTS[i % 2], [[token]], [float(i % 2)], version=max(0, ln.version - (status < 0.01) * 9),
                                behav=[-0.7]) for i in range(group)]  # fmt: skip
                 r = Rollout(group_id=t.group_id, actor_id=a, env=t.env, task_id=t.task_id, episodes=eps)
-                ln.on_rollout(a.encode(), r)
+                ln.control.on_rollout(a.encode(), r)
                 if status > 0.97:
-                    ln.on_rollout(a.encode(), r)  # a re-sent copy: a duplicate
+                    ln.control.on_rollout(a.encode(), r)  # a re-sent copy: a duplicate
         ln.sched.overdue()  # the slow actor's tickets pass their (5 ms) deadline: copies go to others
-        ln.grant()
+        ln.control.grant()
         batch = ln.buffer.take(min(len(ln.buffer), cfg.learner.batch_groups))
         ln.ledger.trained([r.group_id for r in batch], step)
         ln.step = step
         ln.sched.on_version(step)
         ln.expire_stale()
-        ln.grant()
+        ln.control.grant()
         if step % args.checkpoint_every == 0:
             state = json.dumps(ln.checkpoint_state())
             if not args.no_compact:
                 ln.ledger.compact(max(0, step - 2 * args.checkpoint_every))  # the oldest of 3 kept
             if step in (100, 1000, 5000, args.steps) or step % 2000 == 0:
                 rows.append({"step": step, "checkpoint_state_bytes": len(state), "journal_bytes": ln.ledger.path.stat().st_size,
-                             "ledger_tickets": len(ln.ledger.tickets), "seen_kept": len(ln.seen),
+                             "ledger_tickets": len(ln.ledger.tickets), "seen_kept": len(ln.control.seen),
                              # what the dedupe state was before it was compacted: every answered id
                              "seen_as_id_list_bytes": len(json.dumps([f"{ln.run_id}:{n}" for n in range(ln.sched.issued)])),
                              "issued": ln.sched.issued, "late_answers": ln.sched.late_answers,

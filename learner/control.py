@@ -1,27 +1,48 @@
 """The learner's actor-facing side: who may play, what a rollout is worth, who is still there.
 
-    class Learner(ActorControl): ...     # learner/service.py holds the state these methods use
+    control = ActorControl(cfg, hub, run_dir=..., run_id=..., sched=..., ...)  # learner/service.py wires it
+    nursery.start_soon(control.control_loop)
+    nursery.start_soon(control.reaper)
 
 ``control_loop`` reads the hub's inbox (Hello, Heartbeat, Rollout, Leave): a Hello is checked
 against the model and answered with Welcome (and the current WeightsReady and grants); a rollout
 is claimed against its ticket, judged (duplicate, invalid, eval, failed, the staleness verdict,
-the group filter) and acked, and an accepted one goes into the buffer for ``train_loop``;
-``reaper`` drops actors silent past ``actor_timeout_s`` (their tickets are issued again) and
-sends every actor the learner's heartbeat with the staleness headroom. ``grant`` hands out
-tickets wherever the scheduler has room.
+the group filter) and acked, and an accepted one goes into the buffer for the learner's
+``train_loop`` (``wait_rollouts`` wakes it); ``reaper`` drops actors silent past
+``actor_timeout_s`` (their tickets are issued again) and sends every actor the learner's
+heartbeat with the staleness headroom. ``grant`` hands out tickets wherever the scheduler has
+room; ``announce_weights`` tells every actor of a new version.
+
+``ActorControl`` owns what only it writes: the rollout guard, the dedupe set, the group filter,
+the actors' memory figures and the latest WeightsReady. The scheduler, the train buffer, the
+ticket journal, the counters, the episode mix, the evaluations and the flight recorder are the
+learner's too; they are passed in. The learner's weight version is read through ``version``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import structlog
 import trio
 
-from agentgym.config import Config
+from agentgym.config import Config, model_fingerprint
+from agentgym.learner.accounting import TicketLedger
 from agentgym.learner.batch import trainable_episodes
+from agentgym.learner.dedupe import SeenSet
+from agentgym.learner.evaluation import Evaluations
+from agentgym.learner.flight_recorder import FlightRecorder
+from agentgym.learner.flowstats import EpisodeMix
+from agentgym.learner.group_filter import GroupFilter
 from agentgym.learner.lora import lora_spec
+from agentgym.learner.run_stats import Counters
+from agentgym.learner.scheduler import ActorState, Scheduler
+from agentgym.learner.staleness import StalenessRule, TrainBuffer
+from agentgym.learner.transport import Hub
+from agentgym.learner.validate import Guard, vocab_size
 from agentgym.protocol import (
     AckStatus,
     CriticSpec,
@@ -35,6 +56,7 @@ from agentgym.protocol import (
     RolloutSpec,
     Shutdown,
     Welcome,
+    WeightsReady,
 )
 from agentgym.protocol.arrays import I32, U8, unpack
 
@@ -75,13 +97,104 @@ def version_span(r: Rollout, default: int) -> tuple[int, int]:
 
 
 class ActorControl:
-    """Methods of ``Learner`` (learner/service.py) that face the actors; see the module docstring."""
+    """The actors' side of the learner: registration, tickets, rollouts, liveness, leave requests.
+    See the module docstring; learner/service.py builds it and hands it the parts it shares."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        hub: Hub,
+        *,
+        run_dir: Path,
+        run_id: str,
+        version: Callable[[], int],
+        sched: Scheduler,
+        rule: StalenessRule,
+        buffer: TrainBuffer,
+        ledger: TicketLedger,
+        counters: Counters,
+        mix: EpisodeMix,
+        evals: Evaluations,
+        flight: FlightRecorder,
+    ) -> None:
+        self.cfg = cfg
+        self.hub = hub
+        """Where the actors' messages come from and answers go (learner/transport.py)."""
+        self.run_dir = run_dir
+        """Where ``agentgym actors leave`` requests arrive (learner/requests.py)."""
+        self.run_id = run_id
+        self.version = version
+        """The weight version the learner serves now (its steps trained)."""
+        self.sched = sched
+        self.rule = rule
+        self.buffer = buffer
+        self.ledger = ledger
+        self.counters = counters
+        self.mix = mix
+        self.evals = evals
+        self.flight = flight
+        self.fingerprint = model_fingerprint(cfg.model.path)
+        """The model every actor must run (a Hello with another is rejected)."""
+        self.guard = Guard(group_size=cfg.rollout.group_size, max_episode_tokens=cfg.rollout.max_episode_tokens,
+                           vocab_size=vocab_size(cfg.model.path))  # fmt: skip
+        """Which tickets are whose, and what a rollout must be to be judged (learner/validate.py)."""
+        self.filter = GroupFilter(cfg.learner.filter_groups, cfg.learner.batch_groups)  # dynamic sampling, in judge
+        self.seen = SeenSet()
+        """Group ids answered, compact (learner/dedupe.py): checkpointed, whatever the run's length."""
+        self.weights_msg: WeightsReady | None = None
+        """The latest version's announcement: a newly registered actor gets it with its Welcome."""
+        self.actor_memory: dict[str, dict[str, float | int | bool | str]] = {}
+        """Each actor's memory figures from its latest heartbeat (for summary.json)."""
+        self._new_data = trio.Event()
 
     def grant(self) -> None:
-        for actor_id, tickets in self.sched.fill(self.version).items():
+        version = self.version()
+        for actor_id, tickets in self.sched.fill(version).items():
             self.guard.issue(actor_id, tickets)
             self.ledger.issued(tickets)
             self.hub.send(self.sched.actors[actor_id].peer, Grant(tickets=tickets))
+
+    async def wait_rollouts(self) -> None:
+        """Return once a rollout went into the buffer since the last return (at once if one did)."""
+        await self._new_data.wait()
+        self._new_data = trio.Event()
+
+    def announce_weights(self, msg: WeightsReady) -> None:
+        """Tell every actor of a new weight version (the hub serves its chunks); actors that
+        register later get it with their Welcome."""
+        self.weights_msg = msg
+        for a in self.sched.actors.values():
+            self.hub.send(a.peer, msg)
+
+    async def shutdown_actors(self, reason: str) -> None:
+        for a in self.sched.actors.values():
+            self.hub.send(a.peer, Shutdown(reason=reason))
+        await trio.sleep(0.2)  # let ZeroMQ put them on the wire (the socket's LINGER covers the rest)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state(self) -> dict[str, object]:
+        """What the actor-facing side needs after a resume: the dedupe set, the ticket counter,
+        the open tickets and which key owns which actor id."""
+        return {"seen": self.seen.state(), "issued": self.sched.issued, "open_tickets": self.guard.state(),
+                "owners": dict(self.sched.owners)}  # fmt: skip
+
+    def restore(self, extra: Mapping[str, object], step: int) -> None:
+        """Take back ``state()`` from the checkpoint of ``step`` and reopen the tickets it left open."""
+        self.seen = SeenSet.load(extra.get("seen", []))
+        self.sched.issued = _saved(extra, "issued", int, 0)
+        self.seen.start(self.run_id, self.sched.issued)  # this life numbers its tickets on from there
+        self.guard.restore(_saved(extra, "open_tickets", list, []))  # their late rollouts still count
+        self.sched.owners = dict(_saved(extra, "owners", dict, {}))  # ids stay their keys'
+        # Tickets issued but not trained before the checkpoint: buffered groups died with the
+        # old learner and actors may be gone too. The journal says which: groups buffered, in
+        # flight or trained after this checkpoint are issued again under their old ids (ADR
+        # 0010), first; they are the pipeline now, and every other ticket is forfeited (a late
+        # rollout of one is still judged).
+        reopened = self.ledger.resume(step)
+        for t in reopened:
+            self.seen.discard(t.group_id)
+        self.sched.reissue(reopened, step)
+        log.info("tickets_reopened", count=len(reopened), by_reason=dict(self.ledger.lost_in_restart))
 
     def note_resumed(self, r: Rollout) -> None:
         """Count (and log, with the digest of the handed-over prefix) episodes another actor continued."""
@@ -155,7 +268,8 @@ class ActorControl:
         if r.group_id in self.seen:
             return "duplicate"
         self.seen.add(r.group_id)
-        reason = self.guard.content(r, self.version)  # vocabulary, budget, masks, versions, finite numbers
+        version = self.version()
+        reason = self.guard.content(r, version)  # vocabulary, budget, masks, versions, finite numbers
         if reason is not None:
             self.guard.reject(reason, r)
             if self.evals.owns(r.group_id):  # its round counts it as played, with no usable episode
@@ -169,11 +283,11 @@ class ActorControl:
         if not usable:
             return "failed"
         self.mix.add("played", r)
-        span = version_span(r, self.version)
+        span = version_span(r, version)
         if self.flight.refused(r.actor_id, *span):  # sampled with weights its engine served wrongly
             self.guard.reject("weights_digest_mismatch", r)
             return "invalid"
-        verdict = self.rule.verdict(*span, self.version)
+        verdict = self.rule.verdict(*span, version)
         if verdict == "accepted":
             return self.filter.judge(usable)
         return verdict
@@ -195,8 +309,8 @@ class ActorControl:
         if status == "accepted":
             self.counters.episodes["accepted"] += len(trainable_episodes(r))
             self.note_resumed(r)  # episodes continued from a hand-over, counted apart
-            self.buffer.add(r, *version_span(r, self.version))
-            self.new_data.set()
+            self.buffer.add(r, *version_span(r, self.version()))
+            self._new_data.set()
         elif status == "eval":
             self.counters.episodes["eval"] += n_eps
             self.evals.record(r)
@@ -210,7 +324,7 @@ class ActorControl:
             log.info("rollout_not_accepted", group=r.group_id, status=status, actor_id=r.actor_id)
         self.grant()
 
-    def take_handovers(self, state, handovers: list[Handover]) -> int:  # type: ignore[no-untyped-def]
+    def take_handovers(self, state: ActorState, handovers: list[Handover]) -> int:
         """Put each hand-over of a leaving actor on its ticket (actors/handover.py), so the actor
         that gets the ticket next continues those episodes. Only training tickets the actor holds,
         and no more episodes than a group has; the rest is dropped (the group is played again)."""
@@ -293,10 +407,12 @@ class ActorControl:
                             turnaround_p95_s=None if p95 is None else round(p95, 2), missed=late.missed,
                             grant=late.earned)  # fmt: skip
             # The staleness rule's headroom tells actors whether playing more at once would help.
-            hint = {"headroom": float(self.sched.headroom(self.version)), "stale_groups": float(
-                self.counters.groups["stale"] + self.counters.expired["groups"])}
+            version = self.version()
+            stale = self.counters.groups["stale"] + self.counters.expired["groups"]
+            headroom = float(self.sched.headroom(version))
+            hint: dict[str, float | int | bool | str] = {"headroom": headroom, "stale_groups": float(stale)}
             for a in self.sched.actors.values():
-                self.hub.send(a.peer, Heartbeat(weight_version=self.version, stats=hint))
+                self.hub.send(a.peer, Heartbeat(weight_version=version, stats=hint))
             self.serve_leave_requests()
             self.grant()
 
@@ -314,3 +430,14 @@ class ActorControl:
             self.hub.send(state.peer, Shutdown(reason="agentgym actors leave", leave=True))
             log.info("actor_asked_to_leave", actor=state.index, actor_id=actor_id, tickets=len(state.outstanding))
             answer({"status": "sent", "tickets": len(state.outstanding)})
+
+
+T = TypeVar("T")
+
+
+def _saved(extra: Mapping[str, object], key: str, kind: type[T], default: T) -> T:
+    """One field of a checkpoint's service state, of the type it was saved as."""
+    value = extra.get(key, default)
+    if not isinstance(value, kind):
+        raise ValueError(f"checkpoint service state: {key!r} is a {type(value).__name__}, not a {kind.__name__}")
+    return value

@@ -25,6 +25,7 @@ from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
 from agentgym.observe.logs import MetricsWriter
+from agentgym.observe.sinks import SinkWriter
 from agentgym.protocol import Rollout
 from agentgym.protocol.arrays import I32, U8, unpack
 
@@ -61,7 +62,9 @@ class EvalRound:
 
 
 class Evaluations:
-    def __init__(self, cfg: Config, sched: Scheduler, metrics: MetricsWriter, episode_log: EpisodeLog) -> None:
+    def __init__(
+        self, cfg: Config, sched: Scheduler, metrics: MetricsWriter | SinkWriter, episode_log: EpisodeLog
+    ) -> None:
         self.cfg = cfg
         self.sched = sched
         self.metrics = metrics

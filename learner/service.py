@@ -2,7 +2,9 @@
 
     trio.run(run_learner, cfg, run_dir)
 
-Links (one comment each where they are made in ``run_learner``):
+Two components: ``Learner`` (here) trains, ``ActorControl`` (learner/control.py) faces the actors.
+``Learner.__init__`` builds the parts they share and hands them to ``ActorControl`` (one comment
+per part); ``_run_learner`` starts the tasks (one comment per link):
   hub.inbox        -> control_loop   actors' Hello/Heartbeat/Rollout/Leave, read and decoded on the trio thread
                                      (control_loop, reaper and grants: learner/control.py)
   control_loop     -> buffer         accepted rollouts (after dedupe, validation and staleness checks)
@@ -14,58 +16,61 @@ Links (one comment each where they are made in ``run_learner``):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import trio
 
-from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.config import Config, to_toml
 from agentgym.learner.accounting import TicketLedger
 from agentgym.auth.server import ServerKeys
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.bounds import SocketBounds
 from agentgym.learner.control import ActorControl, version_span
 from agentgym.learner.curriculum import Curriculum, success_counts
-from agentgym.learner.dedupe import SeenSet
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.evaluation import EvalRound, Evaluations, env_stats
 from agentgym.learner.flight_recorder import FlightRecorder, LogprobAgreement
 from agentgym.learner.flowstats import EpisodeMix, LearnerClock
-from agentgym.learner.group_filter import GroupFilter
 from agentgym.learner.health import RunHealth
 from agentgym.learner.run_stats import Counters
 from agentgym.learner.scheduler import Scheduler
 from agentgym.learner.staleness import StalenessRule, StalenessTally, TrainBuffer
 from agentgym.learner.stopping import StepAbandoned, StopSignals
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
-from agentgym.learner.validate import Guard, vocab_size
 from agentgym.learner.weight_export import WeightExporter
 from agentgym.observe.logs import MetricsWriter
 from agentgym.observe.memstats import peak_memory
 from agentgym.observe.progress import StepClock
-from agentgym.protocol import Shutdown, WeightsReady
+from agentgym.protocol import WeightsReady
 from agentgym.protocol.weights import chunks_digest
 from agentgym.observe.sinks import with_sinks
+
+if TYPE_CHECKING:
+    from agentgym.learner.trainer import Trainer  # torch: imported when the learner starts, not here
 
 log = structlog.get_logger(__name__)
 
 
-class Learner(ActorControl):
-    """The learner's state and its training side; the actor-facing side (Hello, rollouts,
-    heartbeats, grants) is ``ActorControl`` (learner/control.py), over the same state."""
+class Learner:
+    """The learner's training side: it owns the step, the trainer and what a step writes (metrics,
+    checkpoints, the curriculum, run health); ``control`` (learner/control.py) faces the actors.
+    Built by ``_run_learner``; the constructor wires the two, one comment per shared part."""
 
-    def __init__(self, cfg: Config, run_dir: Path, trainer: object, hub: Hub) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, trainer: Trainer, hub: Hub) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.trainer = trainer
         self.hub = hub
+        """Serves the weight snapshots (its weights thread); the control side talks to the actors."""
         self.run_id = uuid.uuid4().hex[:8]
-        self.fingerprint = model_fingerprint(cfg.model.path)
         lc = cfg.learner
         self.rule = StalenessRule.from_config(cfg)  # the one owner of the staleness rule
         self.sched = Scheduler(
@@ -79,37 +84,43 @@ class Learner(ActorControl):
             deadline_max_s=lc.ticket_deadline_max_s,
             grant_start=lc.grant_start,
         )
-        self.guard = Guard(group_size=cfg.rollout.group_size, max_episode_tokens=cfg.rollout.max_episode_tokens,
-                           vocab_size=vocab_size(cfg.model.path))  # fmt: skip
-        """Which tickets are whose, and what a rollout must be to be judged (learner/validate.py)."""
         self.buffer = TrainBuffer(self.rule)
         self.curriculum = Curriculum(cfg.schedule, [e.name for e in cfg.env.specs])
         """Each env's turn limit (learner/curriculum.py); checkpointed with the service state."""
         self.clock = LearnerClock()
         self.mix = EpisodeMix()
-        self.filter = GroupFilter(cfg.learner.filter_groups, cfg.learner.batch_groups)  # dynamic sampling, in judge
-        self.seen = SeenSet()
-        """Group ids answered, compact (learner/dedupe.py): checkpointed, whatever the run's length."""
         self.counters = Counters()
-        self.new_data = trio.Event()
         self.step = 0
         """Steps trained (the trainer's, copied after each step and on restore); ``version`` is it."""
-        self.weights_msg: WeightsReady | None = None
         self.exporter = WeightExporter(cfg.learner.weight_chunk_mib * 1024 * 1024)
-        self.actor_memory: dict[str, dict[str, float | int | bool | str]] = {}
-        """Each actor's memory figures from its latest heartbeat (for summary.json)."""
-        sinks = cfg.metrics.sinks  # agentgym/observe/sinks.py: TensorBoard / W&B beside the JSONL files
+        sinks: list[str] = list(cfg.metrics.sinks)  # observe/sinks.py: TensorBoard / W&B beside the JSONL
         self.metrics = with_sinks(MetricsWriter(run_dir / "metrics.jsonl"), sinks, run_dir, "train", cfg=cfg)
         self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval", cfg=cfg)
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
         self.evals = Evaluations(cfg, self.sched, self.eval_metrics, self.episode_log)
         """Held-out rounds: tickets through the scheduler, records to eval.jsonl (learner/evaluation.py)."""
         self.flight = FlightRecorder(refuse=lc.refuse_digest_mismatch)
+        """Weight digests the actors report against the exports' (learner/flight_recorder.py)."""
         self.agreement = LogprobAgreement(lc.logprob_outlier_kl)
         """Per actor: its behaviour logprobs against the learner's (learner/flight_recorder.py)."""
-        """Weight digests the actors report against the exports' (learner/flight_recorder.py)."""
         self.ledger = TicketLedger(run_dir / "tickets.jsonl")
         """Every training ticket's fate, journaled (learner/accounting.py)."""
+        self.control = ActorControl(
+            cfg,
+            hub,  # actors' messages in, Welcome/Grant/Ack/WeightsReady/Heartbeat out
+            run_dir=run_dir,  # `agentgym actors leave` requests (learner/requests.py)
+            run_id=self.run_id,  # Welcome names the run; the dedupe set numbers this life's tickets
+            version=lambda: self.version,  # the version rollouts are judged, and tickets granted, against
+            sched=self.sched,  # control registers actors and claims tickets; train_loop moves the version on
+            rule=self.rule,  # control's staleness verdict on arrival; the buffer's expiry here
+            buffer=self.buffer,  # control puts accepted rollouts in; train_loop takes batches out
+            ledger=self.ledger,  # control journals issued/judged/handed-over tickets; here trained/expired
+            counters=self.counters,  # control counts arrivals by status; here rates and expiries
+            mix=self.mix,  # played groups counted there, trained ones here
+            evals=self.evals,  # control records eval rollouts; here rounds start and are awaited
+            flight=self.flight,  # actors' reported digests there, the exports' here
+        )
+        """The actor-facing side: registration, grants, judging rollouts, liveness (learner/control.py)."""
         self.last_checkpoint = (self.step, time.monotonic())
         self.mid_step = False
         """True while a training step runs: its state is not consistent enough to checkpoint."""
@@ -144,21 +155,19 @@ class Learner(ActorControl):
         turn_limit = max(limits.values())
         snap = WeightSnapshot.build(self.version, chunks)
         self.hub.publish_weights(snap)
-        self.weights_msg = WeightsReady(
+        self.control.announce_weights(WeightsReady(
             version=self.version, step=self.step, turn_limit=turn_limit,
             num_chunks=len(chunks), total_bytes=snap.total_bytes, chunk_versions=chunk_versions,
             adapter=self.cfg.learner.lora.rank > 0, digest=digest, tensors=n_tensors,
             # per env only when the envs differ: one limit for all keeps the message as it was
             turn_limits=limits if len(set(limits.values())) > 1 else {},
-        )  # fmt: skip
-        for a in self.sched.actors.values():
-            self.hub.send(a.peer, self.weights_msg)
+        ))  # fmt: skip
 
     # ------------------------------------------------------------------ evaluation
     def start_eval(self) -> EvalRound:
         """Queue an evaluation of the current weights (one per version) and hand its tickets out."""
         rnd = self.evals.start(self.step, self.version)
-        self.grant()
+        self.control.grant()
         return rnd
 
     # ------------------------------------------------------------------ training
@@ -169,13 +178,12 @@ class Learner(ActorControl):
         # The evaluation at start scores the starting weights exactly (version 0, or the resumed
         # one): actors play it beside the first training groups, and the first step waits for it.
         first = self.start_eval() if ec.at_start else None
-        self.grant()
+        self.control.grant()
         while self.step < cfg.run.max_steps:
             with self.clock.part("wait"):
                 self.expire_stale()
                 while len(self.buffer) < lc.batch_groups:
-                    await self.new_data.wait()
-                    self.new_data = trio.Event()
+                    await self.control.wait_rollouts()
                     self.expire_stale()
                 if first is not None:
                     await self.await_eval(first)
@@ -223,7 +231,7 @@ class Learner(ActorControl):
                 with self.clock.part("export"):
                     await self.publish()
                 self.sched.on_version(self.version)
-                self.grant()
+                self.control.grant()
             finally:  # a stop during the publish: the step is trained and checkpointed, so it is recorded
                 with trio.CancelScope(shield=True):
                     self.report({**stats, **self.clock.step_record()})
@@ -265,7 +273,7 @@ class Learner(ActorControl):
             log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version,
                      span=list(version_span(r, self.version)))  # fmt: skip
         if dead:
-            self.grant()  # their places under the admission rule are free: hand them out now
+            self.control.grant()  # their places under the admission rule are free: hand them out now
 
     def report(self, stats: dict[str, float]) -> None:
         rec = {
@@ -275,7 +283,7 @@ class Learner(ActorControl):
             "tickets_in_flight": self.sched.in_flight,
             "tickets_deadline_reissued": self.sched.deadline_reissued, "late_answers": self.sched.late_answers,
             **self.counters.step_fields(),
-            **self.guard.metrics(), **self.flight.metrics(), **self.agreement.metrics(),
+            **self.control.guard.metrics(), **self.flight.metrics(), **self.agreement.metrics(),
             **stats,
             **peak_memory(),
         }  # fmt: skip
@@ -307,36 +315,50 @@ class Learner(ActorControl):
 
     def checkpoint_state(self) -> dict[str, object]:
         """What the service needs after a resume (step and version come from the trainer's step):
-        the dedupe set, the ticket counter, the open tickets and the turn-limit curriculum."""
-        return {"seen": self.seen.state(), "issued": self.sched.issued, "open_tickets": self.guard.state(),
-                "curriculum": self.curriculum.state(), "owners": dict(self.sched.owners)}  # fmt: skip
+        the control side's (dedupe set, ticket counter, open tickets) and the turn-limit curriculum."""
+        return {**self.control.state(), "curriculum": self.curriculum.state()}
 
     def restore(self, extra: dict[str, object]) -> None:
         self.step = self.trainer.step
-        self.seen = SeenSet.load(extra.get("seen", []))
-        self.sched.issued = int(extra.get("issued", 0))  # type: ignore[arg-type]
-        self.seen.start(self.run_id, self.sched.issued)  # this life numbers its tickets on from there
-        self.guard.restore(extra.get("open_tickets", []))  # type: ignore[arg-type]  # their late rollouts still count
-        self.sched.owners = dict(extra.get("owners", {}))  # type: ignore[call-overload]  # ids stay their keys'
-        fresh = self.curriculum.restore(extra.get("curriculum"), self.step)  # type: ignore[arg-type]
+        curriculum = extra.get("curriculum")
+        if curriculum is not None and not isinstance(curriculum, dict):
+            raise ValueError(f"checkpoint service state: 'curriculum' is a {type(curriculum).__name__}, not a dict")
+        fresh = self.curriculum.restore(curriculum, self.step)
         if fresh:
             log.warning("curriculum_state_missing", envs=fresh, step=self.step, stage=0)
-        # Tickets issued but not trained before the checkpoint: buffered groups died with the
-        # old learner and actors may be gone too. The journal says which: groups buffered, in
-        # flight or trained after this checkpoint are issued again under their old ids (ADR
-        # 0010), first; they are the pipeline now, and every other ticket is forfeited (a late
-        # rollout of one is still judged).
-        reopened = self.ledger.resume(self.step)
-        for t in reopened:
-            self.seen.discard(t.group_id)
-        self.sched.reissue(reopened, self.step)
+        self.control.restore(extra, self.step)
         self.last_checkpoint = (self.step, time.monotonic())
-        log.info("tickets_reopened", count=len(reopened), by_reason=dict(self.ledger.lost_in_restart))
 
-    async def shutdown_actors(self, reason: str) -> None:
-        for a in self.sched.actors.values():
-            self.hub.send(a.peer, Shutdown(reason=reason))
-        await trio.sleep(0.2)  # let ZeroMQ put them on the wire (the socket's LINGER covers the rest)
+    def finish(self, reason: str) -> None:
+        """Close the run's logs and write summary.json: what the run did, counted."""
+        self.metrics.close()
+        self.eval_metrics.close()
+        self.episode_log.close()
+        c = self.counters
+        in_flight = [g for a in self.sched.actors.values() for g in a.outstanding]
+        in_flight += [t.group_id for t in self.sched.requeue]
+        tickets = self.ledger.summary([r.group_id for r in self.buffer], in_flight)
+        # Issued again past a deadline (events, also in ``reissued``) and the answers that then came second.
+        tickets.update(deadline_reissued=self.sched.deadline_reissued, late_answers=self.sched.late_answers)
+        self.ledger.close()
+        hub = self.hub
+        log.info("learner_finished", reason=reason, step=self.step, groups=c.groups, episodes=c.episodes,
+                 expired=c.expired, bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
+        (self.run_dir / "summary.json").write_text(json.dumps({
+            "reason": reason, "step": self.step, "version": self.version,
+            "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
+            "prefix_breaks": c.prefix_breaks,
+            "invalid_reasons": dict(self.control.guard.invalid), "dropped_messages": dict(self.control.guard.dropped),
+            "auth_refused": hub.allow.refused if hub.allow else 0,
+            "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},
+            "tickets": tickets,
+            "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in self.evals.results],
+            "learner_time": self.clock.summary(), "episode_mix": self.mix.summary(),
+            "learner_memory": peak_memory(), "actor_memory": self.control.actor_memory,
+            "flight_recorder": {**self.flight.summary(), "logprob_agreement": self.agreement.summary()},
+            "health": self.health.summary(),
+            "trained_staleness": self.staleness.summary(),
+        }, indent=2))  # fmt: skip
 
 
 async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
@@ -395,8 +417,8 @@ async def _run_learner(cfg: Config, run_dir: Path, resume: bool, stop: StopSigna
         async with trio.open_nursery() as nursery:
             stop.attach(nursery.cancel_scope, getattr(trainer, "abandon", None), lambda: learner.mid_step)
             await learner.publish()  # version 0: the weights actors start from
-            nursery.start_soon(learner.control_loop)  # hub.inbox -> control_loop -> buffer, grants
-            nursery.start_soon(learner.reaper)  # liveness both ways; re-issue lost tickets
+            nursery.start_soon(learner.control.control_loop)  # hub.inbox -> control_loop -> buffer, grants
+            nursery.start_soon(learner.control.reaper)  # liveness both ways; re-issue lost tickets
             try:
                 await learner.train_loop()  # buffer -> torch step -> publish weights -> grants
             except Exception:
@@ -415,33 +437,8 @@ async def _run_learner(cfg: Config, run_dir: Path, resume: bool, stop: StopSigna
             with trio.CancelScope(shield=True):
                 await learner.checkpoint("interrupted")  # resume with --resume
         with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await learner.shutdown_actors(reason)
-        learner.metrics.close()
-        learner.eval_metrics.close()
-        learner.episode_log.close()
-        c = learner.counters
-        in_flight = [g for a in learner.sched.actors.values() for g in a.outstanding] + [t.group_id for t in learner.sched.requeue]
-        tickets = learner.ledger.summary([r.group_id for r in learner.buffer], in_flight)
-        # Issued again past a deadline (events, also in ``reissued``) and the answers that then came second.
-        tickets.update(deadline_reissued=learner.sched.deadline_reissued, late_answers=learner.sched.late_answers)
-        learner.ledger.close()
-        log.info("learner_finished", reason=reason, step=learner.step, groups=c.groups, episodes=c.episodes,
-                 expired=c.expired, bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
-        (run_dir / "summary.json").write_text(__import__("json").dumps({
-            "reason": reason, "step": learner.step, "version": learner.version,
-            "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
-            "prefix_breaks": c.prefix_breaks,
-            "invalid_reasons": dict(learner.guard.invalid), "dropped_messages": dict(learner.guard.dropped),
-            "auth_refused": hub.allow.refused if hub.allow else 0,
-            "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},
-            "tickets": tickets,
-            "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in learner.evals.results],
-            "learner_time": learner.clock.summary(), "episode_mix": learner.mix.summary(),
-            "learner_memory": peak_memory(), "actor_memory": learner.actor_memory,
-            "flight_recorder": {**learner.flight.summary(), "logprob_agreement": learner.agreement.summary()},
-            "health": learner.health.summary(),
-            "trained_staleness": learner.staleness.summary(),
-        }, indent=2))  # fmt: skip
+            await learner.control.shutdown_actors(reason)
+        learner.finish(reason)  # summary.json
     await trio.to_thread.run_sync(trainer.close)  # stops the other data-parallel ranks
     if learner.collapsed:
         log.error("learner_stopped", reason=learner.collapsed)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -223,7 +223,7 @@ class WeightSnapshot:
     total_bytes: int
 
     @classmethod
-    def build(cls, version: int, chunks: list[tuple[WeightChunk, bytes | memoryview]]) -> WeightSnapshot:
+    def build(cls, version: int, chunks: Sequence[tuple[WeightChunk, bytes | memoryview]]) -> WeightSnapshot:
         frames = [encode(msg, data) for msg, data in chunks]
         return cls(version, frames, sum(len(d) for _, d in chunks))  # type: ignore[arg-type]
 

@@ -84,11 +84,11 @@ def test_the_learner_refuses_rollouts_sampled_with_misserved_weights(model_dir: 
     ln.flight.report("a", 3, 999)  # what a Heartbeat of a's would carry, as the control loop passes it
     assert Heartbeat(actor_id="a", weights_version=3, weights_digest=999).weights_digest == 999
     t = Ticket(group_id="g", env="guess_number", task_id=1)
-    ln.guard.issue("a", [t])
+    ln.control.guard.issue("a", [t])
     eps = [episode(PROMPTS[i], [[GOOD]], [float(i)], version=3, behav=[-0.7]) for i in range(2)]
-    ln.on_rollout(b"a", Rollout(group_id="g", actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
+    ln.control.on_rollout(b"a", Rollout(group_id="g", actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
     assert [m.statuses for _, m in ln.hub.sent if isinstance(m, Ack)] == [["invalid"]]
-    assert ln.guard.invalid == {"weights_digest_mismatch": 1} and ln.flight.metrics()["weights_digest_mismatch"] == 1
+    assert ln.control.guard.invalid == {"weights_digest_mismatch": 1} and ln.flight.metrics()["weights_digest_mismatch"] == 1
 
 
 def test_an_actor_reporting_forged_logprobs_is_flagged_and_honest_ones_are_not(model_dir: Path) -> None:

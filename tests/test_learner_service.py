@@ -24,9 +24,19 @@ def group(gid: str, versions: list[int]) -> Rollout:
     return Rollout(group_id=gid, actor_id="a", env="guess_number", task_id=0, episodes=eps)
 
 
+class NoHub:
+    """Acks and grants go nowhere here."""
+
+    def send(self, peer: bytes, msg: object) -> None:
+        pass
+
+    def ack(self, peer: bytes, group_id: str, status: str) -> None:
+        pass
+
+
 def learner(model: Path, tmp_path: Path, *overrides: str) -> Learner:
     cfg = make_cfg(model, "rollout.group_size=2", "learner.max_staleness=2", *overrides)
-    return Learner(cfg, tmp_path, trainer=None, hub=None)
+    return Learner(cfg, tmp_path, trainer=None, hub=NoHub())
 
 
 def test_a_group_is_refused_or_expired_only_when_none_of_its_tokens_is_within_the_bound(
@@ -34,11 +44,11 @@ def test_a_group_is_refused_or_expired_only_when_none_of_its_tokens_is_within_th
 ) -> None:
     ln = learner(tiny_model, tmp_path, 'learner.staleness_mode="drop"')
     ln.step = 4
-    assert ln.judge(group("old", [1, 1])) == "stale"  # every token 3 versions old on arrival
+    assert ln.control.judge(group("old", [1, 1])) == "stale"  # every token 3 versions old on arrival
     # A long episode started 3 versions ago is trained on what it sampled later, not dropped.
-    assert ln.judge(group("long", [1, 4])) == "accepted"
+    assert ln.control.judge(group("long", [1, 4])) == "accepted"
     fresh, edge = group("fresh", [4, 4]), group("edge", [2, 2])
-    assert ln.judge(fresh) == "accepted" and ln.judge(edge) == "accepted"
+    assert ln.control.judge(fresh) == "accepted" and ln.control.judge(edge) == "accepted"
     for r in (fresh, edge):
         ln.buffer.add(r, *version_span(r, ln.version))
     ln.expire_stale()
@@ -63,7 +73,7 @@ def test_nothing_expires_when_stale_tokens_are_down_weighted(tiny_model: Path, t
     ln = learner(tiny_model, tmp_path)  # the default
     assert ln.cfg.learner.staleness_mode == "downweight"
     ln.step = 9
-    assert ln.judge(group("old", [0, 0])) == "accepted"  # 9 versions old: trained at weight 0.5^7
+    assert ln.control.judge(group("old", [0, 0])) == "accepted"  # 9 versions old: trained at weight 0.5^7
     ln.buffer.add(group("g", [0, 0]), 0, 0)
     ln.expire_stale()
     assert len(ln.buffer) == 1 and ln.counters.expired["groups"] == 0
@@ -76,13 +86,12 @@ def test_rejected_and_expired_groups_are_forfeited_and_a_resume_starts_with_a_fu
     ln.sched.issued = 3
     run = ln.sched.run_id
     ln.step = 4
-    ln.hub = type("Hub", (), {"send": lambda self, peer, msg: None, "ack": lambda self, peer, gid, status: None})()  # acks go nowhere here
-    ln.guard.issue("a", [Ticket(group_id=f"{run}:{i}", env="guess_number", task_id=0) for i in range(2)])
-    ln.on_rollout(b"p", group(f"{run}:0", [1, 1]))  # stale on arrival
-    ln.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # accepted ...
+    ln.control.guard.issue("a", [Ticket(group_id=f"{run}:{i}", env="guess_number", task_id=0) for i in range(2)])
+    ln.control.on_rollout(b"p", group(f"{run}:0", [1, 1]))  # stale on arrival
+    ln.control.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # accepted ...
     ln.step = 5
     ln.expire_stale()  # ... then too old in the buffer
-    ln.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # a duplicate forfeits nothing more
+    ln.control.on_rollout(b"p", group(f"{run}:1", [2, 2]))  # a duplicate forfeits nothing more
     assert ln.sched.forfeited == 2 and ln.counters.groups["duplicate"] == 1
 
     resumed = learner(tiny_model, tmp_path / "resumed", "learner.batch_groups=4")

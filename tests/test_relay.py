@@ -208,26 +208,21 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
 def test_an_actor_fetches_from_its_relay_first_and_the_learner_last(tmp_path: Path) -> None:
     """actor.weights_relay puts the relay before the learner's weights port; actor.relay_key
     needs the actor's own key pair (the relay admits actors by it)."""
-    from types import SimpleNamespace
-
     from agentgym.actors.runtime import Actor
     from agentgym.config import Config
     from agentgym.auth.keys import KeyFileError, write_keys
 
     plain = Actor(Config.model_validate({"actor": {"learner": "tcp://10.0.0.1:7000"}}))
-    plain.welcome = SimpleNamespace(weights_port=7001)
-    assert plain.weight_sources() == (["tcp://10.0.0.1:7001"], [None])
+    assert plain.weights.sources(7001) == (["tcp://10.0.0.1:7001"], [None])
     relayed = Actor(Config.model_validate({"actor": {"learner": "tcp://10.0.0.1:7000", "weights_relay": "tcp://127.0.0.1:5560"}}))
-    relayed.welcome = SimpleNamespace(weights_port=7001)
-    assert relayed.weight_sources() == (["tcp://127.0.0.1:5560", "tcp://10.0.0.1:7001"], [None, None])
+    assert relayed.weights.sources(7001) == (["tcp://127.0.0.1:5560", "tcp://10.0.0.1:7001"], [None, None])
     write_keys(tmp_path, ["relay", "a"])
     with pytest.raises(KeyFileError, match="actor.relay_key needs actor.secret_key"):
         Actor(Config.model_validate({"actor": {"relay_key": str(tmp_path / "authorized" / "relay.key")}}))
     keyed = Actor(Config.model_validate({"actor": {
         "learner": "tcp://10.0.0.1:7000", "weights_relay": "tcp://127.0.0.1:5560", "relay_key": str(tmp_path / "authorized" / "relay.key"),
         "secret_key": str(tmp_path / "actors" / "a.key_secret"), "learner_key": str(tmp_path / "learner.key")}}))  # fmt: skip
-    keyed.welcome = SimpleNamespace(weights_port=7001)
-    _, (relay_keys, learner_keys) = keyed.weight_sources()
+    _, (relay_keys, learner_keys) = keyed.weights.sources(7001)
     assert relay_keys.server != learner_keys.server and relay_keys.public == learner_keys.public
     for a in (plain, relayed, keyed):
         a.link.close()

@@ -168,7 +168,7 @@ def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
 ) -> None:  # type: ignore[type-arg]
     ln = make_learner(tiny_model, tmp_path)
     t = ticket()
-    ln.guard.issue("a", [t])
+    ln.control.guard.issue("a", [t])
     d = msgspec.msgpack.decode(encode(rollout_for(t))[1])  # the wire form as plain dicts
     for m, ep in muts:
         apply(d, m, ep)
@@ -177,11 +177,11 @@ def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
         r, _ = decode(frames)
     except ProtocolError:
         return  # refused by the protocol layer: it never reaches the learner
-    before = sum(ln.guard.invalid.values())
-    ln.on_rollout(b"a", r)  # type: ignore[arg-type]
+    before = sum(ln.control.guard.invalid.values())
+    ln.control.on_rollout(b"a", r)  # type: ignore[arg-type]
     status = ln.hub.last_status()
     if status == "invalid":
-        assert sum(ln.guard.invalid.values()) == before + 1  # counted under a reason
+        assert sum(ln.control.guard.invalid.values()) == before + 1  # counted under a reason
     elif status == "accepted":
         vocab = vocab_size(tiny_model)
         assert vocab is not None
@@ -204,10 +204,10 @@ def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_i
 
     def send(mutate, actor: str = "a", issue_to: str = "a") -> str:  # type: ignore[no-untyped-def]
         t = ticket()
-        ln.guard.issue(issue_to, [t])
+        ln.control.guard.issue(issue_to, [t])
         r = rollout_for(t, actor)
         r = mutate(r, t) or r
-        ln.on_rollout(actor.encode(), r)
+        ln.control.on_rollout(actor.encode(), r)
         return ln.hub.last_status()
 
     def ep0(r: Rollout, **kw: object) -> Rollout:
@@ -220,7 +220,7 @@ def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_i
         "env_mismatch": lambda r, t: msgspec.structs.replace(r, env="maze"),
         "task_mismatch": lambda r, t: msgspec.structs.replace(r, task_id=t.task_id + 1),
         "group_size": lambda r, t: msgspec.structs.replace(r, episodes=r.episodes[:1]),
-        "token_out_of_vocab": lambda r, t: ep0(r, token_ids=pack([*range(10), ln.guard.vocab_size], I32)),
+        "token_out_of_vocab": lambda r, t: ep0(r, token_ids=pack([*range(10), ln.control.guard.vocab_size], I32)),
         "too_many_tokens": lambda r, t: ep0(r, token_ids=pack([1] * 65, I32), logprobs=pack([0.0] * 65, F32),
                                             loss_mask=pack([0] * 65, U8), versions=pack([-1] * 65, I32)),
         "loss_mask_not_0_1": lambda r, t: ep0(r, loss_mask=pack([0] * 8 + [2] + [0] * 2, U8)),
@@ -231,11 +231,11 @@ def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_i
     }  # fmt: skip
     for reason, mutate in cases.items():
         assert send(mutate) == "invalid", reason
-        assert ln.guard.invalid[reason] == 1, (reason, dict(ln.guard.invalid))
+        assert ln.control.guard.invalid[reason] == 1, (reason, dict(ln.control.guard.invalid))
     assert send(lambda r, t: None, actor="b", issue_to="a") == "invalid"  # another actor's ticket
-    assert ln.guard.invalid["not_this_actors_ticket"] == 1
+    assert ln.control.guard.invalid["not_this_actors_ticket"] == 1
     assert len(ln.buffer) == 1 and ln.counters.groups["invalid"] == len(cases) + 1
-    assert ln.guard.metrics()["invalid/env_mismatch"] == 1
+    assert ln.control.guard.metrics()["invalid/env_mismatch"] == 1
 
 
 def test_a_stolen_ticket_stays_open_for_its_holder_and_a_requeued_tickets_late_answer_counts(
@@ -243,32 +243,32 @@ def test_a_stolen_ticket_stays_open_for_its_holder_and_a_requeued_tickets_late_a
 ) -> None:
     ln = make_learner(tiny_model, tmp_path)
     t = ticket()
-    ln.guard.issue("a", [t])
-    ln.on_rollout(b"evil", rollout_for(t, "evil"))  # an impostor answers a's ticket first
-    assert ln.hub.last_status() == "invalid" and t.group_id not in ln.seen
-    ln.guard.issue("b", [t])  # a presumed dead: its ticket re-queued and granted to b
-    ln.on_rollout(b"a", rollout_for(t, "a"))  # a's late rollout still counts
+    ln.control.guard.issue("a", [t])
+    ln.control.on_rollout(b"evil", rollout_for(t, "evil"))  # an impostor answers a's ticket first
+    assert ln.hub.last_status() == "invalid" and t.group_id not in ln.control.seen
+    ln.control.guard.issue("b", [t])  # a presumed dead: its ticket re-queued and granted to b
+    ln.control.on_rollout(b"a", rollout_for(t, "a"))  # a's late rollout still counts
     assert ln.hub.last_status() == "accepted"
-    ln.on_rollout(b"b", rollout_for(t, "b"))  # b's copy comes second
+    ln.control.on_rollout(b"b", rollout_for(t, "b"))  # b's copy comes second
     assert ln.hub.last_status() == "duplicate"
-    ln.on_rollout(b"a", rollout_for(t, "a"))  # a replay
+    ln.control.on_rollout(b"a", rollout_for(t, "a"))  # a replay
     assert ln.hub.last_status() == "duplicate" and len(ln.buffer) == 1
 
 
 def test_tickets_open_at_a_checkpoint_are_admitted_after_a_resume(tiny_model: Path, tmp_path: Path) -> None:
     ln = make_learner(tiny_model, tmp_path)
     done, pending = ticket(), ticket(env="guess_number", task=9)
-    ln.guard.issue("a", [done, pending])
-    ln.on_rollout(b"a", rollout_for(done))
+    ln.control.guard.issue("a", [done, pending])
+    ln.control.on_rollout(b"a", rollout_for(done))
     state = msgspec.json.decode(msgspec.json.encode(ln.checkpoint_state()))  # as the checkpoint stores it
     resumed = make_learner(tiny_model, tmp_path / "resumed")
     resumed.trainer = type("T", (), {"step": 3})()  # only its step is read
     resumed.restore(state)
-    resumed.on_rollout(b"a", rollout_for(done))
+    resumed.control.on_rollout(b"a", rollout_for(done))
     assert resumed.hub.last_status() == "duplicate"
-    resumed.on_rollout(b"b", rollout_for(pending, "b"))
+    resumed.control.on_rollout(b"b", rollout_for(pending, "b"))
     assert resumed.hub.last_status() == "invalid"  # still a's, not b's
-    resumed.on_rollout(b"a", rollout_for(pending))
+    resumed.control.on_rollout(b"a", rollout_for(pending))
     assert resumed.hub.last_status() == "accepted"
 
 
@@ -276,10 +276,10 @@ def test_an_eval_ticket_with_bad_content_completes_its_round_without_episodes(ti
     ln = make_learner(tiny_model, tmp_path, "eval.tasks=1")
     rnd = ln.start_eval()
     (t,) = [t for batch in ln.sched.fill(ln.version).values() for t in batch] or [ln.sched.eval_queue[0]]
-    ln.guard.issue("a", [t])
+    ln.control.guard.issue("a", [t])
     bad = rollout_for(t)
     bad = msgspec.structs.replace(bad, episodes=[msgspec.structs.replace(e, reward=math.inf) for e in bad.episodes])
-    ln.on_rollout(b"a", bad)
+    ln.control.on_rollout(b"a", bad)
     assert ln.hub.last_status() == "invalid" and rnd.done.is_set()
     assert ln.evals.results[-1]["episodes"] == 0
 
@@ -299,9 +299,9 @@ def filtering_learner(model: Path, run_dir: Path, mode: str, batch_groups: int):
     def send(rewards: list[float]) -> str:
         t = Ticket(group_id=f"{ln.sched.run_id}:{next(n)}", env="guess_number", task_id=5)
         ln.ledger.issued([t])
-        ln.guard.issue("a", [t])
+        ln.control.guard.issue("a", [t])
         eps = [episode(PROMPTS[i % 2], [[GOOD]], [rw], version=3, behav=[-0.5]) for i, rw in enumerate(rewards)]
-        ln.on_rollout(b"a", Rollout(group_id=t.group_id, actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
+        ln.control.on_rollout(b"a", Rollout(group_id=t.group_id, actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
         return ln.hub.last_status()
 
     return ln, send
@@ -326,8 +326,8 @@ def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_p
     # Off (the default): the same group is accepted.
     plain = make_learner(tiny_model, tmp_path / "plain")
     t = ticket()
-    plain.guard.issue("a", [t])
-    plain.on_rollout(b"a", rollout_for(t))  # every episode rewarded 1.0
+    plain.control.guard.issue("a", [t])
+    plain.control.on_rollout(b"a", rollout_for(t))  # every episode rewarded 1.0
     assert plain.hub.last_status() == "accepted"
 
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.actors.engine import Generation
-from agentgym.protocol.chat_template import CHATML_TEMPLATE
 from agentgym.protocol import Episode
 from agentgym.protocol.arrays import F32, I32, U8, pack
+from agentgym.protocol.chat_template import CHATML_TEMPLATE
 
 
 class BudgetExceeded(Exception):

@@ -33,8 +33,8 @@ from typing import Any, Literal, Protocol
 
 import structlog
 
-from agentgym.protocol.chat_template import CHATML_TEMPLATE
 from agentgym.protocol import CriticSpec
+from agentgym.protocol.chat_template import CHATML_TEMPLATE
 
 log = structlog.get_logger(__name__)
 

@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files, tensor_bytes
+from agentgym.actors.engine import (
+    EngineLoad,
+    GatedEngine,
+    Generation,
+    SamplingSpec,
+    UpdateMode,
+    safetensors_files,
+    tensor_bytes,
+)
 from agentgym.protocol.weights import tensor_digest, weights_digest
 
 if TYPE_CHECKING:

@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentgym.actors.runtime import run_actor
     from agentgym.actors.transport import ActorRejected, LearnerUnreachable
+    from agentgym.auth.keys import KeyFileError
     from agentgym.host.allocator import keep_freed_memory
     from agentgym.host.guardian import start_guardian
-    from agentgym.auth.keys import KeyFileError
     from agentgym.observe.logs import quiet_libraries, setup_logging
 
     start_guardian()  # vLLM's engine processes must not outlive a killed actor

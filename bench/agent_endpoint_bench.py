@@ -32,8 +32,8 @@ async def main(args: argparse.Namespace) -> None:
     from agentgym.actors.rollout import play_episode
     from agentgym.config.actor import AgentEndpointConfig
     from agentgym.envpool.pool import EnvPool
-    from agentgym.protocol import RolloutSpec, Ticket
     from agentgym.models.tiny import make_default_tiny_model
+    from agentgym.protocol import RolloutSpec, Ticket
 
     model_dir = make_default_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -50,8 +50,8 @@ def main() -> int:
     from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
     from agentgym.learner.service import Learner
-    from agentgym.protocol import Rollout
     from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
+    from agentgym.protocol import Rollout
 
     work = Path(tempfile.mkdtemp(prefix="growth-"))
     model = make_tiny_model(work / "model", corpus=FALLBACK_CORPUS, seed=0)

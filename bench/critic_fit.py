@@ -42,8 +42,8 @@ from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.advantages import gae  # noqa: E402
 from agentgym.learner.algorithms import explained_variance  # noqa: E402
 from agentgym.learner.batch import Batch, collate, trainable_episodes  # noqa: E402
-from agentgym.learner.policy import load_causal_lm  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
+from agentgym.learner.policy import load_causal_lm  # noqa: E402
 from agentgym.learner.value_model import ValueHead, align_values, build_value_model  # noqa: E402
 from agentgym.protocol import Rollout, Ticket  # noqa: E402
 

@@ -33,8 +33,8 @@ from agentgym.actors.transport import ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.auth.keys import ClientKeys, write_keys
 from agentgym.auth.server import ServerKeys
-from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.protocol import Ack, Episode, Rollout, WeightsReady, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 from agentgym.protocol.weights import RawTensor, make_chunks

@@ -36,6 +36,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from task_overlap import train_task_ids  # noqa: E402
+
 from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.rollout import play_episode  # noqa: E402
@@ -44,7 +46,6 @@ from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
-from task_overlap import train_task_ids  # noqa: E402
 
 EVAL_EPISODES = 4
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import argparse
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agentgym.envpool.envs.maze import MOVES, OPPOSITE, Maze
 

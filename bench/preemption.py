@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 
 from agentgym.cli.chaos import FAST, Scenario
-from agentgym.observe.logs import read_events
 from agentgym.cluster.netns import Loopback
 from agentgym.models.tiny import make_default_tiny_model
+from agentgym.observe.logs import read_events
 
 
 def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) -> dict:  # type: ignore[type-arg]
@@ -53,7 +53,7 @@ def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) 
         sc.wait(lambda: sc.step() >= 1, 900, "a first step")
         for n in range(args.preemptions):
             joined = lambda v=victim: [e for e in sc.events("actor_joined") if e["actor_id"] == v]  # noqa: E731
-            sc.wait(lambda: bool(joined()), 300, "the actor to join")
+            sc.wait(lambda joined=joined: bool(joined()), 300, "the actor to join")
             time.sleep(args.play_s)  # it plays a while: its episodes are some turns in
             t0 = time.monotonic()
             sc.actors[victim].send_signal(15)

@@ -95,10 +95,10 @@ def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str,
 
     from agentgym.actors.engines import make_engine
     from agentgym.actors.weight_fetch import fetch_weights, to_torch
-    from agentgym.protocol.weights import WeightBuffers
-    from agentgym.host.allocator import keep_freed_memory
     from agentgym.config import load_config
+    from agentgym.host.allocator import keep_freed_memory
     from agentgym.observe.memstats import peak_memory
+    from agentgym.protocol.weights import WeightBuffers
 
     keep_freed_memory()  # as agentgym-actor does at start
     cfg = load_config(None, overrides)
@@ -150,12 +150,12 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     from test_transport import HubThread
 
     from agentgym.config import load_config
+    from agentgym.host.netutil import free_port_pair
     from agentgym.learner.distributed import DataParallel, pick_device
     from agentgym.learner.trainer import Trainer
     from agentgym.learner.transport import WeightSnapshot
     from agentgym.learner.weight_export import WeightExporter
     from agentgym.observe.memstats import peak_memory
-    from agentgym.host.netutil import free_port_pair
     from agentgym.protocol import WeightsReady
 
     dtype = "float32" if shape == "tiny" else "bfloat16"
@@ -236,9 +236,8 @@ def main() -> int:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from agentgym.cli.make_model import make_model
-
-    from agentgym.host.allocator import keep_freed_memory
     from agentgym.config.learner import LearnerConfig
+    from agentgym.host.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the actor process (and agentgym's own) does: the bound gets the same allocator
     frame = LearnerConfig().weight_chunk_mib << 20  # the chunks' size: the bound moves the same frames

@@ -128,7 +128,7 @@ def scripted(cfg: Config, policy: str, tasks: int, episodes: int, seed: int = 0)
             for _ in range(episodes if policy == "random" else 1):  # the expert is deterministic
                 env.reset(task)
                 won, n = False, 0
-                for n in range(1, limit + 1):
+                for n in range(1, limit + 1):  # noqa: B007  # n, the turns taken, is read after the loop
                     res = env.step(env.random_action(rng) if policy == "random" else env.expert_action())
                     if res.done:
                         won = bool(res.info.get("success", res.reward > 0))

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import abc
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Sequence, Union
+from typing import ClassVar
 
-InfoValue = Union[str, int, float, bool]
+InfoValue = str | int | float | bool
 
 SPLITS = ("train", "dev", "test")
 # Default task-id ranges for procedural envs (any int seeds an episode): disjoint by split.

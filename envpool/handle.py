@@ -20,6 +20,7 @@ import time
 
 import structlog
 
+from agentgym.envpool.zygote import ForkedProcess, Zygote, ZygoteError
 from agentgym.protocol.envworker import (
     ENVWORKER_VERSION,
     PREFIX_BYTES,
@@ -33,7 +34,6 @@ from agentgym.protocol.envworker import (
     decode_reply,
     pack_frame,
 )
-from agentgym.envpool.zygote import ForkedProcess, Zygote, ZygoteError
 from agentgym.protocol.errors import ProtocolError
 
 log = structlog.get_logger(__name__)

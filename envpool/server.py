@@ -43,7 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
-from agentgym.envpool.pool import Episode, EnvFailure, EnvPool
+from agentgym.envpool.pool import EnvFailure, EnvPool, Episode
 
 log = structlog.get_logger(__name__)
 

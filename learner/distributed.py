@@ -35,8 +35,8 @@ import datetime
 import os
 import socket
 import warnings
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog

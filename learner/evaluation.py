@@ -20,10 +20,10 @@ import structlog
 import trio
 
 from agentgym.config import Config
-from agentgym.observe.eval_metrics import summarize_groups
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
+from agentgym.observe.eval_metrics import summarize_groups
 from agentgym.observe.logs import MetricsWriter
 from agentgym.protocol import Rollout
 from agentgym.protocol.arrays import I32, U8, unpack

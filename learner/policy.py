@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from agentgym.learner.value_model import SeparateValueModel, ValueHead, align_values
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.shared_prefix import PackedRows
+from agentgym.learner.value_model import SeparateValueModel, ValueHead, align_values
 
 __all__ = ["Forward", "ValueHead", "forward_tokens", "load_causal_lm", "load_reference"]
 

@@ -53,14 +53,14 @@ from agentgym.learner.distributed import DataParallel, fsdp_shard, start_ranks
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.lora import BaseModelView, wrap_lora
 from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, truncated_weights, value_loss
+from agentgym.learner.policy import forward_tokens, load_causal_lm
+from agentgym.learner.shared_prefix import PackedRows, attention_cost_ratio, pack_groups
 from agentgym.learner.staleness import StalenessRule
 from agentgym.learner.stopping import StepAbandoned
 from agentgym.learner.trainer_state import TrainerState
-from agentgym.learner.policy import forward_tokens, load_causal_lm
-from agentgym.learner.shared_prefix import PackedRows, attention_cost_ratio, pack_groups
-from agentgym.protocol.vocab import banned_action_ids
 from agentgym.learner.value_model import SeparateValueModel, ValueHead, build_value_model
 from agentgym.protocol import Rollout
+from agentgym.protocol.vocab import banned_action_ids
 
 __all__ = ["Batch", "Trainer", "collate", "trainable_episodes"]
 

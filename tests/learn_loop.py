@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import random
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Awaitable, Callable
 
 from agentgym.actors.engine import Generation, SamplingSpec
 from agentgym.actors.hf_engine import HfEngine

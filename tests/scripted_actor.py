@@ -24,10 +24,22 @@ import zmq
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.actors.transport import HELLOS_BEFORE_RECONNECT, RECONNECT_AFTER_S
-from agentgym.config import model_fingerprint, to_toml
 from agentgym.auth.keys import ClientKeys, apply_client
+from agentgym.config import model_fingerprint, to_toml
 from agentgym.host.netutil import free_port_pair
-from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Reject, Rollout, Ticket, WeightsReady, Welcome, decode, encode
+from agentgym.protocol import (
+    Ack,
+    Grant,
+    Heartbeat,
+    Hello,
+    Reject,
+    Rollout,
+    Ticket,
+    WeightsReady,
+    Welcome,
+    decode,
+    encode,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP, BATCH = 2, 2

@@ -25,8 +25,8 @@ from test_transport import HubThread
 from agentgym.actors.transport import ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.config import Config
-from agentgym.learner.transport import WeightSnapshot
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.transport import WeightSnapshot
 from agentgym.protocol import Grant, Handover, Heartbeat, PartialEpisode, Ticket, WeightsReady, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 from agentgym.protocol.limits import MiB, actor_control_frame, weights_frame

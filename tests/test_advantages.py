@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentgym.learner.advantages import (
-    importance_recentred,
+    agent_turn_index,
     broadcast_sequence_advantages,
     episode_rewards_to_tokens,
     gae,
     grpo_advantages,
+    importance_recentred,
     reinforce_pp_advantages,
-    agent_turn_index,
     rloo_advantages,
     turn_baseline_advantages,
     turn_rewards_to_tokens,

@@ -21,18 +21,19 @@ import pytest
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
+from engine_fixtures import RecordingEngine  # noqa: E402
+
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from agentgym.actors.engine import SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from engine_fixtures import RecordingEngine  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.batch import collate, segments  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
-from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 from agentgym.learner.validate import Guard  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "guess_number_agent.py")

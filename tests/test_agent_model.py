@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.models.agent import GAME_MIX, SIZES, agent_corpus, make_agent_model  # noqa: E402
-from agentgym.models.base import ensure_model, pretrain_on_play  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.registry import resolve_env  # noqa: E402
+from agentgym.models.agent import GAME_MIX, SIZES, agent_corpus, make_agent_model  # noqa: E402
+from agentgym.models.base import ensure_model, pretrain_on_play  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Actions of each env and the most tokens each may take (digits are one token each, as in Qwen2).

@@ -28,8 +28,8 @@ from agentgym.actors.transport import ActorRejected, ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.auth.keys import ClientKeys, apply_client, write_keys
 from agentgym.auth.server import InsecureBind, ServerKeys, is_loopback
-from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.host.netutil import free_port_pair, zmtp_mechanism
+from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, decode, encode
 from agentgym.protocol.weights import RawTensor, make_chunks
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION

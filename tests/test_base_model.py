@@ -14,10 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentgym.actors.conversation import Conversation  # noqa: E402
-from agentgym.models.base import ensure_model, lm_loss, pretrain_on_play, random_play  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.envs.guess_number import GuessNumber  # noqa: E402
 from agentgym.envpool.envs.maze import Maze  # noqa: E402
+from agentgym.models.base import ensure_model, lm_loss, pretrain_on_play, random_play  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,10 +22,10 @@ from learner_fixtures import make_cfg
 from test_learner_resume import BATCH, GROUP_SIZE, REPO, ScriptedActor, _learner, _stop
 
 from agentgym.config import to_toml
-from agentgym.learner.checkpoint import latest_checkpoint
-from agentgym.observe.logs import read_events
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.checkpoint import latest_checkpoint
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
+from agentgym.observe.logs import read_events
 
 
 @pytest.fixture(scope="module")

@@ -181,6 +181,6 @@ def test_misuse_is_reported(tok) -> None:
         conv.add_agent_turn([5, 6], [-1.0], version=0)
     conv.add_agent_turn([5], [-1.0], version=0)
     with pytest.raises(RuntimeError, match="add an observation first"):
-        conv.prompt_ids
+        _ = conv.prompt_ids
     with pytest.raises(RuntimeError, match="two agent turns in a row"):
         conv.add_agent_turn([5], [-1.0], version=0)

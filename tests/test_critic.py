@@ -26,10 +26,10 @@ from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.episode_log import segments  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
-from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import CriticSpec, Episode, Rollout, RolloutSpec, Ticket, decode, encode  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.envpool.pool import EnvPool
 from agentgym.envpool import registry
+from agentgym.envpool.pool import EnvPool
 from agentgym.envpool.registry import register_env
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "environments.md"

@@ -22,8 +22,9 @@ import pytest
 pytest.importorskip("verifiers.v1")
 torch = pytest.importorskip("torch")
 
-from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from engine_fixtures import RecordingEngine  # noqa: E402
+
+from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.config.args import preflight  # noqa: E402

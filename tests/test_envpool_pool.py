@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from envpool_fixtures import expert_episode
 import structlog
 import uvloop
+from envpool_fixtures import expert_episode
 
 from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 from agentgym.envpool.registry import UnknownEnvError

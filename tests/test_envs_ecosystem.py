@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from agentgym.envpool.base import StepResult, split_of
-from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 
 # The packages are the envs extra, which scripts/install.sh installs: no skip where they are missing
 # (CI must not pass without them); each test then fails with the adapter's error naming the extra.
 from agentgym.envpool.envs.reasoning_gym import ReasoningGym
 from agentgym.envpool.envs.skyrl_gym import SkyRLGym
 from agentgym.envpool.envs.textarena import TextArena, random_move
+from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 
 DATA = Path(__file__).resolve().parents[1] / "configs" / "ecosystem" / "data"
 TRAIN, TEST = str(DATA / "skyrl_gsm8k_train.jsonl"), str(DATA / "skyrl_gsm8k_test.jsonl")

@@ -108,10 +108,10 @@ def test_same_task_id_same_episode(name: str) -> None:
     for task in tasks:
         # The expert's episode, and a scripted one with invalid actions mixed in.
         assert play(a, task) == play(b, task)
-        scripted = lambda turn: INVALID[1] if turn % 3 == 0 else moves[turn % len(moves)]  # noqa: E731
         moves = {"babyai": list(ACTIONS), "textcraft": ["inventory", "get 2 oak log"],
                  "maze": ["move up", "move left", "move down", "move right"],
                  "wordle": ["crane", "slate", "guess: pious"]}[name]  # fmt: skip
+        scripted = lambda turn, moves=moves: INVALID[1] if turn % 3 == 0 else moves[turn % len(moves)]  # noqa: E731
         assert play(a, task, scripted, 12) == play(b, task, scripted, 12)
     # Reusing an instance across other episodes changes nothing; task ids give different episodes.
     assert play(b, tasks[0]) == play(a, tasks[0])

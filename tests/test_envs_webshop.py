@@ -282,7 +282,7 @@ def test_contract_and_invalid_actions(env: WebShop) -> None:
 def test_same_task_same_episode_and_expert_solves_a_sample(env: WebShop) -> None:
     tasks = [WebShop.tasks("test")[0], WebShop.tasks("test")[77], WebShop.tasks("train")[500]]
     played = {t: play_expert(env, t) for t in tasks}
-    for t, (first, moves) in played.items():
+    for t, (_first, moves) in played.items():
         observation, reward, done, info = moves[-1][1]
         assert (reward, done, info["success"]) == (1.0, True, True), (t, moves)
         assert "Order placed" in observation and len(moves) <= 12

@@ -25,8 +25,8 @@ import zmq
 import zmq.auth
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
-from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.auth.keys import ClientKeys, apply_client, write_keys
+from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Leave, Reject, Rollout, Ticket, WeightsReady, decode, encode
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION

@@ -24,13 +24,12 @@ torch = pytest.importorskip("torch")
 from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.rollout import Interrupted, play_episode  # noqa: E402
+from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.envpool.registry import known_envs, resolve_env  # noqa: E402
-from agentgym.config import load_config  # noqa: E402
-from agentgym.protocol import PartialEpisode, RolloutSpec, Ticket, decode, encode  # noqa: E402
-from agentgym.protocol import Leave, Handover  # noqa: E402
-from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
+from agentgym.protocol import Handover, Leave, PartialEpisode, RolloutSpec, Ticket, decode, encode  # noqa: E402
+from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
 
 SPEC = RolloutSpec(group_size=1, max_tokens_per_turn=6, max_episode_tokens=2048, temperature=1.0, top_p=1.0)
 TICKET = Ticket(group_id="g0", env="guess_number", task_id=5)

@@ -63,9 +63,8 @@ def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(fallback_model, t
     after run.health_window steps it says which action, stops, and exits 3 with the reason."""
     import json
 
-    import zmq
-
     import scripted_actor as sa
+    import zmq
 
     def settled(t, actor, version, group_size, logprob=-0.7):  # type: ignore[no-untyped-def]
         eps = [episode(PROMPTS[0], [[BAD]], [0.0], version=version, behav=[logprob]) for _ in range(group_size)]

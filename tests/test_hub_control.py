@@ -20,8 +20,8 @@ import zmq
 import zmq.asyncio
 
 from agentgym.actors.transport import ControlLink
-from agentgym.learner.transport import open_hub
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.transport import open_hub
 from agentgym.protocol import Heartbeat, decode, encode
 
 

@@ -24,13 +24,13 @@ import zmq
 from learner_fixtures import BAD, GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.host.netutil import free_port_pair
 from agentgym.learner.checkpoint import STATE_FILE, latest_checkpoint, read_model_weights
 from agentgym.learner.trainer import Trainer
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.observe.logs import read_metrics
-from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Hello, Rollout, WeightsReady, Welcome
 from agentgym.protocol.wire import decode, encode, max_frame_bytes
-from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP_SIZE, BATCH = 4, 2

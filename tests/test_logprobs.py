@@ -200,8 +200,9 @@ def test_right_padded_rows_run_without_a_mask_and_give_the_same_logprobs(tmp_pat
     mask in a causal LM, so sequence_logprobs runs them without one (the fused causal kernel);
     their logprobs and gradients are those of the masked forward. A row padded on the left is
     not right-padded and keeps its mask."""
-    from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
     from transformers import AutoModelForCausalLM
+
+    from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "m", corpus=FALLBACK_CORPUS, seed=0))
     g = torch.Generator().manual_seed(0)

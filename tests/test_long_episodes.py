@@ -15,9 +15,9 @@ from agentgym.actors.engines import context_length, make_engine  # noqa: E402
 from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import I32, U8, unpack  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

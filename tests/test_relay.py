@@ -131,9 +131,9 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
     import zmq.asyncio
 
     from agentgym.actors.weight_fetch import fetch_weights
-    from agentgym.cluster.fleet import make_version
     from agentgym.auth.keys import ClientKeys, load_keypair, load_public, write_keys
     from agentgym.auth.server import ServerKeys
+    from agentgym.cluster.fleet import make_version
     from agentgym.learner.transport import WeightSnapshot, open_hub
     from agentgym.protocol import WeightsReady
     from agentgym.protocol.weights import RawTensor, make_chunks
@@ -211,8 +211,8 @@ def test_an_actor_fetches_from_its_relay_first_and_the_learner_last(tmp_path: Pa
     from types import SimpleNamespace
 
     from agentgym.actors.runtime import Actor
-    from agentgym.config import Config
     from agentgym.auth.keys import KeyFileError, write_keys
+    from agentgym.config import Config
 
     plain = Actor(Config.model_validate({"actor": {"learner": "tcp://10.0.0.1:7000"}}))
     plain.welcome = SimpleNamespace(weights_port=7001)

@@ -22,10 +22,10 @@ from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
-from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 
 
 class RecordingEngine(HfEngine):
@@ -122,7 +122,7 @@ def test_token_budgets_truncate_with_a_reason(setup) -> None:
     gen_prompt = tok.encode(with_prompt[len(tok.apply_chat_template(msgs, tokenize=False)):], add_special_tokens=False)
     cut = [(i, ep) for i, ep in enumerate(episodes) if ep.finish == "turn_limit"]
     assert cut, "a random tiny model guesses the number within 3 turns: no turn-limit episode to check"
-    for i, ep in cut:
+    for _, ep in cut:
         ids, _, mask, _, turn_ends = arrays(ep)
         tail = ids[turn_ends[-1] :]
         assert not mask[turn_ends[-1] :].any() and tail[-len(gen_prompt) :].tolist() == gen_prompt

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,8 +31,8 @@ import pytest
 from slurm_cluster import SlurmCluster, SlurmUnavailable, slurm_unavailable
 
 from agentgym.cli.chaos import FAST
-from agentgym.observe.logs import read_events
 from agentgym.models.tiny import make_default_tiny_model
+from agentgym.observe.logs import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 NO_SLURM = slurm_unavailable()

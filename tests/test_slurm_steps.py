@@ -3,8 +3,8 @@ step asks for, from the config. tests/test_slurm.py runs them against a real Slu
 
 from __future__ import annotations
 
-from agentgym.config import load_config
 from agentgym.cli.slurm import Job, step_gpus
+from agentgym.config import load_config
 
 
 def gpus(*overrides: str) -> tuple[int, int]:

@@ -35,7 +35,7 @@ from agentgym.host.netutil import free_port_pair
 from agentgym.learner.transport import WeightSnapshot
 from agentgym.observe.logs import read_events
 from agentgym.protocol import WeightChunk, WeightRequest, decode, encode
-from agentgym.protocol.limits import MiB, REQUEST_FRAME, agent_request_bytes, chunk_frame
+from agentgym.protocol.limits import REQUEST_FRAME, MiB, agent_request_bytes, chunk_frame
 from agentgym.protocol.weights import RawTensor, make_chunks
 
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import psutil

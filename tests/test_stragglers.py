@@ -12,7 +12,6 @@ import pytest
 import zmq
 from scripted_actor import LiveLearner, ScriptedActor
 
-
 GROUP = 2
 
 

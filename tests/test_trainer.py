@@ -17,9 +17,9 @@ from agentgym.learner.batch import collate
 from agentgym.learner.checkpoint import latest_checkpoint
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.trainer import Trainer
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.protocol import Rollout
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
-from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 
 @pytest.fixture(scope="module")

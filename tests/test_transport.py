@@ -18,12 +18,10 @@ import zmq.asyncio
 
 from agentgym.actors.transport import ActorRejected, ControlLink, LearnerUnreachable
 from agentgym.actors.weight_fetch import fetch_weights
-from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.host.netutil import free_port_pair
-from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, Welcome, RolloutSpec, encode
+from agentgym.learner.transport import WeightSnapshot, open_hub
+from agentgym.protocol import Heartbeat, Hello, Reject, RolloutSpec, WeightsReady, Welcome, encode
 from agentgym.protocol.weights import RawTensor, make_chunks
-
-
 
 
 class HubThread:

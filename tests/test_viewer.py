@@ -16,10 +16,10 @@ import pytest
 from learner_fixtures import episode
 
 from agentgym.learner.episode_log import EpisodeLog, pick_episodes
-from agentgym.observe.logs import MetricsWriter, read_metrics
-from agentgym.protocol import Rollout
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
+from agentgym.observe.logs import MetricsWriter, read_metrics
 from agentgym.observe.viewer import write_page
+from agentgym.protocol import Rollout
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "</script><b id=injected>bold</b>"  # an environment message that is also HTML

@@ -15,9 +15,9 @@ import zmq.asyncio
 from test_transport import HubThread
 
 from agentgym.actors.weight_fetch import fetch_weights
+from agentgym.host.netutil import free_port_pair
 from agentgym.learner.transport import WeightSnapshot
 from agentgym.learner.weight_export import WeightExporter
-from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import ProtocolError, WeightsReady, decode, encode
 from agentgym.protocol.weights import Assembler, RawTensor, make_chunks, verify_chunk
 from agentgym.protocol.wire import MAX_WEIGHT_DATA

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agentgym.observe.logs import read_events
 from agentgym.cluster.netns import Cluster, Loopback, netns_unavailable
+from agentgym.observe.logs import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 5555

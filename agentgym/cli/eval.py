@@ -72,8 +72,8 @@ def resolve_model(path: Path) -> Path:
     agentgym/config/model_path.py), whose ``ModelNotFound`` says how to download the model."""
     if (path / "config.json").is_file():
         return path
-    from agentgym.learner.checkpoint import latest_checkpoint
     from agentgym.config.model_path import ModelNotFound, find_model
+    from agentgym.learner.checkpoint import latest_checkpoint
 
     for root in (path, path / "checkpoints"):
         if root.is_dir():
@@ -151,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
-    from agentgym.envpool.registry import UnknownEnvError, env_target
     from agentgym.config.model_path import ModelNotFound
+    from agentgym.envpool.registry import UnknownEnvError, env_target
 
     envs = args.env or [e.name for e in cfg.env.specs]
     try:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import structlog
 
-from agentgym.models.base import ensure_model
 from agentgym.config import Config
+from agentgym.models.base import ensure_model
 
 log = structlog.get_logger(__name__)
 

@@ -19,7 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentgym.cli import bench as cmd_bench, keys as cmd_keys
+from agentgym.cli import bench as cmd_bench
+from agentgym.cli import keys as cmd_keys
 from agentgym.config.args import add_config_args, preflight, resolve_config
 
 
@@ -96,7 +97,11 @@ def _main(argv: list[str] | None = None) -> int:
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
-    from agentgym.cli import actors as cmd_actors, chaos as cmd_chaos, eval as cmd_eval, make_model as cmd_make_model, slurm
+    from agentgym.cli import actors as cmd_actors
+    from agentgym.cli import chaos as cmd_chaos
+    from agentgym.cli import eval as cmd_eval
+    from agentgym.cli import make_model as cmd_make_model
+    from agentgym.cli import slurm
 
     # Subcommands that live in a module of their own: each adds its parser and runs its args.
     modules = {"bench": cmd_bench, "keys": cmd_keys, "chaos": cmd_chaos, "make-model": cmd_make_model,
@@ -130,8 +135,8 @@ def _main(argv: list[str] | None = None) -> int:
         from agentgym.config import to_toml
 
         if args.explain:
-            from agentgym.config import Config
             from agentgym.cli.explain import explain
+            from agentgym.config import Config
 
             print(explain(Config))
             return 0
@@ -152,8 +157,8 @@ def _main(argv: list[str] | None = None) -> int:
     cmd_keys.check_train_keys(cfg)
     # env names (and options, for the local actors), sink libraries, the model: one line before any process starts
     cfg = preflight(cfg, env_options=cfg.launch.actors > 0)
-    from agentgym.host.guardian import start_guardian
     from agentgym.cli.launch import launch
+    from agentgym.host.guardian import start_guardian
     from agentgym.observe.logs import setup_logging
 
     run_dir = args.run_dir or cfg.run.path

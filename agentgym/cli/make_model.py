@@ -128,8 +128,8 @@ def _run_from_package(args: argparse.Namespace) -> int:
 def _tokenizer(corpus: list[str], max_length: int):
     from transformers import PreTrainedTokenizerFast
 
-    from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
     from agentgym.models.tiny import train_tokenizer
+    from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
 
     raw = train_tokenizer(corpus, 512)
     tok = PreTrainedTokenizerFast(

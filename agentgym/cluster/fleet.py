@@ -95,7 +95,7 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
                 ready = WeightsReady(version=v, step=v, turn_limit=1, num_chunks=len(snap.frames), total_bytes=snap.total_bytes)
                 for peer in peers:
                     hub.send(peer, ready)
-                done = lambda: sum(s == (v, want) for s in serving.values()) >= len(peers)  # noqa: E731
+                done = lambda v=v, want=want: sum(s == (v, want) for s in serving.values()) >= len(peers)  # noqa: E731
                 try:
                     await until(done, f"every actor on v{v}")
                 except trio.TooSlowError:

@@ -46,10 +46,9 @@ from pathlib import Path
 
 import structlog
 import zmq
-
-from agentgym.auth.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
 from zmq.utils.monitor import recv_monitor_message
 
+from agentgym.auth.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
 from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode
 from agentgym.protocol.limits import DEFAULT_CHUNK_MIB, REQUEST_FRAME, chunk_frame
 from agentgym.protocol.weights import verify_chunk
@@ -331,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentgym-relay: {exc}", file=sys.stderr)
         return 2
 
-    from agentgym.host.allocator import keep_freed_memory
     from agentgym.auth.server import InsecureBind, ServerKeys, check_bind
+    from agentgym.host.allocator import keep_freed_memory
     from agentgym.observe.logs import setup_logging
 
     keep_freed_memory()  # weight frames of one version freed are reused for the next's, as in actors

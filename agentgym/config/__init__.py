@@ -20,14 +20,22 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError, model_validator
 
-from agentgym.config.learner import LearnerConfig, LoraConfig  # noqa: F401
 # Every section is imported from here (the sections live in three modules to keep each under 400 lines).
-from agentgym.config.actor import (  # noqa: F401
-    ActorConfig, AgentEndpointConfig, RemoteEngineConfig, SimEngineConfig
-)
+from agentgym.config.actor import ActorConfig, AgentEndpointConfig, RemoteEngineConfig, SimEngineConfig  # noqa: F401
+from agentgym.config.learner import LearnerConfig, LoraConfig  # noqa: F401
 from agentgym.config.sections import (  # noqa: F401
-    CriticConfig, EnvConfig, EnvSpec, EvalConfig, LaunchConfig, MetricsConfig, ModelConfig,
-    RolloutConfig, RunConfig, ScheduleConfig, Section, TurnSchedule
+    CriticConfig,
+    EnvConfig,
+    EnvSpec,
+    EvalConfig,
+    LaunchConfig,
+    MetricsConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    ScheduleConfig,
+    Section,
+    TurnSchedule,
 )
 
 

@@ -46,8 +46,8 @@ def preflight(cfg: Config, model_key: str = "model.path", env_options: bool = Fa
     its ``Env.check_options``; an env with a start-up check of the whole config (``check_env``:
     the verifiers adapter needs the agent endpoint) runs it. Returns ``cfg`` with ``model.path``
     resolved; exits with one line on a problem."""
-    from agentgym.envpool.registry import UnknownEnvError, check_env, env_target, load_target
     from agentgym.config.model_path import ModelNotFound, with_model_found
+    from agentgym.envpool.registry import UnknownEnvError, check_env, env_target, load_target
     from agentgym.observe.sinks import SinkError, check_sinks
 
     try:

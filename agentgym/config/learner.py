@@ -12,7 +12,6 @@ from agentgym.config.registries import ALGORITHMS
 from agentgym.config.sections import Section, check_tcp
 from agentgym.protocol.limits import DEFAULT_CHUNK_MIB
 
-
 # The estimators the step-relative term (learner.step_advantage_weight) may be added to: the
 # group-relative ones, and reinforce_pp, whose per-token return has no baseline of its state (the
 # term supplies one: the other turns of the group that acted on the same observation). PPO's

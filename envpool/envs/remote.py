@@ -48,7 +48,6 @@ from __future__ import annotations
 import http.client
 import json
 import select
-import socket
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -153,7 +152,7 @@ class Connection:
         except ConnectionRefusedError as exc:
             self.close()
             raise RemoteEnvError(f"{where}: cannot reach the server: {exc}") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             self.close()
             raise RemoteEnvError(f"{where}: no answer within {timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:

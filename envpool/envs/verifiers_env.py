@@ -35,8 +35,9 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agentgym.envpool.base import SPLITS, Env, StepResult
 

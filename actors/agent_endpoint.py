@@ -34,7 +34,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -109,7 +109,8 @@ class AgentEndpoint:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        host, port = site._server.sockets[0].getsockname()[:2]  # the port bound when 0 was asked
+        server = cast(asyncio.Server, site._server)  # a TCPSite's, once started
+        host, port = server.sockets[0].getsockname()[:2]  # the port bound when 0 was asked
         self.port = port
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         log.info("agent_endpoint_started", url=self.url, auth=bool(self.token))

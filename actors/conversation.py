@@ -28,7 +28,7 @@ token it did not sample.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,8 +74,8 @@ class Conversation:
         return conv
 
     @classmethod
-    def restore(cls, tokenizer: Any, system: str | None, token_ids: Sequence[int], loss_mask: Sequence[int],
-                logprobs: Sequence[float], versions: Sequence[int], turn_ends: Sequence[int]) -> Conversation:  # fmt: skip
+    def restore(cls, tokenizer: Any, system: str | None, token_ids: Iterable[int], loss_mask: Iterable[int],
+                logprobs: Iterable[float], versions: Iterable[int], turn_ends: Iterable[int]) -> Conversation:  # fmt: skip
         """A conversation another actor began, from its arrays (a hand-over, actors/handover.py):
         it ends with the generation prompt of the next turn, as ``prompt_ids`` needs."""
         conv = cls(tokenizer, system)

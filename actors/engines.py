@@ -57,6 +57,12 @@ class EngineRequest:
     url: str | None = None
     model: str | None = None
 
+    def local_dir(self) -> Path:
+        """``model_dir``, which the engines that load the model here (vllm, hf) need."""
+        if self.model_dir is None:
+            raise ValueError("EngineRequest: a local engine needs model_dir, got None")
+        return self.model_dir
+
 
 def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> GatedEngine:
     """The policy's engine, by ``actor.engine``."""
@@ -80,20 +86,21 @@ def build_vllm(req: EngineRequest) -> GatedEngine:
     if req.cfg is None:
         from agentgym.actors.vllm_engine import VllmEngine
 
-        return VllmEngine(Path(req.model_dir), seed=req.seed)  # type: ignore[arg-type]  # a critic's: a model dir
+        return VllmEngine(Path(req.local_dir()), seed=req.seed)  # a critic's
     cfg, a = req.cfg, req.cfg.actor
-    ctx = context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # the policy's: a model dir
+    model_dir = req.local_dir()
+    ctx = context_length(cfg, model_dir)
     if req.lora is not None:
         from agentgym.actors.lora_engine import VllmLoraEngine
 
         return VllmLoraEngine(
-            req.model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
+            model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
             gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
         )  # fmt: skip
     from agentgym.actors.vllm_engine import VllmEngine
 
     return VllmEngine(
-        req.model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
+        model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
         gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
         enforce_eager=a.enforce_eager,
     )  # fmt: skip
@@ -103,17 +110,18 @@ def build_hf(req: EngineRequest) -> GatedEngine:
     if req.cfg is None:
         from agentgym.actors.hf_engine import HfEngine
 
-        return HfEngine(Path(req.model_dir), seed=req.seed)  # type: ignore[arg-type]  # a critic's: a model dir
+        return HfEngine(Path(req.local_dir()), seed=req.seed)  # a critic's
     cfg, a = req.cfg, req.cfg.actor
-    ctx = context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # the policy's: a model dir
+    model_dir = req.local_dir()
+    ctx = context_length(cfg, model_dir)
     if req.lora is not None:
         from agentgym.actors.lora_engine import HfLoraEngine
 
-        return HfLoraEngine(req.model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
+        return HfLoraEngine(model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
                             update_mode=a.weight_update, max_model_len=ctx)  # fmt: skip
     from agentgym.actors.hf_engine import HfEngine
 
-    return HfEngine(req.model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
+    return HfEngine(model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
                     update_mode=a.weight_update, max_model_len=ctx)  # fmt: skip
 
 

@@ -39,7 +39,7 @@ LEAVE_GRACE_S = 30.0
 flight finishes first; a stuck one is cut at this and its group played again elsewhere)."""
 
 
-async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit: int, critic) -> list[Episode] | None:  # type: ignore[no-untyped-def]
+async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit: int, critic) -> list[Episode] | None:
     """The group's episodes, or None when ``actor.leaving`` stopped it: then its ``Handover`` is
     in ``actor.handovers`` (training tickets only: an evaluation group stops too, and is played
     again from the start)."""
@@ -53,7 +53,7 @@ async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit:
                  partial=len(partial), fresh=fresh)  # fmt: skip
     stop = actor.leaving
 
-    async def one(i: int, resume) -> Episode | Interrupted:  # type: ignore[no-untyped-def]
+    async def one(i: int, resume) -> Episode | Interrupted:
         try:
             return await play_episode(actor.engine, actor.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic,
                                       stop=stop, resume=resume)  # fmt: skip
@@ -91,7 +91,7 @@ def _own(loss_mask: bytes, resumed_at: int) -> int:
     return len(loss_mask) - resumed_at - loss_mask[resumed_at:].count(0)
 
 
-async def leave(actor) -> None:  # type: ignore[no-untyped-def]
+async def leave(actor) -> None:
     """Stop every running group at its episodes' next turn boundary and wait (at most
     ``LEAVE_GRACE_S``) until each has been handed over; players take no new ticket meanwhile."""
     t0 = time.monotonic()

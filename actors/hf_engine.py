@@ -113,7 +113,7 @@ class HfEngine(GatedEngine):
         elif self.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"HfEngine: device {self.device!r} asked for, but torch sees no CUDA device")
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, self.dtype))
-        model = model.to(self.device).eval()
+        model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' wrapper on .to hides torch's signature
         eos: set[int] = set()
         sources: list[Any] = [model.config.eos_token_id]
         try:

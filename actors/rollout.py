@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import structlog
@@ -33,7 +34,7 @@ episode (token_limit) without being tokenized: a huge env output costs no tokeni
 
 async def play_episode(
     engine: InferenceEngine,
-    tokenizer: object,
+    tokenizer: Any,  # a transformers tokenizer (encode, decode, apply_chat_template)
     pool: EnvPool,
     ticket: Ticket,
     index: int,
@@ -72,7 +73,7 @@ async def play_episode(
     # tickets are played without it unless critic.at_eval.
     cs = spec.critic
     loop = CritiqueLoop(critic, cs) if critic and cs and (ticket.split == "train" or cs.at_eval) else None
-    attempts = 1 + (cs.max_revisions if loop and loop.wants("retry") else 0)
+    attempts = 1 + (cs.max_revisions if cs and loop and loop.wants("retry") else 0)
     handable = loop is None and attempts == 1 and pool.replayable
     if resume is not None and not handable:
         resume = None
@@ -106,8 +107,9 @@ async def play_episode(
                     if not conv.add_observation(text, budget - 1 - conv.closing_tokens):
                         finish = "token_limit"
                         break
-                    if critique:
+                    if critique and loop:
                         loop.mark(mark, len(conv))
+                assert conv is not None  # set above: restored, started, or from the attempt before
                 if loop:
                     loop.transcript.append(("env", obs))
                 finish = "turn_limit"
@@ -134,10 +136,11 @@ async def play_episode(
                                           resumed_at=resumed_at)  # fmt: skip
                     conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                     action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                    for rnd in range(cs.max_revisions if loop and loop.wants("draft") else 0):
+                    for rnd in range(cs.max_revisions if cs and loop and loop.wants("draft") else 0):
                         # The critic reviews the proposal before it runs; on an objection the agent
                         # sees the critique (a masked observation) and proposes again. The draft
                         # stays a sampled turn with reward 0; only the last proposal is executed.
+                        assert loop is not None  # no rounds without one
                         critique = await loop.ask("draft", action, ep)
                         mark = len(conv)
                         if critique is None or not conv.add_observation(critique, budget - 1 - conv.closing_tokens):
@@ -182,7 +185,7 @@ async def play_episode(
                         # (the last observation and the generation prompt, masked): PPO reads its
                         # bootstrap value V(s_end) there. No room for it: the token budget ended it.
                         finish = "token_limit"
-                    if critique and len(conv) > mark:
+                    if critique and loop and len(conv) > mark:
                         loop.mark(mark, len(conv))
             if success or finish == "token_limit" or resumed_at:
                 break
@@ -248,7 +251,7 @@ def _partial(conv: Conversation, turn_rewards: list[float], actions: list[str], 
     )  # fmt: skip
 
 
-async def _replay(tokenizer: object, ep: object, system: str | None, p: PartialEpisode, ticket: Ticket, obs: str):
+async def _replay(tokenizer: Any, ep: object, system: str | None, p: PartialEpisode, ticket: Ticket, obs: str):
     """Step a fresh env (just reset, its first observation ``obs``) through ``p.actions``; returns
     the restored conversation and the last observation, or (None, "") when the env ended early
     or reached another observation."""
@@ -277,6 +280,7 @@ def _eval_task(pool: EnvPool, ticket: Ticket) -> int:
 def _to_episode(
     conv: Conversation | None, turn_rewards: list[float], finish: str, failure: str, success: bool, turn_limit: int
 ) -> Episode:
+    turn_ends: list[int] | np.ndarray
     if conv is None:  # failed before the first observation
         ids = logps = vers = turn_ends = np.zeros(0)
         mask = np.zeros(0, dtype=np.uint8)

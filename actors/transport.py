@@ -30,6 +30,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 
 import structlog
 import zmq
@@ -157,7 +158,7 @@ class ControlLink:
         # A plain socket on the caller's context (asyncio or not): no Future per call.
         self.sock: zmq.Socket = dealer_socket(ctx, addr, actor_id.encode(), keys, watch, plain=True,
                                               max_frame=self.max_frame)  # fmt: skip
-        self._fd: int = self.sock.getsockopt(zmq.FD)
+        self._fd: int = cast(int, self.sock.getsockopt(zmq.FD))
         self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
         self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits
         self._senders: deque[tuple[list[bytes], bool, asyncio.Future[None]]] = deque()  # sends waiting for room, in order
@@ -183,7 +184,7 @@ class ControlLink:
         """Give the waiters what a fresh look at ``EVENTS`` allows. Runs when the FD signals, and
         after any call on the socket while someone waits: that call may have taken the signal."""
         while True:
-            events = self.sock.getsockopt(EVENTS)
+            events = cast(int, self.sock.getsockopt(EVENTS))
             # The sends may have taken a signal: a message's, or that of room freed meanwhile,
             # which the look after them then finds and must act on (nothing signals it again).
             if not (self._senders and events & POLLOUT and self._flush()):
@@ -209,7 +210,7 @@ class ControlLink:
             except zmq.Again:
                 # Asleep again only after a look at EVENTS found no room (it arms the signal).
                 # (One retry if it did find room: the signal is armed either way, no spin.)
-                if not retried and sock.getsockopt(EVENTS) & POLLOUT:
+                if not retried and cast(int, sock.getsockopt(EVENTS)) & POLLOUT:
                     retried = True
                     continue
                 break
@@ -327,7 +328,7 @@ class ControlLink:
     async def _recv_frames(self) -> list[bytes]:
         sock = self.sock
         while True:
-            events = sock.getsockopt(EVENTS)
+            events = cast(int, sock.getsockopt(EVENTS))
             if self._senders and events & POLLOUT and self._flush():  # this look may have taken their signal
                 continue  # the sends may have taken a message's signal: look again
             if events & POLLIN:

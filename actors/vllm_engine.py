@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 import structlog
@@ -162,7 +162,7 @@ class VllmEngine(GatedEngine):
             model=str(self.model_dir),
             tokenizer=str(self.model_dir),
             seed=self.seed,
-            dtype=self.dtype,
+            dtype=self.dtype,  # type: ignore[arg-type]  # model.dtype's values are all vLLM dtype names
             max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching,
             logprobs_mode="processed_logprobs",
@@ -272,7 +272,7 @@ class VllmEngine(GatedEngine):
 
     async def _load_weights(self, prepared: object) -> int:
         llm = self._require()
-        paths, tmp = prepared  # type: ignore[misc]
+        paths, tmp = cast("tuple[list[Path], Path | None]", prepared)  # as _prepare_weights made it
         try:
             counts = await llm.collective_rpc(_LOAD_METHOD, kwargs={"paths": [str(p) for p in paths]})
             # Prefix-cached KV was computed with the old weights: never serve it again.

@@ -137,10 +137,10 @@ class WorkerHandle:
                 "timeout", f"env worker pid {self.pid} gave no reply to {what} within {timeout:g} s; killed"
             ) from None
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            code = await self._wait_exit()
+            exit_code = await self._wait_exit()
             raise WorkerError(
                 "crash",
-                f"env worker pid {self.pid} exited with code {code} during {what} ({type(exc).__name__})"
+                f"env worker pid {self.pid} exited with code {exit_code} during {what} ({type(exc).__name__})"
                 + self._tail_text(),
             ) from None
         except ProtocolError as exc:

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
@@ -119,7 +119,7 @@ class EnvServer:
 
     @property
     def url(self) -> str:
-        host, port = self._http.server_address[:2]
+        host, port = cast("tuple[str, int]", self._http.server_address[:2])  # a TCP server's
         return f"http://{host}:{port}"
 
     def start(self) -> EnvServer:

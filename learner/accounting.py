@@ -31,6 +31,7 @@ import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 
@@ -60,7 +61,7 @@ class TicketLedger:
         self.unissued: Counter[str] = Counter()
         """Rollouts for training ids this run never issued (e.g. from a learner life whose
         journal lines were lost), by ack status: outside the identity, shown beside it."""
-        self._out = None
+        self._out: TextIO | None = None
         self.settled: Counter[str] = Counter()
         """Tickets folded into counts by ``compact``, by final fate (no longer kept one by one)."""
 

@@ -18,6 +18,7 @@ first-in first-out window of ``OTHER_KEEP``: a replay older than that is no long
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import cast
 
 
 def split_ticket_id(group_id: str) -> tuple[str, int] | None:
@@ -102,6 +103,6 @@ class SeenSet:
             for g in state.get("other", []):
                 s._other[g] = None
         else:
-            for g in state or []:
+            for g in cast("list[str]", state or []):  # older checkpoints' plain list of ids
                 s.add(g)
         return s

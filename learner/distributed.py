@@ -35,7 +35,7 @@ import datetime
 import os
 import socket
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,7 +151,7 @@ class DataParallel:
             for p in params:
                 dist.broadcast(p.data, src=0)
 
-    def max_divergence(self, params: list[torch.Tensor]) -> float:
+    def max_divergence(self, params: Sequence[torch.Tensor]) -> float:
         """Largest |p − p on rank 0| over every parameter and rank: 0.0 when all ranks agree."""
         if not self.active:
             return 0.0
@@ -300,7 +300,7 @@ def _init_group(cfg: Config, rank: int, world: int, init_method: str, device: to
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=cfg.learner.dist_timeout_s),
-        **({"device_id": device} if device.type == "cuda" else {}),
+        **({"device_id": device} if device.type == "cuda" else {}),  # type: ignore[arg-type]  # the one key, device_id, takes a device
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 import trio
@@ -101,7 +102,7 @@ class Evaluations:
         n = max(len(eps), 1)
         versions = [unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0] for e in eps]
         used = [int(v.min()) for v in versions if v.size] + [int(v.max()) for v in versions if v.size]
-        rec: dict[str, object] = {
+        rec: dict[str, Any] = {
             "step": rnd.step, "version": rnd.version, "split": self.cfg.eval.split,
             "episodes": len(eps), "success_rate": sum(e.success for e in eps) / n,
             "reward_mean": sum(e.reward for e in eps) / n,

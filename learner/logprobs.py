@@ -18,12 +18,15 @@ and τ = 1, since then the chunks are views).
 from __future__ import annotations
 
 import contextlib
-from typing import Literal, Protocol, overload
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import torch
 from torch import Tensor
 
 from agentgym.learner.shared_prefix import PackedRows
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 # Elements of float32 working memory per chunk (64 MiB).
 _CHUNK_ELEMENTS = 1 << 24
@@ -143,7 +146,7 @@ class _OnlyNeededRows:
         and the needed tokens' predecessors are gathered by their flat packed index."""
         self.index = packed.predecessors(needed) if packed is not None else None
         self.hit = False
-        self.handle = None
+        self.handle: RemovableHandle | None = None
         self.own_forward: object = None
 
     def _pre(self, _module: torch.nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
@@ -176,7 +179,7 @@ class _OnlyNeededRows:
                 with torch.autocast(x.device.type, enabled=False):
                     return own(x.to(next(head.parameters()).dtype), *args, **kwargs)
 
-            head.forward = full_precision  # type: ignore[method-assign]  # this instance, while open
+            head.forward = full_precision  # this instance, while open
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -184,7 +187,7 @@ class _OnlyNeededRows:
             self.handle.remove()
             assert self.head is not None
             if self.own_forward is not None:
-                self.head.forward = self.own_forward  # type: ignore[method-assign]
+                self.head.forward = self.own_forward
             else:
                 del self.head.forward
 

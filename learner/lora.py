@@ -25,7 +25,7 @@ import torch
 
 from agentgym.config import Config, LoraConfig
 from agentgym.protocol.messages import LoraSpec
-from agentgym.protocol.weights import RawTensor
+from agentgym.protocol.weights import RawTensor, tensor_nbytes
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +42,9 @@ def wrap_lora(model: torch.nn.Module, lc: LoraConfig) -> torch.nn.Module:
     if missing:
         raise ValueError(f"learner.lora.target_modules: the model has no modules named {missing} "
                          f"(its linear layers include {sorted(n for n in names if n.endswith('proj'))[:10]})")  # fmt: skip
-    pc = PeftLoraConfig(r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+    # peft annotates lora_alpha as int; it only scales by alpha / r, so a float alpha works.
+    alpha: Any = lc.alpha
+    pc = PeftLoraConfig(r=lc.rank, lora_alpha=alpha, lora_dropout=lc.dropout,
                         target_modules=list(lc.target_modules), bias="none", task_type="CAUSAL_LM")  # fmt: skip
     return get_peft_model(model, pc)
 
@@ -79,7 +81,7 @@ def export_adapter(model: torch.nn.Module, dtype: str = "float32") -> list[RawTe
         t = t.detach().to(tdtype).contiguous().cpu()
         raw = t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
         out.append(RawTensor(name, dtype, tuple(t.shape), raw.numpy().tobytes()))
-    log.info("adapter_exported", tensors=len(out), bytes=sum(len(t.data) for t in out), dtype=dtype,
+    log.info("adapter_exported", tensors=len(out), bytes=sum(tensor_nbytes(t.dtype, t.shape) for t in out), dtype=dtype,
              seconds=round(time.perf_counter() - t0, 4))  # fmt: skip
     return out
 

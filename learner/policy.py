@@ -43,7 +43,7 @@ class _KeepHidden(torch.nn.Module):
         self.model = model
         self.hidden: Tensor | None = None
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor):  # type: ignore[no-untyped-def]
+    def forward(self, input_ids: Tensor, attention_mask: Tensor):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         self.hidden = out.hidden_states[-1]
         return out

@@ -360,6 +360,7 @@ class Scheduler:
         ticket = None
         if state is not None:
             state.groups_done += 1
+            t0: float | None
             if group_id in state.late:  # another actor answered first: this is the duplicate
                 t0, deadline = state.late.pop(group_id)
                 self._observe(state, now - t0)  # still how long it takes

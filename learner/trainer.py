@@ -93,7 +93,7 @@ class Trainer(TrainerState):
         self.model.train()
         if lc.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad and with FSDP (torch's advice).
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]  # an HF model's method, which torch.nn.Module's __getattr__ types as Tensor | Module
         self.staleness_rule = StalenessRule.from_config(cfg)
         """The per-token staleness weights (config fields only). Built once; ranks > 0 are other
         processes, so this is not the learner's object, but it reads the same fields."""
@@ -125,7 +125,7 @@ class Trainer(TrainerState):
         # The value head may learn at its own rate (learner.value_lr): the schedule scales each
         # group's base rate by the same factor.
         head = {id(p) for p in self.value_head.parameters()} if self.value_head is not None else set()
-        groups = [{"params": [p for p in self.params if id(p) not in head], "lr_scale": 1.0}]
+        groups: list[dict[str, Any]] = [{"params": [p for p in self.params if id(p) not in head], "lr_scale": 1.0}]
         if head:
             groups.append({"params": [p for p in self.params if id(p) in head],
                            "lr_scale": (lc.value_lr if lc.value_lr is not None else lc.lr) / lc.lr})  # fmt: skip
@@ -412,7 +412,7 @@ class Trainer(TrainerState):
         keys = list(sums)
         vec = self.dp.all_reduce_(torch.stack([sums[k] for k in keys]))
         tot = dict(zip(keys, vec.tolist(), strict=True))
-        w_max = float(self.dp.all_reduce_(w_max, op="max"))
+        w_max_all = float(self.dp.all_reduce_(w_max, op="max"))
 
         staleness = (self.version - b.versions[agent]).float()
         self.step += 1
@@ -421,7 +421,7 @@ class Trainer(TrainerState):
         out = {k: tot[k] / n_tok for k in _TOKEN_METRICS}
         out.update(
             loss=tot["loss"] / steps, pg_loss=tot["pg_loss"] / steps, entropy=tot["entropy"] / n_tok,
-            is_weight_max=w_max, grad_norm=float(np.mean([g[0] for g in grad_norms])) if grad_norms else 0.0,
+            is_weight_max=w_max_all, grad_norm=float(np.mean([g[0] for g in grad_norms])) if grad_norms else 0.0,
             optimizer_steps=float(stepped), lr=lr,
             reward_mean=float(b.rewards.mean()), success_rate=float(b.success.mean()),
             episodes=float(B), agent_tokens=float(agent.sum()), trained_tokens=tot["tokens"],
@@ -445,7 +445,7 @@ class Trainer(TrainerState):
         groups = b.group_index.cpu()
         kl_sum = torch.zeros(int(groups.max()) + 1, dtype=torch.float64).index_add_(0, groups, row_kl[0])
         n_sum = torch.zeros_like(kl_sum).index_add_(0, groups, row_kl[1])
-        out["group_mismatch_kl"] = [float(k / n) if n > 0 else -1.0 for k, n in zip(kl_sum, n_sum)]  # type: ignore[assignment]
+        out["group_mismatch_kl"] = [float(k / n) if n > 0 else -1.0 for k, n in zip(kl_sum, n_sum)]
         if self.value_head is not None and returns is not None:
             out["value_loss"] = tot["value_loss"] / n_tok
             out["value_mean"] = float(pre["values"][agent].mean()) if agent.any() else 0.0

@@ -9,8 +9,9 @@ weights are gathered to rank 0 on the CPU.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 import torch
@@ -35,18 +36,43 @@ from agentgym.learner.checkpoint import (
 from agentgym.learner.lora import export_adapter, load_adapter
 from agentgym.protocol.weights import RawTensor
 
+if TYPE_CHECKING:
+    from agentgym.config import Config
+    from agentgym.learner.distributed import DataParallel
+    from agentgym.learner.value_model import SeparateValueModel, ValueHead
+
 log = structlog.get_logger(__name__)
 
 
 class TrainerState:
     """Methods of ``Trainer`` (learner/trainer.py) that export, save and load its weights."""
 
+    # The trainer's state these methods read, set by ``Trainer.__init__``.
+    cfg: Config
+    dp: DataParallel
+    fsdp: bool
+    lora: bool
+    model: torch.nn.Module
+    value_head: ValueHead | SeparateValueModel | None
+    trained_modules: torch.nn.ModuleDict
+    optimizer: torch.optim.Optimizer
+    tokenizer_dir: Path
+    tied: list[set[str]]
+    step: int
+    _collective: threading.Lock
+
+    if TYPE_CHECKING:
+
+        @property
+        def version(self) -> int: ...  # Trainer.version
+
     def _full(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """``module``'s whole weights: its own state dict, or with fsdp gathered to rank 0 on the
         CPU (a collective: every rank calls it; ranks 1.. get an empty dict)."""
         if not self.fsdp:
             return module.state_dict()
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return cast("dict[str, torch.Tensor]", state)  # a model's full state: tensors by name
 
     def trained_names(self) -> frozenset[str]:
         """Names (as ``export_weights`` gives them) of the tensors the optimizer updates: each
@@ -88,7 +114,7 @@ class TrainerState:
             raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
             # A view, no copy: it may alias a live parameter, so the caller copies (make_chunks
             # does) before the next optimizer step.
-            out.append(RawTensor(name, dtype, tuple(t.shape), memoryview(raw.numpy()).cast("B")))
+            out.append(RawTensor(name, dtype, tuple(t.shape), memoryview(raw.numpy()).cast("B")))  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
         return out
 
     def save(self, path: Path | None, extra_state: dict[str, Any] | None = None) -> None:
@@ -134,7 +160,7 @@ class TrainerState:
             check_same_critic(path, state, self.cfg.learner.algorithm, self.cfg.learner.value_model)
             full = StateDictOptions(full_state_dict=True, strict=False)
             if self.fsdp:  # every rank reads the whole weights and keeps its shard
-                weights = read_model_weights(path)
+                weights: dict[str, Any] = read_model_weights(path)  # torch's dict of state values
                 missing, unexpected = set_model_state_dict(self.model, weights, options=full)
                 check_loaded(path, weights, list(missing), list(unexpected), self.tied)
             if self.value_head is not None:

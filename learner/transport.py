@@ -36,12 +36,13 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import structlog
 import trio
 import zmq
 
-from agentgym.auth.server import ServerKeys, check_bind, make_server, start_authenticator
+from agentgym.auth.server import AllowList, ServerKeys, check_bind, make_server, start_authenticator
 from agentgym.host.netutil import EVENTS, NOBLOCK, POLLIN, RCVMORE
 from agentgym.protocol import (
     PROTOCOL_VERSION,
@@ -82,7 +83,7 @@ class Inbox:
         self.user_id = ""
         """The ZAP user id (the CURVE public key, z85) of the connection the message handed out
         last came from ('' without keys): read it right after each message (learner/control.py)."""
-        self._fd: int = sock.getsockopt(zmq.FD)
+        self._fd: int = cast(int, sock.getsockopt(zmq.FD))
         self._sleeping: trio.CancelScope | None = None  # set while the reader waits on the FD
         self._since_checkpoint = 0
         self._acks: dict[bytes, Ack] = {}  # per peer, not yet sent: see ack()
@@ -115,7 +116,7 @@ class Inbox:
                 if msg is not None:
                     return peer, msg
                 continue
-            if sock.getsockopt(EVENTS) & POLLIN:
+            if cast(int, sock.getsockopt(EVENTS)) & POLLIN:
                 continue  # arrived meanwhile (the look processed the commands announcing it)
             if self._acks:
                 self.flush_acks()  # the burst is read: answer it, then look again (the sends used the socket)
@@ -145,7 +146,7 @@ class Inbox:
             # With keys, the header's Frame says which key the connection authenticated with:
             # the actor id it names must be that key's (one key, one identity).
             head = sock.recv(NOBLOCK, copy=False)
-            self.user_id = head.get("User-Id") or ""
+            self.user_id = cast(str, head.get("User-Id")) or ""  # pyzmq types get() as int | str
             frames.append(head.bytes)
         while sock.getsockopt(RCVMORE):  # the parts of one message arrive together: no Again here
             frames.append(sock.recv(NOBLOCK, copy=False).buffer if frames else sock.recv(NOBLOCK))
@@ -202,7 +203,7 @@ class Inbox:
             log.warning("send_dropped_hwm", peer=peer.hex())
         # The send processed the socket's pending commands and may have taken the FD's signal
         # of a message that arrived meanwhile: if the reader sleeps on the FD, have it look again.
-        if self._sleeping is not None and self._sock.getsockopt(EVENTS) & POLLIN:
+        if self._sleeping is not None and cast(int, self._sock.getsockopt(EVENTS)) & POLLIN:
             self._sleeping.cancel()
 
     def close(self) -> None:
@@ -261,7 +262,7 @@ class Hub:
         self.weight_chunks_served = 0
         self.weight_bytes_served = 0
         """Weight payload bytes sent (the learner's weight egress, chunk data without headers)."""
-        self.allow = None
+        self.allow: AllowList | None = None
         """The CURVE allow-list (with its refusal count) when keys are configured."""
 
     @property
@@ -297,7 +298,7 @@ class Hub:
     def close_control(self) -> None:
         self.inbox.close()
         if self._control is not None:
-            trio.lowlevel.notify_closing(self._control.getsockopt(zmq.FD))
+            trio.lowlevel.notify_closing(cast(int, self._control.getsockopt(zmq.FD)))
             self._control.close()  # LINGER: what was sent last (Shutdown) still leaves, until ctx.term()
 
     def stop(self) -> None:

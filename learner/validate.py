@@ -145,4 +145,4 @@ class Guard:
     def restore(self, state: list[dict[str, object]]) -> None:
         for item in state:
             t = msgspec.convert(item["ticket"], Ticket)
-            self.open[t.group_id] = (t, set(item["holders"]))  # type: ignore[arg-type]
+            self.open[t.group_id] = (t, set(item["holders"]))  # type: ignore[call-overload]  # a list of ids, as state() wrote it

@@ -91,7 +91,7 @@ def build_value_model(
     """PPO's critic for ``learner.value_model``, in train mode; ``model`` is the policy as loaded
     (before LoRA or sharding), whose body a ``"separate"`` critic copies (recomputing activations
     in the backward pass with ``gradient_checkpointing``, as the policy does)."""
-    hidden = int(model.config.hidden_size)  # type: ignore[union-attr]
+    hidden = int(model.config.hidden_size)  # type: ignore[union-attr, arg-type]  # an HF model's config, which torch.nn.Module's __getattr__ types as Tensor | Module
     critic: ValueHead | SeparateValueModel
     if kind == "shared":
         critic = ValueHead(hidden)
@@ -100,7 +100,7 @@ def build_value_model(
         for p in body.parameters():
             p.requires_grad_(True)
         if gradient_checkpointing:  # non-reentrant, as the policy's (learner/trainer.py)
-            body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]  # an HF model's method, past torch.nn.Module's __getattr__
         critic = SeparateValueModel(body, hidden)
     else:
         raise ValueError(f"learner.value_model must be 'shared' or 'separate', got {kind!r}")

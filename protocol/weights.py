@@ -112,7 +112,7 @@ class ChunkBuffers:
             base = np.empty(nbytes, np.uint8)
         loan = base[:]  # a view of its own: when it dies, every view taken of it has died first
         weakref.finalize(loan, self._give_back, base)
-        return memoryview(loan).cast("B")
+        return memoryview(loan).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
 
     def _give_back(self, base: np.ndarray) -> None:
         with self._lock:
@@ -128,7 +128,7 @@ class ChunkBuffers:
 
 
 def _fresh(nbytes: int) -> memoryview:
-    return memoryview(np.empty(nbytes, np.uint8)).cast("B")
+    return memoryview(np.empty(nbytes, np.uint8)).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
 
 
 def make_chunks(
@@ -260,7 +260,7 @@ class WeightBuffers:
         buf = self._bufs.get(name)
         if buf is None or buf.nbytes != nbytes:
             buf = self._bufs[name] = np.empty(nbytes, np.uint8)
-        return memoryview(buf).cast("B")
+        return memoryview(buf).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
 
     @property
     def nbytes(self) -> int:
@@ -293,7 +293,7 @@ class Assembler:
                     self._bufs[m.name], self._filled[m.name] = (m.dtype, tuple(m.shape), src[m.offset : m.offset + size]), size
                     continue
                 # not zeroed first: every byte is written by a slice, and finish() refuses gaps
-                buf = self._into.get(m.name, size) if self._into is not None else memoryview(np.empty(size, np.uint8)).cast("B")
+                buf = self._into.get(m.name, size) if self._into is not None else memoryview(np.empty(size, np.uint8)).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
                 got = (m.dtype, tuple(m.shape), buf)
                 self._bufs[m.name], self._filled[m.name] = got, 0
                 self._split.add(m.name)

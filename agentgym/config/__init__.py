@@ -15,6 +15,7 @@ import json
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     return f"invalid config ({source}): {len(problems)} problems: " + "; ".join(problems)
 
 
-def load_config(path: Path | None = None, overrides: list[str] = ()) -> Config:
+def load_config(path: Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load ``path`` (or the defaults), apply dotted overrides, validate the whole tree."""
     data: dict[str, Any] = {}
     source = "defaults"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import numbers
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ class SinkError(RuntimeError):
     """A configured sink cannot start (its library is not installed)."""
 
 
-def check_sinks(sinks: list[str]) -> None:
+def check_sinks(sinks: Sequence[str]) -> None:
     """``SinkError`` (one line, with the install command) for a chosen sink whose library cannot
     be imported; a command checks it before anything starts (only chosen libraries are imported)."""
     for sink in sinks:
@@ -100,8 +101,9 @@ class _Wandb:
         config = cfg.model_dump(mode="json") if cfg is not None else {}
         config["wandb"] = settings  # what was used, whichever of config, WANDB_* or default gave it
         # console="off": the learner's own console and JSON logs stay as they are (no capture).
+        # settings: wandb.init's own options by name (project, entity, mode, ...), typed str | None here.
         self.run = wandb.init(dir=str(run_dir), config=config, reinit="create_new",
-                              settings=wandb.Settings(console="off"), **settings)  # fmt: skip
+                              settings=wandb.Settings(console="off"), **settings)  # type: ignore[arg-type]  # fmt: skip
         for prefix in ("train", "eval"):
             self.run.define_metric(f"{prefix}/step")
             self.run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")

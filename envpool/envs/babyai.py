@@ -258,7 +258,10 @@ class BabyAI(Env):
         after = self._front_state()
         if front is None or front == after:
             return f"Nothing happens: the {front} stays as it is." if front else "There is nothing to toggle."
-        return f"The {front} is now {after.split(' ', 1)[0]}." if front.endswith("door") else f"You opened the {front}."
+        if front.endswith("door"):
+            assert after is not None  # a door in front is still in front once toggled
+            return f"The {front} is now {after.split(' ', 1)[0]}."
+        return f"You opened the {front}."
 
     def _follow(self, a: int) -> None:
         """Tell the bot that action ``a`` is taken now (before the env steps)."""

@@ -196,9 +196,9 @@ def questions() -> tuple[Question, ...]:
             subject = BRIDGES[bridge].format(fact[bridge])
             for kind in targets:
                 if fact[kind]:
-                    text = FACTS[kind][2].format(subject)
+                    asked = FACTS[kind][2].format(subject)
                     hops = (f"{code}/{FACTS[bridge][1]}", f"{code}/{FACTS[kind][1]}")
-                    out.append(Question(text, fact[kind], hops, f"{bridge}->{kind}"))
+                    out.append(Question(asked, fact[kind], hops, f"{bridge}->{kind}"))
     order = {"train": 0, "dev": 1, "test": 2}
     return tuple(sorted(out, key=lambda q: order[split_of(q.text)]))  # stable: country order kept
 

@@ -108,9 +108,9 @@ class GuessNumber(Env):
                 raise TypeError(f"guess_number: option {key} must be an integer, got {value!r}")
         if low > high:
             raise ValueError(f"guess_number: low={low} is greater than high={high}")
-        for key, value in (("step_latency_s", step_latency_s), ("latency_sigma", latency_sigma)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
-                raise ValueError(f"guess_number: option {key} must be a number >= 0, got {value!r}")
+        for key, seconds in (("step_latency_s", step_latency_s), ("latency_sigma", latency_sigma)):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds < math.inf:
+                raise ValueError(f"guess_number: option {key} must be a number >= 0, got {seconds!r}")
         self.low, self.high = low, high
         self.step_latency_s, self.latency_sigma = float(step_latency_s), float(latency_sigma)
         self._task_id = 0

@@ -51,7 +51,7 @@ import select
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from agentgym.envpool.base import SPLITS, Env, StepResult
 
@@ -125,7 +125,7 @@ class Connection:
                 conn = None
         if conn is None:
             cls = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-            conn = self._conn = cls(self._parts.hostname, self._parts.port, timeout=timeout)
+            conn = self._conn = cls(cast(str, self._parts.hostname), self._parts.port, timeout=timeout)  # checked in __init__
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)

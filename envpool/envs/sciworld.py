@@ -133,7 +133,7 @@ def split_table() -> dict[str, tuple[int, int, int]]:
         return SPLITS
     cache = Path(os.environ.get("AGENTGYM_CACHE", Path.home() / ".cache" / "agentgym")) / f"sciworld-splits-{__version__}.json"
     if cache.exists():
-        return {k: tuple(v) for k, v in json.loads(cache.read_text()).items()}  # type: ignore[misc]
+        return {k: tuple(v) for k, v in json.loads(cache.read_text()).items()}
     table = read_splits_from_jvm()
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".{os.getpid()}.tmp")

@@ -111,7 +111,8 @@ class TextArena(Env):
         if self.players > 1 and not opponent:
             raise ValueError(f"env {NAME}: {game} is a {self.players}-player game: set option opponent "
                              "('random', 'hf:PATH' or 'module:Class')")
-        self.opponent = _opponent(opponent) if self.players > 1 else None
+        # A textarena agent (called on the observation; _others runs it only with players > 1), or None.
+        self.opponent: Any = _opponent(opponent) if self.players > 1 else None
         self._env: Any = None
         self._core: Any = None
         self._history: dict[int, list[str]] = {}
@@ -127,7 +128,7 @@ class TextArena(Env):
             if not (Path(opponent[3:]) / "config.json").is_file():
                 raise ValueError(f"env {NAME}: opponent {opponent!r}: no Hugging Face checkpoint (config.json) at {opponent[3:]!r}")
             options = {**options, "opponent": "random"}
-        cls(**options)
+        cls(**options)  # type: ignore[arg-type]  # the constructor checks the options it is given
 
     def _make(self) -> Any:
         try:

@@ -270,6 +270,7 @@ class Wordle(Env):
         if not self._done or not self._guesses or self._guesses[-1][0] == self._answer:
             return None
         guess, marks = self._guesses[-1]
+        assert self._answer is not None  # a game was played
         return f"{self._marks_text(guess, marks)} No guesses left. What was the word?", self._shown(self._answer)
 
     def _consistent(self) -> list[str]:

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from agentgym.envpool.base import Env, StepResult
+from agentgym.envpool.base import Env, InfoValue, StepResult
 from agentgym.envpool.envs.webshop.browser import (
     CHROMIUM_FLAGS,
     LAUNCH_TIMEOUT_S,
@@ -152,7 +152,7 @@ class WebShop(Env):
                                   "new_context_per_episode"}
         if unknown:
             raise TypeError(f"env WebShop: unknown option(s) {sorted(unknown)}")
-        return catalogue(n, seed).task_ids(split)  # type: ignore[arg-type]
+        return catalogue(n, seed).task_ids(split)
 
     # ------------------------------------------------------------ browser
 
@@ -336,7 +336,7 @@ class WebShop(Env):
             return StepResult(note + view.text, 0.0, False, {"turns": self._turns, "valid": True})
         self._done = True
         reward = self.catalogue.reward(self._goal, *order)
-        info = {"turns": self._turns, "valid": True, "success": reward == 1.0, "bought": order[0]}
+        info: dict[str, InfoValue] = {"turns": self._turns, "valid": True, "success": reward == 1.0, "bought": order[0]}
         return StepResult(view.text, reward, True, info)
 
     # ------------------------------------------------------------ expert
@@ -349,6 +349,7 @@ class WebShop(Env):
         pick = rng.randrange(len(ids) + 3)
         if pick >= len(ids):
             return ("scroll down", "scroll up", "go back")[pick - len(ids)]
+        assert view is not None  # there are elements to pick from
         el = view.elements[ids[pick]]
         if el.role != "textbox":
             return f"click [{ids[pick]}]"

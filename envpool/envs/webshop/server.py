@@ -143,9 +143,9 @@ class ShopServer:
         )
 
     def _product(self, token: str, p: Product, q: dict[str, str]) -> tuple[int, str, str]:
-        colour = q.get("colour") if q.get("colour") in p.colours else ""
-        size = q.get("size") if q.get("size") in p.sizes else ""
-        back = {k: q[k] for k in ("q", "page") if k in q}
+        colour = q.get("colour", "") if q.get("colour") in p.colours else ""
+        size = q.get("size", "") if q.get("size") in p.sizes else ""
+        back: dict[str, str] = {k: q[k] for k in ("q", "page") if k in q}
 
         def option(kind: str, value: str, chosen: str) -> str:
             params = {**back, "colour": colour, "size": size, kind: value}
@@ -215,7 +215,7 @@ class ShopServer:
             missing = [name for name, v, allowed in (("colour", colour, p.colours), ("size", size, p.sizes))
                        if v not in allowed]  # fmt: skip
             if missing:
-                back = {k: form[k] for k in ("q", "page") if k in form}
+                back: dict[str, str] = {k: form[k] for k in ("q", "page") if k in form}
                 params = {**back, "colour": colour, "size": size, "error": _ERROR_FOR[tuple(missing)]}
                 return f"product/{pid}?{urlencode(params)}"
             s.cart.append((pid, colour, size))

@@ -85,7 +85,7 @@ class AgentEndpoint:
     def __init__(
         self, engine: InferenceEngine, tokenizer: Any, *, host: str = "127.0.0.1", port: int = 0, token: str = "",
         model_name: str = "policy", request_temperature: bool = False, max_request_bytes: int = 64 * 2**20,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.max_request_bytes = max_request_bytes
         """Largest request body read (protocol/limits.py, ``agent_request_bytes``); a larger one
@@ -103,7 +103,7 @@ class AgentEndpoint:
             web.get("/v1/models", self._models), web.get("/c/{key}/v1/models", self._models),
             web.post("/v1/chat/completions", self._chat), web.post("/c/{key}/v1/chat/completions", self._chat),
             web.post("/v1/reward", self._reward), web.post("/c/{key}/reward", self._reward),
-        ])  # fmt: skip
+        ])
         # Calls still waiting on the engine when the actor stops get a second, not aiohttp's 60.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -145,7 +145,7 @@ class AgentEndpoint:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:
             log.warning("agent_request_refused", path=request.path, content_length=request.content_length,
-                        frame_cap_bytes=self.max_request_bytes, why="request body over the cap (a conversation past the rollout limits)")  # fmt: skip
+                        frame_cap_bytes=self.max_request_bytes, why="request body over the cap (a conversation past the rollout limits)")
             return _error(ApiError(413, f"request body over {self.max_request_bytes} bytes, the most a conversation of "
                                         "this run's rollout.max_episode_tokens can take", "request_too_large"))
         except ApiError as exc:
@@ -164,7 +164,7 @@ class AgentEndpoint:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentgym"}]})  # fmt: skip
+            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentgym"}]})
 
     async def _reward(self, request: web.Request) -> web.Response:
         s = self._session(request)
@@ -222,18 +222,18 @@ class AgentEndpoint:
         return web.json_response({
             **head, "object": "chat.completion",
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}], "usage": usage,
-        })  # fmt: skip
+        })
 
 
 async def _stream(request: web.Request, head: dict[str, Any], message: dict[str, Any], finish: str,
-                  usage: dict[str, int] | None) -> web.StreamResponse:  # fmt: skip
+                  usage: dict[str, int] | None) -> web.StreamResponse:
     """A finished completion as chat.completion.chunk server-sent events."""
     delta = {k: v for k, v in message.items() if k != "tool_calls"}
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
     chunk = {**head, "object": "chat.completion.chunk"}
     events = [{**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]},
-              {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}]}]  # fmt: skip
+              {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}]}]
     if usage is not None:
         events.append({**chunk, "choices": [], "usage": usage})
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -296,7 +296,7 @@ def _assistant(text: str, finish: str, tools: bool) -> tuple[dict[str, Any], str
             if isinstance(obj, dict) and isinstance(obj.get("name"), str):
                 args = obj.get("arguments", {})
                 calls.append({"id": f"call_{i}", "type": "function", "function": {
-                    "name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})  # fmt: skip
+                    "name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
     if not calls:
         return {"role": "assistant", "content": text}, finish
     rest = _TOOL_CALL.sub("", text).strip()

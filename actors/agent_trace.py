@@ -147,7 +147,7 @@ class AgentTrace:
         # start of the template's end of turn).
         seg.text = plan.text + self._decode(gen.token_ids)
         self.calls.append(CallRecord(list(plan.prompt_ids), list(gen.token_ids), list(gen.logprobs),
-                                     list(gen.versions), gen.finish_reason, plan.extends))  # fmt: skip
+                                     list(gen.versions), gen.finish_reason, plan.extends))
         # The message content: everything sampled but the closing stop token. Special tokens
         # sampled inside the content stay as text, so that the message sent back renders (and
         # tokenizes) to the same ids; a server that drops them would break the prefix there.
@@ -181,7 +181,7 @@ class AgentTrace:
             reward=float(reward) if rewards else 0.0, success=bool(success), finish=finish,  # type: ignore[arg-type]
             turn_limit=max(1, turn_limit), failure=failure[:4000],
             segment_ends=pack(ends, I32) if len(ends) > 1 else b"", prefix_breaks=self.prefix_breaks,
-        )  # fmt: skip
+        )
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)

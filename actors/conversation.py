@@ -75,7 +75,7 @@ class Conversation:
 
     @classmethod
     def restore(cls, tokenizer: Any, system: str | None, token_ids: Iterable[int], loss_mask: Iterable[int],
-                logprobs: Iterable[float], versions: Iterable[int], turn_ends: Iterable[int]) -> Conversation:  # fmt: skip
+                logprobs: Iterable[float], versions: Iterable[int], turn_ends: Iterable[int]) -> Conversation:
         """A conversation another actor began, from its arrays (a hand-over, actors/handover.py):
         it ends with the generation prompt of the next turn, as ``prompt_ids`` needs."""
         conv = cls(tokenizer, system)

@@ -96,13 +96,13 @@ class LmCritic:
     def prompt_ids(self, view: CritiqueView) -> list[int]:
         lines = [f"{'Agent' if role == 'agent' else 'Environment'}: {text}" for role, text in view.transcript]
         ask = {"draft": "The agent proposes this move", "after_step": "The agent's last move did not help",
-               "retry": "The agent's attempt failed; its last move"}[view.moment]  # fmt: skip
+               "retry": "The agent's attempt failed; its last move"}[view.moment]
         user = "\n".join(lines[-12:]) + f"\n\n{ask}: {view.action.strip()}\nYour judgement:"
         template = None if getattr(self.tokenizer, "chat_template", None) else CHATML_TEMPLATE
         text = self.tokenizer.apply_chat_template(
             [{"role": "system", "content": CRITIC_SYSTEM}, {"role": "user", "content": user}],
             tokenize=False, add_generation_prompt=True, chat_template=template,
-        )  # fmt: skip
+        )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def critique(self, view: CritiqueView) -> str | None:
@@ -113,7 +113,7 @@ class LmCritic:
         spec = SamplingSpec(
             max_tokens=self.max_tokens, temperature=self.temperature, top_p=1.0,
             stop_token_ids=(eos,) if eos is not None else (), seed=None if self.seed is None else self.seed + self._n,
-        )  # fmt: skip
+        )
         gen = await self.engine.generate(f"critic/{id(self)}/{self._n}", self.prompt_ids(view), spec)
         text = str(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)).strip()
         if not text or (view.moment == "draft" and text.upper().startswith("OK")):

@@ -371,7 +371,7 @@ class GatedEngine:
         log.info(
             "engine_weights_loaded", engine=name, version=version, tensors=count, mode=self.update_mode,
             prepare_s=round(t1 - t0, 4), drain_s=round(t2 - t1, 4), load_s=round(t3 - t2, 4),
-        )  # fmt: skip
+        )
 
     async def _served_digest(self, tensors: Mapping[str, torch.Tensor] | Path) -> tuple[int, int]:
         """(digest, tensors) of what the last update loaded. Here: the tensors as handed over (an

@@ -74,7 +74,7 @@ def build_engine(name: str, req: EngineRequest) -> GatedEngine:
     entry = ENGINES.get(name)
     if req.lora is not None and not entry.lora:
         raise ValueError(f"actor.engine = {name!r} cannot serve the learner's LoRA adapters (learner.lora); "
-                         f"use the {' or '.join(ENGINES.with_('lora'))} engine")  # fmt: skip
+                         f"use the {' or '.join(ENGINES.with_('lora'))} engine")
     return ENGINES.load(name)(req)
 
 
@@ -96,14 +96,14 @@ def build_vllm(req: EngineRequest) -> GatedEngine:
         return VllmLoraEngine(
             model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
             gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
-        )  # fmt: skip
+        )
     from agentgym.actors.vllm_engine import VllmEngine
 
     return VllmEngine(
         model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
         gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
         enforce_eager=a.enforce_eager,
-    )  # fmt: skip
+    )
 
 
 def build_hf(req: EngineRequest) -> GatedEngine:
@@ -118,11 +118,11 @@ def build_hf(req: EngineRequest) -> GatedEngine:
         from agentgym.actors.lora_engine import HfLoraEngine
 
         return HfLoraEngine(model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
-                            update_mode=a.weight_update, max_model_len=ctx)  # fmt: skip
+                            update_mode=a.weight_update, max_model_len=ctx)
     from agentgym.actors.hf_engine import HfEngine
 
     return HfEngine(model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
-                    update_mode=a.weight_update, max_model_len=ctx)  # fmt: skip
+                    update_mode=a.weight_update, max_model_len=ctx)
 
 
 def build_remote(req: EngineRequest) -> GatedEngine:
@@ -139,7 +139,7 @@ def build_remote(req: EngineRequest) -> GatedEngine:
     return RemoteEngine(
         r.url, server=r.server, model=r.model or None, weights_dir=Path(r.weights_dir) if r.weights_dir else None, api_key=key,
         update_mode=a.weight_update,
-    )  # fmt: skip
+    )
 
 
 def build_sim(req: EngineRequest) -> GatedEngine:
@@ -151,7 +151,7 @@ def build_sim(req: EngineRequest) -> GatedEngine:
     context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # as every engine: the model's config must be readable
     vocab = a.sim.vocab_size or _vocab_size(req.model_dir)  # type: ignore[arg-type]
     return SimEngine(vocab_size=vocab, tokens_per_s=a.sim.tokens_per_s, latency_s=a.sim.latency_s,
-                     stop_p=a.sim.stop_p, seed=cfg.run.seed, update_mode=a.weight_update)  # fmt: skip
+                     stop_p=a.sim.stop_p, seed=cfg.run.seed, update_mode=a.weight_update)
 
 
 def _vocab_size(model_dir: Path) -> int:

@@ -50,13 +50,13 @@ async def play_group(actor, ticket: Ticket, pool, spec: RolloutSpec, turn_limit:
     if h is not None:
         actor.stats["handovers_taken"] = actor.stats.get("handovers_taken", 0) + 1
         log.info("handover_taken", group=ticket.group_id, from_actor=h.actor_id, finished=len(finished),
-                 partial=len(partial), fresh=fresh)  # fmt: skip
+                 partial=len(partial), fresh=fresh)
     stop = actor.leaving
 
     async def one(i: int, resume) -> Episode | Interrupted:
         try:
             return await play_episode(actor.engine, actor.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic,
-                                      stop=stop, resume=resume)  # fmt: skip
+                                      stop=stop, resume=resume)
         except Interrupted as exc:
             return exc
 
@@ -99,4 +99,4 @@ async def leave(actor) -> None:
     while actor.running_groups and time.monotonic() - t0 < LEAVE_GRACE_S:
         await asyncio.sleep(0.02)
     log.info("handover_ready", groups=len(actor.handovers), still_running=actor.running_groups,
-             seconds=round(time.monotonic() - t0, 3), partial=sum(len(h.partial) for h in actor.handovers))  # fmt: skip
+             seconds=round(time.monotonic() - t0, 3), partial=sum(len(h.partial) for h in actor.handovers))

@@ -102,7 +102,7 @@ class HfEngine(GatedEngine):
             self._pool = None
             raise
         log.info("engine_started", engine="hf", model=str(self.model_dir), dtype=self.dtype, device=self.device,
-                 seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+                 seconds=round(time.monotonic() - t0, 1))
 
     def _load_model(self) -> tuple[Any, set[int]]:
         import torch
@@ -155,7 +155,7 @@ class HfEngine(GatedEngine):
         model = self._require()
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"HfEngine.generate({request_id!r}): prompt of {len(prompt_ids)} tokens does not fit "
-                             f"max_model_len={self.max_model_len}")  # fmt: skip
+                             f"max_model_len={self.max_model_len}")
         vocab = model.config.vocab_size
         bad = [t for t in prompt_ids if not 0 <= int(t) < vocab]
         if bad:
@@ -234,7 +234,7 @@ class HfEngine(GatedEngine):
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator,
-           banned: tuple[int, ...] = ()) -> tuple[int, float]:  # fmt: skip
+           banned: tuple[int, ...] = ()) -> tuple[int, float]:
     """One token from float32 ``logits`` [V] and its logprob in the distribution it came from
     (``banned`` ids at probability 0, as the learner scores them: protocol/vocab.py)."""
     import torch
@@ -273,7 +273,7 @@ def _copy_weights(model: Any, tensors: Mapping[str, torch.Tensor] | Path) -> int
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(params[name].shape):
             raise ValueError(f"HfEngine.update_weights: {name} has shape {tuple(t.shape)}, "
-                             f"the model's is {tuple(params[name].shape)}")  # fmt: skip
+                             f"the model's is {tuple(params[name].shape)}")
     with torch.no_grad():
         for name, t in tensors.items():
             params[name].copy_(t.to(params[name].device, params[name].dtype))

@@ -48,7 +48,7 @@ def check_adapter(where: str, tensors: Mapping[str, Any], spec: LoraSpec) -> Non
     for name, t in tensors.items():
         if not (name.startswith(_PREFIX) and name.endswith(_SUFFIXES)):
             raise ValueError(f"{where}: {name!r} is not a LoRA adapter tensor (want {_PREFIX}<module>.lora_A.weight / "
-                             f".lora_B.weight); the learner sends full weights but the Welcome announced LoRA")  # fmt: skip
+                             f".lora_B.weight); the learner sends full weights but the Welcome announced LoRA")
         dim = 0 if name.endswith(".lora_A.weight") else 1
         if t.ndim != 2 or t.shape[dim] != spec.rank:
             raise ValueError(f"{where}: {name} has shape {tuple(t.shape)}, not rank {spec.rank}")
@@ -61,7 +61,7 @@ def write_adapter_dir(path: Path, tensors: Mapping[str, torch.Tensor], spec: Lor
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
         "target_modules": list(spec.target_modules), "lora_dropout": 0.0, "bias": "none",
         "base_model_name_or_path": str(base), "modules_to_save": None, "use_rslora": False, "use_dora": False,
-    }  # fmt: skip
+    }
     (path / "adapter_config.json").write_text(json.dumps(config, indent=1))
     save_safetensors(tensors, path / "adapter_model.safetensors")
     return path

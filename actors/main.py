@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.connect_timeout is not None:
         flags.append(f"actor.connect_timeout_s={args.connect_timeout}")
     flags += [f'actor.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("learner_key", args.learner_key),
-                                               ("weights_relay", args.weights_relay)) if v]  # fmt: skip
+                                               ("weights_relay", args.weights_relay)) if v]
     cfg = resolve_config(args, flags)
     from agentgym.config.model_path import ModelNotFound, with_model_found
 

@@ -125,7 +125,7 @@ class RemoteEngine(GatedEngine):
             self._own_weights_dir = True
         self._poller = asyncio.create_task(self._poll_metrics())
         log.info("engine_started", engine="remote", url=self.url, server=self.server, model=self.model,
-                 max_model_len=self.max_model_len, seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+                 max_model_len=self.max_model_len, seconds=round(time.monotonic() - t0, 1))
 
     async def _wait_healthy(self, t0: float) -> None:
         import httpx
@@ -148,7 +148,7 @@ class RemoteEngine(GatedEngine):
         processed_logprobs``. A nucleus of one token tells the two apart: its processed
         logprob is exactly 0, a raw one is below 0."""
         body = {"model": self.model, "prompt": [0], "max_tokens": 1, "temperature": 1.0, "top_p": 1e-9,
-                "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}  # fmt: skip
+                "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
         out = await self._call("POST", "/v1/completions", json=body)
         _, lps = _chunk_tokens("logprobs-mode-check", out["choices"][0])
         if not lps or lps[0] < -1e-6:
@@ -193,7 +193,7 @@ class RemoteEngine(GatedEngine):
         self._require()
         if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"RemoteEngine.generate({request_id!r}): prompt of {len(prompt_ids)} tokens does not "
-                             f"fit the server's max_model_len={self.max_model_len}")  # fmt: skip
+                             f"fit the server's max_model_len={self.max_model_len}")
 
     async def _generate(self, segment_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
         body: dict[str, Any] = {
@@ -251,7 +251,7 @@ class RemoteEngine(GatedEngine):
                         reason = _FINISH.get(choice["finish_reason"])
                         if reason is None:
                             raise RemoteError(f"RemoteEngine.generate({segment_id!r}): unexpected finish reason "
-                                              f"{choice['finish_reason']!r}")  # fmt: skip
+                                              f"{choice['finish_reason']!r}")
                         acc["finish"] = reason
 
     async def _abort(self, segment_id: str) -> None:
@@ -326,7 +326,7 @@ def _chunk_tokens(segment_id: str, choice: dict[str, Any]) -> tuple[list[int], l
         names = lp.get("tokens") or []
         if not all(isinstance(t, str) and t.startswith("token_id:") for t in names):
             raise RemoteError(f"RemoteEngine.generate({segment_id!r}): the server returns neither token ids "
-                              "(return_token_ids) nor token_id:N names; it cannot serve token-exact episodes")  # fmt: skip
+                              "(return_token_ids) nor token_id:N names; it cannot serve token-exact episodes")
         ids = [int(t.split(":", 1)[1]) for t in names]
     if len(ids) != len(lps):
         raise RemoteError(f"RemoteEngine.generate({segment_id!r}): {len(ids)} tokens but {len(lps)} logprobs in a chunk")

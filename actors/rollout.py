@@ -130,10 +130,10 @@ async def play_episode(
                         replace(sampling, max_tokens=min(spec.max_tokens_per_turn, room),
                                 seed=None if seed is None else seed + turn),
                         stop if handable else None,
-                    )  # fmt: skip
+                    )
                     if isinstance(gen, int):  # asked to leave while sampling: that turn is dropped, the rest handed over
                         raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit), dropped=gen,
-                                          resumed_at=resumed_at)  # fmt: skip
+                                          resumed_at=resumed_at)
                     conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                     action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                     for rnd in range(cs.max_revisions if cs and loop and loop.wants("draft") else 0):
@@ -150,7 +150,7 @@ async def play_episode(
                         gen = await engine.generate(
                             f"{ticket.group_id}/{index}/{turn}/r{rnd}", conv.prompt_ids,
                             replace(sampling, max_tokens=max(1, min(spec.max_tokens_per_turn, budget - len(conv) - conv.closing_tokens))),
-                        )  # fmt: skip
+                        )
                         conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                         action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                     result = await ep.step(action)
@@ -221,7 +221,7 @@ def sha256(text: str) -> str:
 
 
 async def _generate(engine: InferenceEngine, rid: str, prompt: list[int], sampling: SamplingSpec,
-                    stop: asyncio.Event | None):  # fmt: skip
+                    stop: asyncio.Event | None):
     """``engine.generate``; when ``stop`` is set first, the turn gets ``TURN_GRACE_S`` more to
     finish, then it is aborted and the number of tokens it had sampled (dropped) is returned."""
     if stop is None:
@@ -248,7 +248,7 @@ def _partial(conv: Conversation, turn_rewards: list[float], actions: list[str], 
         versions=pack(conv.versions, I32), turn_ends=pack([end for _, end in conv.turn_spans], I32),
         turn_rewards=pack(turn_rewards, F32), actions=list(actions), observation_sha256=sha256(last_obs),
         turn_limit=turn_limit,
-    )  # fmt: skip
+    )
 
 
 async def _replay(tokenizer: Any, ep: object, system: str | None, p: PartialEpisode, ticket: Ticket, obs: str):
@@ -265,7 +265,7 @@ async def _replay(tokenizer: Any, ep: object, system: str | None, p: PartialEpis
         log.warning("handover_replay_diverged", group=ticket.group_id, task=ticket.task_id, actions=len(p.actions))
         return None, ""
     conv = Conversation.restore(tokenizer, system, unpack(p.token_ids, I32), unpack(p.loss_mask, U8),
-                                unpack(p.logprobs, F32), unpack(p.versions, I32), unpack(p.turn_ends, I32))  # fmt: skip
+                                unpack(p.logprobs, F32), unpack(p.versions, I32), unpack(p.turn_ends, I32))
     return conv, obs
 
 

@@ -54,7 +54,7 @@ class SimEngine(GatedEngine):
     def __init__(
         self, *, vocab_size: int = 1000, tokens_per_s: float = 200.0, latency_s: float = 0.05, stop_p: float = 0.02,
         seed: int = 0, update_mode: UpdateMode = "resume",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(update_mode)
         if vocab_size < 1:
             raise ValueError(f"SimEngine: vocab_size must be >= 1, got {vocab_size}")

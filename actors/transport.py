@@ -88,7 +88,7 @@ def dealer_socket(
 
 
 _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)  # fmt: skip
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _MONITORED = _HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
 
 
@@ -137,7 +137,7 @@ class ControlLink:
     for the edge-trigger rules this class keeps."""
 
     def __init__(self, ctx: zmq.Context, addr: str, actor_id: str, keys: ClientKeys | None = None,
-                 max_frame: int | None = None) -> None:  # fmt: skip
+                 max_frame: int | None = None) -> None:
         self.addr = addr
         self.keys = keys
         self.max_frame = max_frame or max_frame_bytes()
@@ -157,7 +157,7 @@ class ControlLink:
 
         # A plain socket on the caller's context (asyncio or not): no Future per call.
         self.sock: zmq.Socket = dealer_socket(ctx, addr, actor_id.encode(), keys, watch, plain=True,
-                                              max_frame=self.max_frame)  # fmt: skip
+                                              max_frame=self.max_frame)
         self._fd: int = cast(int, self.sock.getsockopt(zmq.FD))
         self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
         self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits
@@ -261,7 +261,7 @@ class ControlLink:
         drops, self._drops = self._drops, []
         for peer in drops:
             log.warning("learner_connection_dropped", peer=peer, frame_cap_bytes=self.max_frame,
-                        why="a frame from the peer over frame_cap_bytes (refused unread), or the peer or network went away; reconnecting")  # fmt: skip
+                        why="a frame from the peer over frame_cap_bytes (refused unread), or the peer or network went away; reconnecting")
         if drops:
             self._reconnect_at = time.monotonic() + RECONNECT_AFTER_S
         if self._reconnect_at is not None and time.monotonic() >= self._reconnect_at:

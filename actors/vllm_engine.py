@@ -121,7 +121,7 @@ class VllmEngine(GatedEngine):
             "engine_started", engine="vllm", model=str(self.model_dir), on_cpu=self.on_cpu, dtype=self.dtype,
             kv_cache_gib=self.kv_cache_gib, seconds=round(time.monotonic() - t0, 1), import_s=round(t1 - t0, 1),
             build_s=round(time.monotonic() - t1, 1),
-        )  # fmt: skip
+        )
 
     def _build(self, async_llm: Any, args: Any) -> Any:
         """``AsyncLLM`` from ``args``. On a CPU its worker runs inside the engine core process

@@ -106,7 +106,7 @@ async def fetch_weights(
                             + (f" (frames over {max_frame} bytes are refused unread)" if max_frame else "")
                         ) from None
                     log.warning("weights_source_stalled", source=sources[at], next=sources[at + 1], version=version,
-                                chunks_done=len(got), chunks=len(wanted), stall_s=stall_s, frame_cap_bytes=max_frame)  # fmt: skip
+                                chunks_done=len(got), chunks=len(wanted), stall_s=stall_s, frame_cap_bytes=max_frame)
                     sock.close(linger=0)
                     at += 1
                     sock = _dealer(ctx, sources[at], source_keys[at], max_frame)
@@ -163,4 +163,4 @@ def to_torch(raw: list[RawTensor]) -> dict:
             t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)  # type: ignore[arg-type]
             else torch.empty(t.shape, dtype=dtypes[t.dtype])
             for t in raw
-        }  # fmt: skip
+        }

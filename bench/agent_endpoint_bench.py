@@ -46,10 +46,10 @@ async def main(args: argparse.Namespace) -> None:
 
         engine = SimEngine(vocab_size=len(tok), tokens_per_s=200, latency_s=0.02, seed=0)
     spec = RolloutSpec(group_size=args.group_size, max_tokens_per_turn=1, max_episode_tokens=256, temperature=1.0,
-                       top_p=1.0, env_kwargs={"guess_number": {"low": 1, "high": 8}})  # fmt: skip
+                       top_p=1.0, env_kwargs={"guess_number": {"low": 1, "high": 8}})
     stats: dict[str, int] = {}
     runner = AgentRunner(AgentEndpointConfig(enabled=True, program=f"{REPO / 'examples' / 'guess_number_agent.py'}:play",
-                                             max_agents=args.groups * args.group_size), engine, tok, stats)  # fmt: skip
+                                             max_agents=args.groups * args.group_size), engine, tok, stats)
     pool = EnvPool("guess_number", {"low": 1, "high": 8}, args.groups * args.group_size)
     await engine.start()
     await runner.start()
@@ -64,7 +64,7 @@ async def main(args: argparse.Namespace) -> None:
         eps = await asyncio.gather(*(
             runner.play(t, i, spec, args.turns) if kind == "endpoint" else play_episode(engine, tok, pool, t, i, spec, args.turns)
             for t in tickets for i in range(spec.group_size)
-        ))  # fmt: skip
+        ))
         dt = time.perf_counter() - t0
         assert all(e.finish != "env_failure" for e in eps), [e.failure for e in eps if e.failure][:2]
         return len(eps) / dt

@@ -57,7 +57,7 @@ def main() -> int:
     model = make_tiny_model(work / "model", corpus=FALLBACK_CORPUS, seed=0)
     group = 2
     cfg = make_cfg(model, f"rollout.group_size={group}", "learner.batch_groups=8", "learner.max_staleness=2",
-                   "learner.ticket_deadline_min_s=0.005", "learner.ticket_deadline_max_s=0.005")  # fmt: skip
+                   "learner.ticket_deadline_min_s=0.005", "learner.ticket_deadline_max_s=0.005")
     ln = Learner(cfg, work / "run", trainer=None, hub=Hub())
     rng = random.Random(0)
     names = [f"sim{i}" for i in range(args.actors)]
@@ -77,7 +77,7 @@ def main() -> int:
                 status = rng.random()
                 token = GOOD if status > 0.02 else 10**9  # 2% invalid (out of the vocabulary)
                 eps = [episode(PROMPTS[i % 2], [[token]], [float(i % 2)], version=max(0, ln.version - (status < 0.01) * 9),
-                               behav=[-0.7]) for i in range(group)]  # fmt: skip
+                               behav=[-0.7]) for i in range(group)]
                 r = Rollout(group_id=t.group_id, actor_id=a, env=t.env, task_id=t.task_id, episodes=eps)
                 ln.on_rollout(a.encode(), r)
                 if status > 0.97:
@@ -100,7 +100,7 @@ def main() -> int:
                              # what the dedupe state was before it was compacted: every answered id
                              "seen_as_id_list_bytes": len(json.dumps([f"{ln.run_id}:{n}" for n in range(ln.sched.issued)])),
                              "issued": ln.sched.issued, "late_answers": ln.sched.late_answers,
-                             "seconds": round(time.monotonic() - t0, 1)})  # fmt: skip
+                             "seconds": round(time.monotonic() - t0, 1)})
                 print(json.dumps(rows[-1]), flush=True)
     ln.ledger.close()
     args.out.write_text(json.dumps(rows, indent=2))

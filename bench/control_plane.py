@@ -65,7 +65,7 @@ def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path
                        "learner.log_episodes=0", "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
                        f"learner.batch_groups={batch}", "rollout.group_size=4", "run.max_steps=100000",
                        "learner.actor_timeout_s=120", "learner.max_staleness=4") for a in ("-o", o)]],
-        cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+        cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)
     fleets, files = [], []
     try:
         for i, start in enumerate(range(0, n, 64)):
@@ -74,7 +74,7 @@ def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path
             fleets.append(subprocess.Popen(
                 [sys.executable, "-m", "agentgym.cluster.play_fleet", "--learner", f"tcp://127.0.0.1:{port}", "--model", str(model),
                  "--count", str(min(64, n - start)), "--prefix", f"p{i}", "--max-groups", "1", "--latency", str(args.latency),
-                 "--out", str(f)], cwd=ROOT, stdout=open(work / f"fleet-{i}.log", "w"), stderr=subprocess.STDOUT))  # fmt: skip
+                 "--out", str(f)], cwd=ROOT, stdout=open(work / f"fleet-{i}.log", "w"), stderr=subprocess.STDOUT))
         time.sleep(args.warmup)
         c0, cpu0, t0 = counts(files), cpu_s(learner.pid), time.time()
         time.sleep(args.window)
@@ -98,7 +98,7 @@ def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path
         "tickets_per_s": d.get("tickets", 0) / dt, "heartbeats_per_s": d.get("heartbeats_sent", 0) / dt,
         "messages_per_s": messages / dt, "learner_cpu": cpu / dt, "cpu_ms_per_message": 1000 * cpu / max(messages, 1),
         "steps_per_s": steps(work / "run" / "metrics.jsonl", t0, t1) / dt, "acks": {k: v for k, v in d.items() if k.startswith("ack_")},
-    }  # fmt: skip
+    }
 
 
 def main() -> int:
@@ -123,7 +123,7 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     (args.out / "control_plane.json").write_text(json.dumps({"rows": rows, "loadavg_before": load, "loadavg_after": os.getloadavg(),
-                                                             "latency_s": args.latency, "window_s": args.window}, indent=2))  # fmt: skip
+                                                             "latency_s": args.latency, "window_s": args.window}, indent=2))
     print("\n| N | learner | offered groups/s | accepted groups/s | tickets/s | heartbeats/s | messages/s | learner CPU (s/s) | CPU ms/message | steps/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -107,7 +107,7 @@ def state_keys(b: Batch, targets: list[int], tok: object) -> list[list[tuple]]:
 
 
 def table_ev(fit_b: Batch, eval_b: Batch, fit_keys: list[list[tuple]], eval_keys: list[list[tuple]], depth: int,
-             shrink: float) -> tuple[float, float, torch.Tensor]:  # fmt: skip
+             shrink: float) -> tuple[float, float, torch.Tensor]:
     """EV on ``eval_b`` of V(s) = the mean return of ``fit_b``'s agent tokens with the same key
     (the first ``depth`` fields of :func:`state_keys`), shrunk towards the mean of the key one
     field shorter by ``shrink`` pseudo-counts; unseen keys predict their parent's mean. Fitted
@@ -163,7 +163,7 @@ def values_of(critic: torch.nn.Module, b: Batch) -> torch.Tensor:
 
 
 def fit(name: str, critic: torch.nn.Module, train: Batch, test: Batch, epochs: int, lr: float, report: int,
-        mb: int = 64) -> None:  # fmt: skip
+        mb: int = 64) -> None:
     opt = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad], lr=lr)
     g_tr, g_te = mc_returns(train), mc_returns(test)
     gen = torch.Generator().manual_seed(0)
@@ -218,12 +218,12 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(args.policy)
     if args.shaping:
         train, test = (reward_with_shaping(b, tasks[i : i + b.size], args.shaping, tok)
-                       for b, i in ((train, 0), (test, train.size)))  # fmt: skip
+                       for b, i in ((train, 0), (test, train.size)))
     for name, b in (("train", train), ("test", test)):
         g = mc_returns(b)[b.loss_mask != 0]
         print(f"{name}: {b.size} episodes, success {float(b.success.mean()):.3f}, turns {float(b.turns.mean()):.2f}, "
               f"agent tokens {int((b.loss_mask != 0).sum())}, return mean {float(g.mean()):.3f} "
-              f"var {float(g.var()):.3f}")  # fmt: skip
+              f"var {float(g.var()):.3f}")
     keys_tr, keys_te = state_keys(train, targets[: train.size], tok), state_keys(test, targets[train.size :], tok)
     for kname, k in (("turn", 1), ("turn, interval", 3), ("turn, interval, guesses", 4), ("exact prefix", 5)):
         for shrink in (0.0, 5.0):
@@ -233,7 +233,7 @@ def main() -> int:
             _, ret_lam = gae(test.token_rewards, v, test.loss_mask, gamma=1.0, lam=args.lam)
             ev_lam = explained_variance(v, ret_lam, test.loss_mask)
             print(f"table V(s) = mean G by ({kname}), shrink {shrink:g}: test EV {ev_te:.3f}, against λ-returns "
-                  f"{ev_lam:.3f} (train-half EV {ev_tr:.3f}; {seen:.0%} of test states seen in train)")  # fmt: skip
+                  f"{ev_lam:.3f} (train-half EV {ev_tr:.3f}; {seen:.0%} of test states seen in train)")
     if args.tables_only:
         return 0
     dtype = torch.float32

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn_limit: int, max_tokens: int = 4,
-                split: str = "train") -> dict:  # fmt: skip
+                split: str = "train") -> dict:
     from agentgym.actors.critic import shared_critic
     from agentgym.actors.hf_engine import HfEngine
     from agentgym.actors.rollout import play_episode
@@ -43,7 +43,7 @@ async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn
     if critic_spec is not None and split != "train":
         critic_spec = msgspec.structs.replace(critic_spec, at_eval=True)  # held-out tasks: the critic speaks too
     spec = RolloutSpec(group_size=1, max_tokens_per_turn=max_tokens, max_episode_tokens=512, temperature=1.0, top_p=1.0,
-                       critic=critic_spec)  # fmt: skip
+                       critic=critic_spec)
     engine = HfEngine(model_dir, seed=0)
     pool = EnvPool(env, {}, 4)
     await engine.start()
@@ -57,7 +57,7 @@ async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn
                 play_episode(engine, tok, pool, Ticket(group_id=f"g{k}", env=env, task_id=k, split=split), 0, spec, turn_limit,
                              seed=k, critic=critic)
                 for k in range(start, min(start + 4, episodes))
-            ))  # fmt: skip
+            ))
         dt = time.perf_counter() - t0
     finally:
         await pool.close()
@@ -67,11 +67,11 @@ async def _play(model_dir: Path, tok, env: str, critic_spec, episodes: int, turn
         "episodes_per_s": len(eps) / dt,
         "agent_tokens_per_episode": float(np.mean([unpack(e.loss_mask, U8).sum() for e in eps])),
         "critiques_per_episode": float(np.mean([unpack(e.critiques, I32).size // 2 for e in eps])),
-    }  # fmt: skip
+    }
 
 
 def test_time(model_dir: Path, episodes: int, turn_limit: int, envs: tuple[str, ...] = ("guess_number", "maze"),
-              arms: list[str] | None = None, max_tokens: int = 4, split: str = "train") -> list[dict]:  # fmt: skip
+              arms: list[str] | None = None, max_tokens: int = 4, split: str = "train") -> list[dict]:
     from transformers import AutoTokenizer
 
     from agentgym.protocol import CriticSpec
@@ -101,12 +101,12 @@ def train(model_dir: Path, out: Path, steps: int, seed: int, critic: bool) -> di
             "--actors", "1", "--max-steps", str(steps), "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',
             "-o", f'model.path="{model_dir}"', "-o", "model.create_tiny=false", "-o", 'actor.engine="hf"',
             "-o", f"run.seed={seed}", "-o", "eval.at_start=false", "-o", "eval.every=0", "-o", "eval.at_end=true",
-            "-o", "eval.tasks=16"]  # the quickstart's batch (8 groups of 8): smaller ones collapse at its lr  # fmt: skip
+            "-o", "eval.tasks=16"]  # the quickstart's batch (8 groups of 8): smaller ones collapse at its lr
     if critic:
         args += ["-o", "critic.enabled=true", "-o", 'critic.kind="oracle"', "-o", 'critic.when="every_turn"']
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "agentgym.cli", *args], text=True, capture_output=True, cwd=out,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=1800)  # fmt: skip
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"train failed ({proc.returncode}): {proc.stderr[-2000:]}")
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
@@ -115,7 +115,7 @@ def train(model_dir: Path, out: Path, steps: int, seed: int, critic: bool) -> di
     return {"critic": critic, "seed": seed, "steps": steps, "seconds": time.perf_counter() - t0,
             "checkpoint": str(ckpts[-1]) if ckpts else None,
             "train_success_last5": float(np.mean([m["success_rate"] for m in metrics[-5:]])),
-            "heldout_success": evals[-1]["success_rate"], "heldout_episodes": evals[-1]["episodes"]}  # fmt: skip
+            "heldout_success": evals[-1]["success_rate"], "heldout_episodes": evals[-1]["episodes"]}
 
 
 def main() -> int:
@@ -151,11 +151,11 @@ def main() -> int:
     base = {r["env"]: r["episodes_per_s"] for r in result["test_time"] if r["critic"] == "none"}
     for r in result["test_time"]:
         print(f"| {r['env']} | {r['critic']} | {r['success_rate']:.3f} | {r['episodes_per_s']:.2f} "
-              f"({r['episodes_per_s'] / base[r['env']]:.2f}) | {r['agent_tokens_per_episode']:.1f} | {r['critiques_per_episode']:.2f} |")  # fmt: skip
+              f"({r['episodes_per_s'] / base[r['env']]:.2f}) | {r['agent_tokens_per_episode']:.1f} | {r['critiques_per_episode']:.2f} |")
     for r in result["train"]:
         tt = " ".join(f"test-time[{x['critic']}]={x['success_rate']:.3f}" for x in r.get("test_time", []))
         print(f"train critic={r['critic']} seed={r['seed']} steps={r['steps']} held-out success {r['heldout_success']:.3f} "
-              f"(last-5-step train success {r['train_success_last5']:.3f}) {tt}")  # fmt: skip
+              f"(last-5-step train success {r['train_success_last5']:.3f}) {tt}")
     return 0
 
 

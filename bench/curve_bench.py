@@ -82,7 +82,7 @@ def rollout(i: int, rng: np.random.Generator) -> Rollout:
         token_ids=pack(rng.integers(0, 32000, n), I32), logprobs=pack(-rng.random(n), F32),
         loss_mask=pack(np.r_[np.zeros(n // 2), np.ones(n // 2)], U8), versions=pack(np.r_[-np.ones(n // 2), np.zeros(n // 2)], I32),
         turn_ends=pack([n], I32), turn_rewards=pack([1.0], F32), reward=1.0, success=True, finish="done", turn_limit=6,
-    )  # fmt: skip
+    )
     return Rollout(group_id=f"g{i}", actor_id="bench", env="guess_number", task_id=i, episodes=[ep] * 8)
 
 
@@ -133,7 +133,7 @@ def main() -> None:
     rollout_kib = len(encode(msgs[0])[1]) / 1024
 
     results: dict[str, dict[str, list[float]]] = {"plain": {"weights_mb_s": [], "rollouts_s": []},
-                                                  "curve": {"weights_mb_s": [], "rollouts_s": []}}  # fmt: skip
+                                                  "curve": {"weights_mb_s": [], "rollouts_s": []}}
     for rep in range(a.repeats):
         for mode in ("plain", "curve"):
             port = free_port_pair()
@@ -152,7 +152,7 @@ def main() -> None:
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "curve_bench.json").write_text(json.dumps({"runs": results, "median": med, "ratio": ratio,
-                                                            "weights_mib": a.weights_mib, "rollout_kib": rollout_kib}, indent=2))  # fmt: skip
+                                                            "weights_mib": a.weights_mib, "rollout_kib": rollout_kib}, indent=2))
 
 
 if __name__ == "__main__":

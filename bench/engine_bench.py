@@ -57,7 +57,7 @@ def naive(model_dir: Path, ps: list[list[int]], tokens: int) -> tuple[int, float
         for i, p in enumerate(ps):
             torch.manual_seed(i)
             out = model.generate(torch.tensor([p]), do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                 max_new_tokens=tokens, pad_token_id=eos)  # fmt: skip
+                                 max_new_tokens=tokens, pad_token_id=eos)
             total += out.shape[1] - len(p)
     return total, time.perf_counter() - t0
 
@@ -68,7 +68,7 @@ async def through_engine(engine, ps: list[list[int]], tokens: int, tag: str) -> 
     t0 = time.perf_counter()
     gens = await asyncio.gather(*(
         engine.generate(f"{tag}-{i}", p, SamplingSpec(max_tokens=tokens, temperature=1.0, seed=i)) for i, p in enumerate(ps)
-    ))  # fmt: skip
+    ))
     return sum(len(g.token_ids) for g in gens), time.perf_counter() - t0
 
 

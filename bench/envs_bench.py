@@ -40,7 +40,7 @@ ENVS: dict[str, tuple[dict[str, Any], list[str]]] = {
                        "min_digits": 1, "max_digits": 1, "operators": ["+", "-"]}, ["1", "7", "x", "3", "-2"]),
     "textarena": ({"game": "TicTacToe-v0", "opponent": "random"}, ["[4]", "[0]", "[8]", "[2]", "[6]", "x", "[1]", "[3]", "[5]"]),
     "skyrl_gym": ({"env_id": "gsm8k_multi_turn", "data": str(_DATA / "skyrl_gsm8k_train.jsonl")}, ["#### 12", "no idea", "#### 7"]),
-}  # fmt: skip
+}
 EPISODE_STEPS = 20
 
 
@@ -119,7 +119,7 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings only
     print(f"{args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     print(f"{'env':<13} {'config':<17} {'steps/s':>9} {'us/step':>9} {'overhead':>9} {'start s':>8} "
-          f"{'RSS MiB':>8} {'PSS MiB':>8}")  # fmt: skip
+          f"{'RSS MiB':>8} {'PSS MiB':>8}")
     for name in args.envs:
         rows = [("raw (in-process)", raw(name, args.seconds))]
         rows += [(f"pool c{c}", uvloop.run(pooled(name, c, args.seconds))) for c in args.concurrency]
@@ -130,7 +130,7 @@ def main() -> None:
             rss = f"{statistics.mean(m[0] for m in r['mem']) / 1024:.0f}" if r["mem"] else "-"
             pss = f"{statistics.mean(m[1] for m in r['mem']) / 1024:.0f}" if r["mem"] else "-"
             print(f"{name:<13} {config:<17} {r['steps'] / r['elapsed']:>9,.0f} {us:>9,.0f} {overhead:>9} "
-                  f"{r['start_s']:>8.2f} {rss:>8} {pss:>8}", flush=True)  # fmt: skip
+                  f"{r['start_s']:>8.2f} {rss:>8} {pss:>8}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

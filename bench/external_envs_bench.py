@@ -97,7 +97,7 @@ async def pooled(env_name: str, kwargs: dict[str, Any], concurrency: int, second
     finally:
         await pool.close()
     return {"steps": run.steps, "elapsed": run.elapsed, "step_s": run.step_s, "resets": run.resets,
-            "start_s": start_s, "rss": rss}  # fmt: skip
+            "start_s": start_s, "rss": rss}
 
 
 def main() -> None:

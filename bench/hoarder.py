@@ -45,7 +45,7 @@ def hoard(addr: str, fingerprint: str, stop: threading.Event, got: list[int]) ->
     s.setsockopt(zmq.LINGER, 0)
     s.connect(addr)
     s.send_multipart(encode(Hello(actor_id="hoarder", hostname="bench", pid=os.getpid(), model_fingerprint=fingerprint,
-                                  engine="none", max_groups=64, session="hoarder")))  # fmt: skip
+                                  engine="none", max_groups=64, session="hoarder")))
     try:
         while not stop.is_set():
             while s.poll(500):
@@ -97,11 +97,11 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
     addr = f"tcp://127.0.0.1:{port}"
     overrides = [f'model.path="{model}"', "model.create_tiny=false", "eval.at_start=false", "eval.at_end=false",
                  "eval.every=0", "learner.log_episodes=0", "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
-                 "run.max_steps=100000"]  # fmt: skip
+                 "run.max_steps=100000"]
     learner = subprocess.Popen(
         [sys.executable, "-m", "agentgym.learner.main", "--config", str(ROOT / "configs/quickstart.toml"), "--run-dir",
          str(work / "run"), "--bind", addr, "--log-level", "warning", *[a for o in overrides for a in ("-o", o)]],
-        cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+        cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)
     stop, got = threading.Event(), [0]
     peer, peer_t = None, None
     if with_peer:
@@ -115,10 +115,10 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
             [sys.executable, "-m", "agentgym.actors.main", "--config", str(ROOT / "configs/quickstart.toml"), "--learner", addr,
              "--model", str(model), "--run-dir", str(work / "actor"),
              *[a for o in [*overrides, f'actor.engine="{args.engine}"'] for a in ("-o", o)]],
-            cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+            cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)
     else:  # a scripted honest actor in a process of its own: the engine's CPU out of the measure
         actor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted)],
-                                 cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+                                 cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)
     metrics = work / "run" / "metrics.jsonl"
     try:
         wait_steps(metrics, max(1, args.peer_after), args.start_timeout, [actor, learner])
@@ -148,7 +148,7 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
             "peer_tickets": got[0], "deadline_reissued": last.get("tickets_deadline_reissued", 0),
             "late_answers": last.get("late_answers", 0), "steps_total": len(recs),
             "peer_overdue": len(overdue),
-            "peer_first_deadline_s": round(overdue[0] - peer_t, 1) if overdue and peer_t else None}  # fmt: skip
+            "peer_first_deadline_s": round(overdue[0] - peer_t, 1) if overdue and peer_t else None}
 
 
 def play(addr: str, model: str, delay_s: float) -> int:

@@ -83,7 +83,7 @@ def make_rollout(tokens: int, group: int):
             token_ids=pack(rng.integers(0, 150_000, tokens), I32), logprobs=pack(-rng.random(tokens) * mask, F32),
             loss_mask=pack(mask, U8), versions=pack(np.where(mask > 0, 7, -1), I32), turn_ends=pack(ends, I32),
             turn_rewards=pack(np.zeros(6), F32), reward=1.0, success=True, finish="done", turn_limit=6,
-        ))  # fmt: skip
+        ))
     return Rollout(group_id="run:123", actor_id="actor-0", env="guess_number", task_id=5, episodes=eps, elapsed_s=1.5)
 
 
@@ -253,7 +253,7 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
             "project_cpu_us": cp / n * 1e6, "raw_cpu_us": cr / n * 1e6, "cpu_ratio": cr / cp,
             "project_actor_cpu_us": ap / n * 1e6, "project_learner_cpu_us": lp / n * 1e6,
             "raw_client_cpu_us": ar / n * 1e6, "raw_server_cpu_us": lr / n * 1e6,
-            "wire_per_s": n / tw, "wire_cpu_us": cw / n * 1e6, "ratio_to_wire": tw / tp}  # fmt: skip
+            "wire_per_s": n / tw, "wire_cpu_us": cw / n * 1e6, "ratio_to_wire": tw / tp}
 
 
 # ---------------------------------------------------------------------- env pool
@@ -291,7 +291,7 @@ def bench_pool(steps: int) -> dict[str, float]:
     pool_s = asyncio.run(pooled())
     over = max(pool_s - raw_s, 0.0)
     return {"raw_step_us": raw_s * 1e6, "pool_step_us": pool_s * 1e6, "overhead_us": over * 1e6,
-            "overhead_vs_0.3s_step": over / 0.3, "overhead_vs_10ms_step": over / 0.01}  # fmt: skip
+            "overhead_vs_0.3s_step": over / 0.3, "overhead_vs_10ms_step": over / 0.01}
 
 
 def main() -> int:
@@ -305,7 +305,7 @@ def main() -> int:
     p.add_argument("--port", type=int, default=47311, help="first of the 6 x transport-repeats loopback ports used")
     p.add_argument("--window", type=int, default=WINDOW,
                    help=f"rollouts in flight before the sender waits for an ack (default: {WINDOW}); an agentgym "
-                   "actor never waits for acks, so a large window is the actor's pattern")  # fmt: skip
+                   "actor never waits for acks, so a large window is the actor's pattern")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = p.parse_args()
     globals()["WINDOW"] = args.window
@@ -328,16 +328,16 @@ def main() -> int:
     print("|---|---|---|---|")
     print(f"| protocol encode+decode | {pr['project_us']:.0f} µs | {pr['raw_us']:.0f} µs (msgpack) | {pr['ratio']:.2f} |")
     print(f"| ZeroMQ transport, acked | {tr['project_per_s']:.0f} rollouts/s | {tr['raw_per_s']:.0f} rollouts/s "
-          f"(pyzmq, same codec) | {tr['ratio']:.2f} |")  # fmt: skip
+          f"(pyzmq, same codec) | {tr['ratio']:.2f} |")
     print(f"| the same, CPU per rollout (both processes) | {tr['project_cpu_us']:.0f} µs | {tr['raw_cpu_us']:.0f} µs "
-          f"| {tr['cpu_ratio']:.2f} |")  # fmt: skip
+          f"| {tr['cpu_ratio']:.2f} |")
     print(f"| of which the sender (actor) / the receiver (learner) | {tr['project_actor_cpu_us']:.0f} / "
-          f"{tr['project_learner_cpu_us']:.0f} µs | {tr['raw_client_cpu_us']:.0f} / {tr['raw_server_cpu_us']:.0f} µs | |")  # fmt: skip
+          f"{tr['project_learner_cpu_us']:.0f} µs | {tr['raw_client_cpu_us']:.0f} / {tr['raw_server_cpu_us']:.0f} µs | |")
     print(f"| (reference, the wire's ceiling: pyzmq re-sending one encoded buffer, never decoded) | | "
-          f"{tr['wire_per_s']:.0f} rollouts/s, {tr['wire_cpu_us']:.0f} µs CPU | {tr['ratio_to_wire']:.2f} |")  # fmt: skip
+          f"{tr['wire_per_s']:.0f} rollouts/s, {tr['wire_cpu_us']:.0f} µs CPU | {tr['ratio_to_wire']:.2f} |")
     print(f"| env pool step | {ev['pool_step_us']:.0f} µs | {ev['raw_step_us']:.1f} µs (in-process) | "
           f"overhead {ev['overhead_us']:.0f} µs = {ev['overhead_vs_0.3s_step']:.2%} of a 0.3 s step, "
-          f"{ev['overhead_vs_10ms_step']:.1%} of a 10 ms step |")  # fmt: skip
+          f"{ev['overhead_vs_10ms_step']:.1%} of a 10 ms step |")
     if args.json:
         print(json.dumps(res, indent=1))
     return 0

@@ -90,7 +90,7 @@ def make_bench_engine(cfg: Config, kind: str) -> object:
 
 
 async def play_groups(engine: object, tokenizer: object, pool: EnvPool, spec: RolloutSpec, tickets: list[Ticket],
-                      episodes: int, turn_limit: int) -> list[Rollout]:  # fmt: skip
+                      episodes: int, turn_limit: int) -> list[Rollout]:
     """``episodes`` episodes of each ticket, all at once, as actors play them."""
 
     async def group(t: Ticket) -> Rollout:
@@ -102,7 +102,7 @@ async def play_groups(engine: object, tokenizer: object, pool: EnvPool, spec: Ro
 
 async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_limit: int | None = None,
                       log: bool = True, partial: Path | None = None, max_wall_s: float | None = None,
-                      engine_kind: str = "hf", overlap: bool = False) -> dict:  # fmt: skip
+                      engine_kind: str = "hf", overlap: bool = False) -> dict:
     """Train ``cfg.run.max_steps`` steps; held-out success at step 0, every ``eval_every`` and at the end.
 
     ``eval_turn_limit``: evaluate at this turn limit (None: the schedule's limit at that step).
@@ -140,14 +140,14 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
         curve.append((step, sum(e.success for e in eps) / len(eps)))
         # What the policy plays: the guesses of each held-out task's first episode.
         plays.append((step, [tokenizer.decode(np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0])
-                             for e in (g.episodes[0] for g in groups)]))  # fmt: skip
+                             for e in (g.episodes[0] for g in groups)]))
         if partial is not None:
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps({"curve": curve, "metrics": metrics, "plays": plays, "partial": True}))
         if log:
             m = metrics[-1] if metrics else {}
             print(f"  step {step:4d} held_out {curve[-1][1]:.3f} train {m.get('success_rate', float('nan')):.3f} "
-                  f"entropy {m.get('entropy', float('nan')):.2f} t {time.time() - t0:.0f}s", flush=True)  # fmt: skip
+                  f"entropy {m.get('entropy', float('nan')):.2f} t {time.time() - t0:.0f}s", flush=True)
 
     playing: asyncio.Future | None = None  # the batch being played
     await engine.start()
@@ -159,7 +159,7 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
         def play(step: int) -> asyncio.Future:
             # bench/task_overlap.py replays these draws to find the held-out tasks also trained on.
             tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=task)
-                       for g, task in enumerate(train_task_ids(env, cfg.learner.batch_groups, draw))]  # fmt: skip
+                       for g, task in enumerate(train_task_ids(env, cfg.learner.batch_groups, draw))]
             return asyncio.ensure_future(play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step)))
 
         playing = play(0)
@@ -209,7 +209,7 @@ def main() -> int:
 
     for seed in [int(s) for s in args.seeds.split(",")]:
         overrides = [f"run.seed={seed}", *LOOP_OVERRIDES, "model.create_tiny=false", f'actor.engine="{args.engine}"',
-                     *args.override]  # fmt: skip
+                     *args.override]
         if args.steps is not None:
             overrides.append(f"run.max_steps={args.steps}")
         cfg = load_config(args.config, overrides)
@@ -219,7 +219,7 @@ def main() -> int:
         out = args.out / args.tag
         res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, args.eval_turn_limit,
                                       partial=out / f"seed{seed}.json", engine_kind=args.engine,
-                                      overlap=args.overlap))  # fmt: skip
+                                      overlap=args.overlap))
         res.update(config=str(args.config), overrides=overrides, seed=seed, overlap=args.overlap)
         (out / f"seed{seed}.json").write_text(json.dumps(res))
     if args.plot:

@@ -79,7 +79,7 @@ def rollouts(model: Path, shape: str, seed: int = 0) -> list:
             turns, per_turn, reply = 1, 8, [tok.eos_token_id or 0]
         else:
             msgs = [{"role": "system", "content": "Guess my number between 1 and 100. After each guess I say higher or lower. Answer with a number only."},
-                    {"role": "user", "content": "I am thinking of a number between 1 and 100. Your guess?"}]  # fmt: skip
+                    {"role": "user", "content": "I am thinking of a number between 1 and 100. Your guess?"}]
             turns, per_turn = 6, 4
             reply = render([{"role": "user", "content": "Higher."}])
         prompt = render(msgs)
@@ -113,7 +113,7 @@ def main() -> int:
     rows = []
     for name in args.settings.split(","):
         cfg = make_cfg(args.model, f"learner.threads={args.threads}", "rollout.max_episode_tokens=8192", "learner.lr=1e-6",
-                       *SETTINGS[name])  # fmt: skip
+                       *SETTINGS[name])
         torch.manual_seed(0)
         tr = Trainer.load(cfg)
         params = sum(p.numel() for n, p in tr.model.named_parameters() if "embed" not in n and "lm_head" not in n)
@@ -129,17 +129,17 @@ def main() -> int:
         ideal = flop / limit["bfloat16"]
         rows.append({"setting": name, "step_s": round(step_s, 2), "tokens": int(m["tokens"]), "forward_tokens": int(m["forward_tokens"]),
                      "agent_tokens": int(m["trained_tokens"]), "tokens_per_s": round(m["tokens"] / step_s, 1),
-                     "ideal_s": round(ideal, 2), "x_limit": round(step_s / ideal, 2)})  # fmt: skip
+                     "ideal_s": round(ideal, 2), "x_limit": round(step_s / ideal, 2)})
         print(json.dumps(rows[-1]), flush=True)
         del tr
     load = os.getloadavg()
     print(f"\nmatmul limit ({args.threads} threads, 2048x2048): float32 {limit['float32'] / 1e9:.0f} GFLOP/s, "
-          f"bfloat16 {limit['bfloat16'] / 1e9:.0f} GFLOP/s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
+          f"bfloat16 {limit['bfloat16'] / 1e9:.0f} GFLOP/s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("| setting | s/step | tokens (forward) | agent tokens | tokens/s | ideal s (bf16 limit) | x limit |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['setting']} | {r['step_s']} | {r['tokens']} ({r['forward_tokens']}) | {r['agent_tokens']} | "
-              f"{r['tokens_per_s']} | {r['ideal_s']} | {r['x_limit']} |")  # fmt: skip
+              f"{r['tokens_per_s']} | {r['ideal_s']} | {r['x_limit']} |")
     if args.out:
         args.out.write_text(json.dumps({"limit_flops": limit, "load": load, "shape": args.shape, "rows": rows}, indent=1))
     return 0

@@ -47,7 +47,7 @@ def make_model(out: Path, hidden: int, layers: int) -> int:
                       num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
                       num_key_value_heads=max(1, hidden // 256), max_position_embeddings=ref.max_position_embeddings,
                       eos_token_id=ref.eos_token_id, pad_token_id=ref.pad_token_id, bos_token_id=None,
-                      tie_word_embeddings=False, use_sliding_window=False, max_window_layers=layers)  # fmt: skip
+                      tie_word_embeddings=False, use_sliding_window=False, max_window_layers=layers)
     cfg.architectures = ["Qwen2ForCausalLM"]
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
@@ -61,14 +61,14 @@ def make_model(out: Path, hidden: int, layers: int) -> int:
 def run_cell(out: Path, model: Path, k: int, actors: int, steps: int) -> dict:
     cmd = [sys.executable, "-m", "agentgym.cli", "bench", "--modes", "async", "--steps", str(steps), "--actors", str(actors),
            "--out", str(out), "-o", "actor.engine=sim", "-o", f"model.path={model}", "-o", "model.create_tiny=false",
-           "-o", f"learner.max_staleness={k}", "-o", WAITING_ENV]  # fmt: skip
+           "-o", f"learner.max_staleness={k}", "-o", WAITING_ENV]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     mean = json.loads((out / "comparison.json").read_text())["mean"]["async"]
     rows = [json.loads(line) for line in (out / "async-0" / "metrics.jsonl").read_text().splitlines()]
     settled = rows[len(rows) // 4:] or rows  # after the pipeline has filled
     return {**mean, "step_s": statistics.median(r["train_time_s"] for r in rows),
             "in_flight": statistics.mean(r["tickets_in_flight"] for r in settled),
-            "buffered": statistics.mean(r["buffered_groups"] for r in settled)}  # fmt: skip
+            "buffered": statistics.mean(r["buffered_groups"] for r in settled)}
 
 
 def main() -> None:
@@ -98,7 +98,7 @@ def main() -> None:
     for r in results:
         name = "tiny (quickstart)" if not r["hidden"] else f"hidden {r['hidden']}, {a.layers} layers ({r['params'] / 1e6:.2f}M)"
         print(f"| {name} | {r['step_s']:.2f} | {r['k']} | {r['actors']} | {r['in_flight']:.1f} + {r['buffered']:.1f} | "
-              f"{r['learner_utilisation']:.2f} | {r['learner_wait_frac']:.2f} | {r['staleness_mean']:.2f} | {r['lost_frac']:.3f} |")  # fmt: skip
+              f"{r['learner_utilisation']:.2f} | {r['learner_wait_frac']:.2f} | {r['staleness_mean']:.2f} | {r['lost_frac']:.3f} |")
     print(f"\nruns in {out}")
 
 

@@ -99,7 +99,7 @@ def least_visited(seen: Seen, memory: Memory, rng: random.Random) -> str:
 
 
 POLICIES: dict[str, Policy] = {"random open": random_open, "toward goal": toward_goal,
-                               "toward, no back": toward_no_back, "least visited": least_visited}  # fmt: skip
+                               "toward, no back": toward_no_back, "least visited": least_visited}
 
 
 def success(policy: Policy | None, size: int, turns: int, tasks: list[int], seed: int = 0) -> float:

@@ -73,7 +73,7 @@ async def run(cfg: Config, lag: int, eval_tasks: int) -> dict:
         draw = random.Random(cfg.run.seed)
         for step in range(cfg.run.max_steps):
             tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
-                       for g in range(cfg.learner.batch_groups)]  # fmt: skip
+                       for g in range(cfg.learner.batch_groups)]
             rollouts = await play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step))
             eps = [e for r in rollouts for e in r.episodes]
             acts = np.concatenate([np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0] for e in eps])
@@ -98,7 +98,7 @@ async def run(cfg: Config, lag: int, eval_tasks: int) -> dict:
         trainer.close()
     success = [s["success"] for s in steps]
     return {"steps": steps, "held_out": sum(held) / len(held), "collapse_step": collapsed(success),
-            "wall_s": time.time() - t0}  # fmt: skip
+            "wall_s": time.time() - t0}
 
 
 def main() -> int:
@@ -128,7 +128,7 @@ def main() -> int:
             print(f"[{args.tag}] lag={lag} seed={seed} held_out={res['held_out']:.3f} "
                   f"train_last10={np.mean([x['success'] for x in last]):.3f} collapse_step={res['collapse_step']} "
                   f"entropy_last={s[-1].get('entropy', float('nan')):.2f} special_share_last10={np.mean([x['special_share'] for x in last]):.2f} "
-                  f"wall={res['wall_s']:.0f}s", flush=True)  # fmt: skip
+                  f"wall={res['wall_s']:.0f}s", flush=True)
     return 0
 
 

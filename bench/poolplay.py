@@ -36,7 +36,7 @@ async def expert(ep: Any, task: int, i: int) -> str:
 
 
 async def play_for(pool: Any, tasks: Sequence[int], concurrency: int, seconds: float, max_steps: int,
-                   choose: Choose = expert) -> PoolRun:  # fmt: skip
+                   choose: Choose = expert) -> PoolRun:
     run = PoolRun()
     t0 = time.perf_counter()
 

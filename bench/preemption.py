@@ -42,7 +42,7 @@ def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) 
     mode = "on" if handover else "off"
     overrides = [*FAST, "env.kwargs={low=1, high=1000}", f"schedule.turn_limits=[[0, {args.turns}]]",
                  f"rollout.max_tokens_per_turn={args.tokens}", "rollout.max_episode_tokens=1536", "rollout.group_size=4",
-                 "learner.batch_groups=2", "learner.max_staleness=4", "run.max_steps=1000"]  # fmt: skip
+                 "learner.batch_groups=2", "learner.max_staleness=4", "run.max_steps=1000"]
     victim_cfg = [f"actor.handover={str(handover).lower()}"]
     rows = []
     with Loopback(["learner", "a1", "a2"]) as net:
@@ -67,7 +67,7 @@ def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) 
                          "handed_over": stats.get("sampled_tokens_handed_over", 0), "lost": stats.get("sampled_tokens_lost", 0),
                          "aborted_turns_tokens": stats.get("sampled_tokens_dropped", 0),
                          "groups_handed_over": stats.get("handover_groups", 0),
-                         "partial_episodes": stats.get("handover_partial", 0)})  # fmt: skip
+                         "partial_episodes": stats.get("handover_partial", 0)})
             print(json.dumps(rows[-1]), flush=True)
             victim = sc.start_actor("a1", victim_cfg)
         at = sc.step()
@@ -83,7 +83,7 @@ def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) 
         "episodes_resumed": len(resumed),
         "partial_not_resumed_yet_or_diverged": sum(len(e["prefixes"]) for e in received) - len(resumed),
         "steps": sc.step(), "work": str(work / mode),
-    }  # fmt: skip
+    }
     print(json.dumps(summary), flush=True)
     return summary
 

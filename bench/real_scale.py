@@ -82,7 +82,7 @@ def rollouts(vocab: int, groups: int, size: int, tokens: int, seed: int):
                 loss_mask=pack(mask, U8), versions=pack(np.where(mask == 1, 0, -1), I32),
                 turn_ends=pack([tokens], I32), turn_rewards=pack([r], F32), reward=r, success=r > 0,
                 finish="done", turn_limit=1,
-            ))  # fmt: skip
+            ))
         out.append(Rollout(group_id=f"g{seed}-{g}", actor_id="bench", env="guess_number", task_id=g, episodes=eps))
     return out
 
@@ -122,7 +122,7 @@ def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str,
                 del raw
                 lu = engine.last_update
                 conn.send({"fetch_s": t2 - t1, "engine_s": t3 - t2, "pause_s": lu["drain_s"] + lu["load_s"],
-                           "prepare_s": lu["prepare_s"], "actor_memory": peak_memory()})  # fmt: skip
+                           "prepare_s": lu["prepare_s"], "actor_memory": peak_memory()})
         finally:
             await engine.close()
             ctx.term()
@@ -165,7 +165,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
         f"rollout.group_size={args.group_size}", f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
         "learner.micro_batch_tokens=16384",  # as configs/real_model_gpu.toml: bounds the logits' memory
         "actor.gpu_memory_utilization=0.3",  # vLLM on the learner's GPU: leave it room to train
-    ]  # fmt: skip
+    ]
     cfg = load_config(None, overrides)
     row: dict = {"shape": shape, "dtype": dtype, "engine": args.engine}
     trainer = Trainer.build(cfg, DataParallel(device=pick_device(cfg, 0)))  # learner.device: auto
@@ -186,7 +186,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     mpc = mp.get_context("spawn")
     conn, child_conn = mpc.Pipe()
     child = mpc.Process(target=_actor_process, args=(child_conn, overrides, str(model_dir), args.engine,
-                                                     f"tcp://127.0.0.1:{port + 1}"), daemon=True)  # fmt: skip
+                                                     f"tcp://127.0.0.1:{port + 1}"), daemon=True)
     with HubThread(f"tcp://127.0.0.1:{port}") as ht:
         child.start()
         if _answer(conn, child, f"start its {args.engine} engine") != "started":
@@ -204,10 +204,10 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
                 time.sleep(0.05)  # the hub thread picks the command up every 10 ms
                 conn.send(WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(snap.frames),
-                                       total_bytes=snap.total_bytes, chunk_versions=cv))  # fmt: skip
+                                       total_bytes=snap.total_bytes, chunk_versions=cv))
                 got = _answer(conn, child, f"load version {version}")
                 parts.append({"bytes": snap.total_bytes, "chunks": len(snap.frames), "export_s": export_s, **got,
-                              "sync_s": export_s + got["fetch_s"] + got["engine_s"]})  # fmt: skip
+                              "sync_s": export_s + got["fetch_s"] + got["engine_s"]})
                 print(f"{shape}: update {version} {parts[-1]}", flush=True)
         finally:
             conn.send(None)
@@ -259,7 +259,7 @@ def main() -> int:
         ratio = f"{r['sync_over_step']:.1%}" if r["sync_over_step"] else "-"
         print(f"| {r['shape']} | {r['params'] / 1e6:.1f}M | {r['dtype']} | {r['bytes'] / 2**20:.1f} | "
               f"{r['sync_s']:.2f} ({r['export_s']:.2f} + {r['fetch_s']:.2f} + {r['engine_s']:.2f}) | {r['pause_s']:.2f} | "
-              f"{step} | {ratio} | {r['fetch_gib_s']:.2f} | {r['raw_gib_s']:.2f} | {r['fetch_over_raw']:.0%} |")  # fmt: skip
+              f"{step} | {ratio} | {r['fetch_gib_s']:.2f} | {r['raw_gib_s']:.2f} | {r['fetch_over_raw']:.0%} |")
     return 0
 
 

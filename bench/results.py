@@ -59,7 +59,7 @@ from task_overlap import row_overlap  # noqa: E402
 from agentgym.config import Config, load_config  # noqa: E402
 
 ROWS = ("maze3", "maze3-map", "maze5", "maze5-sft", "textcraft1", "textcraft1-sft", "textcraft1-d0", "textcraft2", "wordle", "wordle-letters", "wordle-games", "babyai", "deepsearch",
-        "sciworld", "webshop")  # fmt: skip
+        "sciworld", "webshop")
 """Rows of the table, in order: configs/envs/<row>.toml."""
 
 SFT_ROWS = {"maze5-sft": "maze5", "textcraft1-sft": "textcraft1"}
@@ -68,7 +68,7 @@ and the row they stand beside: their "base" arm is SFT on expert and their "base
 The bar is for RL from a base model, so they are never judged by it."""
 
 REAL_ROWS = ("real/guess_number", "real/maze3", "real/maze5", "real/babyai", "real/textcraft", "real/wordle",
-             "real/deepsearch", "real/webshop", "real/sciworld")  # fmt: skip
+             "real/deepsearch", "real/webshop", "real/sciworld")
 """The real model's rows: configs/real/<env>.toml (a row named ``real/<env>``)."""
 
 
@@ -88,7 +88,7 @@ class Suite:
 ROW_NOTES = {
     "wordle-games": "every test game is a training game (a game is its word; the 32 test games cover all 16 "
                     "words) and the base was trained on the answer in its own turn (ADR 0021)",
-}  # fmt: skip
+}
 """What a row's name cell says beside the row (docs/results.md), where its figures need it."""
 
 NO_RECORD = "no committed record (line kept from the page)"
@@ -138,7 +138,7 @@ def scripted(cfg: Config, policy: str, tasks: int, episodes: int, seed: int = 0)
     finally:
         env.close()
     return {"success": sum(wins) / len(wins), "episodes": len(wins), "mean_turns": sum(turns) / len(turns),
-            "turn_limit": limit, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+            "turn_limit": limit, "wall_s": round(time.time() - t0, 1)}
 
 
 def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
@@ -154,20 +154,20 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
     pre = Path(cfg.model.path, "pretrain.json")
     n_eval = args.eval_tasks or cfg.eval.tasks  # the row's own eval.tasks unless --eval-tasks
     arms = {"row": row, "config": str(config_path(row).relative_to(REPO)), "model": str(cfg.model.path), "eval_tasks": n_eval,
-            "pretrain": json.loads(pre.read_text()) if pre.exists() else None, "base_make_s": round(base_s, 1)}  # fmt: skip
+            "pretrain": json.loads(pre.read_text()) if pre.exists() else None, "base_make_s": round(base_s, 1)}
     for policy in ("random", "expert"):
         arms[policy] = scripted(cfg, policy, n_eval, EVAL_EPISODES)
         print(f"[{row}] {policy}: held-out success {arms[policy]['success']:.3f}", flush=True)
     (out / "arms.json").write_text(json.dumps(arms, indent=1))
     for seed in [] if args.arms_only else seeds:
         cfg = config(row, seed, [*args.override, f"run.max_steps={args.steps}", "model.create_tiny=false",
-                                 f'actor.engine="{args.engine}"'])  # fmt: skip
+                                 f'actor.engine="{args.engine}"'])
         print(f"[{row} seed {seed}] up to {args.steps} steps / {args.max_wall_s:.0f} s", flush=True)
         res = asyncio.run(train_curve(cfg, args.eval_every, n_eval, cfg.schedule.final_limit,
                                       partial=out / f"seed{seed}.json", max_wall_s=args.max_wall_s,
-                                      engine_kind=args.engine, overlap=args.overlap))  # fmt: skip
+                                      engine_kind=args.engine, overlap=args.overlap))
         res.update(seed=seed, overrides=args.override, config=str(config_path(row).relative_to(REPO)), engine=args.engine, eval_tasks=n_eval,
-                   overlap=args.overlap)  # fmt: skip
+                   overlap=args.overlap)
         (out / f"seed{seed}.json").write_text(json.dumps(res))
 
 
@@ -197,7 +197,7 @@ def save_record(out: Path, record: Path, row: str) -> None:
         run.pop("plays", None)
         run["steps"] = run.get("steps", len(run["metrics"]))
         run["metrics"] = [{k: round(m[k], 5) for k in RECORD_METRICS if isinstance(m.get(k), (int, float))}
-                          for m in run["metrics"]]  # fmt: skip
+                          for m in run["metrics"]]
         (dst / f.name).write_text(json.dumps(run, separators=(",", ":")) + "\n")
 
 
@@ -215,7 +215,7 @@ def summarise(folder: Path) -> dict | None:
     return {**arms, "eval_tasks": tasks, "base": base, "final": final, "seeds": [r["seed"] for r in done],
             "steps": [r.get("steps", len(r["metrics"])) for r in done], "wall_s": [r["wall_s"] for r in done],
             "entropy": [r["metrics"][-1].get("entropy") for r in done if r["metrics"]],
-            "partial": len(runs) - len(done)}  # fmt: skip
+            "partial": len(runs) - len(done)}
 
 
 def _ms(xs: list[float]) -> str:
@@ -276,7 +276,7 @@ def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str
     ``kept`` (the page's current table), if any."""
     lines = ["| env (config) | random | base | base + RL: mean ± sd (min-max) | expert | RL steps | wall per RL run (s) | "
              "turn limit | test tasks also drawn in training, per seed | meets the bar |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|"]
     suite = suite or SUITES["toy"]
     missing = []
     for row in rows:
@@ -302,7 +302,7 @@ def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str
         name = f"{name}: {ROW_NOTES[row]}" if row in ROW_NOTES else name
         lines.append(f"| {name} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
                      f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | "
-                     f"{overlap_cell(row, folder)} | {verdict(s, row, suite)} |")  # fmt: skip
+                     f"{overlap_cell(row, folder)} | {verdict(s, row, suite)} |")
     if missing:
         lines.append("")
         lines.append(f"Rows without 3 finished RL seeds: {', '.join(missing)}. To run them: "
@@ -316,7 +316,7 @@ SUITES = {
     "real": Suite(REAL_ROWS, ("<!-- real-table -->", "<!-- /real-table -->"), 0.15, None,
                   "nice python bench/results.py --suite real --rows {rows} --seeds 0,1,2 --steps 40 --max-wall-s 2700 "
                   "--engine vllm --table docs/results.md --plot docs/img/results_real.png"),
-}  # fmt: skip
+}
 """The tables: the demo models' (``toy``, the bar base + 0.3 or 0.8 of the expert) and the real
 model's (``real``, the bar base + 0.15 over the instruct model zero-shot)."""
 
@@ -330,7 +330,7 @@ def page_lines(path: Path, markers: tuple[str, str] = (BEGIN, END)) -> dict[str,
     body = page.split(BEGIN, 1)[1].split(END, 1)[0]
     # A labelled row's cell is "row: what its arms are".
     return {line.split("|")[1].split(":", 1)[0].strip(): line for line in body.splitlines()
-            if line.startswith("| ") and line.count("|") > 3}  # fmt: skip
+            if line.startswith("| ") and line.count("|") > 3}
 
 
 def write_table(path: Path, text: str, markers: tuple[str, str] = (BEGIN, END)) -> None:
@@ -359,7 +359,7 @@ def plot(out: Path, rows: list[str], path: Path, record: Path = RECORD) -> None:
         return
     cols = min(3, len(done))
     fig, axes = plt.subplots((len(done) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.0 * ((len(done) + cols - 1) // cols)),
-                             squeeze=False)  # fmt: skip
+                             squeeze=False)
     for ax, row in zip(axes.flat, done):
         s = summaries[row]
         for f in sorted(folders[row].glob("seed*.json")):
@@ -408,7 +408,7 @@ def mix_curves(run_dir: Path, path: Path, every: int = 10) -> None:
         means = [(c[-1][0], sum(v for _, v in c) / len(c)) for c in chunks]  # at the chunk's last step
         train.plot([m[0] for m in means], [m[1] for m in means], color=line.get_color(), label=env)
         print(f"{env}: held-out " + ", ".join(f"step {s} {v:.2f}" for s, v in pts)
-              + f"; training, mean of each {every} steps: " + ", ".join(f"{v:.2f}" for _, v in means))  # fmt: skip
+              + f"; training, mean of each {every} steps: " + ", ".join(f"{v:.2f}" for _, v in means))
     for ax, title in ((held, "held-out success"), (train, f"training success (mean of {every} steps)")):
         ax.set_xlabel("learner step")
         ax.set_title(title, fontsize=10)

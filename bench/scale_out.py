@@ -49,24 +49,24 @@ def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
         if args.link_mbit:  # every host's NIC sends at most this fast: the network, not the CPU, is the limit
             for h in ["learner", *hosts]:
                 subprocess.run(["ip", "netns", "exec", net.ns(h), "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-                                "rate", f"{args.link_mbit}mbit", "burst", "256kb", "latency", "2s"], check=True)  # fmt: skip
+                                "rate", f"{args.link_mbit}mbit", "burst", "256kb", "latency", "2s"], check=True)
         source = net.spawn("learner", [py, "-m", "agentgym.cluster.fleet", "source", "--bind", f"tcp://{L}:5555", "--actors", str(n),
                            "--versions", str(args.versions), "--mib", str(args.mib), "--chunk-kib", str(args.chunk_kib),
-                           "--timeout", "600", "--out", str(out)], ROOT, work / "source.log")  # fmt: skip
+                           "--timeout", "600", "--out", str(out)], ROOT, work / "source.log")
         for i, h in enumerate(hosts):
             relay = None
             if mode == "relay":
                 up = f"tcp://{L}:5556" if i == 0 else f"tcp://{net.addr(hosts[(i - 1) // 2])}:5560"
                 ups = ["--upstream", up] + (["--upstream", f"tcp://{L}:5556"] if i else [])
                 net.spawn(h, [py, "-m", "agentgym.cluster.relay", "--bind", f"tcp://{net.addr(h)}:5560", "--insecure", *ups,
-                          "--stats", str(work / f"relay-{h}.json")], ROOT, work / f"relay-{h}.log")  # fmt: skip
+                          "--stats", str(work / f"relay-{h}.json")], ROOT, work / f"relay-{h}.log")
                 relay = f"tcp://{net.addr(h)}:5560"
             share = n // len(hosts) + (1 if i < n % len(hosts) else 0)
             for p in range(0, share, args.per_process):
                 count = min(args.per_process, share - p)
                 net.spawn(h, [py, "-m", "agentgym.cluster.fleet", "actors", "--learner", f"tcp://{L}:5555", "--count", str(count),
                           "--prefix", f"{h}p{p}", "--stall", "10", *(["--relay", relay] if relay else [])],
-                          ROOT, work / f"fleet-{h}-{p}.log")  # fmt: skip
+                          ROOT, work / f"fleet-{h}-{p}.log")
         deadline = time.monotonic() + 900
         while source.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -78,7 +78,7 @@ def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
         "time_to_all_s": statistics.median(v["time_to_all_s"] for v in versions),
         "egress_copies": statistics.median(v["egress_copies"] for v in versions),
         "per_version": versions,
-    }  # fmt: skip
+    }
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -127,7 +127,7 @@ def main() -> int:
             print(f"{mode:6s} N={n:4d}: time to all {row['time_to_all_s']:.2f} s, egress {row['egress_copies']:.2f} copies", flush=True)
     result = {"rows": rows, "mib": args.mib, "chunk_kib": args.chunk_kib, "hosts": args.hosts, "link_mbit": args.link_mbit,
               "loadavg_before": load, "loadavg_after": os.getloadavg(), "cpus": os.cpu_count(),
-              "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}  # fmt: skip
+              "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scale_out.json").write_text(json.dumps(result, indent=2))
     plot(rows, args.plot or args.out / "scale_out.png")

@@ -86,7 +86,7 @@ def main() -> int:
 
     short, mid, long = (int(x) for x in args.limits.split(","))
     base = ["env.kwargs={ low = 1, high = 8 }", "rollout.max_tokens_per_turn=1", "rollout.group_size=8",
-            "learner.batch_groups=4", f"run.max_steps={args.steps}", *LOOP_OVERRIDES, "model.create_tiny=false"]  # fmt: skip
+            "learner.batch_groups=4", f"run.max_steps={args.steps}", *LOOP_OVERRIDES, "model.create_tiny=false"]
     if args.row:
         from agentgym.models.base import ensure_model
 
@@ -97,12 +97,12 @@ def main() -> int:
         for arm in args.arms.split(","):
             limits = arms(args.steps, short, mid, long)[arm]
             cfg = load_config(args.config, [*base, f"run.seed={seed}", f"schedule.turn_limits={limits}",
-                                            f'actor.engine="{args.engine}"', *args.override])  # fmt: skip
+                                            f'actor.engine="{args.engine}"', *args.override])
             if not Path(cfg.model.path, "config.json").exists():
                 make_default_tiny_model(Path(cfg.model.path), seed=0)
             print(f"[{arm} seed {seed}] turn_limits={limits}", flush=True)
             res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, eval_turn_limit=long,
-                                          partial=args.out / arm / f"seed{seed}.json", engine_kind=args.engine))  # fmt: skip
+                                          partial=args.out / arm / f"seed{seed}.json", engine_kind=args.engine))
             res.update(arm=arm, turn_limits=limits, seed=seed, engine=args.engine, overrides=[*base, *args.override])
             (args.out / arm).mkdir(parents=True, exist_ok=True)
             (args.out / arm / f"seed{seed}.json").write_text(json.dumps(res))

@@ -78,7 +78,7 @@ def main() -> int:
     run_dir = args.out / "run"
     cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
            "--run-dir", str(run_dir), "--actors", str(args.actors), "--max-steps", "1000000",
-           "-o", f'model.path="{args.out / "tiny"}"', *[a for o in args.override for a in ("-o", o)]]  # fmt: skip
+           "-o", f'model.path="{args.out / "tiny"}"', *[a for o in args.override for a in ("-o", o)]]
     with (args.out / "console.log").open("ab") as console:
         launcher = subprocess.Popen(cmd, cwd=args.out, stdout=console, stderr=subprocess.STDOUT)
     lp = psutil.Process(launcher.pid)
@@ -93,7 +93,7 @@ def main() -> int:
                 series.setdefault(name, []).append((t, pss))
                 procs.setdefault(name, []).append(n)
             f.write(json.dumps({"t": round(t, 1), **{k: {"rss_mib": round(r, 1), "pss_mib": round(p, 1), "processes": n}
-                                                     for k, (r, p, n) in mem.items()}}) + "\n")  # fmt: skip
+                                                     for k, (r, p, n) in mem.items()}}) + "\n")
             f.flush()
             print(f"t={t:6.0f}s " + " ".join(f"{k}={p:.0f}MiB/{n}p" for k, (_, p, n) in mem.items()), flush=True)
             time.sleep(args.every)
@@ -116,10 +116,10 @@ def main() -> int:
         second = [p for p in pts if p[0] >= half] or pts
         row = {"pss_mib_after_1min": round(late[0][1], 1), "pss_mib_end": round(pts[-1][1], 1),
                "processes_end": procs[name][-1], "growth_mib_per_10min": round(slope_per_10min(late), 1),
-               "growth_mib_per_10min_second_half": round(slope_per_10min(second), 1), "samples": len(pts)}  # fmt: skip
+               "growth_mib_per_10min_second_half": round(slope_per_10min(second), 1), "samples": len(pts)}
         result["processes"][name] = row  # type: ignore[index]
         print(f"{name:<12} {row['pss_mib_after_1min']:>6} MiB {row['pss_mib_end']:>6} MiB {row['processes_end']:>6} "
-              f"{row['growth_mib_per_10min']:>21} MiB {row['growth_mib_per_10min_second_half']:>5} MiB")  # fmt: skip
+              f"{row['growth_mib_per_10min']:>21} MiB {row['growth_mib_per_10min_second_half']:>5} MiB")
     print(f"learner steps: {steps}")
     (args.out / "soak.json").write_text(json.dumps(result, indent=2))
     return 0

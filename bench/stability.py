@@ -39,7 +39,7 @@ SETTINGS = [
     "rollout.group_size=8", "learner.batch_groups=8", "rollout.max_tokens_per_turn=1", "rollout.temperature=1.0",
     "learner.lr=3e-3", 'learner.lr_schedule="constant"', "learner.max_grad_norm=1.0", "learner.kl_coef=0.0",
     "learner.max_staleness=2", "eval.at_start=false", "eval.at_end=true", "eval.every=0", "model.create_tiny=false",
-]  # fmt: skip
+]
 
 
 def one_run(args: argparse.Namespace, task: str, mode: str, seed: int, port: int) -> dict:
@@ -48,7 +48,7 @@ def one_run(args: argparse.Namespace, task: str, mode: str, seed: int, port: int
            "--run-dir", str(run_dir), "--mode", mode, "--max-steps", str(args.steps), "--actors", str(args.actors),
            *[x for o in [*SETTINGS, *TASKS[task], f"run.seed={seed}", f'model.path="{args.model}"',
                          f'actor.engine="{args.engine}"', f"eval.tasks={args.eval_tasks}",
-                         f'learner.bind="tcp://127.0.0.1:{port}"', *args.override] for x in ("-o", o)]]  # fmt: skip
+                         f'learner.bind="tcp://127.0.0.1:{port}"', *args.override] for x in ("-o", o)]]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     wall = time.time() - t0
@@ -68,7 +68,7 @@ def one_run(args: argparse.Namespace, task: str, mode: str, seed: int, port: int
         "over_bound_share": summary.get("trained_staleness", {}).get("over_bound_share"),
         "staleness_max_seen": summary.get("trained_staleness", {}).get("max_seen"),
         "health": summary.get("health"), "curve": success,
-    }  # fmt: skip
+    }
 
 
 def main() -> int:
@@ -87,7 +87,7 @@ def main() -> int:
     args.model = args.model.resolve()
     if not (args.model / "config.json").exists():
         subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--arch", "tiny", "--pretrain-steps", "1000",
-                        "--pretrain-env", "guess_number", str(args.model)], check=True)  # fmt: skip
+                        "--pretrain-env", "guess_number", str(args.model)], check=True)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     port = 5700
@@ -111,7 +111,7 @@ def main() -> int:
             print(f"| {task} | {mode} | {sum(r['collapse_step'] is not None for r in rs)}/{len(rs)} | {fired}/{len(rs)} | "
                   f"{statistics.mean(held):.3f} ({min(held):.2f}-{max(held):.2f}) | "
                   f"{statistics.mean(r['train_last10'] for r in rs):.3f} | "
-                  f"{statistics.mean(r['over_bound_share'] or 0 for r in rs):.4f} |")  # fmt: skip
+                  f"{statistics.mean(r['over_bound_share'] or 0 for r in rs):.4f} |")
     return 0
 
 

@@ -40,11 +40,11 @@ SETTINGS = [
     "learner.max_staleness=2", "eval.at_start=false", "eval.at_end=false", "eval.every=0", "model.create_tiny=false",
     'env.name="probe"', 'env.kwargs={kind="echo", low=1, high=8}', "schedule.turn_limits=[[0, 1]]", "learner.log_episodes=0",
     "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
-]  # fmt: skip
+]
 
 
 REAL = ["rollout.max_tokens_per_turn=8", "learner.lr=1e-6", 'model.dtype="bfloat16"', "learner.shared_prefix=true",
-        "rollout.max_episode_tokens=256", "actor.kv_cache_gib=0.5"]  # fmt: skip
+        "rollout.max_episode_tokens=256", "actor.kv_cache_gib=0.5"]
 """--real: the settings an instruct model is measured with (they follow SETTINGS, so they win)."""
 
 
@@ -53,7 +53,7 @@ def agentgym_run(model: Path, engine: str, mode: str, steps: int, out: Path, por
     overrides = [*SETTINGS, *extra, f'model.path="{model}"', f'actor.engine="{engine}"', f'learner.bind="tcp://127.0.0.1:{port}"']
     cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
            "--run-dir", str(run_dir), "--mode", mode, "--max-steps", str(steps), "--actors", "2",
-           *[x for o in overrides for x in ("-o", o)]]  # fmt: skip
+           *[x for o in overrides for x in ("-o", o)]]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
@@ -86,7 +86,7 @@ def trl_run(model: Path, steps: int, out: Path, *, max_tokens: int = 1, lr: floa
     for task in range(10_000, 10_000 + 64 * steps):
         obs = env.reset(task)
         rows.append({"prompt": [{"role": "system", "content": env.instructions()}, {"role": "user", "content": obs}],
-                     "target": obs})  # fmt: skip
+                     "target": obs})
     random.Random(0).shuffle(rows)
 
     def reward(completions, target, **_):  # type: ignore[no-untyped-def]
@@ -103,14 +103,14 @@ def trl_run(model: Path, steps: int, out: Path, *, max_tokens: int = 1, lr: floa
         learning_rate=lr, bf16=bf16, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, beta=0.0,
         temperature=1.0, max_steps=steps, use_cpu=True, report_to=[], logging_steps=10, save_strategy="no",
         dataloader_num_workers=0, seed=0,
-    )  # fmt: skip
+    )
     t0 = time.time()
     trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, callbacks=[Clock()])  # fmt: skip
+                          processing_class=tok, callbacks=[Clock()])
     start = time.time() - t0
     trainer.train()
     return {"system": f"TRL GRPOTrainer (in-process{', bf16' if bf16 else ''})", "steps": len(stamps), "wall_s": round(time.time() - t0, 1),
-            "steps_per_s": round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 3), "startup_s": round(start, 1)}  # fmt: skip
+            "steps_per_s": round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 3), "startup_s": round(start, 1)}
 
 
 def main() -> int:

@@ -62,7 +62,7 @@ def main() -> int:
     run_dir, log = args.out / "run", args.out / "train.log"
     args.out.mkdir(parents=True, exist_ok=True)
     over = [*args.overrides, f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"', "learner.checkpoint_every=0",
-            "learner.checkpoint_minutes=0", "eval.at_start=false", "eval.at_end=false", "eval.every=0"]  # fmt: skip
+            "learner.checkpoint_minutes=0", "eval.at_start=false", "eval.at_end=false", "eval.every=0"]
     if args.model:
         over += [f'model.path="{args.model}"', "model.create_tiny=false"]
     common = ["--run-dir", str(run_dir), "--actors", str(args.actors), *[a for o in over for a in ("-o", o)]]
@@ -72,7 +72,7 @@ def main() -> int:
 
     with log.open("ab") as out:
         job = subprocess.Popen([*train, "--config", str(args.config), "--max-steps", "100000", *common], cwd=args.out,
-                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + args.timeout
     while not any(e["step"] > args.after for e in events("train_step_started")):
         if job.poll() is not None or time.monotonic() > deadline:
@@ -112,13 +112,13 @@ def main() -> int:
         "abandoned": bool(events("train_step_abandoned")),
         "kept": {"checkpoint": int(ckpt.name.split("_")[1]) if ckpt else None, "metrics": metrics[-1] if metrics else None,
                  "summary": summary.get("step")},
-    }  # fmt: skip
+    }
 
     if ckpt is not None and args.resume_steps > 0:
         target = int(ckpt.name.split("_")[1]) + args.resume_steps
         with log.open("ab") as out:
             res = subprocess.Popen([*train, "--resume", "--max-steps", str(target), *common], cwd=args.out, env=env,
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             res.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -126,7 +126,7 @@ def main() -> int:
         resumed = events("learner_resumed")
         after_resume = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         row.update(resumed_from=resumed[-1]["step"] if resumed else None, resumed_to=after_resume[-1],
-                   steps_contiguous=after_resume == list(range(1, after_resume[-1] + 1)))  # fmt: skip
+                   steps_contiguous=after_resume == list(range(1, after_resume[-1] + 1)))
     print(json.dumps(row))
     return 0
 

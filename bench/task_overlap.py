@@ -167,7 +167,7 @@ def overlap(cfg: Config, steps: int, eval_tasks: int, env: str | None = None, dr
     finally:
         game.close()
     return {"overlap": len(found), "test_tasks": len(tests), "drawn": len(draws), "distinct": len(distinct),
-            "test_ids": sorted(found)}  # fmt: skip
+            "test_ids": sorted(found)}
 
 
 def row_overlap(row: str, folder: Path) -> dict[int, dict]:
@@ -207,7 +207,7 @@ def main() -> int:
         for env, ids in ticket_drawn(cfg, args.tickets).items():
             r = overlap(cfg, 0, args.eval_tasks or cfg.eval.tasks, env=env, draws=ids)
             print(f"{args.config} {env}: {r['overlap']} of {r['test_tasks']} test tasks drawn in training "
-                  f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}")  # fmt: skip
+                  f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}")
         return 0
     if args.row is None:
         raise SystemExit("task_overlap: give a row or --config")
@@ -225,7 +225,7 @@ def main() -> int:
             res[seed] = overlap(cfg, args.steps, args.eval_tasks or cfg.eval.tasks)
     for seed, r in res.items():
         print(f"{args.row} seed {seed}: {r['overlap']} of {r['test_tasks']} test tasks drawn in training "
-              f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}")  # fmt: skip
+              f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}")
     return 0
 
 

@@ -108,7 +108,7 @@ def raw(seconds: float) -> dict[str, Any]:
     mem = [memory(os.getpid())]
     env.close()
     return {"steps": steps, "elapsed": elapsed, "step_s": step_s, "resets": resets, "start_s": start_s,
-            "mem": mem, "episodes": len(resets), "solved": solved, "cpu": cpu}  # fmt: skip
+            "mem": mem, "episodes": len(resets), "solved": solved, "cpu": cpu}
 
 
 async def pooled(concurrency: int, seconds: float, options: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +127,7 @@ async def pooled(concurrency: int, seconds: float, options: dict[str, Any]) -> d
     finally:
         await pool.close()
     return {"steps": run.steps, "elapsed": run.elapsed, "step_s": run.step_s, "resets": run.resets,
-            "start_s": start_s, "mem": mem, "episodes": len(run.resets), "solved": run.solved, "cpu": cpu}  # fmt: skip
+            "start_s": start_s, "mem": mem, "episodes": len(run.resets), "solved": run.solved, "cpu": cpu}
 
 
 def main() -> None:
@@ -148,7 +148,7 @@ def main() -> None:
 
     print(f"{args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print(f"{'config':<18} {'steps/s':>8} {'ms/step':>8} {'s/reset':>8} {'start s':>8} {'solved':>8} "
-          f"{'CPU ms/step':>11} {'PSS/env':>8} {'RSS/env':>8}  PSS MiB by process (first env)")  # fmt: skip
+          f"{'CPU ms/step':>11} {'PSS/env':>8} {'RSS/env':>8}  PSS MiB by process (first env)")
     for name, r in rows:
         rate = r["steps"] / r["elapsed"]
         ms = 1000 * statistics.mean(r["step_s"]) if r["step_s"] else float("nan")
@@ -159,7 +159,7 @@ def main() -> None:
         solved = f"{r['solved']}/{r['episodes']}"
         cpu_ms = 1000 * r["cpu"] / max(r["steps"], 1)
         print(f"{name:<18} {rate:>8.2f} {ms:>8.0f} {reset:>8.2f} {r['start_s']:>8.2f} {solved:>8} {cpu_ms:>11.0f} "
-              f"{pss:>8.0f} {rss:>8.0f}  {kinds}")  # fmt: skip
+              f"{pss:>8.0f} {rss:>8.0f}  {kinds}")
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def probe(model_dir: Path, config: Path, tasks: int, before: int, samples: int, 
             prompt = torch.tensor([conv.prompt_ids])
             with torch.no_grad():
                 out = model.generate(prompt.repeat(samples, 1), max_new_tokens=12, do_sample=True, temperature=1.0,
-                                     eos_token_id=end, pad_token_id=tok.pad_token_id or 0)  # fmt: skip
+                                     eos_token_id=end, pad_token_id=tok.pad_token_id or 0)
             for row in out[:, prompt.shape[1]:]:
                 guessed[_kind(env, tok.decode(row, skip_special_tokens=True))] += 1
         n = sum(guessed.values())
@@ -123,7 +123,7 @@ def _lost_games(env, tok, kwargs: dict, tasks: int, rng: random.Random, hit, key
             hits += bool(hit(conv, result))
             games += 1
         report[split] = {"games": games, key: round(hits / max(games, 1), 3),
-                         "reader": round(reader / max(games, 1), 3), "uniform": round(1 / len(env._all), 3)}  # fmt: skip
+                         "reader": round(reader / max(games, 1), 3), "uniform": round(1 / len(env._all), 3)}
     return report
 
 
@@ -170,7 +170,7 @@ def quiz(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str, 
         prompt = torch.tensor([conv.prompt_ids])
         with torch.no_grad():
             out = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=end,
-                                 pad_token_id=tok.pad_token_id or 0)  # fmt: skip
+                                 pad_token_id=tok.pad_token_id or 0)
         return tok.decode(out[0, prompt.shape[1]:], skip_special_tokens=True).strip() == answer
 
     lost = _lost_games(env, tok, kwargs, tasks, random.Random(seed), named, "named")
@@ -214,7 +214,7 @@ def belief(model_dir: Path, config: Path, games: int, before: int, seed: int = 0
         fit = (probe_layer(x[:cut]).argmax(-1) == y[:cut]).float().mean().item()
     return {"model": str(model_dir), "belief": True, "before": before, "games": len(y), "probe_test": round(acc, 3),
             "probe_fit": round(fit, 3), "reader": round(sum(reader[cut:]) / len(reader[cut:]), 3),
-            "uniform": round(1 / len(env._all), 3)}  # fmt: skip
+            "uniform": round(1 / len(env._all), 3)}
 
 
 def main() -> None:

@@ -85,7 +85,7 @@ class WorkerHandle:
                     sys.executable, "-m", "agentgym.envpool.worker", "--parent-pid", str(os.getpid()),
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                     limit=_STDOUT_LIMIT,
-                )  # fmt: skip
+                )
             except OSError as exc:
                 raise WorkerError("start", f"cannot start an env worker for {env!r}: {exc}") from exc
         w = cls(proc, env)
@@ -102,7 +102,7 @@ class WorkerHandle:
             await w.stop()
             raise WorkerError("protocol", f"env worker pid {w.pid} answered Open with {reply!r:.200}")
         log.debug("env_worker_started", env=env, pid=w.pid, forked=w.forked,
-                  seconds=round(time.monotonic() - t0, 3))  # fmt: skip
+                  seconds=round(time.monotonic() - t0, 3))
         return w
 
     async def request(self, msg: Request, timeout: float) -> Reply:

@@ -152,4 +152,4 @@ def describe_envs() -> list[tuple[str, str, str, bool]]:
     entry point is described by its import path (describing it would mean importing it)."""
     plugins = _entry_points()  # as written, unchecked: listing must not fail on one package's typo
     return [(n, *ENV_INFO.get(n, (f"from an installed package: {plugins.get(n, _REGISTRY.get(n))}", "?", False)))
-            for n in known_envs()]  # fmt: skip
+            for n in known_envs()]

@@ -103,7 +103,7 @@ class EnvServer:
     ) -> None:
         self.env_name = env_name
         self.pool = EnvPool(env_name, env_kwargs or {}, size, step_timeout_s=step_timeout_s,
-                            reset_timeout_s=reset_timeout_s, start_timeout_s=start_timeout_s)  # fmt: skip
+                            reset_timeout_s=reset_timeout_s, start_timeout_s=start_timeout_s)
         self.wait_s, self.max_envs = wait_s, max_envs
         # A request never waits on the loop for longer than this (the pool's own deadlines are shorter).
         self._request_s = max(step_timeout_s, reset_timeout_s) + wait_s + 10
@@ -171,7 +171,7 @@ class EnvServer:
             ("POST", "/step"): self._step, ("GET", "/observation"): self._observation,
             ("POST", "/close"): self._close, ("GET", "/expert"): self._expert, ("GET", "/tasks"): self._tasks,
             ("GET", "/health"): self._health,
-        }  # fmt: skip
+        }
         route = routes.get((method, path))
         if route is None:
             known = sorted({p for _, p in routes})
@@ -233,7 +233,7 @@ class EnvServer:
                 await env.release()
                 raise HttpError(502, f"/reset id {env_id} data_idx {task_id}: {exc}") from None
             return {"id": env_id, "data_idx": task_id, "observation": env.observation,
-                    "instructions": episode.instructions, "reward": 0.0, "done": False}  # fmt: skip
+                    "instructions": episode.instructions, "reward": 0.0, "done": False}
 
     async def _step(self, args: dict[str, Any]) -> Any:
         env_id, env = self._env(args, "/step")

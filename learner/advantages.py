@@ -26,7 +26,7 @@ def _groups(fn: str, rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tens
     """Check inputs; return (rewards as float64, group id in 0..G-1 per row, group sizes, G)."""
     if rewards.dim() != 1 or group_index.shape != rewards.shape:
         raise ValueError(f"{fn}: rewards and group_index must be [B] tensors of one shape, got "
-                         f"{tuple(rewards.shape)} and {tuple(group_index.shape)}")  # fmt: skip
+                         f"{tuple(rewards.shape)} and {tuple(group_index.shape)}")
     if group_index.dtype.is_floating_point or group_index.dtype == torch.bool:
         raise ValueError(f"{fn}: group_index must be an integer tensor, got {group_index.dtype}")
     bad = (~torch.isfinite(rewards)).nonzero().flatten()
@@ -144,7 +144,7 @@ def turn_baseline_advantages(
         raise ValueError(f"turn_baseline_advantages: discount must be in (0, 1], got {discount}")
     if loss_mask.dim() != 2 or loss_mask.shape[0] != x.shape[0]:
         raise ValueError(f"turn_baseline_advantages: loss_mask must be [B, T] with B = {x.shape[0]}, "
-                         f"got {tuple(loss_mask.shape)}")  # fmt: skip
+                         f"got {tuple(loss_mask.shape)}")
     turn = agent_turn_index(loss_mask)
     played = turn.max(-1).values + 1  # turns per row (0 for a row without agent tokens)
     scale = torch.ones_like(x)
@@ -167,7 +167,7 @@ def turn_baseline_advantages(
 def _agent_mask(fn: str, token_rewards: Tensor, loss_mask: Tensor) -> Tensor:
     if token_rewards.dim() != 2 or loss_mask.shape != token_rewards.shape:
         raise ValueError(f"{fn}: token_rewards and loss_mask must be [B, T] of one shape, got "
-                         f"{tuple(token_rewards.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+                         f"{tuple(token_rewards.shape)} and {tuple(loss_mask.shape)}")
     agent = loss_mask != 0
     lost = ((token_rewards != 0) & ~agent).nonzero()
     if lost.numel():
@@ -229,7 +229,7 @@ def gae(
     agent = _agent_mask("gae", token_rewards, loss_mask)
     if values.shape != token_rewards.shape:
         raise ValueError(f"gae: values must have the shape of token_rewards {tuple(token_rewards.shape)}, "
-                         f"got {tuple(values.shape)}")  # fmt: skip
+                         f"got {tuple(values.shape)}")
     dtype = torch.promote_types(token_rewards.dtype, torch.float32)
     B = token_rewards.shape[0]
     if bootstrap_value is None:
@@ -276,12 +276,12 @@ def episode_rewards_to_tokens(rewards: Tensor, loss_mask: Tensor) -> Tensor:
     """
     if rewards.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"episode_rewards_to_tokens: need rewards [B] and loss_mask [B, T], got "
-                         f"{tuple(rewards.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+                         f"{tuple(rewards.shape)} and {tuple(loss_mask.shape)}")
     agent = loss_mask != 0
     empty = (~agent.any(-1)).nonzero().flatten()
     if empty.numel():
         raise ValueError(f"episode_rewards_to_tokens: row {int(empty[0])} has no agent token "
-                         f"(loss_mask all 0); its reward {float(rewards[empty[0]])} would be lost")  # fmt: skip
+                         f"(loss_mask all 0); its reward {float(rewards[empty[0]])} would be lost")
     T = agent.shape[1]
     # argmax returns the first maximum, so on the flipped mask it finds the last agent token.
     last = T - 1 - agent.flip(-1).to(torch.int8).argmax(-1)
@@ -304,7 +304,7 @@ def turn_rewards_to_tokens(
     """
     if len(turn_rewards) != len(turn_ends):
         raise ValueError(f"turn_rewards_to_tokens: {len(turn_rewards)} rows of rewards but "
-                         f"{len(turn_ends)} rows of turn ends")  # fmt: skip
+                         f"{len(turn_ends)} rows of turn ends")
     out = torch.zeros(len(turn_rewards), T, dtype=torch.float32)
     for b, (rs, ends) in enumerate(zip(turn_rewards, turn_ends)):
         if len(rs) != len(ends):
@@ -312,7 +312,7 @@ def turn_rewards_to_tokens(
         for k, (r, t) in enumerate(zip(rs, ends)):
             if not 0 <= t < T or (k and t <= ends[k - 1]):
                 raise ValueError(f"turn_rewards_to_tokens: turn_ends[{b}][{k}] = {t} must be in [0, {T}) "
-                                 f"and after the previous turn's end")  # fmt: skip
+                                 f"and after the previous turn's end")
             if loss_mask is not None and loss_mask[b, t] == 0:
                 raise ValueError(f"turn_rewards_to_tokens: turn_ends[{b}][{k}] = {t} is not an agent token")
             out[b, t] = r
@@ -323,7 +323,7 @@ def broadcast_sequence_advantages(adv: Tensor, loss_mask: Tensor) -> Tensor:
     """[B] per-episode advantages to [B, T]: Â_b on every agent token of row b, 0 elsewhere."""
     if adv.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != adv.shape[0]:
         raise ValueError(f"broadcast_sequence_advantages: need adv [B] and loss_mask [B, T], got "
-                         f"{tuple(adv.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+                         f"{tuple(adv.shape)} and {tuple(loss_mask.shape)}")
     return torch.where(loss_mask != 0, adv[:, None], 0.0).to(adv.dtype)
 
 
@@ -344,7 +344,7 @@ def importance_recentred(adv: Tensor, weights: Tensor, group_index: Tensor) -> T
     """
     if adv.shape != weights.shape or group_index.shape != adv.shape[:1]:
         raise ValueError(f"importance_recentred: adv and weights must be [B, T] and group_index [B], got "
-                         f"{tuple(adv.shape)}, {tuple(weights.shape)}, {tuple(group_index.shape)}")  # fmt: skip
+                         f"{tuple(adv.shape)}, {tuple(weights.shape)}, {tuple(group_index.shape)}")
     _, inv = torch.unique(group_index, return_inverse=True)
     G = int(inv.max()) + 1 if inv.numel() else 0
     on = weights != 0

@@ -47,7 +47,7 @@ def rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},  # fmt: skip
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
         "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
     }
 
@@ -128,7 +128,7 @@ def check_loaded(
     missing = [k for k in missing if not any(k in g and g & state.keys() for g in tied)]
     if missing or unexpected:
         raise ValueError(f"checkpoint {path}: weights do not match the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")  # fmt: skip
+                         f"unexpected {unexpected[:5]}")
 
 
 def check_same_critic(path: Path, state: dict[str, Any], algorithm: str, value_model: str) -> None:
@@ -138,12 +138,12 @@ def check_same_critic(path: Path, state: dict[str, Any], algorithm: str, value_m
     if (state["value_head"] is None) != (not critic):
         raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
                          f"it cannot resume learner.algorithm = {algorithm!r} "
-                         f"(the value head and optimizer state differ)")  # fmt: skip
+                         f"(the value head and optimizer state differ)")
     # Checkpoints from before learner.value_model existed hold a shared head.
     kind = state.get("value_model") or "shared"
     if critic and kind != value_model:
         raise ValueError(f"checkpoint {path} was written with learner.value_model = {kind!r}; it cannot "
-                         f"resume learner.value_model = {value_model!r} (the critics differ)")  # fmt: skip
+                         f"resume learner.value_model = {value_model!r} (the critics differ)")
 
 
 def _load_model_weights(path: Path, model: torch.nn.Module) -> None:
@@ -158,7 +158,7 @@ def load_checkpoint_files(path: Path, model: torch.nn.Module | None) -> tuple[di
     path = Path(path)
     if not (path / STATE_FILE).exists():
         raise FileNotFoundError(f"{path} is not a learner checkpoint (no {STATE_FILE}); "
-                                f"pass a checkpoints/step_NNNNNN directory written by the learner")  # fmt: skip
+                                f"pass a checkpoints/step_NNNNNN directory written by the learner")
     if model is not None:
         _load_model_weights(path, model)
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)

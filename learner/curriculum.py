@@ -98,7 +98,7 @@ class EnvStage:
 
     def state(self) -> dict[str, Any]:
         return {"stages": list(self.schedule.stages), "stage": self.stage, "since_step": self.since_step,
-                "window": [list(w) for w in self.window], "best": self.best, "since_best": self.since_best}  # fmt: skip
+                "window": [list(w) for w in self.window], "best": self.best, "since_best": self.since_best}
 
 
 class Curriculum:
@@ -176,7 +176,7 @@ class Curriculum:
                 continue
             if list(s["stages"]) != list(st.schedule.stages):
                 raise ValueError(f"schedule for env {name!r}: the checkpoint's stages are {s['stages']}, "
-                                 f"the config's {st.schedule.stages}; resume with the run's own config")  # fmt: skip
+                                 f"the config's {st.schedule.stages}; resume with the run's own config")
             if not 0 <= int(s["stage"]) < len(st.schedule.stages):
                 raise ValueError(f"curriculum state of env {name!r}: stage {s['stage']} out of range")
             st.stage, st.since_step = int(s["stage"]), int(s["since_step"])

@@ -70,7 +70,7 @@ def pick_device(cfg: Config, rank: int) -> torch.device:
             raise RuntimeError("learner.device = 'cuda' but torch sees no CUDA device")
         if rank >= torch.cuda.device_count():
             raise RuntimeError(f"learner.dp_size = {cfg.learner.dp_size} needs one GPU per rank, "
-                               f"torch sees {torch.cuda.device_count()}")  # fmt: skip
+                               f"torch sees {torch.cuda.device_count()}")
         return torch.device("cuda", rank)
     return torch.device("cpu")
 
@@ -230,10 +230,10 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
         world, rank, local = int(env["WORLD_SIZE"]), int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
     except ValueError:
         raise ValueError(f"learner ranks: RANK, WORLD_SIZE and LOCAL_RANK must be integers, got RANK={env.get('RANK')!r} "
-                         f"WORLD_SIZE={env.get('WORLD_SIZE')!r} LOCAL_RANK={env.get('LOCAL_RANK')!r}") from None  # fmt: skip
+                         f"WORLD_SIZE={env.get('WORLD_SIZE')!r} LOCAL_RANK={env.get('LOCAL_RANK')!r}") from None
     if world < 1 or not 0 <= rank < world or local < 0:
         raise ValueError(f"learner ranks: need 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0, got RANK={rank} "
-                         f"WORLD_SIZE={world} LOCAL_RANK={local}")  # fmt: skip
+                         f"WORLD_SIZE={world} LOCAL_RANK={local}")
     return LaunchEnv(rank, world, local)
 
 
@@ -246,14 +246,14 @@ def rendezvous(cfg: Config, environ: dict[str, str] | None = None) -> str:
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
     if missing:
         raise ValueError(f"learner ranks: WORLD_SIZE is set but {' and '.join(missing)} is not; set MASTER_ADDR and "
-                         "MASTER_PORT (torchrun does) or learner.dist_init_addr = 'tcp://RANK0_HOST:PORT'")  # fmt: skip
+                         "MASTER_PORT (torchrun does) or learner.dist_init_addr = 'tcp://RANK0_HOST:PORT'")
     return "env://"
 
 
 def _check_world(cfg: Config, le: LaunchEnv) -> None:
     if cfg.learner.dp_size not in (1, le.world):
         raise ValueError(f"learner.dp_size = {cfg.learner.dp_size} but WORLD_SIZE = {le.world}: ranks started the "
-                         "torchrun way take their number from WORLD_SIZE (leave dp_size at 1 or make them equal)")  # fmt: skip
+                         "torchrun way take their number from WORLD_SIZE (leave dp_size at 1 or make them equal)")
 
 
 def route_interface(host: str) -> str | None:
@@ -313,7 +313,7 @@ def start_ranks(cfg: Config, build: BuildTrainer) -> DataParallel:
         _check_world(cfg, le)
         if le.rank != 0:
             raise RuntimeError(f"learner rank {le.rank}: only rank 0 runs the learner service; ranks > 0 run "
-                               "run_worker (agentgym-learner does so when RANK > 0)")  # fmt: skip
+                               "run_worker (agentgym-learner does so when RANK > 0)")
         device = pick_device(cfg, le.local_rank)
         init = rendezvous(cfg)
         _init_group(cfg, 0, le.world, init, device)

@@ -88,7 +88,7 @@ def episode_record(kind: str, step: int, version: int, r: Rollout, i: int, decod
         "turns": len(unpack(ep.turn_ends, I32)), "turn_limit": ep.turn_limit,
         "tokens": len(unpack(ep.token_ids, I32)), "segments": segments(ep, decode),
         "critiques": len(unpack(ep.critiques, I32)) // 2,
-    }  # fmt: skip
+    }
 
 
 class EpisodeLog:

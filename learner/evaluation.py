@@ -114,11 +114,11 @@ class Evaluations:
             "pinned": bool(used) and set(used) == {rnd.version},
             "seconds": time.monotonic() - rnd.started,
             **env_stats(rnd.rollouts),
-        }  # fmt: skip
+        }
         self.metrics.write(rec)
         self.episode_log.write("eval", rnd.step, rnd.version, rnd.rollouts)
         self.results.append(rec)
         log.info("eval", step=rnd.step, version=rnd.version, split=rec["split"], episodes=len(eps),
                  success_rate=round(float(rec["success_rate"]), 3), reward_mean=round(float(rec["reward_mean"]), 3),
-                 seconds=round(float(rec["seconds"]), 1))  # fmt: skip
+                 seconds=round(float(rec["seconds"]), 1))
         rnd.done.set()

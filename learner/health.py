@@ -51,7 +51,7 @@ class Collapse:
     @property
     def reason(self) -> str:
         return (f"collapsed at step {self.step}: {self.share:.0%} of actions are {self.action!r}, every group "
-                f"has equal rewards (no gradient), entropy {self.entropy:.2f}")  # fmt: skip
+                f"has equal rewards (no gradient), entropy {self.entropy:.2f}")
 
 
 def group_has_signal(r: Rollout) -> bool:
@@ -112,11 +112,11 @@ class RunHealth:
             log.warning("no_reward_signal", step=step, steps=self.signal_free, reward=round(self.rewards[-1], 4),
                         hint="every episode of every group got the same reward, so every advantage is 0 and "
                              "nothing is trained; the task may be too hard for the start policy (try a shorter "
-                             "horizon, an easier task, or a base model that can act in this env)")  # fmt: skip
+                             "horizon, an easier task, or a base model that can act in this env)")
         if self.collapse is None and self.top_share >= COLLAPSE_SHARE:
             self.collapse = Collapse(step, self._text(top), round(self.top_share, 3), round(entropy, 3))
             log.warning("run_collapsed", step=step, action=self.collapse.action, share=self.collapse.share,
-                        entropy=self.collapse.entropy, reason=self.collapse.reason)  # fmt: skip
+                        entropy=self.collapse.entropy, reason=self.collapse.reason)
             return self.collapse
         return None
 
@@ -134,4 +134,4 @@ class RunHealth:
             "collapsed": None if self.collapse is None else {
                 "step": self.collapse.step, "action": self.collapse.action, "share": self.collapse.share,
                 "entropy": self.collapse.entropy},
-        }  # fmt: skip
+        }

@@ -55,13 +55,13 @@ def right_padded(attention_mask: Tensor) -> bool:
 def _check(fn: str, logits: Tensor, token_ids: Tensor, temperature: float) -> None:
     if logits.dim() != 3 or token_ids.shape != logits.shape[:2]:
         raise ValueError(f"{fn}: need logits [B, T, V] and token_ids [B, T], got "
-                         f"{tuple(logits.shape)} and {tuple(token_ids.shape)}")  # fmt: skip
+                         f"{tuple(logits.shape)} and {tuple(token_ids.shape)}")
     if not temperature > 0:
         raise ValueError(f"{fn}: temperature must be > 0, got {temperature}")
     V = logits.shape[-1]
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= V):
         raise ValueError(f"{fn}: token ids must be in [0, {V}) (the logits' vocabulary), got "
-                         f"min {int(token_ids.min())} max {int(token_ids.max())}")  # fmt: skip
+                         f"min {int(token_ids.min())} max {int(token_ids.max())}")
 
 
 def _ban_mask(banned: Tensor | None, V: int, device: torch.device) -> Tensor | None:
@@ -199,7 +199,7 @@ def _packed_mask(model: torch.nn.Module, packed: PackedRows) -> Tensor:
     if impl == "eager":
         dtype = next(model.parameters()).dtype
         return torch.zeros(packed.allowed.shape, dtype=dtype, device=packed.allowed.device).masked_fill(
-            ~packed.allowed, torch.finfo(dtype).min)  # fmt: skip
+            ~packed.allowed, torch.finfo(dtype).min)
     return packed.allowed
 
 
@@ -219,13 +219,13 @@ def sequence_logprobs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
     *, return_entropy: Literal[False] = ..., banned: Tensor | None = ..., needed: Tensor | None = ...,
     packed: PackedRows | None = ...,
-) -> Tensor: ...  # fmt: skip
+) -> Tensor: ...
 @overload
 def sequence_logprobs(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
     *, return_entropy: Literal[True], banned: Tensor | None = ..., needed: Tensor | None = ...,
     packed: PackedRows | None = ...,
-) -> tuple[Tensor, Tensor]: ...  # fmt: skip
+) -> tuple[Tensor, Tensor]: ...
 def sequence_logprobs(
     model: torch.nn.Module,
     input_ids: Tensor,
@@ -252,10 +252,10 @@ def sequence_logprobs(
     """
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"sequence_logprobs: attention_mask {tuple(attention_mask.shape)} must have "
-                         f"the shape of input_ids {tuple(input_ids.shape)}")  # fmt: skip
+                         f"the shape of input_ids {tuple(input_ids.shape)}")
     if needed is not None and needed.shape != input_ids.shape:
         raise ValueError(f"sequence_logprobs: needed {tuple(needed.shape)} must have the shape of "
-                         f"input_ids {tuple(input_ids.shape)}")  # fmt: skip
+                         f"input_ids {tuple(input_ids.shape)}")
     if packed is not None and needed is None:
         raise ValueError("sequence_logprobs: packed rows need `needed` (the tokens whose logprobs are read)")
     only = None
@@ -265,7 +265,7 @@ def sequence_logprobs(
     with only or contextlib.nullcontext():
         if packed is not None:
             out: _CausalLMOutput = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                                         attention_mask=_packed_mask(model, packed))  # fmt: skip
+                                         attention_mask=_packed_mask(model, packed))
         else:
             out = model(input_ids=input_ids, attention_mask=None if right_padded(attention_mask) else attention_mask)
     if packed is not None and needed is not None:

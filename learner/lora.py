@@ -41,11 +41,11 @@ def wrap_lora(model: torch.nn.Module, lc: LoraConfig) -> torch.nn.Module:
     missing = [t for t in lc.target_modules if t not in names]
     if missing:
         raise ValueError(f"learner.lora.target_modules: the model has no modules named {missing} "
-                         f"(its linear layers include {sorted(n for n in names if n.endswith('proj'))[:10]})")  # fmt: skip
+                         f"(its linear layers include {sorted(n for n in names if n.endswith('proj'))[:10]})")
     # peft annotates lora_alpha as int; it only scales by alpha / r, so a float alpha works.
     alpha: Any = lc.alpha
     pc = PeftLoraConfig(r=lc.rank, lora_alpha=alpha, lora_dropout=lc.dropout,
-                        target_modules=list(lc.target_modules), bias="none", task_type="CAUSAL_LM")  # fmt: skip
+                        target_modules=list(lc.target_modules), bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, pc)
 
 
@@ -82,7 +82,7 @@ def export_adapter(model: torch.nn.Module, dtype: str = "float32") -> list[RawTe
         raw = t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
         out.append(RawTensor(name, dtype, tuple(t.shape), raw.numpy().tobytes()))
     log.info("adapter_exported", tensors=len(out), bytes=sum(tensor_nbytes(t.dtype, t.shape) for t in out), dtype=dtype,
-             seconds=round(time.perf_counter() - t0, 4))  # fmt: skip
+             seconds=round(time.perf_counter() - t0, 4))
     return out
 
 
@@ -100,7 +100,7 @@ def load_adapter(model: torch.nn.Module, path: Path) -> None:
     f = Path(path) / ADAPTER_FILE
     if not f.is_file():
         raise FileNotFoundError(f"{path}: no {ADAPTER_FILE}; this checkpoint was not written with learner.lora "
-                                f"(resume it with learner.lora.rank = 0)")  # fmt: skip
+                                f"(resume it with learner.lora.rank = 0)")
     state = load_file(str(f))
     want = adapter_state(model)
     if state.keys() != want.keys() or any(state[k].shape != want[k].shape for k in want):

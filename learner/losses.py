@@ -153,10 +153,10 @@ def decoupled_ppo_loss(
     ``behav_clip`` zeroes, or would zero when off), approx_kl (k3 estimate of KL(π_prox‖π_θ)), num_tokens.
     """
     _same_shape("decoupled_ppo_loss", logp=logp, prox_logp=prox_logp, behav_logp=behav_logp,
-                advantages=advantages, loss_mask=loss_mask)  # fmt: skip
+                advantages=advantages, loss_mask=loss_mask)
     if not 0 <= clip_low < 1 or not clip_high >= 0:
         raise ValueError(f"clip range must satisfy 0 <= clip_low < 1 and clip_high >= 0, got "
-                         f"clip_low={clip_low} clip_high={clip_high}")  # fmt: skip
+                         f"clip_low={clip_low} clip_high={clip_high}")
     if behav_weight_cap is not None and not behav_weight_cap > 0:
         raise ValueError(f"behav_weight_cap must be > 0 or None, got {behav_weight_cap}")
     if behav_reject_above is not None and not behav_reject_above > 0:
@@ -280,7 +280,7 @@ def value_loss(
         ℓ_t    = ½ · max((V − R)², (V_clip − R)²)        (clip=None: ℓ_t = ½ (V − R)²)
     """
     _same_shape("value_loss", values=values, old_values=old_values, returns=returns,
-                loss_mask=loss_mask)  # fmt: skip
+                loss_mask=loss_mask)
     keep = loss_mask != 0
     v = torch.where(keep, values, 0.0)
     ret = torch.where(keep, returns.detach(), 0.0)

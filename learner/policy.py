@@ -72,7 +72,7 @@ def forward_tokens(
         raise ValueError("forward_tokens: packed rows are for the policy alone (a critic reads every position)")
     if value_head is None:
         logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned,
-                                      needed=needed, packed=packed)  # fmt: skip
+                                      needed=needed, packed=packed)
         return Forward(logp, ent, None, None)
     if value_head.own_body:
         logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned, needed=needed)

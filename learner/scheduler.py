@@ -34,6 +34,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from agentgym.config import EnvSpec
 from agentgym.learner.deadlines import DeadlineRule
@@ -155,7 +156,7 @@ class Scheduler:
             known.peer, known.last_seen, known.max_groups, known.session = peer, now, max_groups, session
             return known, False
         state = ActorState(actor_id, peer, self._next_index, hostname, max_groups, now, session=session,
-                           earned=self.grant_start)  # fmt: skip
+                           earned=self.grant_start)
         self._next_index += 1
         self.actors[actor_id] = state
         return state, True
@@ -263,14 +264,14 @@ class Scheduler:
         env, task = ticket_task(self.seed, n, self.envs)
         return Ticket(group_id=f"{self.run_id}:{n}", env=env.name, task_id=task, min_version=min_version)
 
-    def eval_round(self, version: int, split: str, tasks: int) -> list[Ticket]:
+    def eval_round(self, version: int, split: Literal["train", "dev", "test"], tasks: int) -> list[Ticket]:
         """Queue one evaluation: the first ``tasks`` tasks of ``split`` of every env, played with
         weights of at least ``version``. Ticket task ids are indexes into the split."""
         made = [
             Ticket(group_id=f"{self.run_id}:eval{version}:{e.name}:{i}", env=e.name, task_id=i,
-                   min_version=version, split=split)  # type: ignore[arg-type]
+                   min_version=version, split=split)
             for e in self.envs for i in range(tasks)
-        ]  # fmt: skip
+        ]
         self.eval_queue.extend(made)
         return made
 

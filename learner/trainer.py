@@ -78,7 +78,7 @@ class Trainer(TrainerState):
     def __init__(
         self, cfg: Config, model: torch.nn.Module, pad_id: int, *, dp: DataParallel | None = None,
         tokenizer_dir: Path | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
         lc = cfg.learner
         self.dp = dp or DataParallel()
@@ -88,7 +88,7 @@ class Trainer(TrainerState):
         """LoRA (learner/lora.py): only adapters train; the reference is the adapter-less model."""
         # PPO's critic (learner/value_model.py); a separate one copies the body before LoRA wraps it.
         self.value_head: ValueHead | SeparateValueModel | None = (build_value_model(
-            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if ALGORITHMS.get(lc.algorithm).critic else None)  # fmt: skip
+            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if ALGORITHMS.get(lc.algorithm).critic else None)
         self.model = (wrap_lora(model, lc.lora) if self.lora else model).to(self.device)
         self.model.train()
         if lc.gradient_checkpointing:
@@ -128,13 +128,13 @@ class Trainer(TrainerState):
         groups: list[dict[str, Any]] = [{"params": [p for p in self.params if id(p) not in head], "lr_scale": 1.0}]
         if head:
             groups.append({"params": [p for p in self.params if id(p) in head],
-                           "lr_scale": (lc.value_lr if lc.value_lr is not None else lc.lr) / lc.lr})  # fmt: skip
+                           "lr_scale": (lc.value_lr if lc.value_lr is not None else lc.lr) / lc.lr})
         self.optimizer = torch.optim.AdamW(groups, lr=lc.lr, weight_decay=lc.weight_decay, eps=lc.adam_eps)
         # Gradients clipped together, or policy and separate critic each on its own: a critic's
         # large early gradient must not shrink the policy's step.
         self.clip_sets = [g["params"] for g in groups] if isinstance(self.value_head, SeparateValueModel) else [self.params]
         self.trained_modules = torch.nn.ModuleDict({"policy": self.model, **({"value_head": self.value_head}
-                                                    if self.value_head is not None else {})})  # fmt: skip
+                                                    if self.value_head is not None else {})})
         """What the optimizer trains, by name: its checkpointed state is keyed by these names."""
         self._collective = threading.Lock()
         """Held by rank 0 around a command and its collectives: the service exports weights and
@@ -278,14 +278,14 @@ class Trainer(TrainerState):
                 packed = self._pack(b, rows, L)
                 if "prox" in out:
                     f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned,
-                                       needed=agent, packed=packed)  # fmt: skip
+                                       needed=agent, packed=packed)
                     out["prox"][rows, :L] = f.logp.float()
                     if f.values is not None and f.last_value is not None:
                         out["values"][rows, :L] = f.values.float()
                         out["last_value"][rows] = f.last_value.float()
                 if self.ref_model is not None:
                     out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp, banned=self.banned, needed=agent,
-                                                             packed=packed).float()  # fmt: skip
+                                                             packed=packed).float()
         for v in out.values():
             self.dp.all_reduce_(v)
         return out
@@ -298,7 +298,7 @@ class Trainer(TrainerState):
         b = b.to(self.device)
         B = b.size
         lr = lc.lr * lr_factor(self.step, warmup_steps=lc.warmup_steps, total_steps=cfg.run.max_steps,
-                               schedule=lc.lr_schedule, min_ratio=lc.min_lr_ratio)  # fmt: skip
+                               schedule=lc.lr_schedule, min_ratio=lc.min_lr_ratio)
         lengths = b.lengths.cpu()
         n_mb = min(lc.minibatches, B)
         minibatches = list(torch.arange(B).chunk(n_mb))
@@ -320,7 +320,7 @@ class Trainer(TrainerState):
             lc.algorithm, b, kl=kl_prox, kl_coef=lc.kl_coef, std_normalize=lc.std_normalize,
             gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
             whiten=lc.whiten_advantages, baseline=lc.baseline, turn_discount=lc.turn_discount, step_weight=lc.step_advantage_weight,
-        )  # fmt: skip
+        )
         weights = b.loss_mask * self.staleness_rule.token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
         if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
@@ -331,7 +331,7 @@ class Trainer(TrainerState):
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
         sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in
-                (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "forward", "micro")}  # fmt: skip
+                (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "forward", "micro")}
         w_max = torch.zeros((), device=self.device)
         # Flight recorder: per row, k3 KL between the behaviour logprobs the actor reported and
         # the learner's own at the batch start (first epoch): the agreement per actor.
@@ -358,7 +358,7 @@ class Trainer(TrainerState):
                 packed = self._pack(b, rows, L)
                 with self._autocast():
                     f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned,
-                                       needed=agent[rows, :L], packed=packed)  # fmt: skip
+                                       needed=agent[rows, :L], packed=packed)
                 prox = pre["prox"][rows, :L] if several else f.logp.detach()
                 if int(mb[0]) in first_epoch:
                     d = (prox - b.behav_logp[rows, :L]).double()
@@ -368,7 +368,7 @@ class Trainer(TrainerState):
                     f.logp, prox, b.behav_logp[rows, :L], adv[rows, :L], w, clip_low=lc.clip_low,
                     clip_high=lc.clip_high, behav_weight_cap=lc.tis_cap, behav_reject_above=lc.tis_reject_above,
                     agg=lc.loss_agg, norm_const=norm_const, dual_clip=lc.dual_clip, behav_clip=lc.behav_clip,
-                )  # fmt: skip
+                )
                 loss = pg
                 if lc.entropy_coef > 0:
                     loss = loss - lc.entropy_coef * aggregate(f.entropy, w, lc.loss_agg, norm_const)
@@ -433,7 +433,7 @@ class Trainer(TrainerState):
             staleness_max_trained=float(staleness[weights[agent] > 0].max()) if bool((weights[agent] > 0).any()) else 0.0,
             staleness_weight_mean=float(weights[agent].mean()) if agent.any() else 0.0,
             train_time_s=time.perf_counter() - t0,
-        )  # fmt: skip
+        )
         # Histogram of token staleness: share of agent tokens s versions old, s = 0..K, and > K.
         K = lc.max_staleness
         for s in range(K + 1):

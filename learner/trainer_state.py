@@ -142,7 +142,7 @@ class TrainerState:
             "step": self.step, "version": self.version, "algorithm": self.cfg.learner.algorithm,
             "optimizer": optim_state, "value_head": value_state, "rng": rng_state(),
             "value_model": self.cfg.learner.value_model if self.value_head is not None else None,
-        }  # fmt: skip
+        }
         path = Path(path)
         save_checkpoint(path, self.model, self.tokenizer_dir, state, extra_state or {}, model_state)
         gone = prune_checkpoints(path.parent, self.cfg.learner.keep_checkpoints)
@@ -166,7 +166,7 @@ class TrainerState:
             if self.value_head is not None:
                 set_model_state_dict(self.value_head, state["value_head"], options=StateDictOptions(full_state_dict=True))
             set_optimizer_state_dict(self.trained_modules, self.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))  # fmt: skip
+                                     options=StateDictOptions(full_state_dict=True))
         self.step = int(state["step"])
         if self.dp.rank == 0:
             set_rng_state(state["rng"])

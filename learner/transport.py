@@ -240,7 +240,7 @@ class Hub:
 
     def __init__(self, bind: str, inbox_size: int = 1024, max_msg_bytes: int | None = None,
                  keys: ServerKeys | None = None, weights_max_bytes: int | None = None,
-                 peer_timeout_s: float | None = None) -> None:  # fmt: skip
+                 peer_timeout_s: float | None = None) -> None:
         self.bind = bind
         self.peer_timeout_s = peer_timeout_s
         """Control connections silent this long, ZeroMQ's own pings unanswered, are closed (below)."""
@@ -309,7 +309,7 @@ class Hub:
 
     # ---------------------------------------------------------------- both sockets
     def _make_router(self, addr: str, rcvhwm: int = 10_000, max_bytes: int | None = None,
-                     peer_timeout_s: float | None = None) -> zmq.Socket:  # fmt: skip
+                     peer_timeout_s: float | None = None) -> zmq.Socket:
         s = self._ctx.socket(zmq.ROUTER)
         if peer_timeout_s is not None:
             # ZMTP pings, answered by the peer's ZeroMQ thread: a connection whose host died (no FIN,
@@ -393,7 +393,7 @@ async def open_hub(
     not answered for this long are closed (learner.actor_timeout_s: an actor's host that died)."""
     check_bind(bind, keys, insecure)
     hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys, weights_max_bytes=weights_max_bytes,
-              peer_timeout_s=peer_timeout_s)  # fmt: skip
+              peer_timeout_s=peer_timeout_s)
     auth = None
     thread: threading.Thread | None = None
     try:

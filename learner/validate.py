@@ -128,7 +128,7 @@ class Guard:
         self.invalid[reason] += 1
         if self.invalid[reason] <= 10 or self.invalid[reason] % 1000 == 0:  # a flood is not a log flood
             log.warning("rollout_invalid", reason=reason, count=self.invalid[reason], group=r.group_id,
-                        actor_id=r.actor_id, env=r.env, task=r.task_id)  # fmt: skip
+                        actor_id=r.actor_id, env=r.env, task=r.task_id)
 
     def drop(self, reason: str, **fields: object) -> None:
         self.dropped[reason] += 1

@@ -81,7 +81,7 @@ def policy_body(model: torch.nn.Module) -> torch.nn.Module:
     body = getattr(model, prefix, None) if prefix else None
     if not isinstance(body, torch.nn.Module) or body is model:
         raise ValueError(f"learner.value_model = 'separate' needs a causal LM with a separate transformer body; "
-                         f"{type(model).__name__} has none under base_model_prefix={prefix!r}")  # fmt: skip
+                         f"{type(model).__name__} has none under base_model_prefix={prefix!r}")
     return body
 
 

@@ -38,4 +38,4 @@ __all__ = [
     "TensorMeta", "Ticket", "VersionMismatch", "WeightChunk", "WeightGone", "WeightRequest",
     "WeightsReady", "Welcome", "decode", "encode", "encode_into", "max_frame_bytes", "peek_kind",
     "Handover", "PartialEpisode",
-]  # fmt: skip
+]

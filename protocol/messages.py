@@ -235,7 +235,7 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         nb = len(self.token_ids)
         if (not nb % 4 and len(self.logprobs) == nb and len(self.versions) == nb and len(self.loss_mask) * 4 == nb
                 and not len(self.turn_ends) % 4 and len(self.turn_rewards) == len(self.turn_ends)
-                and not len(self.critiques) % 8 and not len(self.segment_ends) % 4):  # fmt: skip
+                and not len(self.critiques) % 8 and not len(self.segment_ends) % 4):
             return
         n = count(self.token_ids, I32)
         if len(self.critiques) % (2 * I32.itemsize):
@@ -416,4 +416,4 @@ class WeightGone(Message):
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     Hello, Welcome, Reject, Heartbeat, Grant, Rollout, Ack,
     WeightsReady, Leave, Shutdown, WeightRequest, WeightChunk, WeightGone,
-)  # fmt: skip
+)

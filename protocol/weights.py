@@ -184,7 +184,7 @@ def make_chunks(
                 offset += n
             msg = WeightChunk(
                 version=version, chunk=i, num_chunks=len(groups), tensors=metas, crc32=crc.result(), nbytes=len(data),
-            )  # fmt: skip
+            )
             out.append((msg, data))
         return out
     finally:
@@ -293,7 +293,7 @@ class Assembler:
                     self._bufs[m.name], self._filled[m.name] = (m.dtype, tuple(m.shape), src[m.offset : m.offset + size]), size
                     continue
                 # not zeroed first: every byte is written by a slice, and finish() refuses gaps
-                buf = self._into.get(m.name, size) if self._into is not None else memoryview(np.empty(size, np.uint8)).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
+                buf = self._into.get(m.name, size) if self._into is not None else _fresh(size)
                 got = (m.dtype, tuple(m.shape), buf)
                 self._bufs[m.name], self._filled[m.name] = got, 0
                 self._split.add(m.name)

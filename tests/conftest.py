@@ -39,7 +39,7 @@ def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (path / "config.json").exists():
         part = path.with_name(path.name + ".part")  # renamed when complete: never a half-written model
         r = subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--from", "smollm2-135m-instruct", str(part)],
-                           capture_output=True, text=True, timeout=900)  # fmt: skip
+                           capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-4000:]
         part.rename(path)
     return path
@@ -68,7 +68,7 @@ HOSTS_MODULES = {"test_actor_leave", "test_handover_e2e", "test_learner_multinod
 SPLIT_MODULES = {"test_e2e"}
 """Modules whose tests share no costly fixture: each test is a group of its own."""
 LONG_FIRST = ("hosts", "test_multitoken_learn", "test_e2e.py::test_an_actor_killed",
-              "test_e2e.py::test_learner_and_two_actors", "test_e2e.py::test_a_mix_of_two_envs")  # fmt: skip
+              "test_e2e.py::test_learner_and_two_actors", "test_e2e.py::test_a_mix_of_two_envs")
 """The groups that take longest (CI's ``--durations``, 2026-11-28: the hosts group ~700 s, the
 multi-token learning test ~490 s, each e2e run 250-315 s), handed out first, so that the many
 short groups fill in behind them and neither worker is left with a long run at the end. The long

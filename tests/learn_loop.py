@@ -53,7 +53,7 @@ async def play_groups(play: Play, tickets: list[Ticket], episodes: int, turn_lim
 
 
 async def learn(cfg: Config, trainer: Trainer, engine: HfEngine, play: Play, held_out_tasks: int,
-                held_out_episodes: int) -> tuple[float, float, list[dict[str, float]]]:  # fmt: skip
+                held_out_episodes: int) -> tuple[float, float, list[dict[str, float]]]:
     """Held-out success of the initial and of the trained weights (the first ``held_out_tasks``
     test tasks, ``held_out_episodes`` each), and each of the ``run.max_steps`` steps' metrics;
     every episode is played by ``play`` and the new weights go into ``engine`` after each step."""
@@ -70,7 +70,7 @@ async def learn(cfg: Config, trainer: Trainer, engine: HfEngine, play: Play, hel
     metrics = []
     for step in range(cfg.run.max_steps):
         tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
-                   for g in range(cfg.learner.batch_groups)]  # fmt: skip
+                   for g in range(cfg.learner.batch_groups)]
         metrics.append(trainer.train_step(await play_groups(play, tickets, group_size, cfg.schedule.turn_limit(step))))
         await engine.update_weights({k: v.detach() for k, v in trainer.model.state_dict().items()}, trainer.version)
     after = await success(cfg.schedule.turn_limit(trainer.step))

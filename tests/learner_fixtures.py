@@ -27,14 +27,14 @@ def make_cfg(model_dir: Path, *overrides: str) -> Config:
     # full softmax, so the trainer scores that one too (the ban itself: tests/test_logprobs.py).
     base = [f'model.path="{model_dir}"', "learner.lr=1e-2", "learner.threads=1", "rollout.temperature=1.0",
             "rollout.max_episode_tokens=64", "run.max_steps=10", 'learner.device="cpu"',
-            "rollout.allow_special_tokens=true"]  # fmt: skip
+            "rollout.allow_special_tokens=true"]
     return load_config(None, [*base, *overrides])
 
 
 def episode(
     prompt: list[int], agent: list[list[int]], rewards: list[float], *, version: int = 0,
     behav: list[float] | None = None, finish: str = "done", between: list[int] = CLOSING,
-) -> Episode:  # fmt: skip
+) -> Episode:
     """An episode of len(agent) turns: prompt, then each turn's agent tokens followed by ``between``."""
     ids, mask, ends = list(prompt), [0] * len(prompt), []
     for turn in agent:
@@ -53,7 +53,7 @@ def episode(
         token_ids=pack(ids, I32), logprobs=pack(lp, F32), loss_mask=pack(m, U8), versions=pack(vers, I32),
         turn_ends=pack(ends, I32), turn_rewards=pack(rewards, F32), reward=float(sum(rewards)),
         success=sum(rewards) > 0, finish=finish, turn_limit=max(1, len(agent)),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
 
 
 def bandit_rollouts(model: torch.nn.Module | None = None, *, version: int = 0, group_size: int = 4) -> list[Rollout]:

@@ -53,7 +53,7 @@ def play(t: Ticket, actor: str, version: int, group_size: int, logprob: float = 
 class ScriptedActor:
     def __init__(self, ctx: zmq.Context, addr: str, name: str, *, delay_s: float | None, fingerprint: str,
                  group_size: int, max_groups: int = 4, keys: ClientKeys | None = None, session: str = "",
-                 heartbeat_s: float = 0.3) -> None:  # fmt: skip
+                 heartbeat_s: float = 0.3) -> None:
         self.name, self.delay_s, self.group_size, self.heartbeat_s = name, delay_s, group_size, heartbeat_s
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, name.encode())
@@ -62,7 +62,7 @@ class ScriptedActor:
         self.sock.connect(addr)
         self.addr, self._unanswered = addr, 0
         self.hello = Hello(actor_id=name, hostname="h", pid=os.getpid(), model_fingerprint=fingerprint, engine="script",
-                           max_groups=max_groups, session=session or name)  # fmt: skip
+                           max_groups=max_groups, session=session or name)
         self.version = 0
         self.due: list[tuple[float, Ticket]] = []
         self.granted: list[Ticket] = []
@@ -128,7 +128,7 @@ class LiveLearner:
         self.addr = f"tcp://127.0.0.1:{port}"
         cfg = make_cfg(model_dir, f"run.max_steps={steps}", f'learner.bind="{self.addr}"', f"learner.batch_groups={BATCH}",
                        f"rollout.group_size={GROUP}", "learner.actor_timeout_s=600", "learner.log_episodes=0",
-                       "learner.heartbeat_interval_s=0.2", *overrides)  # fmt: skip
+                       "learner.heartbeat_interval_s=0.2", *overrides)
         (tmp / "config.toml").write_text(to_toml(cfg))
         self.fingerprint = model_fingerprint(cfg.model.path)
         self.run_dir, self.tmp = tmp / "run", tmp
@@ -136,7 +136,7 @@ class LiveLearner:
         curve = [] if keys is None else ["--secret-key", str(keys / "learner.key_secret"), "--authorized-keys", str(keys / "authorized")]
         self.proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "info", "--config",
                                       str(tmp / "config.toml"), "--run-dir", str(self.run_dir), *curve],
-                                     cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+                                     cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
 
     def run(self, actors: list[ScriptedActor], timeout_s: float = 240, join: dict | None = None) -> dict:
         """Drive ``actors`` until the learner exits; ``join``: {version: actor factory} started later."""

@@ -43,7 +43,7 @@ def test_an_actor_sigtermed_before_it_registered_stops_cleanly_with_its_record(t
              "--learner", f"tcp://127.0.0.1:{free_port_pair()}", "--connect-timeout", "120", "--run-dir", str(tmp_path),
              "--actor-id", "early"],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-        )  # fmt: skip
+        )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and p.poll() is None:

@@ -53,7 +53,7 @@ def big_grant(tokens: int) -> Grant:
     n = np.arange(tokens)
     p = PartialEpisode(token_ids=pack(n, I32), logprobs=pack(np.zeros(tokens), F32), loss_mask=pack(np.ones(tokens), U8),
                        versions=pack(np.zeros(tokens), I32), turn_ends=pack([tokens], I32), turn_rewards=pack([0.0], F32),
-                       actions=["a"], observation_sha256="0" * 64, turn_limit=2)  # fmt: skip
+                       actions=["a"], observation_sha256="0" * 64, turn_limit=2)
     h = Handover(group_id="g1", actor_id="a0", partial=[p])
     return Grant(tickets=[Ticket(group_id="g1", env="guess_number", task_id=1, handover=h)])
 
@@ -156,7 +156,7 @@ def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_wit
     addr = f"tcp://127.0.0.1:{port}"
     (tmp_path / "config.json").write_text("{}")  # a model directory of its own: its Hello has a fingerprint
     cfg = load_config(None, [f'actor.learner="{addr}"', f'model.path="{tmp_path}"', "rollout.group_size=1",
-                             "rollout.max_episode_tokens=8", "actor.max_groups=1"])  # fmt: skip
+                             "rollout.max_episode_tokens=8", "actor.max_groups=1"])
     spec = RolloutSpec(group_size=8, max_tokens_per_turn=64, max_episode_tokens=4096, temperature=1.0, top_p=1.0)
     with HubThread(addr) as ht:
         hellos: list[Hello] = []
@@ -167,7 +167,7 @@ def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_wit
             hellos.append(msg)
             welcome = Welcome(run_id="r", actor_index=0, weights_port=port + 1, model_path=str(tmp_path),
                               model_fingerprint=msg.model_fingerprint, mode="async", heartbeat_interval_s=1.0,
-                              actor_timeout_s=30.0, rollout=spec)  # fmt: skip
+                              actor_timeout_s=30.0, rollout=spec)
             ht.commands.put(lambda hub: hub.send(peer, welcome))
 
         async def main() -> tuple[int, int, list[dict]]:  # type: ignore[type-arg]

@@ -27,7 +27,7 @@ from agentgym.models.tiny import make_default_tiny_model
 LONG = [
     "env.kwargs={low=1, high=1000}", "schedule.turn_limits=[[0, 12]]", "rollout.max_episode_tokens=512",
     "learner.batch_groups=2", "learner.max_staleness=4", "rollout.group_size=4",
-]  # fmt: skip
+]
 
 
 STEPS = 12
@@ -35,7 +35,7 @@ STEPS = 12
 
 def leave(run_dir: Path, actor_id: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agentgym.cli", "actors", "leave", actor_id, "--run", str(run_dir),
-                           "--timeout", "120"], capture_output=True, text=True, timeout=200)  # fmt: skip
+                           "--timeout", "120"], capture_output=True, text=True, timeout=200)
 
 
 @pytest.mark.timeout(900)
@@ -96,7 +96,7 @@ def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves
 def test_a_leave_request_nobody_answers_is_withdrawn_and_bad_arguments_exit_2(tmp_path: Path) -> None:
     def cli(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "agentgym.cli", "actors", "leave", *argv], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+                              text=True, timeout=60)
 
     assert cli("a1", "--run", str(tmp_path)).returncode == 2  # no config.toml: not a run directory
     (tmp_path / "config.toml").write_text("")

@@ -36,7 +36,7 @@ def rollout(i: int, tokens: int = 25_000) -> Rollout:
     first token id is ``i``: what arrives can be told apart from any other rollout."""
     ep = Episode(token_ids=pack(range(i, i + tokens), I32), logprobs=pack([0.0] * tokens, F32), loss_mask=pack([1] * tokens, U8),
                  versions=pack([0] * tokens, I32), turn_ends=pack([tokens], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+                 reward=1.0, success=True, finish="done", turn_limit=2)
     return Rollout(group_id=str(i), actor_id="a1", env="e", task_id=i, episodes=[ep])
 
 

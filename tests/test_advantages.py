@@ -206,7 +206,7 @@ TURNS = torch.tensor([
     [0, 0, 1, 0, 0, 0, 0, 0, 0, 0],   # turn 0
     [0, 0, 1, 0, 1, 0, 1, 0, 0, 0],   # turns 0, 1, 2
     [0, 0, 1, 0, 1, 0, 0, 0, 0, 0],   # turns 0, 1
-])  # fmt: skip
+])
 SOLVED = torch.tensor([0.0, 1.0, 0.0, 1.0])
 ONE_GROUP = torch.zeros(4, dtype=torch.long)
 
@@ -246,7 +246,7 @@ def test_turn_discount_credits_the_shorter_success_more_by_hand() -> None:
     assert adv[:, 2].sum().item() == pytest.approx(0.0, abs=1e-6)
     # discount 1 is the undiscounted baseline exactly; outside (0, 1] is refused.
     assert torch.equal(turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, discount=1.0),
-                       turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS))  # fmt: skip
+                       turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS))
     with pytest.raises(ValueError, match="discount must be in"):
         turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, discount=0.0)
 

@@ -38,7 +38,7 @@ from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "guess_number_agent.py")
 SPEC = RolloutSpec(group_size=4, max_tokens_per_turn=3, max_episode_tokens=512, temperature=1.0, top_p=1.0,
-                   env_kwargs={"guess_number": {"low": 1, "high": 8}})  # fmt: skip
+                   env_kwargs={"guess_number": {"low": 1, "high": 8}})
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
 
 
 def play(model_dir: Path, tok, cfg: AgentEndpointConfig, turn_limit: int = 4, n: int = 4, spec: RolloutSpec = SPEC,
-         split: str = "train"):  # fmt: skip
+         split: str = "train"):
     async def go():
         engine = RecordingEngine(model_dir, seed=0)
         await engine.start()
@@ -96,7 +96,7 @@ def test_an_openai_sdk_agent_trains_exactly_the_engines_tokens(setup) -> None:
         agent_ids, agent_lps = [], []
         for end in ends:
             gen = next(g for p, g in seen if len(p) == end - len(g.token_ids) and p == ids[: len(p)].tolist()
-                       and ids[len(p):end].tolist() == g.token_ids)  # fmt: skip
+                       and ids[len(p):end].tolist() == g.token_ids)
             assert tuple(ids[: end - len(gen.token_ids)].tolist()) in by_prompt
             assert (mask[end - len(gen.token_ids) : end] == 1).all() and not mask[start : end - len(gen.token_ids)].any()
             assert np.array_equal(lps[end - len(gen.token_ids) : end], np.asarray(gen.logprobs, dtype=np.float32))
@@ -204,7 +204,7 @@ def test_a_command_agent_with_a_bearer_token(setup, tmp_path: Path, monkeypatch:
                 await openai.AsyncOpenAI(base_url=f"{runner.endpoint.url}/v1", api_key="wrong").models.list()
             with pytest.raises(openai.NotFoundError):  # a conversation no ticket opened
                 await openai.AsyncOpenAI(base_url=f"{runner.endpoint.url}/c/nokey/v1", api_key="s3cret", max_retries=0
-                                         ).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])  # fmt: skip
+                                         ).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         finally:
             await runner.close()
 
@@ -230,7 +230,7 @@ def test_the_guard_refuses_segments_that_do_not_tile_the_episode() -> None:
     def episode(ends: list[int]) -> Rollout:
         ep = Episode(token_ids=pack([1, 2, 3, 4], I32), logprobs=pack([0, -1, 0, -1], F32), loss_mask=pack([0, 1, 0, 1], U8),
                      versions=pack([-1, 0, -1, 0], I32), turn_ends=pack([2, 4], I32), turn_rewards=pack([0, 1], F32),
-                     reward=1.0, success=True, finish="done", turn_limit=2, segment_ends=pack(ends, I32), prefix_breaks=1)  # fmt: skip
+                     reward=1.0, success=True, finish="done", turn_limit=2, segment_ends=pack(ends, I32), prefix_breaks=1)
         return Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=[ep])
 
     guard = Guard(group_size=1, max_episode_tokens=16, vocab_size=None)
@@ -260,7 +260,7 @@ def test_a_streamed_call_routed_by_a_body_field_is_recorded_like_any_other(setup
             client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/v1", api_key="-", max_retries=0)
             stream = await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "guess a number from 1 to 8"}], stream=True,
-                stream_options={"include_usage": True}, extra_body={"agentgym_conversation": session.key})  # fmt: skip
+                stream_options={"include_usage": True}, extra_body={"agentgym_conversation": session.key})
             chunks = [c async for c in stream]
             return chunks, session, engine.seen
         finally:

@@ -46,7 +46,7 @@ SETTINGS = (
     "rollout.group_size=8", "learner.batch_groups=4", "learner.lr=1e-2", f"run.max_steps={STEPS}",
     'learner.loss_agg="token_mean"', 'learner.lr_schedule="constant"', 'learner.truncation="terminal"',
     'learner.device="cpu"', "model.create_tiny=false", 'learner.algorithm="grpo"', "run.seed=0",
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ async def train_and_evaluate(model_dir: Path) -> tuple[float, float, list[dict[s
     await runner.start()
     try:
         before, after, metrics = await learn(cfg, trainer, engine, lambda t, i, limit: runner.play(t, i, spec, limit),
-                                             HELD_OUT_TASKS, HELD_OUT_EPISODES)  # fmt: skip
+                                             HELD_OUT_TASKS, HELD_OUT_EPISODES)
     finally:
         await runner.close()
         await engine.close()
@@ -97,12 +97,12 @@ def test_agentgym_train_with_the_agent_endpoint(model_dir: Path, tmp_path: Path)
         "rollout.max_tokens_per_turn=2", "actor.max_groups=2", "eval.at_start=false", "eval.at_end=true",
         "eval.every=0", "eval.tasks=2", "learner.checkpoint_every=0", "actor.agent_endpoint.enabled=true",
         f'actor.agent_endpoint.program="{PROGRAM}"',
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(
         [sys.executable, "-m", "agentgym.cli", "train", "--config", str(QUICKSTART), "--run-dir", str(run_dir),
          "--actors", "1", "--max-steps", str(steps), *(a for o in overrides for a in ("-o", o))],
         cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "run finished" and summary["step"] == steps

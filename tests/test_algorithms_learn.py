@@ -49,7 +49,7 @@ SETTINGS = (
     # terminal (docs/off_policy.md: bootstrapping them with gamma = 1 leaves PPO no signal).
     # The other algorithms have no critic and ignore it.
     'learner.truncation="terminal"', 'learner.device="cpu"', "model.create_tiny=false",
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def config(model_dir: Path, algorithm: str, *overrides: str) -> Config:
     return load_config(QUICKSTART, [*SETTINGS, f'model.path="{model_dir}"', f"learner.algorithm={algorithm}",
-                                    f"run.seed={SEED}", *overrides])  # fmt: skip
+                                    f"run.seed={SEED}", *overrides])
 
 
 def test_every_selectable_algorithm_is_tested() -> None:

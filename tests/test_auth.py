@@ -286,14 +286,14 @@ def test_open_non_loopback_bind_is_refused_unless_keys_or_insecure(keydir: Path,
     trio.run(bind, server_keys(keydir), False)
     # the command refuses before loading anything heavy, with the same words
     proc = subprocess.run([sys.executable, "-m", "agentgym.learner.main", "--bind", f"tcp://0.0.0.0:{port}",
-                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "no CURVE keys are configured" in proc.stderr, proc.stderr
 
 
 def test_keys_command_writes_certificates_zeromq_loads(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([sys.executable, "-m", "agentgym.cli", "keys", str(tmp_path / "k"), "--actors", "2"],
-                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+                          capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "--authorized-keys" in proc.stdout and "--learner-key" in proc.stdout
     k = tmp_path / "k"
@@ -304,7 +304,7 @@ def test_keys_command_writes_certificates_zeromq_loads(tmp_path: Path) -> None:
         assert sec is not None and zmq.auth.load_certificate(k / "authorized" / f"{name}.key") == (pub, None)
         assert (k / "actors" / f"{name}.key_secret").stat().st_mode & 0o077 == 0  # secret: owner only
     again = subprocess.run([sys.executable, "-m", "agentgym.cli", "keys", str(k), "--actors", "1"],
-                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+                           capture_output=True, text=True, timeout=60, env=env)
     assert again.returncode == 0 and zmq.auth.load_certificate(k / "learner.key") == (lpub, None)  # kept
     assert sorted(p.name for p in (k / "authorized").iterdir()) == ["actor-0.key", "actor-1.key", "actor-2.key"]
 
@@ -352,6 +352,6 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
     ("tcp://127.0.0.1:5555", True), ("tcp://127.3.2.1:5555", True), ("tcp://localhost:5555", True),
     ("tcp://[::1]:5555", True), ("tcp://0.0.0.0:5555", False), ("tcp://*:5555", False),
     ("tcp://eth0:5555", False), ("tcp://10.0.0.7:5555", False), ("tcp://[::]:5555", False),
-])  # fmt: skip
+])
 def test_which_binds_count_as_loopback(bind: str, loopback: bool) -> None:
     assert is_loopback(bind) is loopback

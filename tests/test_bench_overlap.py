@@ -29,7 +29,7 @@ def _run(learn_curve, model: Path, overlap: bool) -> dict:
 
     cfg = load_config(REPO / "configs" / "quickstart.toml", [
         *learn_curve.LOOP_OVERRIDES, f'model.path="{model}"', "model.create_tiny=false", f"run.max_steps={STEPS}",
-        "learner.batch_groups=2", "rollout.group_size=2", "run.seed=3"])  # fmt: skip
+        "learner.batch_groups=2", "rollout.group_size=2", "run.seed=3"])
     return asyncio.run(learn_curve.train_curve(cfg, eval_every=STEPS, eval_tasks=2, log=False, overlap=overlap))
 
 

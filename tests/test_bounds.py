@@ -27,7 +27,7 @@ def largest_rollout(group_size: int, tokens: int) -> Rollout:
         versions=pack(np.zeros(tokens), I32), turn_ends=pack(np.arange(1, tokens + 1), I32),
         turn_rewards=pack(np.zeros(tokens), F32), reward=0.0, success=False, finish="token_limit", turn_limit=tokens,
         failure="\U0001f600" * 65536, critiques=pack(np.arange(2 * tokens) // 2, I32),
-    )  # fmt: skip
+    )
     return Rollout(group_id="r:0", actor_id="a", env="e", task_id=0, episodes=[ep] * group_size)
 
 
@@ -46,7 +46,7 @@ def test_default_frame_caps_follow_the_rollout_limits_and_refuse_one_byte_more()
 
     async def learner() -> None:
         async with open_hub(addr, max_msg_bytes=b.control_frame, weights_max_bytes=b.weights_frame,
-                            inbox_size=b.inbox_messages) as hub:  # fmt: skip
+                            inbox_size=b.inbox_messages) as hub:
             hwm.append(hub._control.getsockopt(zmq.RCVHWM))  # type: ignore[union-attr]
             ready.set()
             with trio.move_on_after(120):

@@ -62,7 +62,7 @@ FAMILIES = [
            ("<|start_header_id|>", "<|end_header_id|>", "<|end_of_text|>"), "Answer with one number."),
     Family("mistral", MISTRAL, "<s>", "</s>", "</s>", (), None),
     Family("gemma", GEMMA, "<bos>", "<eos>", "<end_of_turn>", ("<start_of_turn>", "<end_of_turn>"), None),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.name)
@@ -74,7 +74,7 @@ def fam(request: pytest.FixtureRequest):
     tok = PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token=f.bos, eos_token=f.eos, additional_special_tokens=list(f.extra),
         chat_template=f.template, clean_up_tokenization_spaces=False,
-    )  # fmt: skip
+    )
     return f, tok
 
 

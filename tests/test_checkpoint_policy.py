@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _config(model_dir: Path, tmp_path: Path, *extra: str) -> tuple[Path, str, object]:
     bind = f"tcp://127.0.0.1:{free_port_pair()}"
     cfg = make_cfg(model_dir, 'run.mode="sync"', f'learner.bind="{bind}"', f"learner.batch_groups={BATCH}",
-                   f"rollout.group_size={GROUP_SIZE}", "learner.actor_timeout_s=600", *extra)  # fmt: skip
+                   f"rollout.group_size={GROUP_SIZE}", "learner.actor_timeout_s=600", *extra)
     path = tmp_path / "config.toml"
     path.write_text(to_toml(cfg))
     return path, bind, cfg
@@ -48,7 +48,7 @@ def _events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
 
 def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, tmp_path: Path) -> None:
     config, bind, cfg = _config(model_dir, tmp_path, "run.max_steps=2", "learner.checkpoint_every=0",
-                                "learner.checkpoint_minutes=0")  # fmt: skip
+                                "learner.checkpoint_minutes=0")
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
     actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
@@ -72,7 +72,7 @@ def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "ab") as f:
         train = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "--resume", "--run-dir", str(run_dir),
-                                  "--actors", "0"], cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+                                  "--actors", "0"], cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
     actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
     try:
         actor.play(BATCH, BATCH, train)
@@ -93,7 +93,7 @@ def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, 
 
 def test_checkpoint_minutes_saves_without_a_step_interval(model_dir: Path, tmp_path: Path) -> None:
     config, bind, cfg = _config(model_dir, tmp_path, "run.max_steps=3", "learner.checkpoint_every=0",
-                                "learner.checkpoint_minutes=0.001")  # fmt: skip
+                                "learner.checkpoint_minutes=0.001")
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
     actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
@@ -119,7 +119,7 @@ def test_a_failure_after_a_step_saves_a_checkpoint(model_dir: Path, tmp_path: Pa
     # The episode log cannot be written (its path is a directory): the train loop fails after
     # step 1 was trained and published, outside the step, where the state is consistent.
     config, bind, cfg = _config(model_dir, tmp_path, "run.max_steps=3", "learner.checkpoint_every=0",
-                                "learner.checkpoint_minutes=0", "learner.log_episodes=2")  # fmt: skip
+                                "learner.checkpoint_minutes=0", "learner.log_episodes=2")
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     (run_dir / "episodes.jsonl").mkdir(parents=True)
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)

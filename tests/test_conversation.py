@@ -53,7 +53,7 @@ def test_episode_prompts_grow_by_prefix_and_agent_tokens_are_exact(model_dir: Pa
             out = model.generate(
                 torch.tensor([prompt]), do_sample=True, max_new_tokens=6, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id, output_scores=True, return_dict_in_generate=True,
-            )  # fmt: skip
+            )
         sampled = out.sequences[0, len(prompt) :].tolist()
         logps = [float(torch.log_softmax(s[0], -1)[t]) for s, t in zip(out.scores, sampled)]
         conv.add_agent_turn(sampled, logps, version=turn + 3)
@@ -105,7 +105,7 @@ def test_sampled_tokens_are_kept_even_where_retokenizing_differs(tok) -> None:
     word = next(
         w for w, i in sorted(vocab.items(), key=lambda kv: kv[1])
         if len(w) >= 3 and w.isalpha() and all(c in vocab for c in w)
-    )  # fmt: skip
+    )
     pieces = [vocab[c] for c in word]
     sampled = [*pieces, tok.eos_token_id]
     retokenized = encode(tok, tok.decode(sampled, skip_special_tokens=False))

@@ -43,9 +43,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
 
 
 def play(model_dir: Path, tok, critic_spec: CriticSpec | None, n: int, turn_limit: int, lm: bool = False,
-         split: str = "train") -> list[Episode]:  # fmt: skip
+         split: str = "train") -> list[Episode]:
     spec = RolloutSpec(group_size=n, max_tokens_per_turn=6, max_episode_tokens=1024, temperature=1.0, top_p=1.0,
-                       critic=critic_spec)  # fmt: skip
+                       critic=critic_spec)
 
     async def go():
         engine = HfEngine(model_dir, seed=0)
@@ -163,9 +163,9 @@ def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
             "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"', "-o", f'model.path="{model_dir}"',
             "-o", "model.create_tiny=false", "-o", 'actor.engine="hf"', "-o", "rollout.group_size=2",
             "-o", "learner.batch_groups=2", "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0",
-            "-o", "critic.enabled=true", "-o", 'critic.kind="oracle"', "-o", 'critic.when="every_turn"']  # fmt: skip
+            "-o", "critic.enabled=true", "-o", 'critic.kind="oracle"', "-o", 'critic.when="every_turn"']
     proc = subprocess.run([sys.executable, "-m", "agentgym.cli", *args], cwd=tmp_path, text=True, capture_output=True,
-                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -199,4 +199,4 @@ def welcome_with(spec: RolloutSpec):
     from agentgym.protocol import Welcome
 
     return Welcome(run_id="r", actor_index=0, weights_port=1, model_path="m", model_fingerprint="f", mode="async",
-                   heartbeat_interval_s=1.0, actor_timeout_s=1.0, rollout=spec)  # fmt: skip
+                   heartbeat_interval_s=1.0, actor_timeout_s=1.0, rollout=spec)

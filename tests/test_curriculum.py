@@ -57,7 +57,7 @@ def test_threshold_advances_once_the_window_is_full_and_each_stage_starts_a_new_
     assert cur.limits() == {"guess_number": 6, "maze": 20}  # the last stage stays
     m = cur.metrics({"guess_number": 6, "maze": 20})
     assert m == {"turn_limit": 20, "env/guess_number/turn_limit": 6, "env/maze/turn_limit": 20,
-                 "env/maze/turn_stage": 2, "env/maze/stage_success": 1.0}  # fmt: skip
+                 "env/maze/turn_stage": 2, "env/maze/stage_success": 1.0}
 
 
 def test_plateau_advances_after_patience_steps_without_a_min_delta_rise() -> None:
@@ -103,7 +103,7 @@ def test_a_single_schedule_still_works_and_per_env_schedules_round_trip() -> Non
     plain = load_config(None, ["schedule.turn_limits=[[0, 2], [10, 4]]"])
     assert [plain.schedule.turn_limit(s) for s in (0, 9, 10)] == [2, 2, 4] and plain.schedule.final_limit == 4
     cfg = schedule("schedule.envs.maze.stages=[3, 5]", "schedule.envs.maze.patience=4",
-                   "schedule.envs.guess_number.turn_limits=[[0, 1], [7, 2]]")  # fmt: skip
+                   "schedule.envs.guess_number.turn_limits=[[0, 1], [7, 2]]")
     assert Config.model_validate(tomllib.loads(to_toml(cfg))) == cfg
     assert cfg.schedule.for_env("maze").final_limit == 5 and cfg.schedule.for_env("guess_number").final_limit == 2
     with pytest.raises(ValueError, match="advances by training success"):
@@ -112,7 +112,7 @@ def test_a_single_schedule_still_works_and_per_env_schedules_round_trip() -> Non
 
 def test_success_counts_come_from_the_batch_stats() -> None:
     stats = {"env/maze/episodes": 8.0, "env/maze/success_rate": 0.375, "env/guess_number/episodes": 3.0,
-             "env/guess_number/success_rate": 1 / 3, "env/maze/turns_mean": 2.0}  # fmt: skip
+             "env/guess_number/success_rate": 1 / 3, "env/maze/turns_mean": 2.0}
     assert success_counts(stats) == {"maze": (3, 8), "guess_number": (1, 3)}
 
 
@@ -125,7 +125,7 @@ def test_a_resume_from_a_learner_checkpoint_neither_repeats_nor_resets_a_stage(t
     from agentgym.learner.trainer import Trainer
 
     overrides = ("learner.batch_groups=2", "schedule.stages=[2, 3, 4, 5]", "schedule.threshold=0.6",
-                 "schedule.patience=2", "schedule.window=2", "schedule.envs.maze.turn_limits=[[0, 2], [3, 7]]", *MIX)  # fmt: skip
+                 "schedule.patience=2", "schedule.window=2", "schedule.envs.maze.turn_limits=[[0, 2], [3, 7]]", *MIX)
     cfg = make_cfg(tiny_model, *overrides)
     script = [{"guess_number": (s, 4)} for s in (1, 2, 4, 1, 1, 1, 1, 2, 2, 3)]  # 10 steps of success counts
 
@@ -134,7 +134,7 @@ def test_a_resume_from_a_learner_checkpoint_neither_repeats_nor_resets_a_stage(t
     assert [(a.env, a.to_limit, a.step, a.reason) for x in expected for a in x] == [
         ("guess_number", 3, 3, "threshold"), ("maze", 7, 3, "step"), ("guess_number", 4, 7, "plateau"),
         ("guess_number", 5, 10, "threshold"),
-    ]  # fmt: skip
+    ]
 
     trainer = Trainer.load(cfg)
     try:

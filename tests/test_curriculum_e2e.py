@@ -36,17 +36,17 @@ def test_an_actor_plays_each_env_under_its_own_and_advanced_turn_limit(tmp_path:
         # guess_number (1/4096) are rare enough not to matter.
         "schedule.envs.maze.stages=[2, 3]", "schedule.envs.maze.patience=1",
         "schedule.envs.maze.min_delta=1.0", "schedule.envs.maze.window=1",
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(
         [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "mix.toml"),
          "--run-dir", str(run_dir), "--actors", "1", "--max-steps", str(STEPS), *(a for o in overrides for a in ("-o", o))],
         cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     events = [json.loads(line) for line in (run_dir / "logs" / "learner.jsonl").read_text().splitlines()]
     advanced = [{k: e[k] for k in ("env", "from_limit", "to_limit", "step", "reason")}
-                for e in events if e.get("event") == "turn_limit_advanced"]  # fmt: skip
+                for e in events if e.get("event") == "turn_limit_advanced"]
     guess = [a for a in advanced if a["env"] == "guess_number"]
     assert guess == [{"env": "guess_number", "from_limit": 1, "to_limit": 2, "step": 2, "reason": "step"}], advanced
     maze = [a for a in advanced if a["env"] == "maze"]

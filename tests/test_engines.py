@@ -81,7 +81,7 @@ def reference_logprobs(
 def max_abs_diff(
     model: Any, prompt: list[int], tokens: list[int], logprobs: list[float], temperature: float,
     banned: torch.Tensor | None = None,
-) -> float:  # fmt: skip
+) -> float:
     if not tokens:
         return 0.0
     ref = reference_logprobs(model, prompt, tokens, temperature, banned)
@@ -124,7 +124,7 @@ def vllm_server(request: pytest.FixtureRequest, weights, tmp_path_factory: pytes
         "--logprobs-mode", "processed_logprobs", "--seed", "0", "--enforce-eager",
         "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",  # docs/engines.md: a CPU server
         "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
+    ]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # pause/resume/collective_rpc for weight updates
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -509,7 +509,7 @@ def test_close_releases_everything(h: Harness) -> None:
     children = [
         p for p in psutil.Process(os.getpid()).children(recursive=True)
         if p.pid not in server_tree and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
-    ] if h.kind == "vllm" else []  # fmt: skip
+    ] if h.kind == "vllm" else []
     if h.kind == "vllm":
         assert children, "vLLM's engine core runs in a child process"
     h.run(h.engine.close())

@@ -79,7 +79,7 @@ def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(
     say = {"taskset.id": "verifiers_say", "taskset.size": 16, "python_path": [str(REPO / "examples")]}
     length = {"taskset.id": "vf_length_taskset", "python_path": [str(tasksets)], "test_fraction": 0.25}
     spec = RolloutSpec(group_size=2, max_tokens_per_turn=3, max_episode_tokens=256, temperature=1.0, top_p=1.0,
-                       env_kwargs={"verifiers": length})  # fmt: skip
+                       env_kwargs={"verifiers": length})
 
     async def go():
         engine = RecordingEngine(model_dir, seed=0)
@@ -92,7 +92,7 @@ def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(
             test = Ticket(group_id="g1", env="verifiers", task_id=1, split="test")
             eps = await asyncio.gather(*(runner.play(t, i, spec, 2) for t in (train, test) for i in range(2)))
             say_spec = RolloutSpec(group_size=1, max_tokens_per_turn=3, max_episode_tokens=256, temperature=1.0,
-                                   top_p=1.0, env_kwargs={"verifiers": say})  # fmt: skip
+                                   top_p=1.0, env_kwargs={"verifiers": say})
             # A turn limit of one call: the harness ends the episode itself, whatever the reward.
             said = await runner.play(Ticket(group_id="g2", env="verifiers", task_id=0, split="train"), 0, say_spec, 1)
             return eps, said, engine.seen, stats
@@ -137,7 +137,7 @@ def test_the_adapter_is_registered_and_lists_its_needs() -> None:
     ({"taskset.size": 3}, r"set \"taskset.id\""),
     ({"taskset.id": "verifiers_say", "size": 3}, r"unknown option\(s\) \['size'\]"),
     ({"taskset.id": "verifiers_say", "taskset.size": 1}, r"has 1 task\(s\): too few for a train and a test split"),
-])  # fmt: skip
+])
 def test_bad_options_fail_in_one_line_naming_what_was_wrong(tasksets: Path, options: dict, match: str) -> None:
     paths = [str(tasksets), str(REPO / "examples")]
     with pytest.raises(VerifiersError, match=match) as err:
@@ -148,7 +148,7 @@ def test_bad_options_fail_in_one_line_naming_what_was_wrong(tasksets: Path, opti
 def test_start_up_stops_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``agentgym train``'s preflight: an unknown taskset, and a run that forgot the endpoint."""
     base = ["model.path='models/tiny'", "model.create_tiny=true", "env.name='verifiers'",
-            "actor.agent_endpoint.enabled=true", f"actor.agent_endpoint.program='{PROGRAM}'"]  # fmt: skip
+            "actor.agent_endpoint.enabled=true", f"actor.agent_endpoint.program='{PROGRAM}'"]
     cfg = load_config(None, [*base, "env.kwargs={'taskset.id'='no_such_taskset'}"])
     with pytest.raises(SystemExit):
         preflight(cfg)
@@ -165,6 +165,6 @@ def test_start_up_stops_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_without_the_package_the_error_names_the_extra() -> None:
     code = ("import sys; sys.modules['verifiers'] = None\n"  # how Python itself marks a module absent
             "from agentgym.envpool.envs.verifiers_env import check\n"
-            "try:\n    check({'taskset.id': 'verifiers_say'})\nexcept ImportError as e:\n    print(e)")  # fmt: skip
+            "try:\n    check({'taskset.id': 'verifiers_say'})\nexcept ImportError as e:\n    print(e)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "env verifiers needs the verifiers package" in proc.stdout and "pip install -e '.[verifiers]'" in proc.stdout

@@ -80,7 +80,7 @@ def test_guess_number_show_range_says_what_the_hints_allow() -> None:
     assert env._target == 5
     seen = [env.step(a).observation for a in ["4", "7", "2", "x", "6", "5"]]
     assert seen == ["higher, 5 to 8", "lower, 5 to 6", "higher, 5 to 6", "invalid, say a number from 1 to 8",
-                    "lower, 5 to 5", "correct"]  # fmt: skip
+                    "lower, 5 to 5", "correct"]
     plain = GuessNumber()
     plain.reset(5)
     assert [plain.step(a).observation for a in ["4", "7"]] == ["higher", "lower"]
@@ -97,7 +97,7 @@ def test_guess_number_shaping_rewards_narrowing_and_telescopes() -> None:
     env.reset(5)
     got = [(r.observation, r.reward, r.done) for r in (env.step(a) for a in ["4", "4", "7", "2", "x", "6", "5"])]
     assert [o for o, _, _ in got] == ["higher", "higher", "lower", "higher", "invalid, say a number from 1 to 8",
-                                      "lower", "correct"]  # fmt: skip
+                                      "lower", "correct"]
     assert [r for _, r, _ in got] == pytest.approx([0.1, 0.0, 0.1, 0.0, 0.0, 0.1, 1.0])
     # A first-guess win earns the whole shaping at once; over any episode the shaping sums to
     # shaping * (bits found / bits needed), so a win is worth 1 + shaping however it was reached.

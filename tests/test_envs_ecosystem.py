@@ -194,7 +194,7 @@ def test_an_env_raising_mid_episode_fails_that_episode_only(tmp_path: Path) -> N
     # A real skyrl-gym env on a malformed row: AIME's scorer calls .split on its ground truth.
     rows = tmp_path / "aime.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"2 + {n} = ?", "reward_model": {"ground_truth": gt}}) + "\n"
-                            for n, gt in enumerate([7, "3"])))  # fmt: skip
+                            for n, gt in enumerate([7, "3"])))
 
     async def main() -> None:
         async with EnvPool("skyrl_gym", {"env_id": "aime", "data": str(rows)}, 1) as pool:
@@ -252,7 +252,7 @@ def test_agentgym_train_stops_on_an_unknown_dataset_before_any_process_starts(tm
 
     config = Path(__file__).resolve().parents[1] / "configs" / "ecosystem" / "reasoning_gym.toml"
     out = subprocess.run([sys.executable, "-m", "agentgym.cli", "train", "--config", str(config),
-                          "-o", 'env.kwargs.dataset="leg_countin"'], cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+                          "-o", 'env.kwargs.dataset="leg_countin"'], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.startswith("error: env.kwargs: env reasoning_gym: unknown dataset 'leg_countin' (did you mean leg_counting")
     assert out.stderr.count("\n") == 1 and not list(tmp_path.iterdir())  # one line; no run directory, no model made

@@ -32,7 +32,7 @@ _ENVS: dict[str, Env] = {}
 
 def build(name: str) -> Env:
     return {"babyai": lambda: BabyAI(levels=BABYAI_LEVELS), "textcraft": lambda: TextCraft(depth=3),
-            "maze": lambda: Maze(size=6), "wordle": Wordle}[name]()  # fmt: skip
+            "maze": lambda: Maze(size=6), "wordle": Wordle}[name]()
 
 
 def _cached(name: str) -> Env:
@@ -110,7 +110,7 @@ def test_same_task_id_same_episode(name: str) -> None:
         assert play(a, task) == play(b, task)
         moves = {"babyai": list(ACTIONS), "textcraft": ["inventory", "get 2 oak log"],
                  "maze": ["move up", "move left", "move down", "move right"],
-                 "wordle": ["crane", "slate", "guess: pious"]}[name]  # fmt: skip
+                 "wordle": ["crane", "slate", "guess: pious"]}[name]
         scripted = lambda turn, moves=moves: INVALID[1] if turn % 3 == 0 else moves[turn % len(moves)]  # noqa: E731
         assert play(a, task, scripted, 12) == play(b, task, scripted, 12)
     # Reusing an instance across other episodes changes nothing; task ids give different episodes.
@@ -256,7 +256,7 @@ def test_textcraft_progress_reward_pays_the_plan_share_and_taking_back_costs_it(
         # the distractor's ingredients (enough of the goal's too: progress), then craft it.
         need = dict(world.recipes[world.goal].ingredients)
         trap = next((r for r in world.recipes.values() if r.output != world.goal and all(i in RAW for i, _ in r.ingredients)
-                     and any(need.get(i, 1000) <= k for i, k in r.ingredients)), None)  # fmt: skip
+                     and any(need.get(i, 1000) <= k for i, k in r.ingredients)), None)
         rewards = []
         if trap is not None:
             rewards += [paid.step(f"get {k} {ing}").reward for ing, k in trap.ingredients]
@@ -549,7 +549,7 @@ def test_wordle_missing_word_list_names_the_package(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_expert_plays_through_the_env_pool(name: str) -> None:
     kwargs = {"babyai": {"levels": ",".join(BABYAI_LEVELS)}, "textcraft": {"depth": 3}, "maze": {"size": 6},
-              "wordle": {}}[name]  # fmt: skip
+              "wordle": {}}[name]
     tasks = [int(resolve_env(name).tasks("test")[k]) for k in (0, 1)]
 
     async def main() -> list[list[str]]:
@@ -581,7 +581,7 @@ def test_expert_plays_through_the_env_pool(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_pool_survives_a_killed_and_a_hung_worker(name: str) -> None:
     kwargs = {"babyai": {"levels": ",".join(BABYAI_LEVELS)}, "textcraft": {"depth": 2}, "maze": {"size": 4},
-              "wordle": {}}[name]  # fmt: skip
+              "wordle": {}}[name]
     task = first_train_tasks(name, 1)[0]
 
     async def main() -> None:

@@ -239,7 +239,7 @@ def test_server_command_serves_until_ctrl_c(sigint: str) -> None:
          "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=ignore_sigint if sigint == "ignored" else None,
-    )  # fmt: skip
+    )
     try:
         line = ""
         assert proc.stdout is not None

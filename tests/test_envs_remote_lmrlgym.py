@@ -39,14 +39,14 @@ STARTS = [(r, c) for r in range(SIZE) for c in range(SIZE) if (r, c) != GOAL][:2
 WORDS = ["shire", "panic", "felon", "frown", "crane", "slate"]
 MOVES = {"move up": (-1, 0), "move down": (1, 0), "move left": (0, -1), "move right": (0, 1)}
 SHAPES = {"reset": {"maze": {"id": int, "game": int}, "wordle": {"id": int, "seed": int}},
-          "step": {"maze": {"id": int, "action": str}, "wordle": {"id": int, "action": str}}}  # fmt: skip
+          "step": {"maze": {"id": int, "action": str}, "wordle": {"id": int, "action": str}}}
 
 
 def maze_text(pos: tuple[int, int]) -> str:
     walls = [w for w, (dr, dc) in (("above you", (-1, 0)), ("below you", (1, 0)), ("to your left", (0, -1)),
-                                   ("to your right", (0, 1))) if not (0 <= pos[0] + dr < SIZE and 0 <= pos[1] + dc < SIZE)]  # fmt: skip
+                                   ("to your right", (0, 1))) if not (0 <= pos[0] + dr < SIZE and 0 <= pos[1] + dc < SIZE)]
     return (f"The goal is at position {GOAL[0]}, {GOAL[1]}. Your current position is at position {pos[0]}, {pos[1]}. "
-            + (f"There are walls {', '.join(walls)}." if walls else "There are no walls around you."))  # fmt: skip
+            + (f"There are walls {', '.join(walls)}." if walls else "There are no walls around you."))
 
 
 class LmrlGym:
@@ -110,7 +110,7 @@ def _shape_errors(body: Any, shape: dict[str, type]) -> list[dict[str, Any]]:
     errs = [{"type": "missing", "loc": ["body", k], "msg": "Field required"} for k in shape if k not in body]
     errs += [{"type": "extra_forbidden", "loc": ["body", k], "msg": "Extra inputs are not permitted"} for k in body if k not in shape]
     errs += [{"type": t.__name__ + "_type", "loc": ["body", k], "msg": f"Input should be a valid {t.__name__}"}
-             for k, t in shape.items() if k in body and (type(body[k]) is not t)]  # fmt: skip
+             for k, t in shape.items() if k in body and (type(body[k]) is not t)]
     return errs
 
 

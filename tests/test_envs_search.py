@@ -199,7 +199,7 @@ def test_forked_builders_of_one_cache_do_not_collide(tmp_path: Path) -> None:
     # collided). Forked as the zygote forks: from a fresh single-threaded process.
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", FORKED_BUILDERS, str(tmp_path)], env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+                         text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == str([0] * 6), out.stdout + out.stderr[-3000:]
     assert [p.name for p in tmp_path.iterdir()] == [f"factbook-bm25-{len(factbook.passages())}-t3-stem"]  # no leftovers
     assert Index(str(tmp_path)).search("capital of Chad", 3)

@@ -313,7 +313,7 @@ def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: W
 
     def browser_of(below: list[int]) -> int:
         return next(p for p in below if psutil.Process(p).name() == "chromium"
-                    and not any(a.startswith("--type=") for a in psutil.Process(p).cmdline()))  # fmt: skip
+                    and not any(a.startswith("--type=") for a in psutil.Process(p).cmdline()))
 
     task = WebShop.tasks("test")[3]
     in_process = play_expert(env, task)

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 def _cli(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
     return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=timeout)  # fmt: skip
+                          capture_output=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                  "-o", 'actor.engine="hf"', "-o", "actor.max_groups=4", "-o", "learner.batch_groups=4",
                  "-o", "eval.every=3", "-o", "eval.at_start=false", "-o", "model.pretrain_steps=100",
                  "-o", "learner.lr=1e-4",
-                 "-o", 'metrics.sinks=["jsonl", "tensorboard", "wandb"]'], root, timeout=2000)  # fmt: skip
+                 "-o", 'metrics.sinks=["jsonl", "tensorboard", "wandb"]'], root, timeout=2000)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir
 

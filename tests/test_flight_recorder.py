@@ -100,7 +100,7 @@ def test_an_actor_reporting_forged_logprobs_is_flagged_and_honest_ones_are_not(m
 
     tr = Trainer.load(make_cfg(model_dir))
     honest = [msgspec.structs.replace(r, actor_id=f"h{i}", group_id=f"h{i}")
-              for i, r in enumerate(bandit_rollouts(tr.model, version=tr.version))]  # fmt: skip
+              for i, r in enumerate(bandit_rollouts(tr.model, version=tr.version))]
     # the forger claims every token had probability 1 (logprob 0): not what the weights give
     forged = [msgspec.structs.replace(r, actor_id="forger", group_id=f"f{i}") for i, r in enumerate(bandit_rollouts(None))]
     batch = honest + forged

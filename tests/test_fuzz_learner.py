@@ -71,7 +71,7 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
     cfg: Config = make_cfg(model_dir, f"run.max_steps={STEPS}", f'learner.bind="{addr}"', f"learner.batch_groups={BATCH}",
-                           f"rollout.group_size={GROUP}", "learner.actor_timeout_s=600", "learner.log_episodes=0")  # fmt: skip
+                           f"rollout.group_size={GROUP}", "learner.actor_timeout_s=600", "learner.log_episodes=0")
     (tmp_path / "config.toml").write_text(to_toml(cfg))
     run_dir = tmp_path / "run"
     log = (tmp_path / "learner.log").open("wb")
@@ -82,7 +82,7 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     zmq.auth.create_certificates(tmp_path, "stranger")
     proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", "--config",
                              str(tmp_path / "config.toml"), "--run-dir", str(run_dir), "--secret-key", str(k / "learner.key_secret"),
-                             "--authorized-keys", str(k / "authorized")], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                             "--authorized-keys", str(k / "authorized")], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     ctx = zmq.Context()
     fp = model_fingerprint(cfg.model.path)
     honest, evil, ghost = (
@@ -138,7 +138,7 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
             [hdr, rng.bytes(200)], [MAGIC + bytes((PROTOCOL_VERSION, Rollout.KIND)), b"\x81\xa8group_id\xc4\x03abc"],
             [hdr, encode(Hello(actor_id="evil", hostname="h", pid=1, model_fingerprint=fp, engine="x", max_groups=1))[1], b"extra"],
             [hdr, b"\x81\xa8actor_id\xa2\xff\xfe"],  # a string that is not UTF-8
-        ] * 5 + [[hdr, rng.bytes(int(rng.integers(1, 900_000)))], [hdr, b"\x00" * (MiB + 10)]]  # fmt: skip
+        ] * 5 + [[hdr, rng.bytes(int(rng.integers(1, 900_000)))], [hdr, b"\x00" * (MiB + 10)]]
         for f in junk:
             evil.send(f)
         sent["bad"] += len(junk)
@@ -150,7 +150,7 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
             sent["unexpected_kind"] += 1
         if played:  # impostor: messages naming the honest actor, from evil's socket
             for m in (played[-1], Heartbeat(actor_id="honest"), Leave(actor_id="honest", reason="bye"),
-                      Hello(actor_id="honest", hostname="h", pid=1, model_fingerprint=fp, engine="x", max_groups=9)):  # fmt: skip
+                      Hello(actor_id="honest", hostname="h", pid=1, model_fingerprint=fp, engine="x", max_groups=9)):
                 evil.send(encode(m))
                 sent["actor_id_not_sender"] += 1
         for _ in range(20):  # an actor that never said hello

@@ -92,14 +92,14 @@ def test_an_episode_stopped_and_finished_elsewhere_is_the_prefix_then_the_contin
     partial = asyncio.run(asyncio.wait_for(run_first(), 240))
     # It travels to the learner in a Leave and on to the next actor in its ticket.
     leave, _ = decode(encode(Leave(actor_id="a", reason="got SIGTERM", handovers=[
-        Handover(group_id="g0", actor_id="a", partial=[partial])])))  # fmt: skip
+        Handover(group_id="g0", actor_id="a", partial=[partial])])))
     partial = leave.handovers[0].partial[0]
     assert len(partial.actions) == 3 and partial.turn_limit == turns
 
     b = StoppingEngine(model_dir, seed=1)
     pool_b = EnvPool("guess_number", {}, 1)
     ep = asyncio.run(asyncio.wait_for(
-        _with(b, pool_b, lambda: play_episode(b, tok, pool_b, TICKET, 0, SPEC, turns, resume=partial)), 240))  # fmt: skip
+        _with(b, pool_b, lambda: play_episode(b, tok, pool_b, TICKET, 0, SPEC, turns, resume=partial)), 240))
 
     n = len(partial.token_ids) // 4
     assert ep.resumed_at == n > 0
@@ -181,7 +181,7 @@ def test_a_replay_that_reaches_another_observation_plays_the_episode_again(model
     b = StoppingEngine(model_dir, seed=1)
     pool = EnvPool("guess_number", {}, 1)
     wrong = PartialEpisode(token_ids=b"\x01\x00\x00\x00", logprobs=b"\x00" * 4, loss_mask=b"\x00", versions=b"\xff" * 4,
-                           turn_ends=b"", turn_rewards=b"", actions=[], observation_sha256="0" * 64, turn_limit=3)  # fmt: skip
+                           turn_ends=b"", turn_rewards=b"", actions=[], observation_sha256="0" * 64, turn_limit=3)
     ep = asyncio.run(asyncio.wait_for(_with(b, pool, lambda: play_episode(b, tok, pool, TICKET, 0, SPEC, 3, resume=wrong)), 240))
     # Played from its first turn: the first request is turn 0's, its prompt the env's first observation.
     assert ep.resumed_at == 0 and ep.num_turns >= 1 and min(b.prompts) == "g0/0/0"

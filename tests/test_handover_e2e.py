@@ -24,7 +24,7 @@ from agentgym.models.tiny import make_default_tiny_model
 LONG = [
     "env.kwargs={low=1, high=1000}", "schedule.turn_limits=[[0, 12]]", "rollout.max_episode_tokens=512",
     "learner.batch_groups=2", "learner.max_staleness=4",
-]  # fmt: skip
+]
 """Episodes of 12 turns (a number in 1..1000 is rarely guessed): an actor that always plays has
 episodes mid-play whenever it is stopped."""
 

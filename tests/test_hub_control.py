@@ -37,7 +37,7 @@ def test_a_learner_that_does_not_read_pushes_back_on_the_actor_and_loses_nothing
     n, t = 400, 25_000  # 400 rollouts of ~325 KB: more than the HWMs and loopback TCP buffers hold
     ep = Episode(token_ids=pack(range(t), I32), logprobs=pack([0.0] * t, F32), loss_mask=pack([1] * t, U8),
                  versions=pack([0] * t, I32), turn_ends=pack([t], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+                 reward=1.0, success=True, finish="done", turn_limit=2)
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
     pushed_back = threading.Event()
@@ -92,7 +92,7 @@ def test_a_burst_of_rollouts_is_all_acked_in_order_while_the_learner_falls_behin
     addr = f"tcp://127.0.0.1:{port}"
     ep = Episode(token_ids=pack(range(64), I32), logprobs=pack([0.0] * 64, F32), loss_mask=pack([1] * 64, U8),
                  versions=pack([0] * 64, I32), turn_ends=pack([64], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+                 reward=1.0, success=True, finish="done", turn_limit=2)
     got: list[str] = []
     ready = threading.Event()
 
@@ -147,7 +147,7 @@ def test_acks_to_a_burst_are_coalesced_in_order_and_never_overtaken_by_another_m
     addr = f"tcp://127.0.0.1:{port}"
     ep = Episode(token_ids=pack(range(64), I32), logprobs=pack([0.0] * 64, F32), loss_mask=pack([1] * 64, U8),
                  versions=pack([0] * 64, I32), turn_ends=pack([64], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+                 reward=1.0, success=True, finish="done", turn_limit=2)
     ready = threading.Event()
 
     async def learner() -> None:

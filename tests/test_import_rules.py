@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_every_import_contract_is_kept() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "lint_imports.py")], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout and "KEPT" in proc.stdout, proc.stdout[-2000:]
 
@@ -31,6 +31,6 @@ def test_a_broken_rule_is_reported(tmp_path: Path) -> None:
     lint = Path(sys.executable).with_name("lint-imports")
     proc = subprocess.run([str(lint), str(REPO / "pyproject.toml"), "--no-cache"], cwd=tmp_path,
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+                          timeout=300)
     assert proc.returncode != 0
     assert "agentgym.learner.staleness -> agentgym.models.base" in proc.stdout, proc.stdout[-3000:]

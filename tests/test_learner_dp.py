@@ -17,9 +17,9 @@ from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 # several minibatches, gradient accumulation, the value head, KL and entropy terms, and an
 # uneven split (3 rows per minibatch over 2 ranks: one rank gets 2 rows, the other 1).
 COMMON = ("learner.algorithm=ppo", "learner.minibatches=2", "learner.micro_batch_tokens=16", "learner.kl_coef=0.05",
-          "learner.entropy_coef=0.01", "learner.lr=3e-3", "learner.dist_timeout_s=300")  # fmt: skip
+          "learner.entropy_coef=0.01", "learner.lr=3e-3", "learner.dist_timeout_s=300")
 METRICS = ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "clip_frac", "approx_kl",
-           "is_weight_mean", "explained_variance")  # fmt: skip
+           "is_weight_mean", "explained_variance")
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_fsdp_ranks_with_a_reference_model_and_no_value_head_train_like_one_rank
     # reference only (no proximal pass with one minibatch), and the rank with fewer micro-batches
     # (one group of 3 rows: 2 on one rank, 1 on the other) must run exactly those forwards idle.
     cfg = ("learner.algorithm=grpo", "learner.kl_coef=0.1", 'learner.kl_mode="loss"', 'learner.kl_estimator="k3"',
-           "learner.micro_batch_tokens=16", "learner.lr=3e-3", "learner.dist_timeout_s=120")  # fmt: skip
+           "learner.micro_batch_tokens=16", "learner.lr=3e-3", "learner.dist_timeout_s=120")
     one = Trainer.load(make_cfg(model_dir, *cfg))
     m_one = [one.train_step(bandit_rollouts(version=one.version, group_size=3)[:1]) for _ in range(2)]
     two = Trainer.load(make_cfg(model_dir, *cfg, "learner.dp_size=2", 'learner.dp_mode="fsdp"'))

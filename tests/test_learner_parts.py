@@ -38,7 +38,7 @@ def test_turn_rewards_go_on_each_turns_last_agent_token_and_the_rest_on_the_last
 
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.floats(-5, 5, width=32)), min_size=1, max_size=6),
-       st.integers(0, 4))  # fmt: skip
+       st.integers(0, 4))
 @settings(max_examples=80, deadline=None)
 def test_credited_rewards_sit_on_agent_tokens_and_sum_to_the_episode_reward(turns, prompt_len) -> None:  # type: ignore[no-untyped-def]
     """Every turn: n agent tokens then m environment tokens, reward r."""
@@ -98,7 +98,9 @@ def test_shard_rows_gives_every_row_to_exactly_one_rank(lens: list[int], world: 
 
 
 def test_lr_factor_by_hand() -> None:
-    f = lambda s, sched, **kw: lr_factor(s, warmup_steps=kw.get("w", 4), total_steps=12, schedule=sched, min_ratio=kw.get("m", 0.0))  # noqa: E731
+    def f(s, sched, **kw):
+        return lr_factor(s, warmup_steps=kw.get("w", 4), total_steps=12, schedule=sched, min_ratio=kw.get("m", 0.0))
+
     assert [f(s, "constant") for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     # after warm-up, progress p = (s - 4) / 8
     assert f(8, "linear") == pytest.approx(0.5) and f(12, "linear") == 0.0 and f(50, "linear") == 0.0
@@ -121,7 +123,7 @@ def test_explained_variance_by_hand() -> None:
 def _two_rows() -> Rollout:
     # row 0: prompt 2, agent token, env 2 -> agent at t=2; row 1 likewise, rewards 1 and 0
     return Rollout(group_id="g", actor_id="a", env="e", task_id=0,
-                   episodes=[episode([1, 2], [[GOOD]], [1.0]), episode([1, 2], [[BAD]], [0.0])])  # fmt: skip
+                   episodes=[episode([1, 2], [[GOOD]], [1.0]), episode([1, 2], [[BAD]], [0.0])])
 
 
 def test_kl_in_the_reward_by_hand() -> None:
@@ -143,7 +145,7 @@ def test_the_baseline_per_turn_through_a_collated_batch() -> None:
     # Three episodes of one group: solved at turn 0; failed after 2 turns; solved at turn 1.
     r = Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=[
         episode([1, 2], [[GOOD]], [1.0]), episode([1, 2], [[BAD], [BAD]], [0.0, 0.0]),
-        episode([1, 2], [[BAD], [GOOD]], [0.0, 1.0])])  # fmt: skip
+        episode([1, 2], [[BAD], [GOOD]], [0.0, 1.0])])
     b = collate([r], pad_id=0)
     turn, _ = compute_advantages("rloo", b, baseline="turn")
     episode_, _ = compute_advantages("rloo", b, baseline="episode")
@@ -181,7 +183,7 @@ def test_value_head_reads_the_state_before_each_token_and_after_the_last() -> No
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=1, num_key_value_heads=1)).eval()  # fmt: skip
+                                         num_attention_heads=1, num_key_value_heads=1)).eval()
     head = ValueHead(32)
     assert head(torch.randn(3, 32)).abs().sum() == 0  # zero-initialised
     torch.nn.init.normal_(head.linear.weight)
@@ -206,7 +208,7 @@ def test_rng_state_round_trip() -> None:
 
 
 @given(st.integers(0, 10_000), st.integers(1, 7), st.integers(1, 9), st.lists(st.integers(1, 4), min_size=1, max_size=7),
-       st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]))  # fmt: skip
+       st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]))
 @settings(max_examples=80, deadline=None)
 def test_micro_batch_shares_of_the_normaliser_add_up_to_the_whole_loss(seed, B, T, cuts, agg) -> None:  # type: ignore[no-untyped-def]
     """The trainer's accumulation rule: each micro-batch's aggregated loss times its share of the
@@ -224,7 +226,7 @@ def test_micro_batch_shares_of_the_normaliser_add_up_to_the_whole_loss(seed, B, 
         if rows.numel() == 0:
             break
         share = (keep[rows].sum().double() / keep.sum().clamp(min=1) if agg == "token_mean"
-                 else keep[rows].any(-1).sum().double() / keep.any(-1).sum().clamp(min=1))  # fmt: skip
+                 else keep[rows].any(-1).sum().double() / keep.any(-1).sum().clamp(min=1))
         total += aggregate(per_token[rows], weights[rows], agg, norm_const=5.0) * share
     assert float(total) == pytest.approx(float(whole), rel=1e-9, abs=1e-12)
 

@@ -35,7 +35,7 @@ from agentgym.protocol.wire import decode, encode, max_frame_bytes
 REPO = Path(__file__).resolve().parents[1]
 GROUP_SIZE, BATCH = 4, 2
 COMPARED = ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "lr", "clip_frac", "approx_kl",
-            "is_weight_mean", "is_weight_max", "explained_variance", "staleness_mean")  # fmt: skip
+            "is_weight_mean", "is_weight_max", "explained_variance", "staleness_mean")
 
 
 
@@ -67,7 +67,7 @@ class ScriptedActor:
         self.acks: dict[str, str] = {}
         self.welcome: Welcome | None = None
         self.send(Hello(actor_id="scripted", hostname="test", pid=os.getpid(),
-                        model_fingerprint=model_fingerprint(cfg.model.path), engine="script", max_groups=BATCH))  # fmt: skip
+                        model_fingerprint=model_fingerprint(cfg.model.path), engine="script", max_groups=BATCH))
 
     def send(self, msg: object) -> None:
         self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]
@@ -120,7 +120,7 @@ class ScriptedActor:
 def _learner(args: list[str], log: Path) -> subprocess.Popen:  # type: ignore[type-arg]
     with open(log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", *args],
-                                cwd=REPO, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
+                                cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
     proc.log_path = log  # type: ignore[attr-defined]
     return proc
 
@@ -181,7 +181,7 @@ def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_
         "learner.algorithm=ppo", "learner.kl_coef=0.05", "learner.entropy_coef=0.01", "learner.minibatches=2",
         "learner.warmup_steps=1", "learner.lr_schedule=cosine", "learner.tis_cap=2.0", "learner.lr=3e-3",
         "schedule.turn_limits=[[0, 4], [3, 6]]", *ranks,
-    )  # fmt: skip
+    )
     config = tmp_path / "config.toml"
     config.write_text(to_toml(cfg))
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"

@@ -75,7 +75,7 @@ def tiny_qwen2() -> torch.nn.Module:
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     return Qwen2ForCausalLM(cfg).eval()
 
 

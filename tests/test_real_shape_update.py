@@ -49,7 +49,7 @@ def test_a_half_billion_parameter_update_reaches_the_engine_exactly(tmp_path: Pa
         try:
             await asyncio.sleep(0.5)  # the hub thread publishes first
             ready = WeightsReady(version=1, step=1, turn_limit=3, num_chunks=len(snap.frames),
-                                 total_bytes=snap.total_bytes, chunk_versions=chunk_versions)  # fmt: skip
+                                 total_bytes=snap.total_bytes, chunk_versions=chunk_versions)
             version, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready)
             assert version == 1
             engine = HfEngine(model_dir, seed=0, dtype="bfloat16")

@@ -29,7 +29,7 @@ def test_actors_train_through_a_relay_and_the_learner_sends_each_version_once(tm
         [sys.executable, "-m", "agentgym.cluster.relay", "--bind", f"tcp://127.0.0.1:{relay_port}",
          "--upstream", f"tcp://127.0.0.1:{port + 1}", "--stats", str(stats), "--stats-every", "1"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         run = tmp_path / "run"
         proc = subprocess.run(
@@ -40,7 +40,7 @@ def test_actors_train_through_a_relay_and_the_learner_sends_each_version_once(tm
              "-o", f'actor.weights_relay="tcp://127.0.0.1:{relay_port}"',
              "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"],
             cwd=tmp_path, capture_output=True, text=True, timeout=540, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     finally:
         os.killpg(relay.pid, signal.SIGTERM)

@@ -70,7 +70,7 @@ def play(model_dir: Path, tok, spec: RolloutSpec, n: int, turn_limit: int):
 
 def arrays(ep):
     return (unpack(ep.token_ids, I32), unpack(ep.logprobs, F32), unpack(ep.loss_mask, U8), unpack(ep.versions, I32),
-            unpack(ep.turn_ends, I32))  # fmt: skip
+            unpack(ep.turn_ends, I32))
 
 
 def test_episode_tokens_are_the_sampled_ones_and_the_learner_agrees(setup) -> None:

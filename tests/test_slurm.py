@@ -55,7 +55,7 @@ def submit(slurm: SlurmCluster, tmp_path: Path, steps: int) -> tuple[str, Path]:
     model = make_default_tiny_model(tmp_path / "shared" / "tiny", seed=0)
     run_dir = tmp_path / "run"
     overrides = [*FAST, f"run.max_steps={steps}", f'model.path="{model.resolve()}"', "model.create_tiny=false",
-                 "learner.insecure=true", 'actor.engine="hf"', "actor.env_workers=4", "launch.slurm_learner_gpus=1"]  # fmt: skip
+                 "learner.insecure=true", 'actor.engine="hf"', "actor.env_workers=4", "launch.slurm_learner_gpus=1"]
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -63,7 +63,7 @@ def submit(slurm: SlurmCluster, tmp_path: Path, steps: int) -> tuple[str, Path]:
     }
     args = ["-N", "3", "--gres=gpu:1", "--output", str(tmp_path / "job-%j.out"), str(REPO / "scripts/slurm/agentgym.sbatch"),
             "--run-dir", str(run_dir), "--config", str(REPO / "configs/quickstart.toml"),
-            *[a for o in overrides for a in ("-o", o)]]  # fmt: skip
+            *[a for o in overrides for a in ("-o", o)]]
     return slurm.sbatch(args, env, cwd=tmp_path), run_dir
 
 

@@ -25,7 +25,7 @@ def test_the_gpu_flag_goes_on_the_step_that_asks_and_only_there() -> None:
     argv = ["python", "-m", "agentgym.learner.main"]
     learner = Job.srun_argv("agentgym-learner", ["n1"], 1, argv, gpus_per_task=2)
     assert learner[:7] == ["srun", "--job-name=agentgym-learner", "--nodes=1", "--ntasks=1", "--nodelist=n1",
-                           "--gpus-per-task=2", "--overlap"]  # fmt: skip
+                           "--gpus-per-task=2", "--overlap"]
     assert learner[-3:] == argv
     actors = Job.srun_argv("agentgym-actors-n2", ["n2"], 3, ["sh"], gpus_per_task=0)
     assert "--ntasks=3" in actors and not any(a.startswith("--gpus") for a in actors)

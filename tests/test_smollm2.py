@@ -30,7 +30,7 @@ PROMPTS = [
     [{"role": "system", "content": "You play a guessing game. Reply with one number."},
      {"role": "user", "content": "Guess a number from 1 to 100."}],
     [{"role": "user", "content": "Write a haiku about the sea."}],
-]  # fmt: skip
+]
 MAX_NEW = 32
 EOS = 2  # <|im_end|>
 
@@ -50,7 +50,7 @@ def _ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 def _greedy(model: Any, prompt: list[int]) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS,
-                             pad_token_id=EOS)  # fmt: skip
+                             pad_token_id=EOS)
     return out[0, len(prompt) :].tolist()
 
 

@@ -62,7 +62,7 @@ def test_a_relay_refuses_oversized_frames_both_ways_and_serves_on(tmp_path: Path
     log = tmp_path / "relay.jsonl"
     relay = subprocess.Popen([sys.executable, "-m", "agentgym.cluster.relay", "--bind", f"tcp://127.0.0.1:{relay_port}",
                               "--upstream", f"tcp://127.0.0.1:{up_port}", "--chunk-mib", "1", "--stall", "60",
-                              "--log-json", str(log)])  # fmt: skip
+                              "--log-json", str(log)])
     actor = ctx.socket(zmq.DEALER)
     actor.setsockopt(zmq.LINGER, 0)
     try:
@@ -116,7 +116,7 @@ def test_the_agent_endpoint_refuses_a_body_over_the_rollout_limits(fallback_mode
             big = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "a" * (cap + 1)}]})
             async with aiohttp.ClientSession() as http:
                 async with http.post(f"{endpoint.url}/c/{s.key}/v1/chat/completions", data=big,
-                                     headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                                     headers={"Content-Type": "application/json"}) as r:
                     refused, body = r.status, await r.json()
                 async with http.get(f"{endpoint.url}/v1/models") as r:
                     after = r.status

@@ -37,7 +37,7 @@ def one_group(ids: torch.Tensor, mask: torch.Tensor, rew: torch.Tensor) -> Batch
     n = ids.shape[0]
     return Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask, behav_logp=torch.zeros_like(mask),
                  versions=torch.zeros_like(ids), token_rewards=rew, rewards=rew.sum(-1), group_index=torch.zeros(n, dtype=torch.long),
-                 success=rew.sum(-1), turns=torch.ones(n), truncated=torch.zeros(n), lengths=torch.full((n,), ids.shape[1]))  # fmt: skip
+                 success=rew.sum(-1), turns=torch.ones(n), truncated=torch.zeros(n), lengths=torch.full((n,), ids.shape[1]))
 
 
 def test_agent_runs_are_the_turns() -> None:

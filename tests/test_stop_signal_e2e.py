@@ -86,13 +86,13 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
             "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{fallback_model}"',
             "-o", "model.create_tiny=false", "-o", 'actor.engine="sim"', "-o", "learner.micro_batch_tokens=64",
             "-o", "learner.checkpoint_every=0", "-o", "learner.checkpoint_minutes=0",
-            "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+            "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]
     train = [sys.executable, "-m", "agentgym.cli", "train"]
 
     # 1. Slurm: the job's process group gets SIGTERM, and again while the learner stops.
     with log.open("ab") as out:
         job = subprocess.Popen([*train, "--config", str(REPO / "configs" / "quickstart.toml"), *args], cwd=tmp_path,
-                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait(_mid_step(run_dir, after=2), "step 3 to start", [job], log)
         family = _family(job.pid)
@@ -130,7 +130,7 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     assert shutil.which("timeout"), "coreutils' timeout is needed"
     with log.open("ab") as out:
         job = subprocess.Popen(["timeout", "600", *train, "--resume", *args], cwd=tmp_path, env=env, stdout=out,
-                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait(_mid_step(run_dir, after=first + 2), "two steps after the resume", [job], log)
         family = _family(job.pid)

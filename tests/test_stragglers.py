@@ -30,7 +30,7 @@ def test_a_heartbeating_hoarder_never_stalls_training(model_dir: Path, tmp_path:
     # max_staleness 0: the staleness rule admits one batch (2 tickets) at a time, so the hoarder's
     # tickets are the whole pipeline: without deadlines not one step would be trained.
     with LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.5",
-                     "learner.ticket_deadline_max_s=2") as ln:  # fmt: skip
+                     "learner.ticket_deadline_max_s=2") as ln:
         ctx = zmq.Context()
         # The hoarder comes first and asks for everything: before anyone has answered, it gets
         # grant_start tickets with the cap as deadline, and never any more.
@@ -58,7 +58,7 @@ def test_an_actor_ten_times_slower_is_counted_not_lost_and_training_keeps_steppi
     # max_staleness 0: each step waits for its own two tickets, so a ticket the slow actor holds
     # holds up the step until its deadline passes.
     with LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.3",
-                     "learner.ticket_deadline_max_s=5", "learner.ticket_deadline_factor=2") as ln:  # fmt: skip
+                     "learner.ticket_deadline_max_s=5", "learner.ticket_deadline_factor=2") as ln:
         ctx = zmq.Context()
         # 0.3 s and 3 s a group: the learner times a fast actor's turnaround as its delay plus the
         # learner's and the poll loop's latency, which a loaded machine stretches, and the slow

@@ -96,7 +96,7 @@ def test_cli_writes_the_default_model(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--out", str(out), "--seed", "0"],
         capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     assert digests(out) == digests(make_default_tiny_model(tmp_path / "fn", seed=0))
 

@@ -65,7 +65,7 @@ def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_d
     cfg = make_cfg(model_dir, "learner.tis_cap=2.0", "learner.tis_reject_above=3.0",
                    "learner.staleness_mode=downweight", "learner.max_staleness=0",
                    "learner.adam_eps=1e-4",  # not torch's default: the step must use it
-                   "learner.shared_prefix=false")  # fmt: skip  # bit for bit: the unpacked forward on both sides
+                   "learner.shared_prefix=false")  # bit for bit: the unpacked forward on both sides
     tr = Trainer.load(cfg)
     ref = copy.deepcopy(tr.model)
     rollouts = _own_behaviour(tr, bandit_rollouts())
@@ -91,7 +91,7 @@ def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_d
 def test_stale_tokens_are_weighted_per_token(model_dir: Path, mode: str) -> None:
     cfg = make_cfg(model_dir, f"learner.staleness_mode={mode}", "learner.max_staleness=1",
                    "learner.staleness_decay=0.5", "learner.std_normalize=false", "learner.tis_cap=2.0",
-                   "learner.importance_baseline=false")  # fmt: skip
+                   "learner.importance_baseline=false")
     tr = Trainer.load(cfg)
     tr.step = 3
     prompt = PROMPTS[0]
@@ -139,7 +139,7 @@ def _run(cfg, steps: int, model_dir: Path) -> tuple[Trainer, list[dict[str, floa
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_micro_batches_add_up_to_one_pass(model_dir: Path, agg: str) -> None:
     common = ("learner.algorithm=ppo", "learner.kl_coef=0.1", "learner.entropy_coef=0.01", "learner.lr=1e-3",
-              f"learner.loss_agg={agg}", "learner.minibatches=2")  # fmt: skip
+              f"learner.loss_agg={agg}", "learner.minibatches=2")
     one, m1 = _run(make_cfg(model_dir, *common), 2, model_dir)
     acc, m2 = _run(make_cfg(model_dir, *common, "learner.micro_batch_tokens=12"), 2, model_dir)
     # each minibatch is one group of equally long rows (11 and 13 tokens): the budget of 12 puts every row alone
@@ -180,7 +180,7 @@ def test_epochs_pass_over_the_batch_again_against_the_batch_start(model_dir: Pat
 
 RESUME = ("learner.algorithm=ppo", "learner.kl_coef=0.05", "learner.entropy_coef=0.01", "learner.minibatches=2",
           "learner.micro_batch_tokens=24", "learner.warmup_steps=2", "learner.lr_schedule=cosine",
-          "learner.staleness_mode=downweight", "learner.keep_checkpoints=2", "run.max_steps=4")  # fmt: skip
+          "learner.staleness_mode=downweight", "learner.keep_checkpoints=2", "run.max_steps=4")
 
 
 def test_resume_is_bit_exact(model_dir: Path, tmp_path: Path) -> None:
@@ -279,7 +279,7 @@ def test_ppo_turn_limit_cut_is_bootstrapped_or_terminal_by_config(model_dir: Pat
 
 def test_the_value_head_learns_at_its_own_rate_on_the_same_schedule(model_dir: Path) -> None:
     cfg = make_cfg(model_dir, "learner.algorithm=ppo", "learner.lr=1e-3", "learner.value_lr=1e-2",
-                   "learner.warmup_steps=2", "run.max_steps=10")  # fmt: skip
+                   "learner.warmup_steps=2", "run.max_steps=10")
     tr = Trainer.load(cfg)
     head = {id(p) for p in tr.value_head.parameters()}
     policy_group, head_group = tr.optimizer.param_groups
@@ -305,7 +305,7 @@ def test_a_batch_without_gradient_leaves_the_weights_alone(model_dir: Path) -> N
     weights, adam = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict())
     flat = [Rollout(group_id=f"f{gi}", actor_id="a", env="bandit", task_id=gi,
                     episodes=[episode(p, [[tok]], [1.0], version=tr.version) for tok in (GOOD, BAD, GOOD, BAD)])
-            for gi, p in enumerate(PROMPTS)]  # fmt: skip
+            for gi, p in enumerate(PROMPTS)]
     m = tr.train_step(flat)
     assert (m["grad_norm"], m["optimizer_steps"], m["trained_tokens"]) == (0.0, 0.0, 8.0)
     assert tr.version == 2  # a learner step all the same: the version counts steps, not updates
@@ -331,7 +331,7 @@ def test_negative_advantage_scale_zero_trains_only_what_beat_its_baseline(model_
     def batch() -> list[Rollout]:
         return [Rollout(group_id=f"n{gi}", actor_id="a", env="bandit", task_id=gi,
                         episodes=[episode(p, [[BAD]], [r], version=0) for r in (0.0, 0.0, -1.0, -1.0)])
-                for gi, p in enumerate(PROMPTS)]  # fmt: skip
+                for gi, p in enumerate(PROMPTS)]
 
     two_sided = Trainer.load(make_cfg(model_dir))
     before = [good_logprob(two_sided.model, p, BAD) for p in PROMPTS]

@@ -75,7 +75,7 @@ def hello(actor_id: str = "a1") -> Hello:
 def welcome(port: int) -> Welcome:
     spec = RolloutSpec(group_size=2, max_tokens_per_turn=4, max_episode_tokens=64, temperature=1.0, top_p=1.0)
     return Welcome(run_id="r", actor_index=0, weights_port=port + 1, model_path="/m", model_fingerprint="fp",
-                   mode="async", heartbeat_interval_s=1, actor_timeout_s=10, rollout=spec)  # fmt: skip
+                   mode="async", heartbeat_interval_s=1, actor_timeout_s=10, rollout=spec)
 
 
 def test_handshake_messages_and_malformed_frames_over_real_sockets() -> None:

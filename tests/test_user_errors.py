@@ -70,9 +70,9 @@ def _run(args: list[str], cwd: Path, timeout: float = 120, **kw: object) -> subp
     (hide / "wandb").mkdir(parents=True, exist_ok=True)
     (hide / "wandb" / "__init__.py").write_text("raise ImportError(\"No module named 'wandb'\")\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hide), os.environ.get("PYTHONPATH")])),
-           "HF_HUB_CACHE": str(cwd / "hub"), "HF_HUB_OFFLINE": "1"}  # fmt: skip
+           "HF_HUB_CACHE": str(cwd / "hub"), "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, text=True, capture_output=True,
-                          timeout=timeout, **kw)  # fmt: skip
+                          timeout=timeout, **kw)
 
 
 @pytest.mark.parametrize(("args", "words"), MISTAKES, ids=[" ".join(a[1:])[:60] for a, _ in MISTAKES])
@@ -99,7 +99,7 @@ def test_a_closed_pipe_ends_output_quietly(tmp_path: Path) -> None:
     r, w = os.pipe()
     fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ
     proc = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "config", "--explain"], cwd=tmp_path,
-                            stdout=w, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=w, stderr=subprocess.PIPE)
     os.close(w)
     reader = os.fdopen(r, "rb")
     assert proc.stderr is not None
@@ -127,7 +127,7 @@ def test_a_hub_id_in_the_local_cache_is_found(tmp_path: Path, monkeypatch: pytes
     proc = _run(["agentgym.cli", "config", "-o", 'model.path="acme/tiny"'], tmp_path)
     assert proc.returncode == 0, proc.stderr  # the config itself is fine with a hub id
     proc = _run(["agentgym.actors.main", "--model", "acme/tiny", "--learner", "tcp://127.0.0.1:1",
-                 "--connect-timeout", "0.5"], tmp_path)  # fmt: skip
+                 "--connect-timeout", "0.5"], tmp_path)
     assert "hf download" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 

@@ -78,7 +78,7 @@ valid_header = st.builds(lambda k: MAGIC + bytes((PROTOCOL_VERSION, k)), st.inte
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(frame, header, valid_header), max_size=4) | st.tuples(valid_header, frame).map(list)
-       | st.tuples(valid_header, frame, frame).map(list))  # fmt: skip
+       | st.tuples(valid_header, frame, frame).map(list))
 def test_decode_raises_only_protocol_errors_on_arbitrary_frames(frames: list[bytes]) -> None:
     try:
         decode(frames)
@@ -132,10 +132,10 @@ def mutation(draw: st.DrawFn) -> tuple[str, object]:
         return kind, (name, draw(st.integers(0, 20)), v)
     if kind == "scalar":
         return kind, (draw(st.sampled_from(["reward", "turn_limit", "finish", "success"])),
-                      draw(odd_floats | st.integers(-2, 3) | st.sampled_from(["done", "aborted", "x"]) | st.booleans()))  # fmt: skip
+                      draw(odd_floats | st.integers(-2, 3) | st.sampled_from(["done", "aborted", "x"]) | st.booleans()))
     if kind == "meta":
         return kind, (draw(st.sampled_from(["env", "task_id", "actor_id", "group_id"])),
-                      draw(st.sampled_from(["maze", "b", "", "t0"]) | st.integers(0, 9)))  # fmt: skip
+                      draw(st.sampled_from(["maze", "b", "", "t0"]) | st.integers(0, 9)))
     return kind, draw(st.sampled_from(["drop", "dup", "empty"]))
 
 
@@ -228,7 +228,7 @@ def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_i
         "logprob_not_finite_or_positive": lambda r, t: ep0(r, logprobs=pack([0.0] * 8 + [0.7] + [0.0] * 2, F32)),
         "reward_not_finite": lambda r, t: ep0(r, reward=math.nan),
         "turn_ends_out_of_order_or_range": lambda r, t: ep0(r, turn_ends=pack([n + 1], I32)),
-    }  # fmt: skip
+    }
     for reason, mutate in cases.items():
         assert send(mutate) == "invalid", reason
         assert ln.guard.invalid[reason] == 1, (reason, dict(ln.guard.invalid))
@@ -291,7 +291,7 @@ def filtering_learner(model: Path, run_dir: Path, mode: str, batch_groups: int):
     """A learner with ``learner.filter_groups = mode`` and a ``send(rewards)`` that plays one of its
     tickets with those rewards (a positive reward is a success) and returns the ack's status."""
     cfg = make_cfg(model, f"rollout.group_size={GROUP}", "learner.max_staleness=8", f'learner.filter_groups="{mode}"',
-                   f"learner.batch_groups={batch_groups}")  # fmt: skip
+                   f"learner.batch_groups={batch_groups}")
     ln = Learner(cfg, run_dir, trainer=None, hub=Acks())
     ln.step = ln.curriculum.step = 3
     n = itertools.count()

@@ -83,7 +83,7 @@ def _chromium_dom(page: Path, query: str, profile: Path) -> str:
     if chromium is None:
         pytest.skip("chromium is not installed (scripts/system-packages.txt installs it)")
     cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           f"--user-data-dir={profile}", "--dump-dom", page.as_uri() + query]  # fmt: skip
+           f"--user-data-dir={profile}", "--dump-dom", page.as_uri() + query]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
@@ -164,10 +164,10 @@ def test_charts_have_legible_axes_fitted_ranges_smoothing_and_hover(tmp_path: Pa
                        "clip_frac": 0.02 * (s % 2), "approx_kl": 1e-4 + 1e-6 * (s % 4), "is_weight_mean": 1.0 + 0.001 * (s % 3 - 1),
                        "env/guess_number/success_rate": 0.3 + s / 250, "env/maze/success_rate": 0.05 + s / 400,
                        "env/guess_number/turn_limit": 4 if s < 40 else 6, "env/maze/turn_limit": 4,
-                       "kl_ref": float("nan")})  # fmt: skip
+                       "kl_ref": float("nan")})
     for s in (0, 60, 120):
         evals.write({"step": s, "version": s, "success_rate": 0.1 + s / 400, "reward_mean": 0.1 + s / 400, "avg@8": 0.1 + s / 400,
-                     "pass@8": 0.3 + s / 300, "env/guess_number/success_rate": 0.2, "env/maze/success_rate": 0.1})  # fmt: skip
+                     "pass@8": 0.3 + s / 300, "env/guess_number/success_rate": 0.2, "env/maze/success_rate": 0.1})
     metrics.close()
     evals.close()
     page = write_page(run)
@@ -175,7 +175,7 @@ def test_charts_have_legible_axes_fitted_ranges_smoothing_and_hover(tmp_path: Pa
     dom = _chromium_dom(page, "?hover=60", tmp_path / "profile")
     charts = {c["id"]: c for c in _layout(dom)}
     want = ["c-success", "c-reward", "c-success_by_env", "c-eval_k", "c-throughput", "c-tokens", "c-turn_limit", "c-loss",
-            "c-grad_norm", "c-lr", "c-clip_frac", "c-approx_kl", "c-is_weight_mean"]  # fmt: skip
+            "c-grad_norm", "c-lr", "c-clip_frac", "c-approx_kl", "c-is_weight_mean"]
     assert list(charts) == want
     for c in charts.values():
         texts = c["texts"]

@@ -108,7 +108,7 @@ def test_only_tensors_changed_since_the_actors_version_travel() -> None:
         snap = WeightSnapshot.build(version, chunks)
         ht.commands.put(lambda hub: hub.publish_weights(snap))
         return WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(chunks),
-                            total_bytes=snap.total_bytes, chunk_versions=chunk_versions)  # fmt: skip
+                            total_bytes=snap.total_bytes, chunk_versions=chunk_versions)
 
     with HubThread(f"tcp://127.0.0.1:{port}") as ht:
 
@@ -238,7 +238,7 @@ def test_a_tensor_whole_in_one_chunk_is_not_copied_and_a_split_one_is_copied_onc
     whole = np.arange(100, dtype=np.float32)  # 400 bytes: fits the first chunk
     split = np.arange(300, dtype=np.float32)  # 1200 bytes: spans the rest
     chunks = make_chunks(5, [RawTensor("whole", "float32", (100,), whole.tobytes()),
-                             RawTensor("split", "float32", (300,), split.tobytes())], 1000)  # fmt: skip
+                             RawTensor("split", "float32", (300,), split.tobytes())], 1000)
     frames = [bytearray(d) for _, d in chunks]  # stand-ins for received frames
     asm = Assembler()
     for (msg, _), frame in zip(chunks, frames, strict=True):
@@ -308,7 +308,7 @@ def test_versions_exported_into_kept_buffers_arrive_exact_while_older_ones_are_s
 
     def tensors(version: int) -> dict[str, np.ndarray]:
         return {f"layer{i}.weight": np.full((50, 30), version * 10 + i, np.float32) + rng.random((50, 30), np.float32)
-                for i in range(6)}  # fmt: skip
+                for i in range(6)}
 
     with HubThread(f"tcp://127.0.0.1:{port}") as ht:
 
@@ -336,7 +336,7 @@ def test_versions_exported_into_kept_buffers_arrive_exact_while_older_ones_are_s
                 verify_chunk(msg, data[0])
                 asm.add(msg, data[0])
             assert all(np.frombuffer(t.data, np.float32).min() >= 20 and np.frombuffer(t.data, np.float32).max() < 27
-                       for t in asm.finish())  # fmt: skip
+                       for t in asm.finish())
             assert exporter.buffers.reused > 0  # versions 3 and 4 wrote into buffers kept from 1 (and 3's)
             ctx.term()
 
@@ -351,7 +351,7 @@ def test_an_actors_fetches_land_in_buffers_it_keeps_and_no_frame_outlives_its_ch
     whole = np.arange(100, dtype=np.float32)
     split = np.arange(300, dtype=np.float32)
     chunks = make_chunks(5, [RawTensor("whole", "float32", (100,), whole.tobytes()),
-                             RawTensor("split", "float32", (300,), split.tobytes())], 1000)  # fmt: skip
+                             RawTensor("split", "float32", (300,), split.tobytes())], 1000)
     kept = WeightBuffers()
     frames = [bytearray(d) for _, d in chunks]
     asm = Assembler(into=kept)
@@ -382,7 +382,7 @@ def test_an_actors_fetches_land_in_buffers_it_keeps_and_no_frame_outlives_its_ch
                 ready = WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(chunks), total_bytes=snap.total_bytes)
                 _, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, into=kept)
                 assert {t.name: np.frombuffer(t.data, np.float32).reshape(t.shape)[0, 0] for t in raw} == {
-                    k: version * 100 + i for i, k in enumerate(arrays)}  # fmt: skip
+                    k: version * 100 + i for i, k in enumerate(arrays)}
                 here = {t.name: _address(t.data) for t in raw}
                 assert where is None or here == where  # no new memory after the first fetch
                 where = here

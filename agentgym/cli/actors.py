@@ -22,11 +22,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     a = sub.add_parser("actors", help="act on the actors of a running learner (leave)")
     asub = a.add_subparsers(dest="actors_cmd", required=True)
     lv = asub.add_parser("leave", help="ask an actor to leave: it hands its live episodes over and exits",
-                         description=__doc__.split("\n\n")[1])  # fmt: skip
+                         description=__doc__.split("\n\n")[1])
     lv.add_argument("actor_id", help="the actor's id (the learner's actor_joined lines name it)")
     lv.add_argument("--run", type=Path, required=True, help="the learner's run directory (RUN_DIR)")
     lv.add_argument("--timeout", type=float, default=120.0,
-                    help="seconds to wait for the learner's answer and the actor's departure (default: 120)")  # fmt: skip
+                    help="seconds to wait for the learner's answer and the actor's departure (default: 120)")
     lv.add_argument("--no-wait", action="store_true", help="return once the learner has sent the request")
 
 
@@ -56,13 +56,13 @@ def run(args: argparse.Namespace) -> int:
             # Withdrawn: a learner started later must not act on a request nobody waits for.
             done.with_name(args.actor_id).unlink(missing_ok=True)
             print(f"agentgym actors leave: the learner of {run_dir} did not answer within {args.timeout:.0f} s "
-                  "(is it running? it reads requests once a heartbeat); the request is withdrawn", file=sys.stderr)  # fmt: skip
+                  "(is it running? it reads requests once a heartbeat); the request is withdrawn", file=sys.stderr)
             return 1
         time.sleep(0.2)
     answer = json.loads(done.read_text())
     if answer.get("status") != "sent":
         print(f"agentgym actors leave: no actor {args.actor_id!r} is registered with the learner of {run_dir} "
-              f"(registered: {', '.join(answer.get('actors', [])) or 'none'})", file=sys.stderr)  # fmt: skip
+              f"(registered: {', '.join(answer.get('actors', [])) or 'none'})", file=sys.stderr)
         return 1
     print(f"asked actor {args.actor_id} to leave (it holds {answer.get('tickets', 0)} tickets)", flush=True)
     if args.no_wait:
@@ -73,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
             return 1
         time.sleep(0.5)
     print(f"actor {args.actor_id} left: {left[-1].get('handed_over', 0)} groups handed over, "
-          f"{left[-1].get('tickets_returned', 0)} tickets returned")  # fmt: skip
+          f"{left[-1].get('tickets_returned', 0)} tickets returned")
     return 0

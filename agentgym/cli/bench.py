@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "bench", help="sync baseline vs async on one config: ratio table, comparison.json, plot",
         description=" ".join(__doc__.split("\n\n")[i].replace("\n", " ") for i in (2, 3)),
-    )  # fmt: skip
+    )
     b.add_argument("--config", type=Path, default=None, help="TOML config (default: configs/quickstart.toml)")
     b.add_argument("--steps", type=int, default=40, help="optimizer steps per run (default: 40)")
     b.add_argument("--actors", type=int, default=2, help="local actor processes per run (default: 2)")
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         "ratio": ({k: (means["async"][k] / means["sync"][k] if means["sync"][k] else None) for k in means["sync"]}
                   if set(modes) == set(MODES) else {}),
         "runs": {m: [r["figures"] for r in rs] for m, rs in runs.items()},
-    }  # fmt: skip
+    }
     (out / "comparison.json").write_text(json.dumps(record, indent=1) + "\n")
     print_table(record, config, out)
     plot(runs, out / "comparison.png")
@@ -98,7 +98,7 @@ def one_run(mode: str, config: Path, args: argparse.Namespace, seed: int, run_di
            "--max-steps", str(args.steps), "--actors", str(args.actors), "--run-dir", str(run_dir),
            "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f"run.seed={seed}", "-o", "eval.at_end=true",
            "-o", f"eval.at_start={str(args.eval_at_start).lower()}",
-           "-o", "eval.every=0", *[a for o in args.override for a in ("-o", o)]]  # fmt: skip
+           "-o", "eval.every=0", *[a for o in args.override for a in ("-o", o)]]
     print(f"[{mode} seed={seed}] agentgym {' '.join(cmd[3:])}", flush=True)
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -148,7 +148,7 @@ def print_table(record: dict, config: Path, out: Path) -> None:
     means, ratio = record["mean"], record["ratio"]
     extra = f", {' '.join(record['overrides'])}" if record["overrides"] else ""
     print(f"\n{record['steps']} steps, {record['actors']} actors, {record['repeats']} run(s) per mode "
-          f"(means), config {config.name}{extra}, runs in {out}\n")  # fmt: skip
+          f"(means), config {config.name}{extra}, runs in {out}\n")
     modes = list(means)
     print("| metric | " + " | ".join(modes) + (" | async/sync |" if ratio else " |"))
     print("|---" * (len(modes) + 1 + bool(ratio)) + "|")
@@ -177,9 +177,9 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
             axes[2].plot(t, _smooth([m["success_rate"] for m in r["metrics"]]), linestyle=":", **{**kw, "label": None})
             if r["evals"]:
                 axes[2].plot([e["time"] - r["t0"] for e in r["evals"]], [e["success_rate"] for e in r["evals"]],
-                             marker="o", **kw)  # fmt: skip
+                             marker="o", **kw)
     for ax, title in zip(axes, ("trained trajectories/s (10 s window)", "learner utilisation (5-step mean)",
-                                "held-out success (dots: training, 5-step mean)"), strict=True):  # fmt: skip
+                                "held-out success (dots: training, 5-step mean)"), strict=True):
         ax.set_title(title)
         ax.set_xlabel("wall time since launch (s)")
         ax.grid(alpha=0.3)

@@ -41,7 +41,7 @@ FAST = [
     "learner.heartbeat_interval_s=0.5", "learner.actor_timeout_s=6.0", "learner.checkpoint_every=4",
     "learner.checkpoint_minutes=0", "learner.batch_groups=4", "rollout.group_size=4", "eval.at_start=false",
     "eval.at_end=false", "eval.every=0", "learner.log_episodes=0",
-]  # fmt: skip
+]
 """Small timeouts and batches: failures are detected in seconds and steps come quickly."""
 
 
@@ -55,7 +55,7 @@ class Scenario:
     """One learner host and actor hosts, real processes, driven step by step."""
 
     def __init__(self, net: Cluster, work: Path, model: Path, overrides: list[str], config: Path | None = None,
-                 engine: str = "hf") -> None:  # fmt: skip
+                 engine: str = "hf") -> None:
         self.net, self.work, self.model, self.engine = net, work, model, engine
         self.config = config or REPO / "configs" / "quickstart.toml"
         self.overrides = overrides
@@ -86,7 +86,7 @@ class Scenario:
         else:
             argv = [*py, "--config", str(self.config), "--run-dir", str(self.run_dir), "--bind", self.address,
                     "-o", f'model.path="{self.model}"', "-o", "model.create_tiny=false", "-o", "learner.insecure=true",
-                    *[a for o in [*self.overrides, *extra] for a in ("-o", o)]]  # fmt: skip
+                    *[a for o in [*self.overrides, *extra] for a in ("-o", o)]]
         self.learner = self.net.spawn("learner", argv, self.learner_home, self.work / "consoles" / "learner.log", self.env)
 
     def start_actor(self, host: str, extra: list[str] = [], actor_id: str | None = None) -> str:  # noqa: B006
@@ -97,7 +97,7 @@ class Scenario:
         argv = [sys.executable, "-m", "agentgym.actors.main", "--learner", self.address, "--actor-id", actor_id,
                 "--run-dir", str(self.actor_home / host), "-o", f'actor.engine="{self.engine}"',
                 "-o", "actor.env_workers=4",  # 4 processes, not 16: an actor starts faster on 2 cores
-                "--connect-timeout", "120", *[a for o in extra for a in ("-o", o)]]  # fmt: skip
+                "--connect-timeout", "120", *[a for o in extra for a in ("-o", o)]]
         self.actors[actor_id] = self.net.spawn(host, argv, self.actor_home, self.work / "consoles" / f"{actor_id}.log", self.env)
         return actor_id
 
@@ -190,7 +190,7 @@ def _chaos(sc: Scenario, minutes: float, seed: int, every: float, timeout_s: flo
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = sub.add_parser("chaos", help="train under random kills and link cuts; print the ticket accounting",
-                       description=__doc__.split("\n\n")[2])  # fmt: skip
+                       description=__doc__.split("\n\n")[2])
     c.add_argument("--minutes", type=float, default=5.0, help="how long to inflict failures (default: 5)")
     c.add_argument("--seed", type=int, default=0, help="seed of the failure sequence")
     c.add_argument("--every", type=float, default=20.0, help="mean seconds between failures (default: 20)")

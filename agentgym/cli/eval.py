@@ -42,12 +42,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "avg@k and pass@k per env. Greedy with --temperature 0. Seeded per request: the same command gives "
         "the same numbers. Env options, token budgets and the engine come from the config: the run's own "
         "config.toml when --model is a run (or one of its checkpoints), else --config or the defaults.",
-    )  # fmt: skip
+    )
     add_config_args(e)
     e.add_argument("--model", type=Path, required=True,
                    help="HF model directory, a checkpoint directory, or a run directory (its latest checkpoint, and "
                    "its config.toml unless --config is given); a hub id ORG/NAME in the local Hugging Face cache; "
-                   "with --engine remote: the tokenizer's directory")  # fmt: skip
+                   "with --engine remote: the tokenizer's directory")
     e.add_argument("--engine", choices=["hf", "vllm", "remote"], help="overrides actor.engine")
     e.add_argument("--url", help="OpenAI-compatible server (with --engine remote)")
     e.add_argument("--served-model", default="", help="model name the remote server serves")
@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--out", type=Path, help="write the JSON report here")
     e.add_argument("--critic", action="store_true",
                    help="play with the config's [critic] (kind, when, max_revisions; set them with -o critic.KEY=...) "
-                   "on every episode; without it the agent plays alone")  # fmt: skip
+                   "on every episode; without it the agent plays alone")
 
 
 def resolve_model(path: Path) -> Path:
@@ -110,11 +110,11 @@ def turn_limit_at(cfg, env: str, step: int | None) -> int:
 
 
 def trained_differences(cfg, trained, envs: list[str], temperature: float, turn_limit: int,
-                        step: int | None = None) -> list[str]:  # fmt: skip
+                        step: int | None = None) -> list[str]:
     """What this evaluation plays differently from how the model was trained (``trained``, up to
     ``step``): the rollout settings, the sampling temperature, the turn limit, the envs' options."""
     out = [f"rollout.{k} = {v!r} (trained with {getattr(trained.rollout, k)!r})"
-           for k, v in cfg.rollout.model_dump().items() if k != "temperature" and v != getattr(trained.rollout, k)]  # fmt: skip
+           for k, v in cfg.rollout.model_dump().items() if k != "temperature" and v != getattr(trained.rollout, k)]
     if temperature != trained.rollout.temperature:
         out.append(f"temperature {temperature} (trained with rollout.temperature = {trained.rollout.temperature})")
     ours = {e.name: e.kwargs for e in cfg.env.specs}
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     temperature = args.temperature if args.temperature is not None else cfg.rollout.temperature
     problems = [m for ok, m in ((k >= 1, f"-k must be >= 1, got {k}"), (tasks >= 1, f"--tasks must be >= 1, got {tasks}"),
                                 (temperature >= 0, f"--temperature must be >= 0, got {temperature}"),
-                                (args.concurrency >= 1, f"--concurrency must be >= 1, got {args.concurrency}")) if not ok]  # fmt: skip
+                                (args.concurrency >= 1, f"--concurrency must be >= 1, got {args.concurrency}")) if not ok]
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float,
-               turn_limit: int) -> dict:  # fmt: skip
+               turn_limit: int) -> dict:
     from agentgym.actors.engines import load_tokenizer, make_engine
 
     seed = args.seed if args.seed is not None else cfg.run.seed
@@ -197,7 +197,7 @@ async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, task
     try:
         return await evaluate(engine, tokenizer, cfg, envs, split=args.split or cfg.eval.split, tasks=tasks, k=k,
                               temperature=temperature, seed=seed, turn_limit=turn_limit,
-                              concurrency=args.concurrency, critic=args.critic)  # fmt: skip
+                              concurrency=args.concurrency, critic=args.critic)
     finally:
         await engine.close()
 
@@ -251,12 +251,12 @@ async def evaluate(
         async with gate:
             ticket = Ticket(group_id=f"eval:{env}:{task}", env=env, task_id=task, min_version=0, split=split)
             ep = await play_episode(engine, tokenizer, pool, ticket, sample, spec, turn_limit,
-                                    seed=episode_seed(seed, env, task, sample), critic=judge)  # fmt: skip
+                                    seed=episode_seed(seed, env, task, sample), critic=judge)
         results[env][task][sample] = bool(ep.success)
         failures[env] += ep.finish == "env_failure"
         episodes.append({"env": env, "task": task, "sample": sample, "success": bool(ep.success),
                          "reward": float(ep.reward), "finish": ep.finish,
-                         "critiques": int(unpack(ep.critiques, I32).size // 2)})  # fmt: skip
+                         "critiques": int(unpack(ep.critiques, I32).size // 2)})
         done += 1
         if progress and (done == total or done % max(1, total // 20) == 0):
             rate = done / max(time.monotonic() - t0, 1e-9)
@@ -264,7 +264,7 @@ async def evaluate(
 
     for env in envs:
         pool = EnvPool(env, kwargs.get(env, {}), max(1, min(concurrency, tasks * k)),
-                       step_timeout_s=cfg.actor.step_timeout_s)  # fmt: skip
+                       step_timeout_s=cfg.actor.step_timeout_s)
         async with pool:
             await asyncio.gather(*(one(pool, env, t, s) for t in range(tasks) for s in range(k)))
     per_env = summarize(results, k)
@@ -276,7 +276,7 @@ async def evaluate(
         "turn_limit": turn_limit, "envs": per_env, "episodes": episodes,
         "critic": f"{spec.critic.kind} {spec.critic.when}" if spec.critic else None,
         "seconds": round(time.monotonic() - t0, 2),
-    }  # fmt: skip
+    }
 
 
 def table(report: dict[str, Any]) -> str:
@@ -286,7 +286,7 @@ def table(report: dict[str, Any]) -> str:
     rows = [head, "-" * len(head)]
     for env, r in report["envs"].items():
         rows.append(f"{env:<20} {r['tasks']:>6} {r['samples']:>8} {r[f'avg@{k}']:>8.3f} "
-                    f"{r[f'pass@{k}']:>8.3f} {r['env_failures']:>8}")  # fmt: skip
+                    f"{r[f'pass@{k}']:>8.3f} {r['env_failures']:>8}")
     if report.get("critic"):
         n = sum(e.get("critiques", 0) for e in report["episodes"])
         rows.append(f"with the critic ({report['critic']}): {n} critiques over {len(report['episodes'])} episodes")

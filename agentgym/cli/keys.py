@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description="Write a learner key pair and one key pair per actor, in ZeroMQ's certificate format, "
         "and print which file goes to which host. An existing learner pair in DIR is kept, so running it "
         "again adds actors.",
-    )  # fmt: skip
+    )
     k.add_argument("dir", type=Path, help="directory to write the keys into")
     k.add_argument("--actors", type=int, default=0, help="number of actor pairs named actor-0, actor-1, ... "
                    "(after those already in DIR)")
@@ -59,7 +59,7 @@ def train_overrides(d: Path) -> list[str]:
     return [
         f'learner.secret_key="{d / "learner.key_secret"}"', f'learner.authorized_keys="{d / "authorized"}"',
         f'actor.secret_key="{pairs[0]}"', f'actor.learner_key="{d / "learner.key"}"',
-    ]  # fmt: skip
+    ]
 
 
 def check_train_keys(cfg: object) -> None:

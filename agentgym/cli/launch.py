@@ -30,7 +30,7 @@ BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def _spawn(module: str, args: list[str], console: Path | None = None, nice: int = 0,
-           env: dict[str, str] | None = None) -> subprocess.Popen:  # fmt: skip
+           env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``python -m module``; with ``console``, its stdout and stderr go to that file; ``nice``
     is added to the child's niceness (inherited by everything it starts); ``env`` is added to the
     environment the child inherits."""
@@ -93,7 +93,7 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
                                                      actor_log_level, "--actor-id", f"local-{i}"], consoles[i],
                             nice=cfg.launch.actor_nice, env={BIND: binds[i]} if binds else None))
     log.info("launched", learner_pid=learner.pid, actor_pids=[p.pid for p in procs[1:]], run_dir=str(run_dir),
-             actor_consoles=str(run_dir / "logs"), actor_cores=binds or None)  # fmt: skip
+             actor_consoles=str(run_dir / "logs"), actor_cores=binds or None)
     reported: set[int] = set()
 
     def report_failed_actors() -> None:
@@ -101,7 +101,7 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
             if p.returncode not in (None, 0, 130) and i not in reported:
                 reported.add(i)
                 log.error("actor_failed", actor_id=f"local-{i}", code=p.returncode, console=str(consoles[i]),
-                          tail=_tail(consoles[i]))  # fmt: skip
+                          tail=_tail(consoles[i]))
 
     def forward(sig: int, _frame: object) -> None:
         for p in procs:

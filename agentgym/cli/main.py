@@ -69,7 +69,7 @@ def _main(argv: list[str] | None = None) -> int:
         description="Start one agentgym-learner and N agentgym-actor processes on this machine; they talk over "
         "real ZeroMQ sockets on loopback, as they would across hosts. The run ends when the learner ends; "
         "Ctrl-C stops all of them. Actor output goes to RUN_DIR/logs/actor-local-N.console.log.",
-    )  # fmt: skip
+    )
     add_config_args(t)
     t.add_argument("--actors", type=int, help="local actor processes (overrides launch.actors)")
     t.add_argument("--run-dir", type=Path, help="run directory (default: run.dir/run.name)")
@@ -93,7 +93,7 @@ def _main(argv: list[str] | None = None) -> int:
         "lr, clip fraction, approx KL, importance weights, staleness; smoothing and hover as in TensorBoard) and "
         "the episodes the learner logged (learner.log_episodes per step), each as the conversation it trained "
         "on. Open it in any browser; it loads nothing from outside.",
-    )  # fmt: skip
+    )
     v.add_argument("run_dir", type=Path, help="the run directory (RUN_DIR with metrics.jsonl, episodes.jsonl)")
     v.add_argument("-o", "--out", type=Path, help="where to write the page (default: RUN_DIR/view.html)")
     v.add_argument("--limit", type=int, default=2000, help="newest episodes to include (default: 2000)")
@@ -105,7 +105,7 @@ def _main(argv: list[str] | None = None) -> int:
 
     # Subcommands that live in a module of their own: each adds its parser and runs its args.
     modules = {"bench": cmd_bench, "keys": cmd_keys, "chaos": cmd_chaos, "make-model": cmd_make_model,
-               "eval": cmd_eval, "slurm": slurm, "actors": cmd_actors}  # fmt: skip
+               "eval": cmd_eval, "slurm": slurm, "actors": cmd_actors}
     for module in modules.values():
         module.add_parser(sub)
     args = p.parse_args(argv)

@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Write a randomly initialised HF model directory with the exact shape of a published "
         "architecture and the project's own tokenizer ('tiny' is the quickstart's model); or, with --from, "
         "a pretrained model from an installed package's GGUF file, dequantised, with its own tokenizer.",
-    )  # fmt: skip
+    )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--arch", choices=["tiny", *SIZES, *SHAPES], help="architecture shape (random weights)")
     which.add_argument("--from", dest="source", choices=list(PACKAGED),
@@ -104,7 +104,7 @@ def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = N
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(eos_token_id=[eos], pad_token_id=pad, do_sample=True).save_pretrained(out_dir)
     log.info("model_made", arch=arch, path=str(out_dir), params=sum(p.numel() for p in model.parameters()),
-             dtype=str(tdtype), seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+             dtype=str(tdtype), seconds=round(time.monotonic() - t0, 1))
     return out_dir
 
 
@@ -114,7 +114,7 @@ def _run_from_package(args: argparse.Namespace) -> int:
 
     given = [flag for flag, on in (("--seed", args.seed != 0), ("--pretrain-steps", args.pretrain_steps),
                                    ("--sft-steps", args.sft_steps), ("--pretrain-env-options", args.pretrain_env_options))
-             if on]  # fmt: skip
+             if on]
     if given:
         raise SystemExit(f"make-model: {', '.join(given)} apply to --arch only, not to --from {args.source}")
     try:
@@ -135,7 +135,7 @@ def _tokenizer(corpus: list[str], max_length: int):
     tok = PreTrainedTokenizerFast(
         tokenizer_object=raw, eos_token=IM_END, pad_token=ENDOFTEXT, additional_special_tokens=[IM_START],
         chat_template=CHATML_TEMPLATE, model_max_length=max_length, clean_up_tokenization_spaces=False,
-    )  # fmt: skip
+    )
     return tok, raw.token_to_id(IM_END), raw.token_to_id(ENDOFTEXT)
 
 
@@ -177,6 +177,6 @@ def run(args: argparse.Namespace) -> int:
 
         pretrain_in_stages(out, out, args.pretrain_env, options, steps=args.pretrain_steps, policy=args.pretrain_policy,
                            sft_steps=args.sft_steps, seed=args.seed, turns=args.pretrain_turns,
-                           endings=args.pretrain_endings, quiz=args.pretrain_quiz)  # fmt: skip
+                           endings=args.pretrain_endings, quiz=args.pretrain_quiz)
     print(out)
     return 0

@@ -47,7 +47,7 @@ def digest(crcs: dict[str, int]) -> int:
 
 # ---------------------------------------------------------------- the source (learner side, trio)
 async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: int, timeout_s: float,
-                insecure: bool = True, gap_s: float = 0.5) -> dict:  # fmt: skip
+                insecure: bool = True, gap_s: float = 0.5) -> dict:
     import trio
 
     from agentgym.learner.transport import WeightSnapshot, open_hub
@@ -63,7 +63,7 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
         def welcome(index: int) -> Welcome:
             spec = RolloutSpec(group_size=1, max_tokens_per_turn=16, max_episode_tokens=64, temperature=1.0, top_p=1.0)
             return Welcome(run_id="fleet", actor_index=index, weights_port=weights_port, model_path="-", model_fingerprint="-",
-                           mode="async", heartbeat_interval_s=5.0, actor_timeout_s=60.0, rollout=spec)  # fmt: skip
+                           mode="async", heartbeat_interval_s=5.0, actor_timeout_s=60.0, rollout=spec)
 
         async def receive() -> None:
             async for peer, msg in hub.inbox:
@@ -100,10 +100,10 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
                     await until(done, f"every actor on v{v}")
                 except trio.TooSlowError:
                     raise TimeoutError(f"fleet source: v{v} served by {sum(s == (v, want) for s in serving.values())}"
-                                       f"/{len(peers)} actors after {timeout_s:.0f} s") from None  # fmt: skip
+                                       f"/{len(peers)} actors after {timeout_s:.0f} s") from None
                 rec = {"version": v, "actors": len(peers), "bytes": snap.total_bytes, "chunks": len(snap.frames),
                        "time_to_all_s": time.monotonic() - t0, "egress_bytes": hub.weight_bytes_served - egress0,
-                       "egress_chunks": hub.weight_chunks_served - chunks0}  # fmt: skip
+                       "egress_chunks": hub.weight_chunks_served - chunks0}
                 rec["egress_copies"] = rec["egress_bytes"] / snap.total_bytes
                 results.append(rec)
                 log.info("fleet_version_served", **rec)
@@ -148,7 +148,7 @@ async def run_fleet(learner: str, count: int, prefix: str, relay: str | None, st
                 await engine.update_weights({t.name: t.data for t in raw}, version)
                 stats["updates"] += 1
                 await link.send(Heartbeat(actor_id=actor_id, weight_version=engine.version,
-                                          stats={"digest": float(digest(engine.digests))}))  # fmt: skip
+                                          stats={"digest": float(digest(engine.digests))}))
         finally:
             await engine.close()
             link.close()

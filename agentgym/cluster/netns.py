@@ -128,7 +128,7 @@ class Cluster:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             p = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv], cwd=cwd, stdout=out,
-                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.procs.append(p)
         return p
 

@@ -64,7 +64,7 @@ class Relay:
         self, bind: str, upstreams: list[str], *, upstream_keys: list[ClientKeys | None] | None = None,
         server_keys: object | None = None, stall_s: float = 5.0, keep: int = 2, max_in_flight: int = 64,
         chunk_mib: int = DEFAULT_CHUNK_MIB,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not upstreams:
             raise ValueError("relay: at least one --upstream address is needed")
         self.upstreams = upstreams
@@ -97,7 +97,7 @@ class Relay:
         self.last_heard = time.monotonic()
         self.stats = {"requests": 0, "hits": 0, "chunks_in": 0, "bytes_in": 0, "chunks_out": 0, "bytes_out": 0,
                       "bad_chunks": 0, "bad_requests": 0, "upstream_switches": 0, "gone": 0,
-                      "peers_dropped": 0, "upstream_dropped": 0}  # fmt: skip
+                      "peers_dropped": 0, "upstream_dropped": 0}
         self.running = True
 
     def _connect_up(self) -> zmq.Socket:
@@ -231,7 +231,7 @@ class Relay:
                 break
             self.stats["peers_dropped"] += 1
             log.info("relay_peer_dropped", peer=ev["endpoint"].decode(errors="replace"), frame_cap_bytes=REQUEST_FRAME,
-                     why="a frame over frame_cap_bytes (refused unread), or the peer left")  # fmt: skip
+                     why="a frame over frame_cap_bytes (refused unread), or the peer left")
         dropped = False
         while self.up_events in events:
             try:
@@ -244,7 +244,7 @@ class Relay:
             old = self._switch_up()
             log.warning("relay_upstream_dropped", upstream=old, next=self.upstreams[self.at], frame_cap_bytes=self.up_frame,
                         outstanding=len(self.asked), why="a frame over frame_cap_bytes (refused unread; "
-                        "--chunk-mib below the learner's learner.weight_chunk_mib?), or the upstream went away")  # fmt: skip
+                        "--chunk-mib below the learner's learner.weight_chunk_mib?), or the upstream went away")
             self._reask_all()
             self.last_heard = time.monotonic()
 
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 "reaches it could download the weights. Give it --secret-key and --authorized-keys, or accept the "
                 "risk with --insecure") from None
         relay = Relay(args.bind, args.upstream, upstream_keys=up_keys, server_keys=server,
-                      stall_s=args.stall, keep=args.keep, chunk_mib=args.chunk_mib)  # fmt: skip
+                      stall_s=args.stall, keep=args.keep, chunk_mib=args.chunk_mib)
     except (KeyFileError, InsecureBind, ValueError, zmq.ZMQError) as exc:
         print(f"agentgym-relay: {exc}", file=sys.stderr)
         return 2

@@ -47,7 +47,7 @@ def find_model(value: str | Path, key: str) -> Path:
     name = text.rsplit("/", 1)[-1]
     raise ModelNotFound(f"{key} {text}: no model directory there and no hub model {text!r} in the local Hugging Face "
                         f"cache; download it first: hf download {text} --local-dir models/{name} "
-                        f"(then {key} models/{name})")  # fmt: skip
+                        f"(then {key} models/{name})")
 
 
 def _cached_snapshot(repo_id: str) -> Path | None:

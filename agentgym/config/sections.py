@@ -233,7 +233,7 @@ class TurnSchedule(Section):
         """The step-driven limit at ``step`` (success-driven stages: learner/curriculum.py)."""
         if self.stages:
             raise ValueError("this schedule advances by training success, not by step: the learner's "
-                             "curriculum (learner/curriculum.py) knows its stage")  # fmt: skip
+                             "curriculum (learner/curriculum.py) knows its stage")
         return [t for s, t in self.turn_limits if s <= step][-1]
 
 

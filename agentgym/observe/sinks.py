@@ -53,7 +53,7 @@ def check_sinks(sinks: Sequence[str]) -> None:
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The numeric fields of a record (booleans as 0/1), without ``step`` and ``time``."""
     return {k: float(v) for k, v in record.items()
-            if isinstance(v, numbers.Real) and k not in ("step", "time")}  # fmt: skip
+            if isinstance(v, numbers.Real) and k not in ("step", "time")}
 
 
 def wandb_settings(cfg: Any, run_dir: Path) -> dict[str, str | None]:
@@ -97,13 +97,12 @@ class _Wandb:
             import wandb
         except ImportError as exc:
             raise SinkError("metrics.sinks has 'wandb' but it is not installed: pip install 'agentgym[wandb]'") from exc
-        settings = wandb_settings(cfg, run_dir)
+        settings: dict[str, Any] = wandb_settings(cfg, run_dir)  # wandb.init's options by name
         config = cfg.model_dump(mode="json") if cfg is not None else {}
         config["wandb"] = settings  # what was used, whichever of config, WANDB_* or default gave it
         # console="off": the learner's own console and JSON logs stay as they are (no capture).
-        # settings: wandb.init's own options by name (project, entity, mode, ...), typed str | None here.
         self.run = wandb.init(dir=str(run_dir), config=config, reinit="create_new",
-                              settings=wandb.Settings(console="off"), **settings)  # type: ignore[arg-type]  # fmt: skip
+                              settings=wandb.Settings(console="off"), **settings)
         for prefix in ("train", "eval"):
             self.run.define_metric(f"{prefix}/step")
             self.run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
@@ -153,7 +152,7 @@ class SinkWriter:
 
 
 def with_sinks(jsonl: MetricsWriter, sinks: list[str], run_dir: Path, prefix: str,
-               cfg: Any = None) -> MetricsWriter | SinkWriter:  # fmt: skip
+               cfg: Any = None) -> MetricsWriter | SinkWriter:
     """``jsonl`` itself when only JSONL is configured, else a writer that feeds the sinks too;
     ``cfg``: the run's resolved config, logged to each sink (and [metrics.wandb] for W&B)."""
     return jsonl if all(s == "jsonl" for s in sinks) else SinkWriter(jsonl, list(sinks), run_dir, prefix, cfg)

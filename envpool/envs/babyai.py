@@ -45,7 +45,7 @@ PAPER_LEVELS = (
     "GoToObj", "GoToRedBallGrey", "GoToRedBall", "GoToLocal", "PutNextLocal", "PickupLoc",
     "GoToObjMaze", "GoTo", "Pickup", "UnblockPickup", "Open", "Unlock", "PutNextS7N4", "Synth",
     "SynthLoc", "GoToSeq", "SynthSeq", "GoToImpUnlock", "BossLevel",
-)  # fmt: skip
+)
 """Default levels: Chevalier-Boisvert et al. 2019, Table 1 (PutNext is minigrid's PutNextS7N4)."""
 
 ACTIONS = ("turn left", "turn right", "go forward", "pick up", "drop", "toggle")
@@ -122,7 +122,7 @@ class BabyAI(Env):
     name = "babyai"
 
     def __init__(self, levels: str | list[str] | tuple[str, ...] | None = None, progress_reward: bool = False,
-                 **kwargs: object) -> None:  # fmt: skip
+                 **kwargs: object) -> None:
         super().__init__(**kwargs)
         if not isinstance(progress_reward, bool):
             raise TypeError(f"babyai: option progress_reward must be true or false, got {progress_reward!r}")
@@ -178,7 +178,7 @@ class BabyAI(Env):
         if self.progress_reward:
             if not babyai_progress.supported(self._env):
                 raise ValueError(f"babyai: option progress_reward needs GoTo or Pickup missions; level {level} "
-                                 f"(task {task_id}) has {self._env.mission!r}")  # fmt: skip
+                                 f"(task {task_id}) has {self._env.mission!r}")
             self._to_go = babyai_progress.actions_to_go(self._env)
             self._start_to_go = max(1, self._to_go or 1)
         return f"Your mission: {self._env.mission}.\n{describe_view(self._env)}"
@@ -225,7 +225,7 @@ class BabyAI(Env):
         return self._finish(f"{feedback}\n{describe_view(env)}", self._progress(), terminated=False)
 
     def _finish(self, text: str, reward: float, *, terminated: bool, success: bool = False,
-                valid: bool = True) -> StepResult:  # fmt: skip
+                valid: bool = True) -> StepResult:
         info: dict[str, str | int | float | bool] = {"turns": self._turns}
         if not valid:
             info["valid"] = False

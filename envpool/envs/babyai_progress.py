@@ -45,7 +45,7 @@ def actions_to_go(env: Any) -> int | None:
     kind = _instr_kind(env)
     if kind is None:
         raise ValueError(f"babyai: progress_reward has no distance for the mission {env.mission!r} "
-                         "(only GoTo and Pickup missions)")  # fmt: skip
+                         "(only GoTo and Pickup missions)")
     if kind == "pickup" and env.carrying is not None:
         return None
     targets = _targets(env)

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 
+# Kept packed by hand (not formatted): (section, field) pairs read as one block, not a pair a line.
 FIELDS = (
     ("Introduction", "Background"), ("Geography", "Location"), ("Geography", "Area"),
     ("Geography", "Land boundaries"), ("Geography", "Coastline"), ("Geography", "Climate"),
@@ -141,7 +142,7 @@ def _code(data: dict) -> str:
 
 def _prefix(data: dict) -> str:
     text = clean(data.get("Transportation", {}).get("Civil aircraft registration country code prefix", {})
-                 .get("text", ""))  # fmt: skip
+                 .get("text", ""))
     return text if re.fullmatch(r"[A-Z0-9]{1,3}", text) else ""
 
 
@@ -165,7 +166,7 @@ FACTS = {  # fact -> (extractor, passage field, question about a country)
                "What is the civil aircraft registration country code prefix of {}?"),
     "highest": (_highest, "Elevation", "What is the highest point of {}?"),
     "independence": (_independence, "Independence", "In what year did {} become independent?"),
-}  # fmt: skip
+}
 
 BRIDGES = {  # bridge fact -> how a question names the country by it
     "capital": "the country whose capital is {}",

@@ -94,7 +94,7 @@ DIALECTS = {
                      '"g" right letter in the right place, "y" in the word but elsewhere, "b" not in the word; '
                      'a word outside the game\'s vocabulary gets "invalid word".',
     ),
-}  # fmt: skip
+}
 
 
 def base_url(url: str, dialect: Dialect) -> str:
@@ -256,7 +256,7 @@ class Remote(Env):
         dialect = DIALECTS.get(str(options.get("dialect", "agentgym")))
         if dialect is not None and not dialect.server_routes:
             raise ValueError(f"env remote: dialect {options.get('dialect')!r}: the server has no GET /tasks; set "
-                             "option splits, e.g. 'train=0:26,test=0:26'")  # fmt: skip
+                             "option splits, e.g. 'train=0:26,test=0:26'")
         url = str(options.get("url", "")).rstrip("/")
         # Called by the actor's pool once per split (then cached), outside the env workers: keep
         # the wait short; the ``splits`` option avoids the call.

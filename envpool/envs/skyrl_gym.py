@@ -131,7 +131,7 @@ class SkyRLGym(Env):
         info: dict[str, str | int | float | bool] = {
             k: v if not isinstance(v, str) else one_line(v, 200)
             for k, v in (out.get("metadata") or {}).items() if isinstance(v, (str, int, float, bool))
-        }  # fmt: skip
+        }
         if done:
             self._done = True
             info["success"] = reward >= 1.0

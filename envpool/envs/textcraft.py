@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from agentgym.envpool.base import Env, StepResult, curriculum_option, for_task, int_in
 
+# Kept packed by hand (not formatted), as the two lists below: a word list reads as one block, not a word a line.
 RAW = (
     "oak log", "birch log", "spruce log", "cobblestone", "iron ore", "gold ore", "copper ore",
     "sand", "clay", "coal", "flint", "string", "feather", "leather", "wool", "reed", "quartz",
@@ -125,7 +126,7 @@ class TextCraft(Env):
     name = "textcraft"
 
     def __init__(self, depth: int = 2, distractors: int = 4, progress_reward: bool = False,
-                 train_distractors: list[int] | None = None, **kwargs: object) -> None:  # fmt: skip
+                 train_distractors: list[int] | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)
         for key, value, lo, hi in (("depth", depth, 1, 5), ("distractors", distractors, 0, 20)):
             if not int_in(value, lo, hi):
@@ -240,7 +241,7 @@ class TextCraft(Env):
             k = _count(m.group(1)) if m else None
             if m is None or k is None or m.group(2) in parts:
                 return self._reply(f"Could not understand the ingredient {part.strip()!r}: say N ITEM, N ITEM.",
-                                   valid=False)  # fmt: skip
+                                   valid=False)
             parts[m.group(2)] = k
         if n is None or n % recipe.count:
             return self._reply(f"Could not craft {count} {item}: it is crafted in batches of {recipe.count}.")

@@ -66,7 +66,7 @@ def env_config(options: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(k for k in options if "." not in k and k not in _OWN and k != "id")
     if unknown:
         raise VerifiersError(f"env verifiers: unknown option(s) {unknown}: verifiers' own are dotted "
-                             f"(\"taskset.id\", \"agent.harness.id\"), the adapter's are {sorted(_OWN)}")  # fmt: skip
+                             f"(\"taskset.id\", \"agent.harness.id\"), the adapter's are {sorted(_OWN)}")
     out: dict[str, Any] = json.loads(json.dumps(_DEFAULTS))
     for key, value in options.items():
         if key in _OWN:
@@ -122,7 +122,7 @@ class Loaded:
         self.splits["dev"] = self.splits["test"]
         if not self.splits["train"] or not self.splits["test"]:
             raise VerifiersError(f"env verifiers: taskset {taskset_id!r} has {len(self.tasks)} task(s): "
-                                 f"too few for a train and a test split at test_fraction {fraction}")  # fmt: skip
+                                 f"too few for a train and a test split at test_fraction {fraction}")
         self.vf = vf
         self.served = False
 
@@ -148,7 +148,7 @@ def check(options: dict[str, Any], cfg: Any = None) -> None:
         agent = cfg.actor.agent_endpoint
         if not agent.enabled or agent.program != PROGRAM or (agent.envs and "verifiers" not in agent.envs):
             raise VerifiersError("env verifiers is played by verifiers' harness through the agent endpoint: set "
-                                 f"actor.agent_endpoint.enabled = true and program = {PROGRAM!r}")  # fmt: skip
+                                 f"actor.agent_endpoint.enabled = true and program = {PROGRAM!r}")
 
 
 class _Loop:
@@ -196,13 +196,13 @@ async def _episode(env: Loaded, loop: _Loop, index: int, root: str, key: str, mo
     # One client config for every episode (the interception keeps one HTTP client per config);
     # the conversation rides in a body field the endpoint routes on.
     ctx = vf.ModelContext(model=model, client=vf.EvalClientConfig(base_url=f"{root}/v1", api_key_var=_KEY_VAR),
-                          sampling=vf.SamplingConfig(agentgym_conversation=key))  # fmt: skip
+                          sampling=vf.SamplingConfig(agentgym_conversation=key))
     task = env.tasks[index]
     episode = await env.env.run_slot(env.env.slots(task, 1)[0], ctx)
     if not episode.ok:
         errors = [e for t in episode.traces for e in t.errors] + list(episode.errors)
         raise RuntimeError(f"verifiers episode failed: {errors[-1].type}: {' '.join(errors[-1].message.split())[:800]}"
-                           if errors else "verifiers episode failed")  # fmt: skip
+                           if errors else "verifiers episode failed")
     reward = float(sum(t.reward for t in episode.traces))
     # done: the harness ended the episode (a call refused at a limit never gets here: it fails the
     # harness, and the runner keeps the limit's truncation)
@@ -232,7 +232,7 @@ class Verifiers(Env):
 
     def __init__(self, **kwargs: object) -> None:
         raise RuntimeError("env verifiers is played by verifiers' harness through the agent endpoint: set "
-                           f"actor.agent_endpoint.enabled = true and program = {PROGRAM!r}")  # fmt: skip
+                           f"actor.agent_endpoint.enabled = true and program = {PROGRAM!r}")
 
     @classmethod
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:

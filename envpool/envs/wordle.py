@@ -145,7 +145,7 @@ class Wordle(Env):
 
     def __init__(self, length: int = 5, max_guesses: int = 6, word_list: str = WORD_LIST,
                  progress_reward: bool | str = False, letters: bool = False, held_out: str = "words",
-                 **kwargs: object) -> None:  # fmt: skip
+                 **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.length, self.max_guesses, self.word_list = _options(length, max_guesses, word_list, held_out)
         self.held_out = held_out
@@ -173,7 +173,7 @@ class Wordle(Env):
             raise ValueError(f"env wordle: unknown split {split!r}; splits are {list(SPLITS)}")
         held_out = options.get("held_out", "words")
         length, _, path = _options(options.get("length", 5), options.get("max_guesses", 6),
-                                   options.get("word_list", WORD_LIST), held_out)  # fmt: skip
+                                   options.get("word_list", WORD_LIST), held_out)
         start = _SPLIT_START[split]
         words = load_words(path, length, held_out)[split]  # read in both modes: a missing or short list is an error
         return range(start, start + (GAMES[split] if held_out == "games" else len(words)))
@@ -186,7 +186,7 @@ class Wordle(Env):
                 if self.held_out == "games":
                     if split != "train" and task_id - start >= GAMES[split]:
                         raise ValueError(f"wordle: task id {task_id} is past the {split} split "
-                                         f"({GAMES[split]} games from id {start})")  # fmt: skip
+                                         f"({GAMES[split]} games from id {start})")
                     seed = hashlib.sha256(f"wordle game {task_id}".encode()).digest()
                     return self._sorted_all[int.from_bytes(seed[:8], "big") % len(self._sorted_all)]
                 words = self._splits[split]
@@ -258,7 +258,7 @@ class Wordle(Env):
         if left == 0:
             self._done = True
             return StepResult(f"{text} No guesses left; the word was {self._shown(self._answer)}.", 0.0, True,
-                              {**info, "success": False})  # fmt: skip
+                              {**info, "success": False})
         return StepResult(f"{text} {_left(left)}", gain, False, info)
 
     def _marks_text(self, guess: str, marks: tuple[str, ...]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-)  # fmt: skip
+)
 LAUNCH_TIMEOUT_S = 60.0
 """Deadline for Chromium to start (a few seconds on an idle machine, more on a loaded one)."""
 TMP_PREFIX = "agentgym-webshop-"

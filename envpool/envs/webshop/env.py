@@ -109,7 +109,7 @@ class WebShop(Env):
         super().__init__(**kwargs)
         self.catalogue = catalogue(num_products, seed)  # checks num_products and seed
         for key, value, lo, hi in (("page_size", page_size, 1, 100), ("viewport_width", viewport_width, 320, 4096),
-                                   ("viewport_height", viewport_height, 240, 4096)):  # fmt: skip
+                                   ("viewport_height", viewport_height, 240, 4096)):
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"webshop: option {key} must be an integer in {lo}..{hi}, got {value!r}")
         if not isinstance(action_timeout_s, (int, float)) or not action_timeout_s > 0:
@@ -291,7 +291,7 @@ class WebShop(Env):
             return StepResult("no episode is running: reset first", 0.0, False, {"turns": self._turns})
         if self._done:
             return StepResult("the episode is over: the order is placed", 0.0, True,
-                              {"turns": self._turns, "success": False})  # fmt: skip
+                              {"turns": self._turns, "success": False})
         self._turns += 1
         command = parse_action(action)
         if isinstance(command, (Click, Type)):
@@ -366,7 +366,7 @@ class WebShop(Env):
         if goal is None or view is None or self._done:
             return "scroll down"
         return expert_move(goal, view, self.catalogue.products[goal.pid].name, self._page.url,
-                           self._server.session(self._token).cart)  # fmt: skip
+                           self._server.session(self._token).cart)
 
     def close(self) -> None:
         try:

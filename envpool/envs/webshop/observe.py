@@ -128,7 +128,7 @@ def page_from_js(result: dict) -> Page:
     if result["below"]:
         lines.append("(more below: scroll down)")
     elements = {int(k): Element(v["role"], v["name"], bool(v["selected"]), v["kind"])
-                for k, v in result["elements"].items()}  # fmt: skip
+                for k, v in result["elements"].items()}
     return Page("\n".join(lines), elements, bool(result["above"]), bool(result["below"]))
 
 

@@ -191,7 +191,7 @@ class ShopServer:
         if len(s.cart) != 1:
             why = "Your cart is empty." if not s.cart else (
                 f"An order holds exactly one item; your cart has {len(s.cart)}. Remove the others first."
-            )  # fmt: skip
+            )
             return f'<h1>Checkout</h1><p>{why}</p><p><a href="/{token}/cart">Back to cart</a></p>'
         pid, colour, size = s.cart[0]
         p = self.catalogue.products[pid]
@@ -213,7 +213,7 @@ class ShopServer:
             p = self.catalogue.products[pid]
             colour, size = form.get("colour", ""), form.get("size", "")
             missing = [name for name, v, allowed in (("colour", colour, p.colours), ("size", size, p.sizes))
-                       if v not in allowed]  # fmt: skip
+                       if v not in allowed]
             if missing:
                 back: dict[str, str] = {k: form[k] for k in ("q", "page") if k in form}
                 params = {**back, "colour": colour, "size": size, "error": _ERROR_FOR[tuple(missing)]}
@@ -234,7 +234,7 @@ class ShopServer:
 
 
 _ERROR_FOR = {("colour",): "Please choose a colour.", ("size",): "Please choose a size.",
-              ("colour", "size"): "Please choose a colour and a size."}  # fmt: skip
+              ("colour", "size"): "Please choose a colour and a size."}
 _ERRORS = set(_ERROR_FOR.values())
 
 
@@ -274,7 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             body = f"{header}<main>{body}</main>"
         self._send(status, f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)} - {SHOP}</title>"
-                           f"<style>{_STYLE}</style></head><body>{body}</body></html>")  # fmt: skip
+                           f"<style>{_STYLE}</style></head><body>{body}</body></html>")
 
     def do_POST(self) -> None:  # noqa: N802
         token, s, route, _ = self._route()

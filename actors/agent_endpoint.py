@@ -34,7 +34,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import structlog
 from aiohttp import web
@@ -60,7 +60,7 @@ class Session:
     sampling: SamplingSpec
     turn_limit: int
     max_tokens: int
-    limit: str = ""
+    limit: Literal["", "turn_limit", "token_limit"] = ""
     """"turn_limit" / "token_limit" once a call was refused for it (the episode ends there)."""
     reward: float | None = None
     success: bool | None = None

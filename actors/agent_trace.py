@@ -32,6 +32,7 @@ from agentgym.actors.engine import Generation
 from agentgym.protocol import Episode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 from agentgym.protocol.chat_template import CHATML_TEMPLATE
+from agentgym.protocol.messages import EpisodeFinish
 
 
 class BudgetExceeded(Exception):
@@ -156,7 +157,7 @@ class AgentTrace:
             ids.pop()
         return self._decode(ids)
 
-    def to_episode(self, *, reward: float, success: bool, finish: str, turn_limit: int, failure: str = "") -> Episode:
+    def to_episode(self, *, reward: float, success: bool, finish: EpisodeFinish, turn_limit: int, failure: str = "") -> Episode:
         """The conversation as one Episode: segments laid end to end (``segment_ends`` marks
         them), one turn per call, the reward on the last call."""
         ids: list[int] = []
@@ -178,7 +179,7 @@ class AgentTrace:
         return Episode(
             token_ids=pack(ids, I32), logprobs=pack(logps, F32), loss_mask=pack(mask, U8), versions=pack(vers, I32),
             turn_ends=pack(turn_ends, I32), turn_rewards=pack(rewards, F32),
-            reward=float(reward) if rewards else 0.0, success=bool(success), finish=finish,  # type: ignore[arg-type]
+            reward=float(reward) if rewards else 0.0, success=bool(success), finish=finish,
             turn_limit=max(1, turn_limit), failure=failure[:4000],
             segment_ends=pack(ends, I32) if len(ends) > 1 else b"", prefix_breaks=self.prefix_breaks,
         )

@@ -149,7 +149,7 @@ def build_sim(req: EngineRequest) -> GatedEngine:
         raise ValueError("the sim engine has no critic form (critic.engine: hf, vllm, remote or policy)")
     cfg, a = req.cfg, req.cfg.actor
     context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # as every engine: the model's config must be readable
-    vocab = a.sim.vocab_size or _vocab_size(req.model_dir)  # type: ignore[arg-type]
+    vocab = a.sim.vocab_size or _vocab_size(req.model_dir)  # type: ignore[arg-type]  # without sim.vocab_size the policy's model dir is read
     return SimEngine(vocab_size=vocab, tokens_per_s=a.sim.tokens_per_s, latency_s=a.sim.latency_s,
                      stop_p=a.sim.stop_p, seed=cfg.run.seed, update_mode=a.weight_update)
 

@@ -35,6 +35,7 @@ import structlog
 
 from agentgym.actors.engine import (
     EngineLoad,
+    FinishReason,
     GatedEngine,
     Generation,
     SamplingSpec,
@@ -174,7 +175,7 @@ class HfEngine(GatedEngine):
         logprobs: list[float] = []
         self._stop[segment_id] = False
         self._cached[segment_id] = 0
-        finish = "length"
+        finish: FinishReason = "length"
         try:
             while len(ids) < budget:
                 if self._stop[segment_id]:
@@ -190,7 +191,7 @@ class HfEngine(GatedEngine):
                     break
         finally:
             del self._stop[segment_id], self._cached[segment_id]
-        return Generation(ids, logprobs, self.version, finish)  # type: ignore[arg-type]
+        return Generation(ids, logprobs, self.version, finish)
 
     @staticmethod
     def _step(model: Any, state: dict[str, Any], spec: SamplingSpec, gen: torch.Generator) -> tuple[int, float]:

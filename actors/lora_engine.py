@@ -104,7 +104,7 @@ class VllmLoraEngine(VllmEngine):
         from vllm.lora.request import LoRARequest
 
         llm = self._require()
-        path = Path(prepared)  # type: ignore[arg-type]
+        path = Path(prepared)  # type: ignore[arg-type]  # what _prepare_weights returned: the adapter's directory
         n = next(self._ids)
         req = LoRARequest(f"agentgym-{n}", n, str(path))
         if not await llm.add_lora(req):

@@ -220,7 +220,7 @@ class RemoteEngine(GatedEngine):
         try:
             await task
         except asyncio.CancelledError:
-            if not task.cancelled() or asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            if not task.cancelled() or asyncio.current_task().cancelling():  # type: ignore[union-attr]  # run in a task: current_task() is one
                 raise  # the caller was cancelled, not the stream
             acc["finish"] = "abort"
         finally:
@@ -298,7 +298,7 @@ class RemoteEngine(GatedEngine):
         return out
 
     async def _load_weights(self, prepared: object) -> int:
-        path = str(Path(prepared).resolve())  # type: ignore[arg-type]
+        path = str(Path(prepared).resolve())  # type: ignore[arg-type]  # what _prepare_weights returned: a path
         if self.server == "vllm":
             await self._call("POST", "/pause", params={"mode": "wait"})
             try:

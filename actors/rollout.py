@@ -23,6 +23,7 @@ from agentgym.actors.engine import InferenceEngine, SamplingSpec
 from agentgym.envpool.pool import EnvFailure, EnvPool
 from agentgym.protocol import Episode, PartialEpisode, RolloutSpec, Ticket
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
+from agentgym.protocol.messages import EpisodeFinish
 from agentgym.protocol.vocab import banned_action_ids
 
 log = structlog.get_logger(__name__)
@@ -65,7 +66,8 @@ async def play_episode(
     budget = min(spec.max_episode_tokens, getattr(engine, "max_model_len", None) or spec.max_episode_tokens)
     conv: Conversation | None = None
     turn_rewards: list[float] = []
-    finish, failure, success = "turn_limit", "", False
+    finish: EpisodeFinish = "turn_limit"
+    failure, success = "", False
     actions: list[str] = []
     last_obs = ""
     resumed_at = first_turn = 0
@@ -278,7 +280,7 @@ def _eval_task(pool: EnvPool, ticket: Ticket) -> int:
 
 
 def _to_episode(
-    conv: Conversation | None, turn_rewards: list[float], finish: str, failure: str, success: bool, turn_limit: int
+    conv: Conversation | None, turn_rewards: list[float], finish: EpisodeFinish, failure: str, success: bool, turn_limit: int
 ) -> Episode:
     turn_ends: list[int] | np.ndarray
     if conv is None:  # failed before the first observation
@@ -298,7 +300,7 @@ def _to_episode(
         turn_rewards=pack(rewards, F32),
         reward=float(sum(turn_rewards)),
         success=success,
-        finish=finish,  # type: ignore[arg-type]
+        finish=finish,
         turn_limit=turn_limit,
         failure=failure[:4000],
     )

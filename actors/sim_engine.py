@@ -29,7 +29,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode
+from agentgym.actors.engine import EngineLoad, FinishReason, GatedEngine, Generation, SamplingSpec, UpdateMode
 from agentgym.protocol.weights import crc32
 
 TICK_S = 0.02
@@ -99,7 +99,7 @@ class SimEngine(GatedEngine):
         base = None if spec.seed is None else spec.seed - len(prompt_ids)
         ids: list[int] = []
         logprobs: list[float] = []
-        finish = "length"
+        finish: FinishReason = "length"
         try:
             if await self._wait(stop, self.latency_s):
                 return Generation(ids, logprobs, self.version, "abort")
@@ -128,7 +128,7 @@ class SimEngine(GatedEngine):
         finally:
             self._stop.pop(segment_id, None)
             self.tokens_generated += len(ids)
-        return Generation(ids, logprobs, self.version, finish)  # type: ignore[arg-type]
+        return Generation(ids, logprobs, self.version, finish)
 
     @staticmethod
     async def _wait(stop: asyncio.Event, seconds: float) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import structlog
@@ -110,7 +110,7 @@ def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
             "none: set actor.secret_key and actor.learner_key), or it is not an agentgym learner of the same release")
 
 
-def _send_parts(sock: zmq.Socket, frames: list[bytes], copy: bool) -> None:
+def _send_parts(sock: zmq.Socket, frames: Sequence[bytes | bytearray], copy: bool) -> None:
     """``sock.send_multipart(frames, NOBLOCK, copy=copy)`` without its per-part Python checks
     (~1.5 µs a message). Raises zmq.Again at the first part only: ZeroMQ takes the rest of a
     message whose first part it took."""
@@ -161,7 +161,7 @@ class ControlLink:
         self._fd: int = cast(int, self.sock.getsockopt(zmq.FD))
         self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
         self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits
-        self._senders: deque[tuple[list[bytes], bool, asyncio.Future[None]]] = deque()  # sends waiting for room, in order
+        self._senders: deque[tuple[Sequence[bytes | bytearray], bool, asyncio.Future[None]]] = deque()  # sends waiting for room, in order
         self._scratch = bytearray()  # where send() encodes; see there
         self.bad_messages = 0
 
@@ -286,13 +286,13 @@ class ControlLink:
         # goes without a copy, or waits in line, keeps the buffer, and the next one gets a new one.
         frames = encode_into(msg, self._scratch)
         copy = len(self._scratch) < COPY_BELOW
-        sent = self._send_now(frames, copy)  # type: ignore[arg-type]
+        sent = self._send_now(frames, copy)
         if not (sent and copy):
             self._scratch = bytearray()
         if not sent:
-            await self._wait_in_line(frames, copy)  # type: ignore[arg-type]
+            await self._wait_in_line(frames, copy)
 
-    def _send_now(self, frames: list[bytes], copy: bool) -> bool:
+    def _send_now(self, frames: Sequence[bytes | bytearray], copy: bool) -> bool:
         """Send at once if none wait in line and ZeroMQ has room; False otherwise."""
         if self._senders:
             return False
@@ -309,7 +309,7 @@ class ControlLink:
         if not self._send_now(frames, copy):
             await self._wait_in_line(frames, copy)
 
-    async def _wait_in_line(self, frames: list[bytes], copy: bool) -> None:
+    async def _wait_in_line(self, frames: Sequence[bytes | bytearray], copy: bool) -> None:
         """Wait behind the sends already waiting until ZeroMQ has room, then send (see _flush)."""
         loop = self._watch()
         fut = loop.create_future()

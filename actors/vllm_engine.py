@@ -36,7 +36,15 @@ from typing import TYPE_CHECKING, Any, cast
 import psutil
 import structlog
 
-from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files
+from agentgym.actors.engine import (
+    EngineLoad,
+    FinishReason,
+    GatedEngine,
+    Generation,
+    SamplingSpec,
+    UpdateMode,
+    safetensors_files,
+)
 from agentgym.actors.weight_files import save_safetensors, shm_dir
 
 if TYPE_CHECKING:
@@ -46,7 +54,7 @@ log = structlog.get_logger(__name__)
 
 _WORKER_EXTENSION = "agentgym.actors.vllm_worker_ext.WeightLoader"
 _LOAD_METHOD = "agentgym_load_safetensors"
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class VllmEngine(GatedEngine):
@@ -239,7 +247,7 @@ class VllmEngine(GatedEngine):
         if reason is None:
             raise RuntimeError(f"VllmEngine.generate({segment_id!r}): unexpected finish reason {c.finish_reason!r}")
         ids = list(c.token_ids)
-        return Generation(ids, _sampled_logprobs(segment_id, ids, c.logprobs), self.version, reason)  # type: ignore[arg-type]
+        return Generation(ids, _sampled_logprobs(segment_id, ids, c.logprobs), self.version, reason)
 
     async def _abort(self, segment_id: str) -> None:
         if self._llm is not None:

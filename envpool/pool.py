@@ -277,7 +277,7 @@ class EnvPool:
         if slot is _CLOSED:
             self._slots.put_nowait(_CLOSED)  # wake the next waiter too
             raise RuntimeError(f"EnvPool({self.env_name!r}) closed while waiting for a worker")
-        ep = Episode(self, slot, task_id)  # type: ignore[arg-type]
+        ep = Episode(self, slot, task_id)  # type: ignore[arg-type]  # a worker (or None), _CLOSED was handled above
         try:
             yield ep
         finally:

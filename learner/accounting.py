@@ -204,7 +204,7 @@ class TicketLedger:
         out: dict[str, object] = {"issued": issued, **{f: by_fate.get(f, 0) for f in FATES}}
         out["untrained_at_end"] = by_fate.get("accepted", 0)
         out["in_flight_at_end"] = len(open_ids)
-        settled = sum(int(out[k]) for k in (*FATES, "untrained_at_end", "in_flight_at_end"))  # type: ignore[call-overload]
+        settled = sum(int(out[k]) for k in (*FATES, "untrained_at_end", "in_flight_at_end"))  # type: ignore[call-overload]  # these entries are counts
         out["unaccounted"] = issued - settled
         """Tickets with no fate that no actor holds and no queue has: must be 0."""
         out["accepted_not_buffered"] = by_fate.get("accepted", 0) - len(buffered_ids)
@@ -221,8 +221,8 @@ def format_table(acc: dict[str, object]) -> str:
     rows = [("issued", acc["issued"])]
     rows += [(k, acc[k]) for k in (*FATES, "untrained_at_end", "in_flight_at_end", "unaccounted")]
     rows += [("reissued (event)", acc["reissued"])]
-    rows += [(f"handed over: {k} (event)", v) for k, v in sorted(dict(acc.get("handovers", {})).items())]  # type: ignore[call-overload]
-    rows += [(f"lost_in_restart: {k} (re-issued)", v) for k, v in sorted(dict(acc["lost_in_restart"]).items())]  # type: ignore[call-overload]
-    rows += [(f"unissued arrivals: {k}", v) for k, v in sorted(dict(acc["unissued_arrivals"]).items())]  # type: ignore[call-overload]
+    rows += [(f"handed over: {k} (event)", v) for k, v in sorted(dict(acc.get("handovers", {})).items())]  # type: ignore[call-overload]  # a name -> count mapping
+    rows += [(f"lost_in_restart: {k} (re-issued)", v) for k, v in sorted(dict(acc["lost_in_restart"]).items())]  # type: ignore[call-overload]  # a name -> count mapping
+    rows += [(f"unissued arrivals: {k}", v) for k, v in sorted(dict(acc["unissued_arrivals"]).items())]  # type: ignore[call-overload]  # a name -> count mapping
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

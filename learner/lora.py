@@ -61,7 +61,7 @@ class BaseModelView(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         peft_model = self._peft[0]
-        with peft_model.disable_adapter():  # type: ignore[operator]
+        with peft_model.disable_adapter():  # type: ignore[operator]  # a peft model's method, past torch.nn.Module's __getattr__
             return peft_model(*args, **kwargs)
 
 
@@ -88,7 +88,7 @@ def export_adapter(model: torch.nn.Module, dtype: str = "float32") -> list[RawTe
 
 def save_adapter(model: torch.nn.Module, path: Path) -> None:
     """Write the adapter (adapter_config.json + adapter_model.safetensors) into ``path``."""
-    model.save_pretrained(str(path), safe_serialization=True)  # type: ignore[operator]
+    model.save_pretrained(str(path), safe_serialization=True)  # type: ignore[operator]  # a peft model's method, past torch.nn.Module's __getattr__
 
 
 def load_adapter(model: torch.nn.Module, path: Path) -> None:

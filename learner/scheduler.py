@@ -126,7 +126,7 @@ class Scheduler:
         # ``mode`` only build one where none is given (a scheduler on its own, as in the tests).
         if (rule is None) == (max_staleness is None or mode is None):
             raise ValueError("Scheduler: give either rule or both max_staleness and mode")
-        self.rule = rule or StalenessRule(mode=mode, max_staleness=max_staleness, batch_groups=batch_groups)  # type: ignore[arg-type]
+        self.rule = rule or StalenessRule(mode=mode, max_staleness=max_staleness, batch_groups=batch_groups)  # type: ignore[arg-type]  # both given when rule is not (checked above)
         self._next_index = 0
         self.deadlines = DeadlineRule(deadline_factor, deadline_min_s, deadline_max_s)
         self.grant_start = grant_start

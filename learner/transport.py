@@ -163,7 +163,7 @@ class Inbox:
             if self.version_rejects <= 20 or self.version_rejects % 1000 == 0:
                 log.warning("protocol_version_rejected", peer=peer.hex(), theirs=exc.theirs, ours=exc.ours)
             reason = f"actor speaks agentgym protocol version {exc.theirs}, the learner speaks {PROTOCOL_VERSION}"
-            self.send(peer, encode(Reject(field="protocol_version", reason=reason)))  # type: ignore[arg-type]
+            self.send(peer, encode(Reject(field="protocol_version", reason=reason)))
         except ProtocolError as exc:
             self.bad_messages += 1
             if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:
@@ -181,22 +181,22 @@ class Inbox:
         pending.group_ids.append(group_id)
         pending.statuses.append(status)
         if len(pending.group_ids) >= self.ACKS_PER_MESSAGE:
-            self._send_now(peer, encode(self._acks.pop(peer)))  # type: ignore[arg-type]
+            self._send_now(peer, encode(self._acks.pop(peer)))
 
     def flush_acks(self) -> None:
         """Send every coalesced Ack now."""
         acks, self._acks = self._acks, {}
         for peer, a in acks.items():
-            self._send_now(peer, encode(a))  # type: ignore[arg-type]
+            self._send_now(peer, encode(a))
 
-    def send(self, peer: bytes, frames: list[bytes]) -> None:
+    def send(self, peer: bytes, frames: list[bytes | memoryview]) -> None:
         """Queue ``frames`` for ``peer`` without waiting (trio thread only), after its pending acks."""
         pending = self._acks.pop(peer, None)
         if pending is not None:
-            self._send_now(peer, encode(pending))  # type: ignore[arg-type]
+            self._send_now(peer, encode(pending))
         self._send_now(peer, frames)
 
-    def _send_now(self, peer: bytes, frames: list[bytes]) -> None:
+    def _send_now(self, peer: bytes, frames: list[bytes | memoryview]) -> None:
         try:
             self._sock.send_multipart([peer, *frames], zmq.NOBLOCK)
         except zmq.Again:
@@ -220,13 +220,13 @@ class WeightSnapshot:
     """One weight version, its chunks pre-encoded as ZeroMQ frames."""
 
     version: int
-    frames: list[list[bytes]]
+    frames: list[list[bytes | memoryview]]
     total_bytes: int
 
     @classmethod
     def build(cls, version: int, chunks: list[tuple[WeightChunk, bytes | memoryview]]) -> WeightSnapshot:
         frames = [encode(msg, data) for msg, data in chunks]
-        return cls(version, frames, sum(len(d) for _, d in chunks))  # type: ignore[arg-type]
+        return cls(version, frames, sum(len(d) for _, d in chunks))
 
 
 def weights_address(control: str) -> str:
@@ -283,7 +283,7 @@ class Hub:
         self.inbox = Inbox(self._control, user_ids=self.keys is not None)
 
     def send(self, peer: bytes, msg: Message) -> None:
-        self.inbox.send(peer, encode(msg))  # type: ignore[arg-type]
+        self.inbox.send(peer, encode(msg))
 
     def ack(self, peer: bytes, group_id: str, status: AckStatus) -> None:
         self.inbox.ack(peer, group_id, status)

@@ -165,9 +165,9 @@ def _decode(decoder: msgspec.msgpack.Decoder, body: bytes, what: str, source: st
 
 def decode_request(body: bytes, source: str = "env pool") -> Request:
     """A request body (without prefix) as its struct."""
-    return _decode(_REQUESTS, body, "request", source)  # type: ignore[return-value]
+    return _decode(_REQUESTS, body, "request", source)  # type: ignore[return-value]  # _REQUESTS decodes only a Request
 
 
 def decode_reply(body: bytes, source: str = "env worker") -> Reply:
     """A reply body (without prefix) as its struct."""
-    return _decode(_REPLIES, body, "reply", source)  # type: ignore[return-value]
+    return _decode(_REPLIES, body, "reply", source)  # type: ignore[return-value]  # _REPLIES decodes only a Reply

@@ -26,6 +26,8 @@ from agentgym.protocol.envworker import Option
 
 NonNeg = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]
+EpisodeFinish = Literal["done", "turn_limit", "token_limit", "env_failure", "aborted"]
+"""How an episode ended (``Episode.finish``)."""
 Version = Annotated[int, Meta(ge=-1)]  # -1: no weights yet / not an agent token
 ShortStr = Annotated[str, Meta(max_length=256)]
 Text = Annotated[str, Meta(max_length=64 * 1024)]
@@ -212,7 +214,7 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     turn_rewards: bytes
     reward: float
     success: bool
-    finish: Literal["done", "turn_limit", "token_limit", "env_failure", "aborted"]
+    finish: EpisodeFinish
     turn_limit: Positive
     failure: Text = ""
     critiques: bytes = b""

@@ -180,7 +180,7 @@ def make_chunks(
         for i, (group, data, crc) in enumerate(zip(groups, datas, crcs)):
             metas, offset = [], 0
             for t, part, n in group:
-                metas.append(TensorMeta(t.name, t.dtype, list(t.shape), offset, n, part))  # type: ignore[arg-type]
+                metas.append(TensorMeta(t.name, t.dtype, list(t.shape), offset, n, part))  # type: ignore[arg-type]  # RawTensor.dtype is a str holding one of ITEMSIZE's names
                 offset += n
             msg = WeightChunk(
                 version=version, chunk=i, num_chunks=len(groups), tensors=metas, crc32=crc.result(), nbytes=len(data),

@@ -79,8 +79,8 @@ def check_bind(bind: str, keys: ServerKeys | None, insecure: bool) -> None:
 def check_server_config(lc: object) -> str | None:
     """What is wrong with a learner config's keys or bind (None: nothing), for a clean exit."""
     try:
-        keys = ServerKeys.load(lc.secret_key, lc.authorized_keys)  # type: ignore[attr-defined]
-        check_bind(lc.bind, keys, lc.insecure)  # type: ignore[attr-defined]
+        keys = ServerKeys.load(lc.secret_key, lc.authorized_keys)  # type: ignore[attr-defined]  # lc: a LearnerConfig, typed object here
+        check_bind(lc.bind, keys, lc.insecure)  # type: ignore[attr-defined]  # lc: a LearnerConfig, typed object here
     except (KeyFileError, InsecureBind) as exc:
         return str(exc)
     return None

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     a = sub.add_parser("actors", help="act on the actors of a running learner (leave)")
     asub = a.add_subparsers(dest="actors_cmd", required=True)
     lv = asub.add_parser("leave", help="ask an actor to leave: it hands its live episodes over and exits",
@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     lv.add_argument("--no-wait", action="store_true", help="return once the learner has sent the request")
 
 
-def _departures(run_dir: Path, actor_id: str) -> list[dict]:  # type: ignore[type-arg]
+def _departures(run_dir: Path, actor_id: str) -> list[dict]:
     """The learner's ``actor_left`` records of this actor so far."""
     from agentgym.observe.logs import read_events
 

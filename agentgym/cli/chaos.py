@@ -69,8 +69,8 @@ class Scenario:
             from agentgym.host.netutil import free_port_pair
 
             self.port = free_port_pair()
-        self.learner: subprocess.Popen | None = None  # type: ignore[type-arg]
-        self.actors: dict[str, subprocess.Popen] = {}  # type: ignore[type-arg]
+        self.learner: subprocess.Popen | None = None
+        self.actors: dict[str, subprocess.Popen] = {}
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.started = 0
 
@@ -101,7 +101,7 @@ class Scenario:
         self.actors[actor_id] = self.net.spawn(host, argv, self.actor_home, self.work / "consoles" / f"{actor_id}.log", self.env)
         return actor_id
 
-    def kill(self, p: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    def kill(self, p: subprocess.Popen) -> None:
         if p.poll() is None:
             try:
                 os.killpg(p.pid, signal.SIGKILL)  # with its engine's children
@@ -122,7 +122,7 @@ class Scenario:
                 continue
         return 0
 
-    def events(self, name: str) -> list[dict]:  # type: ignore[type-arg]
+    def events(self, name: str) -> list[dict]:
         return read_events(self.run_dir / "logs" / "learner.jsonl", name)
 
     def trained_on(self, actor_id: str) -> bool:
@@ -146,7 +146,7 @@ class Scenario:
         except OSError:
             return ""
 
-    def summary(self) -> dict:  # type: ignore[type-arg]
+    def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
 
 
@@ -188,7 +188,7 @@ def _chaos(sc: Scenario, minutes: float, seed: int, every: float, timeout_s: flo
     return done
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("chaos", help="train under random kills and link cuts; print the ticket accounting",
                        description=__doc__.split("\n\n")[2])
     c.add_argument("--minutes", type=float, default=5.0, help="how long to inflict failures (default: 5)")

@@ -29,7 +29,7 @@ def _type_name(tp: object, bounds: list[object] | None = None) -> str:
     member's bounds go to ``bounds`` (shown beside the default), a nested one's inline (``int>=1``)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
-        inner, cons = _type_name(args[0]), _constraints(list(tp.__metadata__))  # type: ignore[attr-defined]
+        inner, cons = _type_name(args[0]), _constraints(list(tp.__metadata__))  # type: ignore[attr-defined]  # an Annotated type's, which typing does not declare
         if bounds is not None:
             bounds.extend(cons)
             return inner

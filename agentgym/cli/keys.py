@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     k = sub.add_parser(
         "keys", help="write CURVE key pairs for the learner and actors (authentication + encryption)",
         description="Write a learner key pair and one key pair per actor, in ZeroMQ's certificate format, "
@@ -64,7 +64,7 @@ def train_overrides(d: Path) -> list[str]:
 
 def check_train_keys(cfg: object) -> None:
     """Local actors of a keyed learner need keys too: say so now rather than time out later."""
-    lc, ac = cfg.learner, cfg.actor  # type: ignore[attr-defined]
-    if lc.secret_key is not None and ac.secret_key is None and cfg.launch.actors:  # type: ignore[attr-defined]
+    lc, ac = cfg.learner, cfg.actor  # type: ignore[attr-defined]  # cfg: a Config, typed object here
+    if lc.secret_key is not None and ac.secret_key is None and cfg.launch.actors:  # type: ignore[attr-defined]  # cfg: a Config
         raise SystemExit("error: learner.secret_key is set but the local actors have no keys: "
                          "use --keys DIR, or set actor.secret_key and actor.learner_key")

@@ -41,7 +41,7 @@ class _VersionAction(argparse.Action):
     """``--version``, with the versions looked up only when asked (the protocol import is not free)."""
 
     def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kw.get("help"))  # type: ignore[arg-type]
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kw.get("help"))  # type: ignore[arg-type]  # argparse passes help as a str
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
         print(_version())

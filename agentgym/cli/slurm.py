@@ -122,7 +122,7 @@ def layout_from_env(env: dict[str, str] | os._Environ[str], port: int | None = N
 def step_gpus(cfg: object) -> tuple[int, int]:
     """(GPUs for the learner's step, GPUs per actor task) from the config (``launch.slurm_*_gpus``,
     else from the devices): none for a CPU run."""
-    la, lc, ac = cfg.launch, cfg.learner, cfg.actor  # type: ignore[attr-defined]
+    la, lc, ac = cfg.launch, cfg.learner, cfg.actor  # type: ignore[attr-defined]  # cfg: a Config, typed object here
     learner = la.slurm_learner_gpus if la.slurm_learner_gpus is not None else (lc.dp_size if lc.device == "cuda" else 0)
     actor = la.slurm_actor_gpus if la.slurm_actor_gpus is not None else (1 if ac.device == "cuda" else 0)
     return learner, actor
@@ -147,9 +147,9 @@ class Job:
             max_actor_restarts,
         )
         self.py = sys.executable  # the same interpreter on every node: a shared filesystem
-        self.learner: subprocess.Popen | None = None  # type: ignore[type-arg]
-        self.relays: subprocess.Popen | None = None  # type: ignore[type-arg]
-        self.actors: dict[str, subprocess.Popen] = {}  # type: ignore[type-arg]
+        self.learner: subprocess.Popen | None = None
+        self.relays: subprocess.Popen | None = None
+        self.actors: dict[str, subprocess.Popen] = {}
         self.restarts = 0
         self.stopping = False
         self.signalled: int | None = None
@@ -165,7 +165,7 @@ class Job:
         return ["srun", f"--job-name={name}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * ntasks_per_node}",
                 f"--nodelist={','.join(nodes)}", *gpus, "--overlap", "--kill-on-bad-exit=0", *argv]
 
-    def srun(self, name: str, nodes: list[str], ntasks_per_node: int, argv: list[str], gpus_per_task: int = 0) -> subprocess.Popen:  # type: ignore[type-arg]
+    def srun(self, name: str, nodes: list[str], ntasks_per_node: int, argv: list[str], gpus_per_task: int = 0) -> subprocess.Popen:
         cmd = self.srun_argv(name, nodes, ntasks_per_node, argv, gpus_per_task)
         log.info("step_starting", step=name, nodes=",".join(nodes), tasks=len(nodes) * ntasks_per_node,
                  gpus_per_task=gpus_per_task)
@@ -267,7 +267,7 @@ class Job:
                     p.wait()
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     from agentgym.config.args import add_config_args
 
     s = sub.add_parser("slurm", help="run a learner, relays and actors as steps of the Slurm job it runs in",

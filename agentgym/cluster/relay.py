@@ -42,6 +42,7 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -82,8 +83,8 @@ class Relay:
         if server_keys is not None:
             from agentgym.auth.server import make_server, start_authenticator
 
-            self.auth, self.allow = start_authenticator(self.ctx, server_keys)  # type: ignore[arg-type]
-            make_server(self.down, server_keys)  # type: ignore[arg-type]
+            self.auth, self.allow = start_authenticator(self.ctx, server_keys)  # type: ignore[arg-type]  # a ServerKeys, typed object here
+            make_server(self.down, server_keys)  # type: ignore[arg-type]  # a ServerKeys, typed object here
         self.down_events = self.down.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.down.bind(bind)
         self.at = 0
@@ -129,14 +130,14 @@ class Relay:
             self._send(peer, self.cache[key])
         elif req.version in self.gone:
             self.stats["gone"] += 1
-            self._send(peer, encode(WeightGone(version=req.version, latest=self.gone[req.version])))  # type: ignore[arg-type]
+            self._send(peer, encode(WeightGone(version=req.version, latest=self.gone[req.version])))
         else:
             waiters = self.waiting.setdefault(key, [])
             waiters.append(peer)
             if len(waiters) == 1:  # the first to want it: ask upstream once for all of them
                 self.backlog.append(key)
 
-    def _send(self, peer: bytes, frames: list[bytes]) -> None:
+    def _send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
         try:
             self.down.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -182,7 +183,7 @@ class Relay:
             for key in [k for k in self.waiting if k[0] == msg.version]:
                 self.asked.pop(key, None)
                 for peer in self.waiting.pop(key):
-                    self._send(peer, encode(msg))  # type: ignore[arg-type]
+                    self._send(peer, encode(msg))
 
     def _evict(self, version: int) -> None:
         self.newest = version
@@ -221,7 +222,7 @@ class Relay:
         self.up_events.close(linger=0)
         self.up.close(linger=0)
 
-    def _check_drops(self, events: dict) -> None:  # type: ignore[type-arg]
+    def _check_drops(self, events: dict) -> None:
         """Log connections ZeroMQ dropped: a frame over the socket's cap (refused unread) or a peer
         gone. Upstream, ZeroMQ does not connect again after a refused frame: the relay does."""
         while self.down_events in events:

@@ -80,7 +80,7 @@ class Registry(Generic[E]):
 
     def load(self, name: str) -> Any:
         """The entry's code: its module imported now, the attribute returned."""
-        module, _, attr = self.get(name).target.partition(":")  # type: ignore[attr-defined]
+        module, _, attr = self.get(name).target.partition(":")  # type: ignore[attr-defined]  # every entry type has a target
         return getattr(importlib.import_module(module), attr)
 
 

@@ -62,11 +62,11 @@ def _play_texts(env: object, episodes: int, turns: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     texts: list[str] = []
     for i in range(episodes):
-        texts.append(env.reset(i))  # type: ignore[attr-defined]
-        texts.append(env.instructions())  # type: ignore[attr-defined]
+        texts.append(env.reset(i))  # type: ignore[attr-defined]  # env: an Env, typed object here
+        texts.append(env.instructions())  # type: ignore[attr-defined]  # env: an Env, typed object here
         for _ in range(turns):
-            action = env.expert_action() if rng.random() < 0.5 else env.random_action(rng)  # type: ignore[attr-defined]
-            result = env.step(action)  # type: ignore[attr-defined]
+            action = env.expert_action() if rng.random() < 0.5 else env.random_action(rng)  # type: ignore[attr-defined]  # env: an Env, typed object here
+            result = env.step(action)  # type: ignore[attr-defined]  # env: an Env, typed object here
             texts += [action, result.observation]
             if result.done:
                 break

@@ -109,9 +109,9 @@ class ReasoningGym(Env):
         if split not in SPLITS:
             raise ValueError(f"env {NAME}: unknown split {split!r}; splits are {list(SPLITS)}")
         if split == "train":
-            return range(0, int(options.get("size", 1000)))  # type: ignore[call-overload]
+            return range(0, int(options.get("size", 1000)))  # type: ignore[call-overload]  # an int option, as the constructor checks
         if split == "test":
-            return range(TEST_START, TEST_START + int(options.get("test_size", 100)))  # type: ignore[call-overload]
+            return range(TEST_START, TEST_START + int(options.get("test_size", 100)))  # type: ignore[call-overload]  # an int option, as the constructor checks
         return range(0)
 
     def reset(self, task_id: int) -> str:

@@ -260,7 +260,7 @@ class Remote(Env):
         url = str(options.get("url", "")).rstrip("/")
         # Called by the actor's pool once per split (then cached), outside the env workers: keep
         # the wait short; the ``splits`` option avoids the call.
-        timeout = min(float(options.get("timeout_s", 60)), 10.0)  # type: ignore[arg-type]
+        timeout = min(float(options.get("timeout_s", 60)), 10.0)  # type: ignore[arg-type]  # a number option, as the constructor checks
         reply = request(url, "GET", f"/tasks?split={split}", None, timeout)
         try:
             ranges = [range(int(a), int(b)) for a, b in reply["ranges"]]

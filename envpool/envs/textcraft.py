@@ -222,7 +222,7 @@ class TextCraft(Env):
         if n is None:
             return f"Could not get {count} {item}: the count must be from 1 to {MAX_COUNT}."
         if item not in RAW:
-            if item in self._world.recipes:  # type: ignore[union-attr]
+            if item in self._world.recipes:  # type: ignore[union-attr]  # reset() made the world
                 return f"Could not get {item}: it is not a raw material; craft it."
             return f"Could not find {item}."
         self._inv[item] += n
@@ -287,7 +287,7 @@ class TextCraft(Env):
             return None
         if item in RAW:
             return f"get {missing} {item}"
-        recipe = self._world.recipes[item]  # type: ignore[union-attr]
+        recipe = self._world.recipes[item]  # type: ignore[union-attr]  # reset() made the world
         times = math.ceil(missing / recipe.count)
         for ing, k in recipe.ingredients:
             action = self._plan(ing, k * times)

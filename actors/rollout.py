@@ -21,6 +21,7 @@ from agentgym.actors.conversation import Conversation
 from agentgym.actors.critic import Critic, CritiqueLoop
 from agentgym.actors.engine import InferenceEngine, SamplingSpec
 from agentgym.envpool.pool import EnvFailure, EnvPool
+from agentgym.envpool.pool import Episode as PoolEpisode
 from agentgym.protocol import Episode, PartialEpisode, RolloutSpec, Ticket
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
 from agentgym.protocol.messages import EpisodeFinish
@@ -253,13 +254,13 @@ def _partial(conv: Conversation, turn_rewards: list[float], actions: list[str], 
     )
 
 
-async def _replay(tokenizer: Any, ep: object, system: str | None, p: PartialEpisode, ticket: Ticket, obs: str):
+async def _replay(tokenizer: Any, ep: PoolEpisode, system: str | None, p: PartialEpisode, ticket: Ticket, obs: str):
     """Step a fresh env (just reset, its first observation ``obs``) through ``p.actions``; returns
     the restored conversation and the last observation, or (None, "") when the env ended early
     or reached another observation."""
     done = False
     for action in p.actions:
-        result = await ep.step(action)  # type: ignore[attr-defined]
+        result = await ep.step(action)
         obs, done = result.observation, result.done
         if done:
             break

@@ -159,8 +159,7 @@ def to_torch(raw: list[RawTensor]) -> dict:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
         return {
-            # Fetched tensors hold bytes, never the learner side's TensorSource.
-            t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)  # type: ignore[arg-type]
+            t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)  # type: ignore[arg-type]  # bytes here, never a TensorSource
             else torch.empty(t.shape, dtype=dtypes[t.dtype])
             for t in raw
         }

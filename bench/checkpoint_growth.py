@@ -65,7 +65,7 @@ def main() -> int:
         ln.sched.register(a, a.encode(), "h", 8, session=a)
     ln.grant()
     rows, t0 = [], time.monotonic()
-    known: dict = {}  # type: ignore[type-arg]  # tickets the actors were granted, by group id
+    known: dict = {}  # tickets the actors were granted, by group id
     for step in range(1, args.steps + 1):
         for a in names:
             state = ln.sched.actors[a]

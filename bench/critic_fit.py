@@ -78,7 +78,7 @@ def reward_with_shaping(b: Batch, tasks: torch.Tensor, shaping: float, tok: obje
         env = GuessNumber(shaping=shaping)
         env.reset(int(tasks[row]))
         for t in (b.loss_mask[row] != 0).nonzero().flatten().tolist():
-            rewards[row, t] = env.step(tok.decode([int(b.input_ids[row, t])])).reward  # type: ignore[attr-defined]
+            rewards[row, t] = env.step(tok.decode([int(b.input_ids[row, t])])).reward  # type: ignore[attr-defined]  # tok: a transformers tokenizer, typed object here
     return Batch(**{**b.tensors(), "token_rewards": rewards, "rewards": rewards.sum(-1)})
 
 
@@ -96,7 +96,7 @@ def state_keys(b: Batch, targets: list[int], tok: object) -> list[list[tuple]]:
         lo, hi, guesses, keys = 1, 8, (), []
         for turn, t in enumerate((b.loss_mask[row] != 0).nonzero().flatten().tolist()):
             keys.append((turn, lo, hi, guesses, tuple(b.input_ids[row, :t].tolist())))
-            g = parse_number(tok.decode([int(b.input_ids[row, t])]))  # type: ignore[attr-defined]
+            g = parse_number(tok.decode([int(b.input_ids[row, t])]))  # type: ignore[attr-defined]  # tok: a transformers tokenizer, typed object here
             guesses = (*guesses, g)
             if g is not None and 1 <= g <= 8 and g < targets[row]:
                 lo = max(lo, g + 1)

@@ -240,7 +240,7 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
         dt = uvloop.run(project(addr)) if side == "project" else raw(addr, side == "raw_codec")
         client_cpu = time.process_time() - c0
         p.join(10)
-        return dt, client_cpu + server_cpu.value, client_cpu, server_cpu.value  # type: ignore[attr-defined]
+        return dt, client_cpu + server_cpu.value, client_cpu, server_cpu.value  # type: ignore[attr-defined]  # a multiprocessing Value's
 
     # per side, the best of each figure: (seconds, CPU of both, actor/client CPU, learner/server CPU)
     best: dict[str, tuple[float, ...]] = {}

@@ -66,7 +66,7 @@ class RequestSeeded:
 
     async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
         seed = zlib.crc32(f"{self.seed}:{request_id}".encode())
-        return await self.engine.generate(request_id, prompt_ids, replace(spec, seed=seed))  # type: ignore[attr-defined]
+        return await self.engine.generate(request_id, prompt_ids, replace(spec, seed=seed))  # type: ignore[attr-defined]  # the wrapped engine's, typed object here
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.engine, name)

@@ -38,7 +38,7 @@ from agentgym.models.tiny import make_default_tiny_model
 from agentgym.observe.logs import read_events
 
 
-def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) -> dict:  # type: ignore[type-arg]
+def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) -> dict:
     mode = "on" if handover else "off"
     overrides = [*FAST, "env.kwargs={low=1, high=1000}", f"schedule.turn_limits=[[0, {args.turns}]]",
                  f"rollout.max_tokens_per_turn={args.tokens}", "rollout.max_episode_tokens=1536", "rollout.group_size=4",

@@ -117,7 +117,7 @@ def main() -> int:
         row = {"pss_mib_after_1min": round(late[0][1], 1), "pss_mib_end": round(pts[-1][1], 1),
                "processes_end": procs[name][-1], "growth_mib_per_10min": round(slope_per_10min(late), 1),
                "growth_mib_per_10min_second_half": round(slope_per_10min(second), 1), "samples": len(pts)}
-        result["processes"][name] = row  # type: ignore[index]
+        result["processes"][name] = row
         print(f"{name:<12} {row['pss_mib_after_1min']:>6} MiB {row['pss_mib_end']:>6} MiB {row['processes_end']:>6} "
               f"{row['growth_mib_per_10min']:>21} MiB {row['growth_mib_per_10min_second_half']:>5} MiB")
     print(f"learner steps: {steps}")

@@ -89,13 +89,13 @@ def trl_run(model: Path, steps: int, out: Path, *, max_tokens: int = 1, lr: floa
                      "target": obs})
     random.Random(0).shuffle(rows)
 
-    def reward(completions, target, **_):  # type: ignore[no-untyped-def]
+    def reward(completions, target, **_):
         return [1.0 if c[0]["content"].strip() == t else 0.0 for c, t in zip(completions, target)]
 
     stamps: list[float] = []
 
     class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        def on_step_end(self, args, state, control, **kw):
             stamps.append(time.time())
 
     cfg = GRPOConfig(

@@ -40,7 +40,7 @@ from agentgym.observe.logs import read_events
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _time(e: dict) -> float:  # type: ignore[type-arg]
+def _time(e: dict) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()

@@ -58,7 +58,7 @@ def _leave_unterminated(self: zmq.Context) -> None:
         warnings.warn(f"zmq context {self!r} left to the garbage collector: not terminated", ResourceWarning, stacklevel=2)
 
 
-zmq.Context.__del__ = _leave_unterminated  # type: ignore[method-assign]
+zmq.Context.__del__ = _leave_unterminated  # type: ignore[method-assign]  # patched on purpose (the guard above)
 
 
 HOSTS_GROUP = "hosts"

@@ -52,7 +52,7 @@ def episode(
     return Episode(
         token_ids=pack(ids, I32), logprobs=pack(lp, F32), loss_mask=pack(m, U8), versions=pack(vers, I32),
         turn_ends=pack(ends, I32), turn_rewards=pack(rewards, F32), reward=float(sum(rewards)),
-        success=sum(rewards) > 0, finish=finish, turn_limit=max(1, len(agent)),  # type: ignore[arg-type]
+        success=sum(rewards) > 0, finish=finish, turn_limit=max(1, len(agent)),  # type: ignore[arg-type]  # finish: a str of EpisodeFinish's values
     )
 
 

@@ -76,7 +76,7 @@ class ScriptedActor:
         self.send(self.hello)
 
     def send(self, msg: object) -> None:
-        self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]
+        self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]  # encode's frames, which pyzmq sends
 
     def step(self, wait_ms: int = 10) -> None:
         while self.sock.poll(wait_ms):
@@ -149,7 +149,7 @@ class LiveLearner:
                 for v in sorted(join or {}):
                     # any actor's view: one may be reconnecting (unanswered Hellos) while another trains
                     if any(a.version >= v for a in actors):
-                        actors.append(join.pop(v)())  # type: ignore[union-attr]
+                        actors.append(join.pop(v)())  # type: ignore[union-attr]  # the actor to join is there
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()

@@ -65,7 +65,7 @@ def test_a_frame_over_the_control_cap_is_refused_logged_and_the_link_goes_on() -
     addr = f"tcp://127.0.0.1:{port}"
     with HubThread(addr) as ht:  # the learner's real control socket
 
-        def from_learner(msg) -> None:  # type: ignore[no-untyped-def]
+        def from_learner(msg) -> None:
             ht.commands.put(lambda hub: hub.send(b"a1", msg))
 
         async def heard(what: str) -> None:
@@ -78,7 +78,7 @@ def test_a_frame_over_the_control_cap_is_refused_logged_and_the_link_goes_on() -
                     except queue.Empty:
                         await asyncio.sleep(0.05)
 
-        async def main() -> list[dict]:  # type: ignore[type-arg]
+        async def main() -> list[dict]:
             ctx = zmq.asyncio.Context()
             link = ControlLink(ctx, addr, "a1", max_frame=cap)
             try:
@@ -131,7 +131,7 @@ def test_a_weights_source_sending_chunks_over_the_manifest_is_left_for_the_next(
         good_ht.commands.put(lambda hub: hub.publish_weights(good))
         bad, honest_src = f"tcp://127.0.0.1:{bad_port + 1}", f"tcp://127.0.0.1:{good_port + 1}"
 
-        async def client():  # type: ignore[no-untyped-def]
+        async def client():
             ctx = zmq.asyncio.Context()
             await asyncio.sleep(0.3)
             try:
@@ -147,7 +147,7 @@ def test_a_weights_source_sending_chunks_over_the_manifest_is_left_for_the_next(
     assert len(huge) * 4 > cap > ready.total_bytes
 
 
-def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_with_theirs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_with_theirs(tmp_path) -> None:
     from agentgym.actors.runtime import Actor
     from agentgym.config import load_config
     from agentgym.protocol import Hello, RolloutSpec, Welcome
@@ -170,7 +170,7 @@ def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_wit
                               actor_timeout_s=30.0, rollout=spec)
             ht.commands.put(lambda hub: hub.send(peer, welcome))
 
-        async def main() -> tuple[int, int, list[dict]]:  # type: ignore[type-arg]
+        async def main() -> tuple[int, int, list[dict]]:
             actor = Actor(cfg, "a1")
             before = actor.link.max_frame
             try:

@@ -64,8 +64,8 @@ def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves
         assert sc.actors[a2].wait(timeout=120) == 0, sc.tail(a2)
 
         a3 = sc.start_actor("a3")
-        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]
-        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]
+        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]  # the learner was started
+        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]  # the learner was started
         assert sc.actors[a3].wait(timeout=60) == 0, sc.tail(a3)
 
     asked_events = sc.events("actor_asked_to_leave")

@@ -56,7 +56,7 @@ def test_rloo_advantages_by_hand() -> None:
 
 @given(st.lists(st.tuples(st.integers(0, 4), st.floats(-100, 100)), min_size=1, max_size=30), st.randoms())
 @settings(max_examples=80, deadline=None)
-def test_group_advantages_sum_to_zero_and_follow_their_rows(rows: list[tuple[int, float]], rnd) -> None:  # type: ignore[no-untyped-def]
+def test_group_advantages_sum_to_zero_and_follow_their_rows(rows: list[tuple[int, float]], rnd) -> None:
     groups = torch.tensor([g for g, _ in rows])
     rewards = torch.tensor([r for _, r in rows], dtype=torch.float64)
     perm = list(range(len(rows)))
@@ -146,7 +146,7 @@ def test_reinforce_pp_by_hand() -> None:
     close(adv, expect)
 
 
-def _episode(rnd, turns: int) -> tuple[list[float], list[float], list[int]]:  # type: ignore[no-untyped-def]
+def _episode(rnd, turns: int) -> tuple[list[float], list[float], list[int]]:
     """A random multi-turn episode: rewards, values, mask (prompt, then agent turns and env replies)."""
     mask = [0] * rnd.randint(1, 3)
     for k in range(turns):
@@ -164,7 +164,7 @@ def _rows(rows: list[list[float]], T: int) -> torch.Tensor:
 
 @given(st.randoms(use_true_random=False), st.integers(1, 3), st.integers(0, 3))
 @settings(max_examples=60, deadline=None)
-def test_environment_and_padding_tokens_do_not_change_token_advantages(rnd, episodes: int, pad: int) -> None:  # type: ignore[no-untyped-def]
+def test_environment_and_padding_tokens_do_not_change_token_advantages(rnd, episodes: int, pad: int) -> None:
     eps = [_episode(rnd, rnd.randint(1, 4)) for _ in range(episodes)]
     boot = torch.tensor([rnd.choice([0.0, rnd.uniform(-1, 1)]) for _ in eps], dtype=torch.float64)  # done / truncated
     T = max(len(e[2]) for e in eps) + pad

@@ -70,7 +70,7 @@ def play(model_dir: Path, tok, cfg: AgentEndpointConfig, turn_limit: int = 4, n:
     return asyncio.run(asyncio.wait_for(go(), 240))
 
 
-def learner_logprobs(model, ids: np.ndarray, tok) -> np.ndarray:  # type: ignore[no-untyped-def]
+def learner_logprobs(model, ids: np.ndarray, tok) -> np.ndarray:
     """The learner's logprobs: the policy without the special tokens (protocol/vocab.py)."""
     t = torch.tensor(ids, dtype=torch.long)[None]
     banned = torch.tensor(banned_action_ids(tok), dtype=torch.long)

@@ -266,7 +266,7 @@ def test_an_actor_added_to_the_allow_list_directory_is_admitted_without_a_restar
         sock = ctx.socket(zmq.DEALER)
         apply_client(sock, later)
         sock.connect(addr)
-        sock.send_multipart(encode(hello("later")))  # type: ignore[arg-type]
+        sock.send_multipart(encode(hello("later")))
         peer, msg = kh.received.get(timeout=10)
         assert msg == hello("later")
         sock.close(0)
@@ -317,7 +317,7 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
         sock = ctx.socket(zmq.DEALER)
         sock.connect(addr)
         frames = encode(hello("future"))
-        sock.send_multipart([MAGIC + bytes((9, Hello.KIND)), frames[1]])  # type: ignore[list-item]
+        sock.send_multipart([MAGIC + bytes((9, Hello.KIND)), frames[1]])
         assert sock.poll(10_000)
         msg, _ = decode(sock.recv_multipart())
         assert isinstance(msg, Reject) and msg.field == "protocol_version"
@@ -337,7 +337,7 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
         task = asyncio.create_task(link.handshake(hello("a"), timeout_s=10))
         peer, *_ = await asyncio.to_thread(router.recv_multipart)
         body = encode(Reject(field="x", reason="y"))[1]
-        router.send_multipart([peer, MAGIC + bytes((9, Reject.KIND)), body])  # type: ignore[list-item]
+        router.send_multipart([peer, MAGIC + bytes((9, Reject.KIND)), body])
         with pytest.raises(ActorRejected, match=f"protocol version 9, this actor {PROTOCOL_VERSION}"):
             await task
         link.close()

@@ -47,7 +47,7 @@ def test_default_frame_caps_follow_the_rollout_limits_and_refuse_one_byte_more()
     async def learner() -> None:
         async with open_hub(addr, max_msg_bytes=b.control_frame, weights_max_bytes=b.weights_frame,
                             inbox_size=b.inbox_messages) as hub:
-            hwm.append(hub._control.getsockopt(zmq.RCVHWM))  # type: ignore[union-attr]
+            hwm.append(hub._control.getsockopt(zmq.RCVHWM))  # type: ignore[union-attr]  # the hub is open
             ready.set()
             with trio.move_on_after(120):
                 async for _, msg in hub.inbox:

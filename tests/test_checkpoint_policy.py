@@ -42,7 +42,7 @@ def _config(model_dir: Path, tmp_path: Path, *extra: str) -> tuple[Path, str, ob
     return path, bind, cfg
 
 
-def _events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+def _events(run_dir: Path, name: str) -> list[dict]:
     return read_events(run_dir / "logs" / "learner.jsonl", name)
 
 
@@ -51,7 +51,7 @@ def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, 
                                 "learner.checkpoint_minutes=0")
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
-    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]  # the test's config, which ScriptedActor reads
     try:
         actor.play(0, BATCH, proc)
         actor.pump(lambda: len(actor.weights) >= 2, proc)  # step 1 trained and published
@@ -73,7 +73,7 @@ def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, 
     with open(log, "ab") as f:
         train = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "--resume", "--run-dir", str(run_dir),
                                   "--actors", "0"], cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
-    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]  # the test's config, which ScriptedActor reads
     try:
         actor.play(BATCH, BATCH, train)
         assert train.wait(timeout=120) == 0, log.read_text()[-3000:]
@@ -96,7 +96,7 @@ def test_checkpoint_minutes_saves_without_a_step_interval(model_dir: Path, tmp_p
                                 "learner.checkpoint_minutes=0.001")
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
-    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]  # the test's config, which ScriptedActor reads
     try:
         # The clock starts when the learner is made, before it welcomes anyone: waiting 0.2 s
         # after the Welcome puts step 1 past the 0.06 s interval however fast the step is.
@@ -105,7 +105,7 @@ def test_checkpoint_minutes_saves_without_a_step_interval(model_dir: Path, tmp_p
         actor.play(0, BATCH, proc)
         ckpts = run_dir / "checkpoints"
         actor.pump(lambda: latest_checkpoint(ckpts) is not None, proc)
-        assert latest_checkpoint(ckpts).name == "step_000001"  # type: ignore[union-attr]
+        assert latest_checkpoint(ckpts).name == "step_000001"  # type: ignore[union-attr]  # a checkpoint was written
         proc.kill()  # no chance to save anything more
         proc.wait()
     finally:
@@ -123,7 +123,7 @@ def test_a_failure_after_a_step_saves_a_checkpoint(model_dir: Path, tmp_path: Pa
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     (run_dir / "episodes.jsonl").mkdir(parents=True)
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
-    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]  # the test's config, which ScriptedActor reads
     try:
         actor.play(0, BATCH, proc)
         code = proc.wait(timeout=120)
@@ -134,4 +134,4 @@ def test_a_failure_after_a_step_saves_a_checkpoint(model_dir: Path, tmp_path: Pa
     assert code not in (0, 130), log.read_text()[-3000:]
     assert "IsADirectoryError" in log.read_text()
     assert [e["reason"] for e in _events(run_dir, "checkpoint_saved")] == ["crash"]
-    assert latest_checkpoint(run_dir / "checkpoints").name == "step_000001"  # type: ignore[union-attr]
+    assert latest_checkpoint(run_dir / "checkpoints").name == "step_000001"  # type: ignore[union-attr]  # a checkpoint was written

@@ -205,7 +205,7 @@ def test_guess_number_rejects_bad_options() -> None:
     with pytest.raises(ValueError, match="low=9 is greater than high=2"):
         GuessNumber(low=9, high=2)
     with pytest.raises(TypeError, match="high must be an integer, got '8'"):
-        GuessNumber(high="8")  # type: ignore[arg-type]
+        GuessNumber(high="8")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 # ---------------------------------------------------------------- probe

@@ -366,7 +366,7 @@ def test_maze_train_sizes_give_training_tasks_the_curriculum_and_held_out_tasks_
         assert "maze of 5 by 5 cells" in maze.instructions()
     for bad in ([], [1], [3, "4"], [True], 3):
         with pytest.raises(ValueError, match="train_sizes must be a non-empty list of integers from 2 to 30"):
-            Maze(size=5, train_sizes=bad)  # type: ignore[arg-type]
+            Maze(size=5, train_sizes=bad)  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_textcraft_train_distractors_give_training_books_the_curriculum_and_held_out_books_distractors() -> None:
@@ -382,7 +382,7 @@ def test_textcraft_train_distractors_give_training_books_the_curriculum_and_held
         assert env.distractors_of(task) == 2 and env.reset(task) == TextCraft(depth=1, distractors=2).reset(task)
     for bad in ([], [21], [1, "2"], [True], 2):
         with pytest.raises(ValueError, match="train_distractors must be a non-empty list of integers from 0 to 20"):
-            TextCraft(depth=1, train_distractors=bad)  # type: ignore[arg-type]
+            TextCraft(depth=1, train_distractors=bad)  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_list_options_reach_the_env_through_the_config_and_the_pool() -> None:
@@ -528,7 +528,7 @@ def test_wordle_letters_mode_writes_and_reads_spaced_letters() -> None:
         results.append(env.step(action))
     assert results[-1].info["success"] and action.replace(" ", "") == word
     with pytest.raises(TypeError, match="option letters must be true or false"):
-        Wordle(word_list=small, letters="yes")  # type: ignore[arg-type]
+        Wordle(word_list=small, letters="yes")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_wordle_missing_word_list_names_the_package(tmp_path: Path) -> None:

@@ -152,10 +152,10 @@ def test_action_grammar() -> None:
     assert parse_action("scroll down") == Scroll(True) and parse_action("SCROLL up") == Scroll(False)
     assert parse_action("go back") == GoBack()
     assert parse_action("click [3]\ntype [2] x") == Type(2, "x", False)  # the last action line counts
-    assert "no action found in 'buy it'" in parse_action("buy it")  # type: ignore[operator]
-    assert "cannot read 'click the red one'" in parse_action("click the red one")  # type: ignore[operator]
-    assert f"at most {MAX_TYPED}" in parse_action("type [2] " + "x" * 500)  # type: ignore[operator]
-    assert "actions are: click [ID]" in parse_action("")  # type: ignore[operator]
+    assert "no action found in 'buy it'" in parse_action("buy it")  # type: ignore[operator]  # an invalid action returns the message
+    assert "cannot read 'click the red one'" in parse_action("click the red one")  # type: ignore[operator]  # an invalid action returns the message
+    assert f"at most {MAX_TYPED}" in parse_action("type [2] " + "x" * 500)  # type: ignore[operator]  # an invalid action returns the message
+    assert "actions are: click [ID]" in parse_action("")  # type: ignore[operator]  # an invalid action returns the message
 
 
 def test_shop_server_over_http() -> None:

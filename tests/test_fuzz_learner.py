@@ -48,7 +48,7 @@ class Peer:
         self.sock.connect(addr)
         self.got: list[object] = []
 
-    def send(self, frames: list) -> None:  # type: ignore[type-arg]
+    def send(self, frames: list) -> None:
         self.sock.send_multipart(frames)
 
     def read(self, wait_ms: int = 0) -> None:
@@ -59,7 +59,7 @@ class Peer:
 
 def group(t: object, actor: str, version: int, token: int = GOOD) -> Rollout:
     eps = [episode(PROMPTS[i % 2], [[token]], [float(i % 2)], version=version, behav=[-0.7]) for i in range(GROUP)]
-    return Rollout(group_id=t.group_id, actor_id=actor, env=t.env, task_id=t.task_id, episodes=eps)  # type: ignore[attr-defined]
+    return Rollout(group_id=t.group_id, actor_id=actor, env=t.env, task_id=t.task_id, episodes=eps)  # type: ignore[attr-defined]  # a Ticket
 
 
 @pytest.fixture(scope="module")
@@ -86,24 +86,24 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     ctx = zmq.Context()
     fp = model_fingerprint(cfg.model.path)
     honest, evil, ghost = (
-        Peer(ctx, addr, name, ClientKeys.load(k / "actors" / f"{name}.key_secret", k / "learner.key"))  # type: ignore[arg-type]
+        Peer(ctx, addr, name, ClientKeys.load(k / "actors" / f"{name}.key_secret", k / "learner.key"))  # type: ignore[arg-type]  # the keys exist: made above
         for name in ("honest", "evil", "ghost")
     )
-    stranger = Peer(ctx, addr, "stranger", ClientKeys.load(tmp_path / "stranger.key_secret", k / "learner.key"))  # type: ignore[arg-type]
+    stranger = Peer(ctx, addr, "stranger", ClientKeys.load(tmp_path / "stranger.key_secret", k / "learner.key"))  # type: ignore[arg-type]  # the keys exist: made above
     rng = np.random.default_rng(0)
     sent = {"bad": 0, "version": 0, "unexpected_kind": 0, "actor_id_not_sender": 0, "unknown_actor": 0, "replays": 0}
     invalid_sent = {"not_this_actors_ticket": 0, "unknown_ticket": 0, "token_out_of_vocab": 0, "too_many_tokens": 0}
     rss: list[int] = []
     st = {"version": 0}
-    tickets: list = []  # type: ignore[type-arg]
-    evil_tickets: list = []  # type: ignore[type-arg]
+    tickets: list = []
+    evil_tickets: list = []
     played: list[Rollout] = []
     acked: set[str] = set()
     honest_acks: list[Ack] = []
     forged = iter(range(10**9))
     hdr = MAGIC + bytes((PROTOCOL_VERSION, Hello.KIND))
 
-    def hello(name: str) -> list:  # type: ignore[type-arg]
+    def hello(name: str) -> list:
         return encode(Hello(actor_id=name, hostname="h", pid=os.getpid(), model_fingerprint=fp, engine="script", max_groups=1))
 
     def pump(wait_ms: int = 100) -> None:

@@ -59,7 +59,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_default_tiny_model(tmp_path_factory.mktemp("handover") / "tiny", seed=0)
 
 
-async def _with(engine: HfEngine, pool: EnvPool, coro_fn):  # type: ignore[no-untyped-def]
+async def _with(engine: HfEngine, pool: EnvPool, coro_fn):
     await engine.start()
     await pool.start()
     try:

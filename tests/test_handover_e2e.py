@@ -40,8 +40,8 @@ def test_a_sigtermed_actors_episodes_are_finished_by_another(tmp_path: Path) -> 
         sc.actors[a1].send_signal(15)
         assert sc.actors[a1].wait(timeout=120) == 0, sc.tail(a1)
         a2 = sc.start_actor("a2")
-        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]
-        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]
+        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]  # the learner was started
+        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]  # the learner was started
         assert sc.actors[a2].wait(timeout=60) == 0, sc.tail(a2)
 
     received = sc.events("handover_received")

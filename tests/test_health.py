@@ -58,7 +58,7 @@ def test_the_trainers_advantage_decides_when_given() -> None:
     assert h.observe(2, [group([BAD] * 4, [0.0] * 4)], entropy=0.0, advantage_abs_mean=0.0) is not None
 
 
-def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(fallback_model, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(fallback_model, tmp_path, monkeypatch) -> None:
     """A real learner process fed, over its real sockets, groups that all play BAD for reward 0:
     after run.health_window steps it says which action, stops, and exits 3 with the reason."""
     import json
@@ -66,7 +66,7 @@ def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(fallback_model, t
     import scripted_actor as sa
     import zmq
 
-    def settled(t, actor, version, group_size, logprob=-0.7):  # type: ignore[no-untyped-def]
+    def settled(t, actor, version, group_size, logprob=-0.7):
         eps = [episode(PROMPTS[0], [[BAD]], [0.0], version=version, behav=[logprob]) for _ in range(group_size)]
         return Rollout(group_id=t.group_id, actor_id=actor, env=t.env, task_id=t.task_id, episodes=eps)
 

@@ -23,7 +23,7 @@ def model_dir(fallback_model: Path) -> Path:
     return fallback_model  # tests/conftest.py
 
 
-def until(actor: ScriptedActor, ok, timeout_s: float = 180) -> None:  # type: ignore[no-untyped-def]
+def until(actor: ScriptedActor, ok, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while not ok():
         assert time.monotonic() < deadline, actor.got[-5:]

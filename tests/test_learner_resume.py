@@ -62,7 +62,7 @@ class ScriptedActor:
         self.sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(bind)
-        self.tickets: list = []  # type: ignore[type-arg]
+        self.tickets: list = []
         self.weights: list[WeightsReady] = []
         self.acks: dict[str, str] = {}
         self.welcome: Welcome | None = None
@@ -70,9 +70,9 @@ class ScriptedActor:
                         model_fingerprint=model_fingerprint(cfg.model.path), engine="script", max_groups=BATCH))
 
     def send(self, msg: object) -> None:
-        self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]
+        self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]  # encode's frames, which pyzmq sends
 
-    def pump(self, until, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:  # type: ignore[no-untyped-def,type-arg]
+    def pump(self, until, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
         """Read messages until ``until()`` holds; fail if the learner exits or time runs out."""
         deadline = time.monotonic() + timeout_s
         while not until():
@@ -99,7 +99,7 @@ class ScriptedActor:
             self.acks.update(zip(msg.group_ids, msg.statuses, strict=True))
 
 
-    def play(self, first: int, n: int, proc: subprocess.Popen) -> list[Rollout]:  # type: ignore[type-arg]
+    def play(self, first: int, n: int, proc: subprocess.Popen) -> list[Rollout]:
         """Play groups first..first+n-1 on the tickets as they are granted; each waits for its ack."""
         sent = []
         for k in range(first, first + n):
@@ -117,15 +117,15 @@ class ScriptedActor:
         self.ctx.term()
 
 
-def _learner(args: list[str], log: Path) -> subprocess.Popen:  # type: ignore[type-arg]
+def _learner(args: list[str], log: Path) -> subprocess.Popen:
     with open(log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", *args],
                                 cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-    proc.log_path = log  # type: ignore[attr-defined]
+    proc.log_path = log  # type: ignore[attr-defined]  # a note on the process object for the test's report
     return proc
 
 
-def _stacks(proc: subprocess.Popen) -> str:  # type: ignore[type-arg]
+def _stacks(proc: subprocess.Popen) -> str:
     """The tail of a live learner's log after it printed its threads' stacks (SIGUSR1)."""
     log = getattr(proc, "log_path", None)
     if log is None:
@@ -135,7 +135,7 @@ def _stacks(proc: subprocess.Popen) -> str:  # type: ignore[type-arg]
     return log.read_text()[-8000:]
 
 
-def _stop(proc: subprocess.Popen, sig: int | None, log: Path) -> int:  # type: ignore[type-arg]
+def _stop(proc: subprocess.Popen, sig: int | None, log: Path) -> int:
     if sig is not None:
         proc.send_signal(sig)
     try:

@@ -165,7 +165,7 @@ def test_decoupled_ppo_clip_higher_rejection_and_aggregations_by_hand() -> None:
     with pytest.raises(ValueError, match="norm_const"):
         decoupled_ppo_loss(logp, prox, behav, adv, mask, agg="seq_mean_token_sum_norm")
     with pytest.raises(ValueError, match="agg must be one of"):
-        decoupled_ppo_loss(logp, prox, behav, adv, mask, agg="sum")  # type: ignore[arg-type]
+        decoupled_ppo_loss(logp, prox, behav, adv, mask, agg="sum")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
     # a fractional mask entry is a weight; the normaliser still counts the token once
     half = mask.clone()
     half[1, 1] = 0.5
@@ -184,7 +184,7 @@ def _random_batch(seed: int, B: int = 4, T: int = 7) -> tuple[torch.Tensor, ...]
     return logp, prox, behav, adv, mask
 
 
-def _plain_ppo_clip(logp, old, adv, mask, eps_low, eps_high):  # type: ignore[no-untyped-def]
+def _plain_ppo_clip(logp, old, adv, mask, eps_low, eps_high):
     r = torch.exp(logp - old)
     per_token = -torch.min(r * adv, r.clamp(1 - eps_low, 1 + eps_high) * adv)
     return (per_token * mask).sum() / mask.sum()
@@ -232,7 +232,7 @@ def test_masked_and_padding_tokens_never_change_the_loss_or_its_gradient(seed: i
     off = mask == 0
     kw = dict(agg=agg, norm_const=16.0)
 
-    def run(lp, px, bh, ad, mk):  # type: ignore[no-untyped-def]
+    def run(lp, px, bh, ad, mk):
         lp = lp.clone().requires_grad_()
         loss, metrics = decoupled_ppo_loss(lp, px, bh, ad, mk, **kw)
         loss.backward()
@@ -270,7 +270,7 @@ def test_kl_penalty_estimators_by_hand_and_the_k3_clamp() -> None:
     kl_penalty(lp, ref, "k3").sum().backward()
     assert lp.grad.item() == pytest.approx(1 - 0.5)
     with pytest.raises(ValueError, match="'k4'"):
-        kl_penalty(logp, ref, "k4")  # type: ignore[arg-type]
+        kl_penalty(logp, ref, "k4")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_value_loss_clipping_by_hand() -> None:
@@ -310,7 +310,7 @@ def test_staleness_weights_drop_and_downweight_by_hand() -> None:
     with pytest.raises(ValueError, match="token version 5 is newer than current_version 4"):
         staleness_weights(versions, 4, 2, "drop")
     with pytest.raises(ValueError, match="'keep'"):
-        staleness_weights(versions, 5, 2, "keep")  # type: ignore[arg-type]
+        staleness_weights(versions, 5, 2, "keep")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
     with pytest.raises(ValueError, match="decay"):
         staleness_weights(versions, 5, 2, "downweight", decay=1.5)
 

@@ -183,7 +183,7 @@ def test_weight_chunks_round_trip_and_detect_corruption() -> None:
 
 
 def good_frames() -> list[bytes]:
-    return encode(Heartbeat(actor_id="a", weight_version=3))  # type: ignore[return-value]
+    return encode(Heartbeat(actor_id="a", weight_version=3))  # type: ignore[return-value]  # encode's frames as the wire carries them
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ def _episode_body(**over: bytes) -> bytes:
 )
 def test_every_episode_array_rule_is_checked_and_named(over: dict[str, bytes], match: str) -> None:
     # The checks run as one fast expression first; every broken rule must still reach its message.
-    assert decode([header(Rollout.KIND), _episode_body()])[0].episodes[0].num_turns == 1  # type: ignore[attr-defined]
+    assert decode([header(Rollout.KIND), _episode_body()])[0].episodes[0].num_turns == 1  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
     with pytest.raises(ProtocolError, match=match + r".* - at `\$.episodes\[0\]`"):
         decode([header(Rollout.KIND), _episode_body(**over)])
 

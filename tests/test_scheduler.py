@@ -16,7 +16,7 @@ def make(mode: str = "async", batch: int = 4, staleness: int = 1, envs: list[Env
     """A scheduler; ``grant_start`` large: capacity alone limits grants unless a test says otherwise."""
     envs = envs or [EnvSpec(name="guess_number", task_start=100, task_count=50)]
     return Scheduler(envs=envs, batch_groups=batch, max_staleness=staleness, mode=mode, run_id="r", seed=0,
-                     grant_start=grant_start, **kw)  # type: ignore[arg-type]
+                     grant_start=grant_start, **kw)  # type: ignore[arg-type]  # the test's keywords, Scheduler's own
 
 
 def test_async_admission_bounds_tickets_by_version_and_staleness() -> None:

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(NO_SLURM is not None, reason=f"no Slurm here: {N
 
 
 @pytest.fixture
-def slurm(tmp_path: Path):  # type: ignore[no-untyped-def]
+def slurm(tmp_path: Path):
     try:
         cluster = SlurmCluster(tmp_path, nodes=3, gpus=1).__enter__()
     except SlurmUnavailable as exc:
@@ -118,7 +118,7 @@ def finished(slurm: SlurmCluster, job: str) -> bool:
     )
 
 
-def accounted(tickets: dict) -> None:  # type: ignore[type-arg]
+def accounted(tickets: dict) -> None:
     parts = (
         "trained",
         "expired",

@@ -44,7 +44,7 @@ def _recv(sock: zmq.Socket, timeout_s: float = 30) -> list[bytes]:
     return sock.recv_multipart()
 
 
-def _wait_event(path: Path, name: str, relay: subprocess.Popen, timeout_s: float = 30) -> dict:  # type: ignore[type-arg]
+def _wait_event(path: Path, name: str, relay: subprocess.Popen, timeout_s: float = 30) -> dict:
     deadline = time.monotonic() + timeout_s
     while not (events := read_events(path, name)):
         assert relay.poll() is None, f"the relay exited ({relay.returncode})"
@@ -108,7 +108,7 @@ def test_the_agent_endpoint_refuses_a_body_over_the_rollout_limits(fallback_mode
     tokenizer = AutoTokenizer.from_pretrained(fallback_model)
     cap = agent_request_bytes(max_episode_tokens=256)
 
-    async def main() -> tuple[int, dict, int]:  # type: ignore[type-arg]
+    async def main() -> tuple[int, dict, int]:
         endpoint = AgentEndpoint(SimEngine(vocab_size=64), tokenizer, max_request_bytes=cap)
         await endpoint.start()
         try:

@@ -50,7 +50,7 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in m.read_text().splitlines()] if m.exists() else []
 
 
-def _learner_events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+def _learner_events(run_dir: Path, name: str) -> list[dict]:
     return read_events(run_dir / "logs" / "learner.jsonl", name)
 
 

@@ -131,7 +131,7 @@ def test_stale_groups_are_recentred_on_the_importance_weighted_baseline(model_di
     assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
 
 
-def _run(cfg, steps: int, model_dir: Path) -> tuple[Trainer, list[dict[str, float]]]:  # type: ignore[no-untyped-def]
+def _run(cfg, steps: int, model_dir: Path) -> tuple[Trainer, list[dict[str, float]]]:
     tr = Trainer.load(cfg)
     return tr, [tr.train_step(bandit_rollouts(version=tr.version)) for _ in range(steps)]
 

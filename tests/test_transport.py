@@ -134,7 +134,7 @@ def test_a_hello_under_an_id_the_hub_still_holds_gets_through_once_the_old_conne
         old = ctx.socket(zmq.DEALER)
         old.setsockopt(zmq.ROUTING_ID, b"a4")
         old.connect(addr)
-        old.send_multipart(encode(Heartbeat(actor_id="a4")))  # type: ignore[arg-type]
+        old.send_multipart(encode(Heartbeat(actor_id="a4")))
         assert ht.received.get(True, 10)[0] == b"a4"  # the hub holds a4's old connection
 
         async def client() -> None:
@@ -245,9 +245,9 @@ def test_the_actor_link_receives_beside_a_send_and_takes_queued_replies_in_order
         await asyncio.wait_for(sending, 10)
         for v in range(5):
             learner.send_multipart([peer, *encode(Heartbeat(weight_version=v))])
-        assert (await asyncio.wait_for(receiving, 10)).weight_version == 0  # type: ignore[attr-defined]
+        assert (await asyncio.wait_for(receiving, 10)).weight_version == 0  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
         await asyncio.sleep(0.2)  # the rest are waiting now: taken without a blocking receive
-        assert [(await link.recv()).weight_version for _ in range(4)] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+        assert [(await link.recv()).weight_version for _ in range(4)] == [1, 2, 3, 4]  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
         learner.close(0)
         link.close()
         ctx.term()

@@ -45,7 +45,7 @@ class Acks:
         self.sent.append((peer, msg))
 
     def ack(self, peer: bytes, group_id: str, status: str) -> None:
-        self.sent.append((peer, Ack(group_ids=[group_id], statuses=[status])))  # type: ignore[list-item]
+        self.sent.append((peer, Ack(group_ids=[group_id], statuses=[status])))  # type: ignore[list-item]  # the recording stand-in's own list
 
     def last_status(self) -> str:
         msg = self.sent[-1][1]
@@ -139,33 +139,33 @@ def mutation(draw: st.DrawFn) -> tuple[str, object]:
     return kind, draw(st.sampled_from(["drop", "dup", "empty"]))
 
 
-def apply(d: dict, m: tuple[str, object], ep: int) -> None:  # type: ignore[type-arg]
+def apply(d: dict, m: tuple[str, object], ep: int) -> None:
     kind, arg = m
     e = d["episodes"][ep % len(d["episodes"])] if d["episodes"] else None
     if kind == "array" and e is not None:
-        name, data = arg  # type: ignore[misc]
+        name, data = arg  # type: ignore[misc]  # arg is a tuple of this case's shape
         e[name] = data
     elif kind == "value" and e is not None:
-        name, i, v = arg  # type: ignore[misc]
+        name, i, v = arg  # type: ignore[misc]  # arg is a tuple of this case's shape
         a = unpack(e[name], DTYPE[name]).copy()
         if a.size:
             a[i % a.size] = v
             e[name] = pack(a, DTYPE[name])
     elif kind == "scalar" and e is not None:
-        name, v = arg  # type: ignore[misc]
+        name, v = arg  # type: ignore[misc]  # arg is a tuple of this case's shape
         e[name] = v
     elif kind == "meta":
-        name, v = arg  # type: ignore[misc]
+        name, v = arg  # type: ignore[misc]  # arg is a tuple of this case's shape
         d[name] = v
     elif kind == "episodes":
-        d["episodes"] = {"drop": d["episodes"][1:], "dup": d["episodes"] * 2, "empty": []}[arg]  # type: ignore[index]
+        d["episodes"] = {"drop": d["episodes"][1:], "dup": d["episodes"] * 2, "empty": []}[arg]  # type: ignore[index]  # arg is one of these keys
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(muts=st.lists(st.tuples(mutation(), st.integers(0, 3)), min_size=1, max_size=4))
 def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
     tiny_model: Path, tmp_path: Path, muts: list
-) -> None:  # type: ignore[type-arg]
+) -> None:
     ln = make_learner(tiny_model, tmp_path)
     t = ticket()
     ln.guard.issue("a", [t])
@@ -178,14 +178,14 @@ def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
     except ProtocolError:
         return  # refused by the protocol layer: it never reaches the learner
     before = sum(ln.guard.invalid.values())
-    ln.on_rollout(b"a", r)  # type: ignore[arg-type]
+    ln.on_rollout(b"a", r)  # type: ignore[arg-type]  # a Rollout the test built
     status = ln.hub.last_status()
     if status == "invalid":
         assert sum(ln.guard.invalid.values()) == before + 1  # counted under a reason
     elif status == "accepted":
         vocab = vocab_size(tiny_model)
         assert vocab is not None
-        for e in r.episodes:  # type: ignore[attr-defined]
+        for e in r.episodes:  # type: ignore[attr-defined]  # a Rollout the test built
             tok, mask = unpack(e.token_ids, I32), unpack(e.loss_mask, U8)
             assert tok.size == 0 or (tok.min() >= 0 and tok.max() < vocab)
             assert set(np.unique(mask).tolist()) <= {0, 1}
@@ -202,7 +202,7 @@ def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
 def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_its_reason(tiny_model: Path, tmp_path: Path) -> None:
     ln = make_learner(tiny_model, tmp_path)
 
-    def send(mutate, actor: str = "a", issue_to: str = "a") -> str:  # type: ignore[no-untyped-def]
+    def send(mutate, actor: str = "a", issue_to: str = "a") -> str:
         t = ticket()
         ln.guard.issue(issue_to, [t])
         r = rollout_for(t, actor)

@@ -31,17 +31,17 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tok(model_dir: Path):  # type: ignore[no-untyped-def]
+def tok(model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def _ids(tok, text: str) -> list[int]:  # type: ignore[no-untyped-def]
+def _ids(tok, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False))
 
 
-def _rollouts(tok) -> list[Rollout]:  # type: ignore[no-untyped-def]
+def _rollouts(tok) -> list[Rollout]:
     """Two groups of real token ids: a prompt, agent turns and environment messages between them."""
     prompt = _ids(tok, "guess a number from 1 to 8")
     env_msg, hostile = _ids(tok, " higher "), _ids(tok, HOSTILE)
@@ -54,7 +54,7 @@ def _rollouts(tok) -> list[Rollout]:  # type: ignore[no-untyped-def]
     ]
 
 
-def test_episodes_are_picked_best_and_worst_and_cut_into_the_segments_trained_on(model_dir: Path, tok, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_episodes_are_picked_best_and_worst_and_cut_into_the_segments_trained_on(model_dir: Path, tok, tmp_path: Path) -> None:
     rollouts = _rollouts(tok)
     # pick k: group k mod 2, the best episode for even k, the worst for odd k; no repeats
     assert [(r.group_id, i) for r, i in pick_episodes(rollouts, 3)] == [("run:1", 1), ("run:2", 1), ("run:1", 0)]
@@ -89,7 +89,7 @@ def _chromium_dom(page: Path, query: str, profile: Path) -> str:
     return proc.stdout
 
 
-def test_agentgym_view_writes_a_page_chromium_renders_with_filters_and_curves(model_dir: Path, tok, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_agentgym_view_writes_a_page_chromium_renders_with_filters_and_curves(model_dir: Path, tok, tmp_path: Path) -> None:
     run = tmp_path / "run"
     log = EpisodeLog(run / "episodes.jsonl", model_dir, per_step=2)
     for step in (1, 2, 3):
@@ -142,13 +142,13 @@ def test_agentgym_view_names_what_is_missing(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "metrics.jsonl:2: not a JSON line" in proc.stderr, proc.stderr
 
 
-def _layout(dom: str) -> list[dict]:  # type: ignore[type-arg]
+def _layout(dom: str) -> list[dict]:
     m = re.search(r'<pre id="layout" hidden="">(.*?)</pre>', dom, re.S)
     assert m, "the page wrote no layout"
     return json.loads(html.unescape(m.group(1)))
 
 
-def _overlap(a: dict, b: dict) -> bool:  # type: ignore[type-arg]
+def _overlap(a: dict, b: dict) -> bool:
     return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
 
 

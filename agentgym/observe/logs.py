@@ -86,8 +86,7 @@ def setup_logging(role: str, json_path: Path | None = None, level: str = "info")
     if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
         for stream in (sys.stderr, sys.__stderr__):  # a replaced stderr (captured) may have no descriptor
             try:
-                # The ignore: sys.__stderr__ may be None, which the except below takes.
-                faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)  # type: ignore[arg-type]
+                faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)  # type: ignore[arg-type]  # None: the except takes it
                 break
             except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both of the last two
                 continue

@@ -34,7 +34,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, cast
 
 import structlog
 from aiohttp import web
@@ -60,7 +60,7 @@ class Session:
     sampling: SamplingSpec
     turn_limit: int
     max_tokens: int
-    limit: str = ""
+    limit: Literal["", "turn_limit", "token_limit"] = ""
     """"turn_limit" / "token_limit" once a call was refused for it (the episode ends there)."""
     reward: float | None = None
     success: bool | None = None
@@ -83,9 +83,17 @@ class ApiError(Exception):
 
 class AgentEndpoint:
     def __init__(
-        self, engine: InferenceEngine, tokenizer: Any, *, host: str = "127.0.0.1", port: int = 0, token: str = "",
-        model_name: str = "policy", request_temperature: bool = False, max_request_bytes: int = 64 * 2**20,
-    ) -> None:  # fmt: skip
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str = "",
+        model_name: str = "policy",
+        request_temperature: bool = False,
+        max_request_bytes: int = 64 * 2**20,
+    ) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.max_request_bytes = max_request_bytes
         """Largest request body read (protocol/limits.py, ``agent_request_bytes``); a larger one
@@ -99,17 +107,23 @@ class AgentEndpoint:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         app = web.Application(client_max_size=self.max_request_bytes, middlewares=[self._errors])
-        app.add_routes([
-            web.get("/v1/models", self._models), web.get("/c/{key}/v1/models", self._models),
-            web.post("/v1/chat/completions", self._chat), web.post("/c/{key}/v1/chat/completions", self._chat),
-            web.post("/v1/reward", self._reward), web.post("/c/{key}/reward", self._reward),
-        ])  # fmt: skip
+        app.add_routes(
+            [
+                web.get("/v1/models", self._models),
+                web.get("/c/{key}/v1/models", self._models),
+                web.post("/v1/chat/completions", self._chat),
+                web.post("/c/{key}/v1/chat/completions", self._chat),
+                web.post("/v1/reward", self._reward),
+                web.post("/c/{key}/reward", self._reward),
+            ]
+        )
         # Calls still waiting on the engine when the actor stops get a second, not aiohttp's 60.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        host, port = site._server.sockets[0].getsockname()[:2]  # the port bound when 0 was asked
+        server = cast(asyncio.Server, site._server)  # a TCPSite's, once started
+        host, port = server.sockets[0].getsockname()[:2]  # the port bound when 0 was asked
         self.port = port
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         log.info("agent_endpoint_started", url=self.url, auth=bool(self.token))
@@ -122,7 +136,9 @@ class AgentEndpoint:
             self._runner = None
 
     # ------------------------------------------------------------------ conversations
-    def open(self, trace: AgentTrace, sampling: SamplingSpec, turn_limit: int, max_tokens: int, name: str = "") -> Session:
+    def open(
+        self, trace: AgentTrace, sampling: SamplingSpec, turn_limit: int, max_tokens: int, name: str = ""
+    ) -> Session:
         key = secrets.token_hex(12)  # also a capability: only its agent knows it
         s = self.sessions[key] = Session(key, trace, sampling, turn_limit, max_tokens, name=name)
         return s
@@ -143,10 +159,21 @@ class AgentEndpoint:
                 raise ApiError(401, "missing or wrong bearer token", "invalid_api_key")
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:
-            log.warning("agent_request_refused", path=request.path, content_length=request.content_length,
-                        frame_cap_bytes=self.max_request_bytes, why="request body over the cap (a conversation past the rollout limits)")  # fmt: skip
-            return _error(ApiError(413, f"request body over {self.max_request_bytes} bytes, the most a conversation of "
-                                        "this run's rollout.max_episode_tokens can take", "request_too_large"))
+            log.warning(
+                "agent_request_refused",
+                path=request.path,
+                content_length=request.content_length,
+                frame_cap_bytes=self.max_request_bytes,
+                why="request body over the cap (a conversation past the rollout limits)",
+            )
+            return _error(
+                ApiError(
+                    413,
+                    f"request body over {self.max_request_bytes} bytes, the most a conversation of "
+                    "this run's rollout.max_episode_tokens can take",
+                    "request_too_large",
+                )
+            )
         except ApiError as exc:
             return _error(exc)
 
@@ -162,14 +189,23 @@ class AgentEndpoint:
         return s
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentgym"}]})  # fmt: skip
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentgym"}],
+            }
+        )
 
     async def _reward(self, request: web.Request) -> web.Response:
         s = self._session(request)
         body = await _json(request)
         reward = body.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward or abs(reward) == float("inf"):
+        if (
+            isinstance(reward, bool)
+            or not isinstance(reward, (int, float))
+            or reward != reward
+            or abs(reward) == float("inf")
+        ):
             raise ApiError(400, f"reward must be a finite number, got {reward!r}")
         s.reward = float(reward)
         if isinstance(body.get("success"), bool):
@@ -217,22 +253,35 @@ class AgentEndpoint:
         usage = {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
         if body.get("stream"):
             options = body.get("stream_options")
-            return await _stream(request, head, message, finish, usage if isinstance(options, dict) and options.get("include_usage") else None)
-        return web.json_response({
-            **head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}], "usage": usage,
-        })  # fmt: skip
+            return await _stream(
+                request,
+                head,
+                message,
+                finish,
+                usage if isinstance(options, dict) and options.get("include_usage") else None,
+            )
+        return web.json_response(
+            {
+                **head,
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": usage,
+            }
+        )
 
 
-async def _stream(request: web.Request, head: dict[str, Any], message: dict[str, Any], finish: str,
-                  usage: dict[str, int] | None) -> web.StreamResponse:  # fmt: skip
+async def _stream(
+    request: web.Request, head: dict[str, Any], message: dict[str, Any], finish: str, usage: dict[str, int] | None
+) -> web.StreamResponse:
     """A finished completion as chat.completion.chunk server-sent events."""
     delta = {k: v for k, v in message.items() if k != "tool_calls"}
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
     chunk = {**head, "object": "chat.completion.chunk"}
-    events = [{**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]},
-              {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}]}]  # fmt: skip
+    events = [
+        {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]},
+        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}]},
+    ]
     if usage is not None:
         events.append({**chunk, "choices": [], "usage": usage})
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -294,8 +343,16 @@ def _assistant(text: str, finish: str, tools: bool) -> tuple[dict[str, Any], str
                 continue
             if isinstance(obj, dict) and isinstance(obj.get("name"), str):
                 args = obj.get("arguments", {})
-                calls.append({"id": f"call_{i}", "type": "function", "function": {
-                    "name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})  # fmt: skip
+                calls.append(
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {
+                            "name": obj["name"],
+                            "arguments": args if isinstance(args, str) else json.dumps(args),
+                        },
+                    }
+                )
     if not calls:
         return {"role": "assistant", "content": text}, finish
     rest = _TOOL_CALL.sub("", text).strip()

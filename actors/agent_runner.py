@@ -35,9 +35,10 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import structlog
 
@@ -102,16 +103,31 @@ def _reward(value: Any) -> tuple[float, bool | None]:
 
 
 class AgentRunner:
-    def __init__(self, cfg: AgentEndpointConfig, engine: InferenceEngine, tokenizer: Any,
-                 stats: dict[str, int] | None = None, max_request_bytes: int = 64 * 2**20) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: AgentEndpointConfig,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        stats: dict[str, int] | None = None,
+        max_request_bytes: int = 64 * 2**20,
+    ) -> None:
         self.cfg = cfg
         token = os.environ.get(cfg.token_env, "") if cfg.token_env else ""
         if cfg.token_env and not token:
-            raise ValueError(f"actor.agent_endpoint.token_env: environment variable {cfg.token_env!r} is empty or unset")
+            raise ValueError(
+                f"actor.agent_endpoint.token_env: environment variable {cfg.token_env!r} is empty or unset"
+            )
         self.api_key = token or "agentgym"  # the SDK insists on some key
-        self.endpoint = AgentEndpoint(engine, tokenizer, host=cfg.host, port=cfg.port, token=token,
-                                      model_name=cfg.model_name, request_temperature=cfg.request_temperature,
-                                      max_request_bytes=max_request_bytes)  # fmt: skip
+        self.endpoint = AgentEndpoint(
+            engine,
+            tokenizer,
+            host=cfg.host,
+            port=cfg.port,
+            token=token,
+            model_name=cfg.model_name,
+            request_temperature=cfg.request_temperature,
+            max_request_bytes=max_request_bytes,
+        )
         self.tokenizer = tokenizer
         self.engine = engine
         self.program = load_program(cfg.program) if cfg.program else None
@@ -154,18 +170,34 @@ class AgentRunner:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         # The policy the learner scores: without the special tokens unless the run allows them
         # (protocol/vocab.py), or every behaviour logprob would be of another distribution.
-        sampling = SamplingSpec(max_tokens=spec.max_tokens_per_turn, temperature=spec.temperature, top_p=spec.top_p,
-                                stop_token_ids=(eos,) if eos is not None else (),
-                                banned_token_ids=() if spec.allow_special_tokens else banned_action_ids(self.tokenizer))  # fmt: skip
+        sampling = SamplingSpec(
+            max_tokens=spec.max_tokens_per_turn,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            stop_token_ids=(eos,) if eos is not None else (),
+            banned_token_ids=() if spec.allow_special_tokens else banned_action_ids(self.tokenizer),
+        )
         budget = min(spec.max_episode_tokens, getattr(self.engine, "max_model_len", None) or spec.max_episode_tokens)
-        session = self.endpoint.open(AgentTrace(self.tokenizer, budget), sampling, turn_limit, spec.max_tokens_per_turn,
-                                     name=f"{ticket.group_id}/{index}")
+        session = self.endpoint.open(
+            AgentTrace(self.tokenizer, budget),
+            sampling,
+            turn_limit,
+            spec.max_tokens_per_turn,
+            name=f"{ticket.group_id}/{index}",
+        )
         result: Any = None
         failure = ""
         try:
-            task = {"env": ticket.env, "task_id": self.task_id(ticket, options), "split": ticket.split,
-                    "group_id": ticket.group_id, "index": index, "max_calls": turn_limit,
-                    "max_tokens_per_call": spec.max_tokens_per_turn, "options": options}  # fmt: skip
+            task = {
+                "env": ticket.env,
+                "task_id": self.task_id(ticket, options),
+                "split": ticket.split,
+                "group_id": ticket.group_id,
+                "index": index,
+                "max_calls": turn_limit,
+                "max_tokens_per_call": spec.max_tokens_per_turn,
+                "options": options,
+            }
             async with self.slots:
                 result = await asyncio.wait_for(self._run(session, task), self.cfg.timeout_s)
         except TimeoutError:
@@ -190,12 +222,22 @@ class AgentRunner:
             reward, success, failure = session.reward or 0.0, session.success, ""
         if failure:
             self._count("agent_failures")
-            log.warning("agent_episode_failed", group=ticket.group_id, index=index, task=ticket.task_id,
-                        calls=len(trace.calls), error=failure[:500])  # fmt: skip
-            return trace.to_episode(reward=0.0, success=False, finish="env_failure", turn_limit=turn_limit, failure=failure)
+            log.warning(
+                "agent_episode_failed",
+                group=ticket.group_id,
+                index=index,
+                task=ticket.task_id,
+                calls=len(trace.calls),
+                error=failure[:500],
+            )
+            return trace.to_episode(
+                reward=0.0, success=False, finish="env_failure", turn_limit=turn_limit, failure=failure
+            )
         success = bool(reward > 0) if success is None else success
         ended = isinstance(result, dict) and result.get("done") is True  # the agent says it finished
-        finish = session.limit or ("turn_limit" if len(trace.calls) >= turn_limit and not success and not ended else "done")
+        finish = session.limit or (
+            "turn_limit" if len(trace.calls) >= turn_limit and not success and not ended else "done"
+        )
         return trace.to_episode(reward=reward, success=success, finish=finish, turn_limit=turn_limit)
 
     async def _run(self, session: Session, task: dict[str, Any]) -> Any:
@@ -205,8 +247,9 @@ class AgentRunner:
 
             if self._http is None:
                 self._http = _shared_http(openai)
-            client = openai.OpenAI(base_url=url, api_key=self.api_key, max_retries=0, timeout=self.cfg.timeout_s,
-                                   http_client=self._http)  # fmt: skip
+            client = openai.OpenAI(
+                base_url=url, api_key=self.api_key, max_retries=0, timeout=self.cfg.timeout_s, http_client=self._http
+            )
             try:
                 fut = asyncio.get_running_loop().run_in_executor(self.threads, self.program, task, client)
                 return await fut
@@ -217,9 +260,13 @@ class AgentRunner:
     async def _command(self, session: Session, task: dict[str, Any], url: str) -> Any:
         env = {**os.environ, "OPENAI_BASE_URL": url, "OPENAI_API_KEY": self.api_key, "AGENTGYM_TASK": json.dumps(task)}
         proc = await asyncio.create_subprocess_exec(
-            *self.cfg.command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            *self.cfg.command,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             out, err = await proc.communicate()
         except BaseException:  # timed out or the actor stops: the agent and its children go

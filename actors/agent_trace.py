@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.actors.engine import Generation
-from agentgym.protocol.chat_template import CHATML_TEMPLATE
 from agentgym.protocol import Episode
 from agentgym.protocol.arrays import F32, I32, U8, pack
+from agentgym.protocol.chat_template import CHATML_TEMPLATE
+from agentgym.protocol.messages import EpisodeFinish
 
 
 class BudgetExceeded(Exception):
@@ -146,8 +147,16 @@ class AgentTrace:
         # sampled text, stop token included (ChatML's <|im_end|> is both the stop token and the
         # start of the template's end of turn).
         seg.text = plan.text + self._decode(gen.token_ids)
-        self.calls.append(CallRecord(list(plan.prompt_ids), list(gen.token_ids), list(gen.logprobs),
-                                     list(gen.versions), gen.finish_reason, plan.extends))  # fmt: skip
+        self.calls.append(
+            CallRecord(
+                list(plan.prompt_ids),
+                list(gen.token_ids),
+                list(gen.logprobs),
+                list(gen.versions),
+                gen.finish_reason,
+                plan.extends,
+            )
+        )
         # The message content: everything sampled but the closing stop token. Special tokens
         # sampled inside the content stay as text, so that the message sent back renders (and
         # tokenizes) to the same ids; a server that drops them would break the prefix there.
@@ -156,7 +165,9 @@ class AgentTrace:
             ids.pop()
         return self._decode(ids)
 
-    def to_episode(self, *, reward: float, success: bool, finish: str, turn_limit: int, failure: str = "") -> Episode:
+    def to_episode(
+        self, *, reward: float, success: bool, finish: EpisodeFinish, turn_limit: int, failure: str = ""
+    ) -> Episode:
         """The conversation as one Episode: segments laid end to end (``segment_ends`` marks
         them), one turn per call, the reward on the last call."""
         ids: list[int] = []
@@ -176,12 +187,20 @@ class AgentTrace:
         if rewards:
             rewards[-1] = float(reward)
         return Episode(
-            token_ids=pack(ids, I32), logprobs=pack(logps, F32), loss_mask=pack(mask, U8), versions=pack(vers, I32),
-            turn_ends=pack(turn_ends, I32), turn_rewards=pack(rewards, F32),
-            reward=float(reward) if rewards else 0.0, success=bool(success), finish=finish,  # type: ignore[arg-type]
-            turn_limit=max(1, turn_limit), failure=failure[:4000],
-            segment_ends=pack(ends, I32) if len(ends) > 1 else b"", prefix_breaks=self.prefix_breaks,
-        )  # fmt: skip
+            token_ids=pack(ids, I32),
+            logprobs=pack(logps, F32),
+            loss_mask=pack(mask, U8),
+            versions=pack(vers, I32),
+            turn_ends=pack(turn_ends, I32),
+            turn_rewards=pack(rewards, F32),
+            reward=float(reward) if rewards else 0.0,
+            success=bool(success),
+            finish=finish,
+            turn_limit=max(1, turn_limit),
+            failure=failure[:4000],
+            segment_ends=pack(ends, I32) if len(ends) > 1 else b"",
+            prefix_breaks=self.prefix_breaks,
+        )
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -28,7 +28,7 @@ token it did not sample.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,9 @@ class Conversation:
         self._awaiting_agent = False
         self._special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
         self._head = [{"role": "system", "content": system}] if system is not None else []
-        scaffold = self._render([*self._head, {"role": "user", "content": _USER}, {"role": "assistant", "content": _AGENT}])
+        scaffold = self._render(
+            [*self._head, {"role": "user", "content": _USER}, {"role": "assistant", "content": _AGENT}]
+        )
         # Everything the template writes after an assistant message's content.
         self.end_of_turn = scaffold[scaffold.index(_AGENT) + len(_AGENT) :]
 
@@ -74,8 +76,16 @@ class Conversation:
         return conv
 
     @classmethod
-    def restore(cls, tokenizer: Any, system: str | None, token_ids: Sequence[int], loss_mask: Sequence[int],
-                logprobs: Sequence[float], versions: Sequence[int], turn_ends: Sequence[int]) -> Conversation:  # fmt: skip
+    def restore(
+        cls,
+        tokenizer: Any,
+        system: str | None,
+        token_ids: Iterable[int],
+        loss_mask: Iterable[int],
+        logprobs: Iterable[float],
+        versions: Iterable[int],
+        turn_ends: Iterable[int],
+    ) -> Conversation:
         """A conversation another actor began, from its arrays (a hand-over, actors/handover.py):
         it ends with the generation prompt of the next turn, as ``prompt_ids`` needs."""
         conv = cls(tokenizer, system)
@@ -96,9 +106,7 @@ class Conversation:
             raise RuntimeError("Conversation.prompt_ids: the agent just spoke; add an observation first")
         return list(self._ids)
 
-    def add_agent_turn(
-        self, token_ids: Sequence[int], logprobs: Sequence[float], version: int | Sequence[int]
-    ) -> None:
+    def add_agent_turn(self, token_ids: Sequence[int], logprobs: Sequence[float], version: int | Sequence[int]) -> None:
         """Append the sampled tokens as they are (loss mask 1), then close the turn.
 
         ``version``: the weight version of every token, or one per token (``Generation.versions``:

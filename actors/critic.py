@@ -33,8 +33,8 @@ from typing import Any, Literal, Protocol
 
 import structlog
 
-from agentgym.protocol.chat_template import CHATML_TEMPLATE
 from agentgym.protocol import CriticSpec
+from agentgym.protocol.chat_template import CHATML_TEMPLATE
 
 log = structlog.get_logger(__name__)
 
@@ -88,21 +88,28 @@ class LmCritic:
     """A language model prompted with the episode so far (its own chat template), answering with
     feedback; "OK" (or nothing) means no objection."""
 
-    def __init__(self, engine: Any, tokenizer: Any, max_tokens: int, temperature: float, seed: int | None = None) -> None:
+    def __init__(
+        self, engine: Any, tokenizer: Any, max_tokens: int, temperature: float, seed: int | None = None
+    ) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.max_tokens, self.temperature, self.seed = max_tokens, temperature, seed
         self._n = 0
 
     def prompt_ids(self, view: CritiqueView) -> list[int]:
         lines = [f"{'Agent' if role == 'agent' else 'Environment'}: {text}" for role, text in view.transcript]
-        ask = {"draft": "The agent proposes this move", "after_step": "The agent's last move did not help",
-               "retry": "The agent's attempt failed; its last move"}[view.moment]  # fmt: skip
+        ask = {
+            "draft": "The agent proposes this move",
+            "after_step": "The agent's last move did not help",
+            "retry": "The agent's attempt failed; its last move",
+        }[view.moment]
         user = "\n".join(lines[-12:]) + f"\n\n{ask}: {view.action.strip()}\nYour judgement:"
         template = None if getattr(self.tokenizer, "chat_template", None) else CHATML_TEMPLATE
         text = self.tokenizer.apply_chat_template(
             [{"role": "system", "content": CRITIC_SYSTEM}, {"role": "user", "content": user}],
-            tokenize=False, add_generation_prompt=True, chat_template=template,
-        )  # fmt: skip
+            tokenize=False,
+            add_generation_prompt=True,
+            chat_template=template,
+        )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def critique(self, view: CritiqueView) -> str | None:
@@ -111,9 +118,12 @@ class LmCritic:
         self._n += 1
         eos = getattr(self.tokenizer, "eos_token_id", None)
         spec = SamplingSpec(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_p=1.0,
-            stop_token_ids=(eos,) if eos is not None else (), seed=None if self.seed is None else self.seed + self._n,
-        )  # fmt: skip
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=1.0,
+            stop_token_ids=(eos,) if eos is not None else (),
+            seed=None if self.seed is None else self.seed + self._n,
+        )
         gen = await self.engine.generate(f"critic/{id(self)}/{self._n}", self.prompt_ids(view), spec)
         text = str(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)).strip()
         if not text or (view.moment == "draft" and text.upper().startswith("OK")):

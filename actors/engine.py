@@ -85,9 +85,7 @@ class Generation:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"Generation: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
-            )
+            raise ValueError(f"Generation: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
         if not self.versions:
             object.__setattr__(self, "versions", [self.version] * len(self.token_ids))
         elif len(self.versions) != len(self.token_ids):
@@ -379,9 +377,15 @@ class GatedEngine:
         self.weights_digest, self.digest_tensors = await self._served_digest(tensors)
         self.last_update = {"prepare_s": t1 - t0, "drain_s": t2 - t1, "load_s": t3 - t2}
         log.info(
-            "engine_weights_loaded", engine=name, version=version, tensors=count, mode=self.update_mode,
-            prepare_s=round(t1 - t0, 4), drain_s=round(t2 - t1, 4), load_s=round(t3 - t2, 4),
-        )  # fmt: skip
+            "engine_weights_loaded",
+            engine=name,
+            version=version,
+            tensors=count,
+            mode=self.update_mode,
+            prepare_s=round(t1 - t0, 4),
+            drain_s=round(t2 - t1, 4),
+            load_s=round(t3 - t2, 4),
+        )
 
     async def _served_digest(self, tensors: Mapping[str, torch.Tensor] | Path) -> tuple[int, int]:
         """(digest, tensors) of what the last update loaded. Here: the tensors as handed over (an
@@ -390,7 +394,8 @@ class GatedEngine:
             return -1, 0
         # A crc32 pass over the update (zlib-ng, GIL released): on a worker, not the event loop.
         return await asyncio.to_thread(
-            lambda: (weights_digest(tensor_digest(n, tensor_bytes(t)) for n, t in tensors.items()), len(tensors)))
+            lambda: (weights_digest(tensor_digest(n, tensor_bytes(t)) for n, t in tensors.items()), len(tensors))
+        )
 
     def _in_flight(self) -> tuple[int, int]:
         """(running, waiting at the gate) among this engine's requests."""

@@ -57,6 +57,12 @@ class EngineRequest:
     url: str | None = None
     model: str | None = None
 
+    def local_dir(self) -> Path:
+        """``model_dir``, which the engines that load the model here (vllm, hf) need."""
+        if self.model_dir is None:
+            raise ValueError("EngineRequest: a local engine needs model_dir, got None")
+        return self.model_dir
+
 
 def make_engine(cfg: Config, model_dir: Path, lora: LoraSpec | None = None) -> GatedEngine:
     """The policy's engine, by ``actor.engine``."""
@@ -67,8 +73,10 @@ def build_engine(name: str, req: EngineRequest) -> GatedEngine:
     """The engine registered as ``name`` (agentgym/config/registries.py: ``ENGINES``), not started."""
     entry = ENGINES.get(name)
     if req.lora is not None and not entry.lora:
-        raise ValueError(f"actor.engine = {name!r} cannot serve the learner's LoRA adapters (learner.lora); "
-                         f"use the {' or '.join(ENGINES.with_('lora'))} engine")  # fmt: skip
+        raise ValueError(
+            f"actor.engine = {name!r} cannot serve the learner's LoRA adapters (learner.lora); "
+            f"use the {' or '.join(ENGINES.with_('lora'))} engine"
+        )
     return ENGINES.load(name)(req)
 
 
@@ -80,41 +88,67 @@ def build_vllm(req: EngineRequest) -> GatedEngine:
     if req.cfg is None:
         from agentgym.actors.vllm_engine import VllmEngine
 
-        return VllmEngine(Path(req.model_dir), seed=req.seed)  # type: ignore[arg-type]  # a critic's: a model dir
+        return VllmEngine(Path(req.local_dir()), seed=req.seed)  # a critic's
     cfg, a = req.cfg, req.cfg.actor
-    ctx = context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # the policy's: a model dir
+    model_dir = req.local_dir()
+    ctx = context_length(cfg, model_dir)
     if req.lora is not None:
         from agentgym.actors.lora_engine import VllmLoraEngine
 
         return VllmLoraEngine(
-            req.model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
-            gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
-        )  # fmt: skip
+            model_dir,
+            lora=req.lora,
+            seed=cfg.run.seed,
+            dtype=cfg.model.dtype,
+            kv_cache_gib=a.kv_cache_gib,
+            gpu_memory_utilization=a.gpu_memory_utilization,
+            update_mode=a.weight_update,
+            max_model_len=ctx,
+        )
     from agentgym.actors.vllm_engine import VllmEngine
 
     return VllmEngine(
-        req.model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, kv_cache_gib=a.kv_cache_gib,
-        gpu_memory_utilization=a.gpu_memory_utilization, update_mode=a.weight_update, max_model_len=ctx,
+        model_dir,
+        seed=cfg.run.seed,
+        dtype=cfg.model.dtype,
+        kv_cache_gib=a.kv_cache_gib,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        update_mode=a.weight_update,
+        max_model_len=ctx,
         enforce_eager=a.enforce_eager,
-    )  # fmt: skip
+    )
 
 
 def build_hf(req: EngineRequest) -> GatedEngine:
     if req.cfg is None:
         from agentgym.actors.hf_engine import HfEngine
 
-        return HfEngine(Path(req.model_dir), seed=req.seed)  # type: ignore[arg-type]  # a critic's: a model dir
+        return HfEngine(Path(req.local_dir()), seed=req.seed)  # a critic's
     cfg, a = req.cfg, req.cfg.actor
-    ctx = context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # the policy's: a model dir
+    model_dir = req.local_dir()
+    ctx = context_length(cfg, model_dir)
     if req.lora is not None:
         from agentgym.actors.lora_engine import HfLoraEngine
 
-        return HfLoraEngine(req.model_dir, lora=req.lora, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
-                            update_mode=a.weight_update, max_model_len=ctx)  # fmt: skip
+        return HfLoraEngine(
+            model_dir,
+            lora=req.lora,
+            seed=cfg.run.seed,
+            dtype=cfg.model.dtype,
+            device=a.device,
+            update_mode=a.weight_update,
+            max_model_len=ctx,
+        )
     from agentgym.actors.hf_engine import HfEngine
 
-    return HfEngine(req.model_dir, seed=cfg.run.seed, dtype=cfg.model.dtype, device=a.device,
-                    update_mode=a.weight_update, max_model_len=ctx)  # fmt: skip
+    return HfEngine(
+        model_dir,
+        seed=cfg.run.seed,
+        dtype=cfg.model.dtype,
+        device=a.device,
+        update_mode=a.weight_update,
+        max_model_len=ctx,
+    )
 
 
 def build_remote(req: EngineRequest) -> GatedEngine:
@@ -129,9 +163,13 @@ def build_remote(req: EngineRequest) -> GatedEngine:
     if r.api_key_env and not key:
         raise KeyError(f"actor.remote.api_key_env names {r.api_key_env!r}, which is not set in the environment")
     return RemoteEngine(
-        r.url, server=r.server, model=r.model or None, weights_dir=Path(r.weights_dir) if r.weights_dir else None, api_key=key,
+        r.url,
+        server=r.server,
+        model=r.model or None,
+        weights_dir=Path(r.weights_dir) if r.weights_dir else None,
+        api_key=key,
         update_mode=a.weight_update,
-    )  # fmt: skip
+    )
 
 
 def build_sim(req: EngineRequest) -> GatedEngine:
@@ -141,9 +179,15 @@ def build_sim(req: EngineRequest) -> GatedEngine:
         raise ValueError("the sim engine has no critic form (critic.engine: hf, vllm, remote or policy)")
     cfg, a = req.cfg, req.cfg.actor
     context_length(cfg, req.model_dir)  # type: ignore[arg-type]  # as every engine: the model's config must be readable
-    vocab = a.sim.vocab_size or _vocab_size(req.model_dir)  # type: ignore[arg-type]
-    return SimEngine(vocab_size=vocab, tokens_per_s=a.sim.tokens_per_s, latency_s=a.sim.latency_s,
-                     stop_p=a.sim.stop_p, seed=cfg.run.seed, update_mode=a.weight_update)  # fmt: skip
+    vocab = a.sim.vocab_size or _vocab_size(req.model_dir)  # type: ignore[arg-type]  # without sim.vocab_size the policy's model dir is read
+    return SimEngine(
+        vocab_size=vocab,
+        tokens_per_s=a.sim.tokens_per_s,
+        latency_s=a.sim.latency_s,
+        stop_p=a.sim.stop_p,
+        seed=cfg.run.seed,
+        update_mode=a.weight_update,
+    )
 
 
 def _vocab_size(model_dir: Path) -> int:

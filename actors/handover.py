@@ -59,14 +59,30 @@ async def play_group(
     fresh = max(0, spec.group_size - len(finished) - len(partial))
     if h is not None:
         players.stats["handovers_taken"] = players.stats.get("handovers_taken", 0) + 1
-        log.info("handover_taken", group=ticket.group_id, from_actor=h.actor_id, finished=len(finished),
-                 partial=len(partial), fresh=fresh)  # fmt: skip
+        log.info(
+            "handover_taken",
+            group=ticket.group_id,
+            from_actor=h.actor_id,
+            finished=len(finished),
+            partial=len(partial),
+            fresh=fresh,
+        )
     stop = players.leaving
 
     async def one(i: int, resume: PartialEpisode | None) -> Episode | Interrupted:
         try:
-            return await play_episode(serving.engine, serving.tokenizer, pool, ticket, i, spec, turn_limit, critic=critic,
-                                      stop=stop, resume=resume)  # fmt: skip
+            return await play_episode(
+                serving.engine,
+                serving.tokenizer,
+                pool,
+                ticket,
+                i,
+                spec,
+                turn_limit,
+                critic=critic,
+                stop=stop,
+                resume=resume,
+            )
         except Interrupted as exc:
             return exc
 
@@ -75,7 +91,9 @@ async def play_group(
     done = finished + played
     s = players.stats
     if len(done) >= spec.group_size:
-        s["sampled_tokens_sent"] = s.get("sampled_tokens_sent", 0) + sum(_own(e.loss_mask, e.resumed_at) for e in played)
+        s["sampled_tokens_sent"] = s.get("sampled_tokens_sent", 0) + sum(
+            _own(e.loss_mask, e.resumed_at) for e in played
+        )
         return done[: spec.group_size]
     stopped = [r for r in results if isinstance(r, Interrupted)]
     # An episode stopped before its first turn is played again from the start (nothing is lost).
@@ -108,5 +126,10 @@ async def leave(players: Players) -> None:
     players.leaving.set()
     while players.running_groups and time.monotonic() - t0 < LEAVE_GRACE_S:
         await asyncio.sleep(0.02)
-    log.info("handover_ready", groups=len(players.handovers), still_running=players.running_groups,
-             seconds=round(time.monotonic() - t0, 3), partial=sum(len(h.partial) for h in players.handovers))  # fmt: skip
+    log.info(
+        "handover_ready",
+        groups=len(players.handovers),
+        still_running=players.running_groups,
+        seconds=round(time.monotonic() - t0, 3),
+        partial=sum(len(h.partial) for h in players.handovers),
+    )

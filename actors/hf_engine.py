@@ -33,7 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files, tensor_bytes
+from agentgym.actors.engine import (
+    EngineLoad,
+    FinishReason,
+    GatedEngine,
+    Generation,
+    SamplingSpec,
+    UpdateMode,
+    safetensors_files,
+    tensor_bytes,
+)
 from agentgym.protocol.weights import tensor_digest, weights_digest
 
 if TYPE_CHECKING:
@@ -93,8 +102,14 @@ class HfEngine(GatedEngine):
             self._pool.shutdown(wait=False)
             self._pool = None
             raise
-        log.info("engine_started", engine="hf", model=str(self.model_dir), dtype=self.dtype, device=self.device,
-                 seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+        log.info(
+            "engine_started",
+            engine="hf",
+            model=str(self.model_dir),
+            dtype=self.dtype,
+            device=self.device,
+            seconds=round(time.monotonic() - t0, 1),
+        )
 
     def _load_model(self) -> tuple[Any, set[int]]:
         import torch
@@ -105,7 +120,7 @@ class HfEngine(GatedEngine):
         elif self.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"HfEngine: device {self.device!r} asked for, but torch sees no CUDA device")
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, self.dtype))
-        model = model.to(self.device).eval()
+        model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' wrapper on .to hides torch's signature
         eos: set[int] = set()
         sources: list[Any] = [model.config.eos_token_id]
         try:
@@ -146,12 +161,16 @@ class HfEngine(GatedEngine):
         super()._check_prompt(request_id, prompt_ids)
         model = self._require()
         if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(f"HfEngine.generate({request_id!r}): prompt of {len(prompt_ids)} tokens does not fit "
-                             f"max_model_len={self.max_model_len}")  # fmt: skip
+            raise ValueError(
+                f"HfEngine.generate({request_id!r}): prompt of {len(prompt_ids)} tokens does not fit "
+                f"max_model_len={self.max_model_len}"
+            )
         vocab = model.config.vocab_size
         bad = [t for t in prompt_ids if not 0 <= int(t) < vocab]
         if bad:
-            raise ValueError(f"HfEngine.generate({request_id!r}): token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+            raise ValueError(
+                f"HfEngine.generate({request_id!r}): token ids {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
 
     async def _generate(self, segment_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
         import torch
@@ -166,7 +185,7 @@ class HfEngine(GatedEngine):
         logprobs: list[float] = []
         self._stop[segment_id] = False
         self._cached[segment_id] = 0
-        finish = "length"
+        finish: FinishReason = "length"
         try:
             while len(ids) < budget:
                 if self._stop[segment_id]:
@@ -182,7 +201,7 @@ class HfEngine(GatedEngine):
                     break
         finally:
             del self._stop[segment_id], self._cached[segment_id]
-        return Generation(ids, logprobs, self.version, finish)  # type: ignore[arg-type]
+        return Generation(ids, logprobs, self.version, finish)
 
     @staticmethod
     def _step(model: Any, state: dict[str, Any], spec: SamplingSpec, gen: torch.Generator) -> tuple[int, float]:
@@ -225,8 +244,9 @@ class HfEngine(GatedEngine):
         return await self._run(_read_back_digest, self._require(), {n: t.dtype for n, t in tensors.items()})
 
 
-def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator,
-           banned: tuple[int, ...] = ()) -> tuple[int, float]:  # fmt: skip
+def sample(
+    logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator, banned: tuple[int, ...] = ()
+) -> tuple[int, float]:
     """One token from float32 ``logits`` [V] and its logprob in the distribution it came from
     (``banned`` ids at probability 0, as the learner scores them: protocol/vocab.py)."""
     import torch
@@ -264,8 +284,10 @@ def _copy_weights(model: Any, tensors: Mapping[str, torch.Tensor] | Path) -> int
         raise KeyError(f"HfEngine.update_weights: the model has no tensors named {unknown[:5]}")
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(params[name].shape):
-            raise ValueError(f"HfEngine.update_weights: {name} has shape {tuple(t.shape)}, "
-                             f"the model's is {tuple(params[name].shape)}")  # fmt: skip
+            raise ValueError(
+                f"HfEngine.update_weights: {name} has shape {tuple(t.shape)}, "
+                f"the model's is {tuple(params[name].shape)}"
+            )
     with torch.no_grad():
         for name, t in tensors.items():
             params[name].copy_(t.to(params[name].device, params[name].dtype))

@@ -47,8 +47,10 @@ def check_adapter(where: str, tensors: Mapping[str, Any], spec: LoraSpec) -> Non
         raise ValueError(f"{where}: no adapter tensors given")
     for name, t in tensors.items():
         if not (name.startswith(_PREFIX) and name.endswith(_SUFFIXES)):
-            raise ValueError(f"{where}: {name!r} is not a LoRA adapter tensor (want {_PREFIX}<module>.lora_A.weight / "
-                             f".lora_B.weight); the learner sends full weights but the Welcome announced LoRA")  # fmt: skip
+            raise ValueError(
+                f"{where}: {name!r} is not a LoRA adapter tensor (want {_PREFIX}<module>.lora_A.weight / "
+                f".lora_B.weight); the learner sends full weights but the Welcome announced LoRA"
+            )
         dim = 0 if name.endswith(".lora_A.weight") else 1
         if t.ndim != 2 or t.shape[dim] != spec.rank:
             raise ValueError(f"{where}: {name} has shape {tuple(t.shape)}, not rank {spec.rank}")
@@ -58,10 +60,18 @@ def write_adapter_dir(path: Path, tensors: Mapping[str, torch.Tensor], spec: Lor
     """A peft adapter directory (adapter_config.json + adapter_model.safetensors) at ``path``."""
     path.mkdir(parents=True, exist_ok=True)
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-        "target_modules": list(spec.target_modules), "lora_dropout": 0.0, "bias": "none",
-        "base_model_name_or_path": str(base), "modules_to_save": None, "use_rslora": False, "use_dora": False,
-    }  # fmt: skip
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "target_modules": list(spec.target_modules),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "base_model_name_or_path": str(base),
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+    }
     (path / "adapter_config.json").write_text(json.dumps(config, indent=1))
     save_safetensors(tensors, path / "adapter_model.safetensors")
     return path
@@ -104,7 +114,7 @@ class VllmLoraEngine(VllmEngine):
         from vllm.lora.request import LoRARequest
 
         llm = self._require()
-        path = Path(prepared)  # type: ignore[arg-type]
+        path = Path(prepared)  # type: ignore[arg-type]  # what _prepare_weights returned: the adapter's directory
         n = next(self._ids)
         req = LoRARequest(f"agentgym-{n}", n, str(path))
         if not await llm.add_lora(req):
@@ -155,7 +165,9 @@ class HfLoraEngine(HfEngine):
             b = tensors.get(f"{_PREFIX}{module}.lora_B.weight")
             base = self._base.get(f"{module}.weight")
             if b is None or base is None:
-                raise KeyError(f"HfLoraEngine.update_weights: {module}: no lora_B, or no such adapted layer in the model")
+                raise KeyError(
+                    f"HfLoraEngine.update_weights: {module}: no lora_B, or no such adapted layer in the model"
+                )
             delta = b.float() @ a.float()
             merged[f"{module}.weight"] = (base.float() + scale * delta).to(base.dtype)
         return merged

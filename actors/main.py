@@ -22,18 +22,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentgym-actor", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     add_config_args(p)
     p.add_argument("--learner", help="learner control address tcp://HOST:PORT (overrides actor.learner)")
-    p.add_argument("--model", help="local HF model directory, or a hub id ORG/NAME in the local Hugging Face cache "
-                   "(overrides model.path)")
+    p.add_argument(
+        "--model",
+        help="local HF model directory, or a hub id ORG/NAME in the local Hugging Face cache (overrides model.path)",
+    )
     p.add_argument("--max-groups", type=int, help="groups played at once (overrides actor.max_groups)")
     p.add_argument("--run-dir", type=Path, help="where this actor writes its logs (default: run.dir/run.name)")
     p.add_argument("--actor-id", help="stable id for this actor (default: random); reuse it to resume after a restart")
-    p.add_argument("--secret-key", type=Path, help="CURVE key pair file of this actor, DIR/actors/NAME.key_secret "
-                   "(overrides actor.secret_key; see `agentgym keys`)")
-    p.add_argument("--learner-key", type=Path, help="the learner's public key file, DIR/learner.key "
-                   "(overrides actor.learner_key)")
-    p.add_argument("--weights-relay", help="fetch weights from this relay, tcp://HOST:PORT (agentgym-relay; "
-                   "overrides actor.weights_relay); the learner stays the fallback")
-    p.add_argument("--connect-timeout", type=float, help="seconds to wait for the learner (overrides actor.connect_timeout_s)")
+    p.add_argument(
+        "--secret-key",
+        type=Path,
+        help="CURVE key pair file of this actor, DIR/actors/NAME.key_secret "
+        "(overrides actor.secret_key; see `agentgym keys`)",
+    )
+    p.add_argument(
+        "--learner-key", type=Path, help="the learner's public key file, DIR/learner.key (overrides actor.learner_key)"
+    )
+    p.add_argument(
+        "--weights-relay",
+        help="fetch weights from this relay, tcp://HOST:PORT (agentgym-relay; "
+        "overrides actor.weights_relay); the learner stays the fallback",
+    )
+    p.add_argument(
+        "--connect-timeout", type=float, help="seconds to wait for the learner (overrides actor.connect_timeout_s)"
+    )
     return p
 
 
@@ -51,8 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         flags.append(f"actor.max_groups={args.max_groups}")
     if args.connect_timeout is not None:
         flags.append(f"actor.connect_timeout_s={args.connect_timeout}")
-    flags += [f'actor.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("learner_key", args.learner_key),
-                                               ("weights_relay", args.weights_relay)) if v]  # fmt: skip
+    flags += [
+        f'actor.{k}="{v}"'
+        for k, v in (
+            ("secret_key", args.secret_key),
+            ("learner_key", args.learner_key),
+            ("weights_relay", args.weights_relay),
+        )
+        if v
+    ]
     cfg = resolve_config(args, flags)
     from agentgym.config.model_path import ModelNotFound, with_model_found
 
@@ -73,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentgym.actors.runtime import run_actor
     from agentgym.actors.transport import ActorRejected, LearnerUnreachable
+    from agentgym.auth.keys import KeyFileError
     from agentgym.host.allocator import keep_freed_memory
     from agentgym.host.guardian import start_guardian
-    from agentgym.auth.keys import KeyFileError
     from agentgym.observe.logs import quiet_libraries, setup_logging
 
     start_guardian()  # vLLM's engine processes must not outlive a killed actor

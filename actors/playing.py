@@ -111,7 +111,9 @@ class Players:
             pool = self.pools.get(env)
             if pool is None:
                 size = self.cfg.actor.env_workers or self.concurrency.target * spec.group_size
-                pool = EnvPool(env, dict(spec.env_kwargs.get(env, {})), size, step_timeout_s=self.cfg.actor.step_timeout_s)
+                pool = EnvPool(
+                    env, dict(spec.env_kwargs.get(env, {})), size, step_timeout_s=self.cfg.actor.step_timeout_s
+                )
                 self.pools[env] = pool
                 t0 = time.monotonic()
                 await pool.start()
@@ -147,9 +149,13 @@ class Players:
             if episodes is None:  # stopped to leave: handed over in self.handovers
                 return
             rollout = Rollout(
-                group_id=ticket.group_id, actor_id=self.actor_id, env=ticket.env, task_id=ticket.task_id,
-                episodes=list(episodes), elapsed_s=time.monotonic() - t0,
-            )  # fmt: skip
+                group_id=ticket.group_id,
+                actor_id=self.actor_id,
+                env=ticket.env,
+                task_id=ticket.task_id,
+                episodes=list(episodes),
+                elapsed_s=time.monotonic() - t0,
+            )
             self.unacked[ticket.group_id] = rollout
             await serving.link.send(rollout)
             self.stats["groups_sent"] += 1

@@ -124,8 +124,15 @@ class RemoteEngine(GatedEngine):
             self.weights_dir = Path(tempfile.mkdtemp(prefix="agentgym-remote-", dir=shm if shm.is_dir() else None))
             self._own_weights_dir = True
         self._poller = asyncio.create_task(self._poll_metrics())
-        log.info("engine_started", engine="remote", url=self.url, server=self.server, model=self.model,
-                 max_model_len=self.max_model_len, seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+        log.info(
+            "engine_started",
+            engine="remote",
+            url=self.url,
+            server=self.server,
+            model=self.model,
+            max_model_len=self.max_model_len,
+            seconds=round(time.monotonic() - t0, 1),
+        )
 
     async def _wait_healthy(self, t0: float) -> None:
         import httpx
@@ -147,8 +154,16 @@ class RemoteEngine(GatedEngine):
         and top-p); vLLM reports raw ones unless started with ``--logprobs-mode
         processed_logprobs``. A nucleus of one token tells the two apart: its processed
         logprob is exactly 0, a raw one is below 0."""
-        body = {"model": self.model, "prompt": [0], "max_tokens": 1, "temperature": 1.0, "top_p": 1e-9,
-                "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}  # fmt: skip
+        body = {
+            "model": self.model,
+            "prompt": [0],
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "top_p": 1e-9,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
         out = await self._call("POST", "/v1/completions", json=body)
         _, lps = _chunk_tokens("logprobs-mode-check", out["choices"][0])
         if not lps or lps[0] < -1e-6:
@@ -192,8 +207,10 @@ class RemoteEngine(GatedEngine):
         super()._check_prompt(request_id, prompt_ids)
         self._require()
         if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
-            raise ValueError(f"RemoteEngine.generate({request_id!r}): prompt of {len(prompt_ids)} tokens does not "
-                             f"fit the server's max_model_len={self.max_model_len}")  # fmt: skip
+            raise ValueError(
+                f"RemoteEngine.generate({request_id!r}): prompt of {len(prompt_ids)} tokens does not "
+                f"fit the server's max_model_len={self.max_model_len}"
+            )
 
     async def _generate(self, segment_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
         body: dict[str, Any] = {
@@ -220,7 +237,7 @@ class RemoteEngine(GatedEngine):
         try:
             await task
         except asyncio.CancelledError:
-            if not task.cancelled() or asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            if not task.cancelled() or asyncio.current_task().cancelling():  # type: ignore[union-attr]  # run in a task: current_task() is one
                 raise  # the caller was cancelled, not the stream
             acc["finish"] = "abort"
         finally:
@@ -250,8 +267,10 @@ class RemoteEngine(GatedEngine):
                     if choice.get("finish_reason") is not None:
                         reason = _FINISH.get(choice["finish_reason"])
                         if reason is None:
-                            raise RemoteError(f"RemoteEngine.generate({segment_id!r}): unexpected finish reason "
-                                              f"{choice['finish_reason']!r}")  # fmt: skip
+                            raise RemoteError(
+                                f"RemoteEngine.generate({segment_id!r}): unexpected finish reason "
+                                f"{choice['finish_reason']!r}"
+                            )
                         acc["finish"] = reason
 
     async def _abort(self, segment_id: str) -> None:
@@ -298,11 +317,13 @@ class RemoteEngine(GatedEngine):
         return out
 
     async def _load_weights(self, prepared: object) -> int:
-        path = str(Path(prepared).resolve())  # type: ignore[arg-type]
+        path = str(Path(prepared).resolve())  # type: ignore[arg-type]  # what _prepare_weights returned: a path
         if self.server == "vllm":
             await self._call("POST", "/pause", params={"mode": "wait"})
             try:
-                await self._call("POST", "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}})
+                await self._call(
+                    "POST", "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}}
+                )
                 await self._call("POST", "/reset_prefix_cache")
             finally:
                 await self._call("POST", "/resume")
@@ -325,9 +346,13 @@ def _chunk_tokens(segment_id: str, choice: dict[str, Any]) -> tuple[list[int], l
     if ids is None:  # servers without return_token_ids: tokens named "token_id:N"
         names = lp.get("tokens") or []
         if not all(isinstance(t, str) and t.startswith("token_id:") for t in names):
-            raise RemoteError(f"RemoteEngine.generate({segment_id!r}): the server returns neither token ids "
-                              "(return_token_ids) nor token_id:N names; it cannot serve token-exact episodes")  # fmt: skip
+            raise RemoteError(
+                f"RemoteEngine.generate({segment_id!r}): the server returns neither token ids "
+                "(return_token_ids) nor token_id:N names; it cannot serve token-exact episodes"
+            )
         ids = [int(t.split(":", 1)[1]) for t in names]
     if len(ids) != len(lps):
-        raise RemoteError(f"RemoteEngine.generate({segment_id!r}): {len(ids)} tokens but {len(lps)} logprobs in a chunk")
+        raise RemoteError(
+            f"RemoteEngine.generate({segment_id!r}): {len(ids)} tokens but {len(lps)} logprobs in a chunk"
+        )
     return [int(t) for t in ids], lps

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import structlog
@@ -20,8 +21,10 @@ from agentgym.actors.conversation import Conversation
 from agentgym.actors.critic import Critic, CritiqueLoop
 from agentgym.actors.engine import InferenceEngine, SamplingSpec
 from agentgym.envpool.pool import EnvFailure, EnvPool
+from agentgym.envpool.pool import Episode as PoolEpisode
 from agentgym.protocol import Episode, PartialEpisode, RolloutSpec, Ticket
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
+from agentgym.protocol.messages import EpisodeFinish
 from agentgym.protocol.vocab import banned_action_ids
 
 log = structlog.get_logger(__name__)
@@ -33,7 +36,7 @@ episode (token_limit) without being tokenized: a huge env output costs no tokeni
 
 async def play_episode(
     engine: InferenceEngine,
-    tokenizer: object,
+    tokenizer: Any,  # a transformers tokenizer (encode, decode, apply_chat_template)
     pool: EnvPool,
     ticket: Ticket,
     index: int,
@@ -64,7 +67,8 @@ async def play_episode(
     budget = min(spec.max_episode_tokens, getattr(engine, "max_model_len", None) or spec.max_episode_tokens)
     conv: Conversation | None = None
     turn_rewards: list[float] = []
-    finish, failure, success = "turn_limit", "", False
+    finish: EpisodeFinish = "turn_limit"
+    failure, success = "", False
     actions: list[str] = []
     last_obs = ""
     resumed_at = first_turn = 0
@@ -72,7 +76,7 @@ async def play_episode(
     # tickets are played without it unless critic.at_eval.
     cs = spec.critic
     loop = CritiqueLoop(critic, cs) if critic and cs and (ticket.split == "train" or cs.at_eval) else None
-    attempts = 1 + (cs.max_revisions if loop and loop.wants("retry") else 0)
+    attempts = 1 + (cs.max_revisions if cs and loop and loop.wants("retry") else 0)
     handable = loop is None and attempts == 1 and pool.replayable
     if resume is not None and not handable:
         resume = None
@@ -106,8 +110,9 @@ async def play_episode(
                     if not conv.add_observation(text, budget - 1 - conv.closing_tokens):
                         finish = "token_limit"
                         break
-                    if critique:
+                    if critique and loop:
                         loop.mark(mark, len(conv))
+                assert conv is not None  # set above: restored, started, or from the attempt before
                 if loop:
                     loop.transcript.append(("env", obs))
                 finish = "turn_limit"
@@ -120,24 +125,37 @@ async def play_episode(
                         finish = "token_limit"
                         break
                     if handable and stop is not None and stop.is_set():
-                        raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit), resumed_at=resumed_at)
+                        raise Interrupted(
+                            _partial(conv, turn_rewards, actions, last_obs, turn_limit), resumed_at=resumed_at
+                        )
                     rid = f"{ticket.group_id}/{index}/{turn}"
                     gen = await _generate(
-                        engine, rid, conv.prompt_ids,
+                        engine,
+                        rid,
+                        conv.prompt_ids,
                         # Each turn its own seed: the same seed every turn would correlate the turns.
-                        replace(sampling, max_tokens=min(spec.max_tokens_per_turn, room),
-                                seed=None if seed is None else seed + turn),
+                        replace(
+                            sampling,
+                            max_tokens=min(spec.max_tokens_per_turn, room),
+                            seed=None if seed is None else seed + turn,
+                        ),
                         stop if handable else None,
-                    )  # fmt: skip
-                    if isinstance(gen, int):  # asked to leave while sampling: that turn is dropped, the rest handed over
-                        raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit), dropped=gen,
-                                          resumed_at=resumed_at)  # fmt: skip
+                    )
+                    if isinstance(
+                        gen, int
+                    ):  # asked to leave while sampling: that turn is dropped, the rest handed over
+                        raise Interrupted(
+                            _partial(conv, turn_rewards, actions, last_obs, turn_limit),
+                            dropped=gen,
+                            resumed_at=resumed_at,
+                        )
                     conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                     action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                    for rnd in range(cs.max_revisions if loop and loop.wants("draft") else 0):
+                    for rnd in range(cs.max_revisions if cs and loop and loop.wants("draft") else 0):
                         # The critic reviews the proposal before it runs; on an objection the agent
                         # sees the critique (a masked observation) and proposes again. The draft
                         # stays a sampled turn with reward 0; only the last proposal is executed.
+                        assert loop is not None  # no rounds without one
                         critique = await loop.ask("draft", action, ep)
                         mark = len(conv)
                         if critique is None or not conv.add_observation(critique, budget - 1 - conv.closing_tokens):
@@ -145,9 +163,15 @@ async def play_episode(
                         loop.mark(mark, len(conv))
                         turn_rewards.append(0.0)
                         gen = await engine.generate(
-                            f"{ticket.group_id}/{index}/{turn}/r{rnd}", conv.prompt_ids,
-                            replace(sampling, max_tokens=max(1, min(spec.max_tokens_per_turn, budget - len(conv) - conv.closing_tokens))),
-                        )  # fmt: skip
+                            f"{ticket.group_id}/{index}/{turn}/r{rnd}",
+                            conv.prompt_ids,
+                            replace(
+                                sampling,
+                                max_tokens=max(
+                                    1, min(spec.max_tokens_per_turn, budget - len(conv) - conv.closing_tokens)
+                                ),
+                            ),
+                        )
                         conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
                         action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
                     result = await ep.step(action)
@@ -182,7 +206,7 @@ async def play_episode(
                         # (the last observation and the generation prompt, masked): PPO reads its
                         # bootstrap value V(s_end) there. No room for it: the token budget ended it.
                         finish = "token_limit"
-                    if critique and len(conv) > mark:
+                    if critique and loop and len(conv) > mark:
                         loop.mark(mark, len(conv))
             if success or finish == "token_limit" or resumed_at:
                 break
@@ -217,8 +241,9 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-async def _generate(engine: InferenceEngine, rid: str, prompt: list[int], sampling: SamplingSpec,
-                    stop: asyncio.Event | None):  # fmt: skip
+async def _generate(
+    engine: InferenceEngine, rid: str, prompt: list[int], sampling: SamplingSpec, stop: asyncio.Event | None
+):
     """``engine.generate``; when ``stop`` is set first, the turn gets ``TURN_GRACE_S`` more to
     finish, then it is aborted and the number of tokens it had sampled (dropped) is returned."""
     if stop is None:
@@ -239,30 +264,44 @@ async def _generate(engine: InferenceEngine, rid: str, prompt: list[int], sampli
     return len((await gen).token_ids)  # it returns with finish "abort" and the tokens so far
 
 
-def _partial(conv: Conversation, turn_rewards: list[float], actions: list[str], last_obs: str, turn_limit: int) -> PartialEpisode:
+def _partial(
+    conv: Conversation, turn_rewards: list[float], actions: list[str], last_obs: str, turn_limit: int
+) -> PartialEpisode:
     return PartialEpisode(
-        token_ids=pack(conv.token_ids, I32), logprobs=pack(conv.logprobs, F32), loss_mask=pack(conv.loss_mask, U8),
-        versions=pack(conv.versions, I32), turn_ends=pack([end for _, end in conv.turn_spans], I32),
-        turn_rewards=pack(turn_rewards, F32), actions=list(actions), observation_sha256=sha256(last_obs),
+        token_ids=pack(conv.token_ids, I32),
+        logprobs=pack(conv.logprobs, F32),
+        loss_mask=pack(conv.loss_mask, U8),
+        versions=pack(conv.versions, I32),
+        turn_ends=pack([end for _, end in conv.turn_spans], I32),
+        turn_rewards=pack(turn_rewards, F32),
+        actions=list(actions),
+        observation_sha256=sha256(last_obs),
         turn_limit=turn_limit,
-    )  # fmt: skip
+    )
 
 
-async def _replay(tokenizer: object, ep: object, system: str | None, p: PartialEpisode, ticket: Ticket, obs: str):
+async def _replay(tokenizer: Any, ep: PoolEpisode, system: str | None, p: PartialEpisode, ticket: Ticket, obs: str):
     """Step a fresh env (just reset, its first observation ``obs``) through ``p.actions``; returns
     the restored conversation and the last observation, or (None, "") when the env ended early
     or reached another observation."""
     done = False
     for action in p.actions:
-        result = await ep.step(action)  # type: ignore[attr-defined]
+        result = await ep.step(action)
         obs, done = result.observation, result.done
         if done:
             break
     if done or sha256(obs) != p.observation_sha256:
         log.warning("handover_replay_diverged", group=ticket.group_id, task=ticket.task_id, actions=len(p.actions))
         return None, ""
-    conv = Conversation.restore(tokenizer, system, unpack(p.token_ids, I32), unpack(p.loss_mask, U8),
-                                unpack(p.logprobs, F32), unpack(p.versions, I32), unpack(p.turn_ends, I32))  # fmt: skip
+    conv = Conversation.restore(
+        tokenizer,
+        system,
+        unpack(p.token_ids, I32),
+        unpack(p.loss_mask, U8),
+        unpack(p.logprobs, F32),
+        unpack(p.versions, I32),
+        unpack(p.turn_ends, I32),
+    )
     return conv, obs
 
 
@@ -275,8 +314,14 @@ def _eval_task(pool: EnvPool, ticket: Ticket) -> int:
 
 
 def _to_episode(
-    conv: Conversation | None, turn_rewards: list[float], finish: str, failure: str, success: bool, turn_limit: int
+    conv: Conversation | None,
+    turn_rewards: list[float],
+    finish: EpisodeFinish,
+    failure: str,
+    success: bool,
+    turn_limit: int,
 ) -> Episode:
+    turn_ends: list[int] | np.ndarray
     if conv is None:  # failed before the first observation
         ids = logps = vers = turn_ends = np.zeros(0)
         mask = np.zeros(0, dtype=np.uint8)
@@ -294,7 +339,7 @@ def _to_episode(
         turn_rewards=pack(rewards, F32),
         reward=float(sum(turn_rewards)),
         success=success,
-        finish=finish,  # type: ignore[arg-type]
+        finish=finish,
         turn_limit=turn_limit,
         failure=failure[:4000],
     )

@@ -36,16 +36,15 @@ from typing import TYPE_CHECKING
 import structlog
 import zmq.asyncio
 
-from agentgym.config import Config, model_fingerprint
 from agentgym.actors.concurrency import Concurrency, Signals
 from agentgym.actors.engines import load_tokenizer, make_engine
-from agentgym.observe.memstats import peak_memory
-from agentgym.actors.transport import RECONNECT_AFTER_S, ControlLink
 from agentgym.actors.playing import Players, Serving
+from agentgym.actors.transport import RECONNECT_AFTER_S, ControlLink
 from agentgym.actors.weight_sync import WeightSync
 from agentgym.auth.keys import ClientKeys, KeyFileError, load_public
+from agentgym.config import Config, model_fingerprint
 from agentgym.host import early_signals
-from agentgym.protocol.limits import actor_control_frame, agent_request_bytes
+from agentgym.observe.memstats import peak_memory
 from agentgym.protocol import (
     Ack,
     Grant,
@@ -58,6 +57,7 @@ from agentgym.protocol import (
     WeightsReady,
     Welcome,
 )
+from agentgym.protocol.limits import actor_control_frame, agent_request_bytes
 from agentgym.protocol.messages import LoraSpec
 
 if TYPE_CHECKING:
@@ -93,14 +93,20 @@ class Actor:
         self.keys = ClientKeys.load(cfg.actor.secret_key, cfg.actor.learner_key)  # None: plain TCP
         # Frames from the learner are capped by the rollout limits (protocol/limits.py): this
         # config's until the learner's Welcome says its own (connect() raises the cap to them).
-        self.link = ControlLink(self.ctx, cfg.actor.learner, self.actor_id, self.keys,
-                                max_frame=actor_control_frame(cfg.rollout.group_size, cfg.rollout.max_episode_tokens,
-                                                              cfg.actor.max_groups))  # fmt: skip
+        self.link = ControlLink(
+            self.ctx,
+            cfg.actor.learner,
+            self.actor_id,
+            self.keys,
+            max_frame=actor_control_frame(cfg.rollout.group_size, cfg.rollout.max_episode_tokens, cfg.actor.max_groups),
+        )
         self.relay_keys: ClientKeys | None = None
         """CURVE to this host's weight relay: this actor's pair, the relay's public key."""
         if cfg.actor.relay_key is not None:
             if self.keys is None:
-                raise KeyFileError("actor.relay_key needs actor.secret_key (the relay admits this actor by its key pair)")
+                raise KeyFileError(
+                    "actor.relay_key needs actor.secret_key (the relay admits this actor by its key pair)"
+                )
             self.relay_keys = ClientKeys(self.keys.public, self.keys.secret, load_public(cfg.actor.relay_key))
         self.welcome: Welcome | None = None
         """The learner's latest Welcome (connect() waits for the first)."""
@@ -142,10 +148,14 @@ class Actor:
     # ------------------------------------------------------------------ setup
     def hello(self, fingerprint: str) -> Hello:
         return Hello(
-            actor_id=self.actor_id, hostname=socket.gethostname(), pid=os.getpid(),
-            model_fingerprint=fingerprint, engine=self.cfg.actor.engine, max_groups=self.concurrency.target,
+            actor_id=self.actor_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            model_fingerprint=fingerprint,
+            engine=self.cfg.actor.engine,
+            max_groups=self.concurrency.target,
             session=self.session,
-        )  # fmt: skip
+        )
 
     def _model_dir(self, welcome: Welcome) -> Path:
         """The actor's own model directory if it has one, else the learner's (shared filesystem)."""
@@ -176,8 +186,13 @@ class Actor:
             self.link = ControlLink(self.ctx, self.cfg.actor.learner, self.actor_id, self.keys, max_frame=need)
             welcome = await self.link.handshake(self.hello(fp), self.cfg.actor.connect_timeout_s)
         self.welcome = welcome
-        log.info("actor_registered", actor=welcome.actor_index, actor_id=self.actor_id, run_id=welcome.run_id,
-                 mode=welcome.mode)  # fmt: skip
+        log.info(
+            "actor_registered",
+            actor=welcome.actor_index,
+            actor_id=self.actor_id,
+            run_id=welcome.run_id,
+            mode=welcome.mode,
+        )
         return welcome
 
     async def start_engine(self, model_dir: Path, lora: LoraSpec | None = None) -> Started:
@@ -189,8 +204,13 @@ class Actor:
         t1 = time.monotonic()
         self.engine = engine = make_engine(self.cfg, model_dir, lora=lora)  # actor.engine: vllm | remote | hf | sim
         await engine.start()
-        log.info("engine_started", model=str(model_dir), seconds=round(time.monotonic() - t0, 1),
-                 tokenizer_s=round(t1 - t0, 1), lora=lora is not None)  # fmt: skip
+        log.info(
+            "engine_started",
+            model=str(model_dir),
+            seconds=round(time.monotonic() - t0, 1),
+            tokenizer_s=round(t1 - t0, 1),
+            lora=lora is not None,
+        )
         return engine, tokenizer
 
     def _can_start_early(self) -> bool:
@@ -215,8 +235,13 @@ class Actor:
         if self.cfg.actor.agent_endpoint.enabled:  # the user's agent through an OpenAI-compatible endpoint
             from agentgym.actors.agent_runner import AgentRunner
 
-            self.agents = AgentRunner(self.cfg.actor.agent_endpoint, engine, tokenizer, self.stats,
-                                      max_request_bytes=agent_request_bytes(welcome.rollout.max_episode_tokens))  # fmt: skip
+            self.agents = AgentRunner(
+                self.cfg.actor.agent_endpoint,
+                engine,
+                tokenizer,
+                self.stats,
+                max_request_bytes=agent_request_bytes(welcome.rollout.max_episode_tokens),
+            )
             await self.agents.start()
         return Serving(engine=engine, tokenizer=tokenizer, agents=self.agents, spec=welcome.rollout, link=self.link)
 
@@ -265,13 +290,20 @@ class Actor:
             if drops := self.link.report_drops():  # connected again: say Hello (tickets, weights, resends)
                 self.stats["learner_connection_drops"] = self.stats.get("learner_connection_drops", 0) + drops
                 self.rehello.set()
-            await self.link.send(Heartbeat(
-                actor_id=self.actor_id, running_groups=self.players.running_groups,
-                weight_version=serving.engine.version if serving is not None else -1,
-                stats={**{k: float(v) for k, v in self.stats.items()}, "capacity": float(self.concurrency.target),
-                       **peak_memory(children=True)},
-                weights_version=self.weights.served[0], weights_digest=self.weights.served[1],
-            ))  # fmt: skip
+            await self.link.send(
+                Heartbeat(
+                    actor_id=self.actor_id,
+                    running_groups=self.players.running_groups,
+                    weight_version=serving.engine.version if serving is not None else -1,
+                    stats={
+                        **{k: float(v) for k, v in self.stats.items()},
+                        "capacity": float(self.concurrency.target),
+                        **peak_memory(children=True),
+                    },
+                    weights_version=self.weights.served[0],
+                    weights_digest=self.weights.served[1],
+                )
+            )
             if time.monotonic() - self.last_from_learner > welcome.actor_timeout_s:
                 log.warning("learner_silent", seconds=round(time.monotonic() - self.last_from_learner, 1))
                 self.rehello.set()
@@ -280,16 +312,27 @@ class Actor:
         """One tick of the concurrency controller; players and env pools follow its target."""
         load = serving.engine.load()
         before = self.concurrency.target
-        target = self.concurrency.update(Signals(
-            busy=self.players.running_groups, kv_cache_usage=load.kv_cache_usage, waiting=load.waiting,
-            running=load.running, headroom=self.learner_hint.get("headroom", -1.0),
-            stale=self.learner_hint.get("stale_groups", 0.0),
-        ))  # fmt: skip
+        target = self.concurrency.update(
+            Signals(
+                busy=self.players.running_groups,
+                kv_cache_usage=load.kv_cache_usage,
+                waiting=load.waiting,
+                running=load.running,
+                headroom=self.learner_hint.get("headroom", -1.0),
+                stale=self.learner_hint.get("stale_groups", 0.0),
+            )
+        )
         if target == before:
             return
         self.stats["capacity_changes"] = self.stats.get("capacity_changes", 0) + 1
-        log.info("capacity_changed", groups=target, previous=before, reason=self.concurrency.last_reason,
-                 kv_cache_usage=round(load.kv_cache_usage, 3), headroom=self.learner_hint.get("headroom"))  # fmt: skip
+        log.info(
+            "capacity_changed",
+            groups=target,
+            previous=before,
+            reason=self.concurrency.last_reason,
+            kv_cache_usage=round(load.kv_cache_usage, 3),
+            headroom=self.learner_hint.get("headroom"),
+        )
         if not self.cfg.actor.env_workers:  # pools sized by the players' count follow it
             self.players.grow_pools(target * serving.spec.group_size)
         self.players.wake_idle()
@@ -344,7 +387,9 @@ class Actor:
         # The learner's own model directory: the engine holds the weights of version 0 already
         # (set before the engine is up, so that a learner restart meanwhile can clear it).
         self.weights.synced = self._model_dir(welcome).resolve() == Path(welcome.model_path).resolve()
-        structlog.contextvars.bind_contextvars(actor=welcome.actor_index)  # here, not in connect's task: every later log names it
+        structlog.contextvars.bind_contextvars(
+            actor=welcome.actor_index
+        )  # here, not in connect's task: every later log names it
         try:
             async with asyncio.TaskGroup() as tg:
                 # Liveness first: an engine takes tens of seconds to start, and the learner must
@@ -371,8 +416,12 @@ class Actor:
         from agentgym.actors.handover import leave
 
         stop = await leave_asked
-        log.info("actor_leaving", reason=stop.reason, handover=self.cfg.actor.handover,
-                 running_groups=self.players.running_groups)  # fmt: skip
+        log.info(
+            "actor_leaving",
+            reason=stop.reason,
+            handover=self.cfg.actor.handover,
+            running_groups=self.players.running_groups,
+        )
         if self.cfg.actor.handover:
             await leave(self.players)  # live episodes stop at a turn boundary and are handed over
         raise stop
@@ -427,12 +476,24 @@ async def run_actor(cfg: Config, run_dir: Path, actor_id: str | None = None) -> 
     if actor.engine is not None and actor.agents is None:
         # Sampled but neither sent nor handed over: what leaving (or the run's end) threw away.
         s["sampled_tokens"] = actor.engine.sampled_tokens
-        s["sampled_tokens_lost"] = s["sampled_tokens"] - s.get("sampled_tokens_sent", 0) - s.get("sampled_tokens_handed_over", 0)
+        s["sampled_tokens_lost"] = (
+            s["sampled_tokens"] - s.get("sampled_tokens_sent", 0) - s.get("sampled_tokens_handed_over", 0)
+        )
     log.info("actor_stopped", reason=stop.reason, **actor.stats, acks=actor.ack_statuses)
     (run_dir / "actors").mkdir(parents=True, exist_ok=True)
     import json
 
-    (run_dir / "actors" / f"{actor.actor_id}.json").write_text(json.dumps(
-        {"actor_id": actor.actor_id, "reason": stop.reason, **actor.stats, "acks": actor.ack_statuses,
-         "unacked": len(actor.players.unacked), "memory": peak_memory()}, indent=2))  # fmt: skip
+    (run_dir / "actors" / f"{actor.actor_id}.json").write_text(
+        json.dumps(
+            {
+                "actor_id": actor.actor_id,
+                "reason": stop.reason,
+                **actor.stats,
+                "acks": actor.ack_statuses,
+                "unacked": len(actor.players.unacked),
+                "memory": peak_memory(),
+            },
+            indent=2,
+        )
+    )
     return stop.code

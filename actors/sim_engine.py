@@ -29,7 +29,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode
+from agentgym.actors.engine import EngineLoad, FinishReason, GatedEngine, Generation, SamplingSpec, UpdateMode
 from agentgym.protocol.weights import crc32
 
 TICK_S = 0.02
@@ -52,9 +52,15 @@ class SimEngine(GatedEngine):
     partial_updates = True
 
     def __init__(
-        self, *, vocab_size: int = 1000, tokens_per_s: float = 200.0, latency_s: float = 0.05, stop_p: float = 0.02,
-        seed: int = 0, update_mode: UpdateMode = "resume",
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        vocab_size: int = 1000,
+        tokens_per_s: float = 200.0,
+        latency_s: float = 0.05,
+        stop_p: float = 0.02,
+        seed: int = 0,
+        update_mode: UpdateMode = "resume",
+    ) -> None:
         super().__init__(update_mode)
         if vocab_size < 1:
             raise ValueError(f"SimEngine: vocab_size must be >= 1, got {vocab_size}")
@@ -99,7 +105,7 @@ class SimEngine(GatedEngine):
         base = None if spec.seed is None else spec.seed - len(prompt_ids)
         ids: list[int] = []
         logprobs: list[float] = []
-        finish = "length"
+        finish: FinishReason = "length"
         try:
             if await self._wait(stop, self.latency_s):
                 return Generation(ids, logprobs, self.version, "abort")
@@ -128,7 +134,7 @@ class SimEngine(GatedEngine):
         finally:
             self._stop.pop(segment_id, None)
             self.tokens_generated += len(ids)
-        return Generation(ids, logprobs, self.version, finish)  # type: ignore[arg-type]
+        return Generation(ids, logprobs, self.version, finish)
 
     @staticmethod
     async def _wait(stop: asyncio.Event, seconds: float) -> bool:

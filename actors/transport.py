@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import structlog
 import zmq
@@ -62,8 +63,13 @@ class ActorRejected(RuntimeError):
 
 
 def dealer_socket(
-    ctx: zmq.Context, addr: str, identity: bytes | None = None, keys: ClientKeys | None = None,
-    before_connect: Callable[[zmq.Socket], None] | None = None, plain: bool = False, max_frame: int | None = None,
+    ctx: zmq.Context,
+    addr: str,
+    identity: bytes | None = None,
+    keys: ClientKeys | None = None,
+    before_connect: Callable[[zmq.Socket], None] | None = None,
+    plain: bool = False,
+    max_frame: int | None = None,
 ) -> zmq.Socket:
     """A DEALER to ``addr`` with the actor's settings: routing id, CURVE keys, frame limit,
     linger, reconnect back-off (``before_connect`` runs just before the connect).
@@ -86,8 +92,12 @@ def dealer_socket(
     return s
 
 
-_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)  # fmt: skip
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 _MONITORED = _HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED
 
 
@@ -105,11 +115,13 @@ def _handshake_problem(event: int, keys: ClientKeys | None) -> str:
         return "the learner requires CURVE keys and this actor has none: set actor.secret_key and actor.learner_key (--secret-key, --learner-key)"
     if keys is not None:
         return "the CURVE handshake failed: actor.learner_key is not the public key of the learner at this address, or the learner has no keys"
-    return ("the connection handshake failed again and again: the learner may require CURVE keys (this actor has "
-            "none: set actor.secret_key and actor.learner_key), or it is not an agentgym learner of the same release")
+    return (
+        "the connection handshake failed again and again: the learner may require CURVE keys (this actor has "
+        "none: set actor.secret_key and actor.learner_key), or it is not an agentgym learner of the same release"
+    )
 
 
-def _send_parts(sock: zmq.Socket, frames: list[bytes], copy: bool) -> None:
+def _send_parts(sock: zmq.Socket, frames: Sequence[bytes | bytearray], copy: bool) -> None:
     """``sock.send_multipart(frames, NOBLOCK, copy=copy)`` without its per-part Python checks
     (~1.5 µs a message). Raises zmq.Again at the first part only: ZeroMQ takes the rest of a
     message whose first part it took."""
@@ -135,8 +147,9 @@ class ControlLink:
     """The actor's control DEALER, driven from the running asyncio loop; see the module docstring
     for the edge-trigger rules this class keeps."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, actor_id: str, keys: ClientKeys | None = None,
-                 max_frame: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, ctx: zmq.Context, addr: str, actor_id: str, keys: ClientKeys | None = None, max_frame: int | None = None
+    ) -> None:
         self.addr = addr
         self.keys = keys
         self.max_frame = max_frame or max_frame_bytes()
@@ -155,12 +168,15 @@ class ControlLink:
             self._monitor.connect(monitor_addr)
 
         # A plain socket on the caller's context (asyncio or not): no Future per call.
-        self.sock: zmq.Socket = dealer_socket(ctx, addr, actor_id.encode(), keys, watch, plain=True,
-                                              max_frame=self.max_frame)  # fmt: skip
-        self._fd: int = self.sock.getsockopt(zmq.FD)
+        self.sock: zmq.Socket = dealer_socket(
+            ctx, addr, actor_id.encode(), keys, watch, plain=True, max_frame=self.max_frame
+        )
+        self._fd: int = cast(int, self.sock.getsockopt(zmq.FD))
         self._loop: asyncio.AbstractEventLoop | None = None  # where the FD is watched, from the first wait on
         self._readers: list[asyncio.Future[None]] = []  # receives asleep until a message waits
-        self._senders: deque[tuple[list[bytes], bool, asyncio.Future[None]]] = deque()  # sends waiting for room, in order
+        self._senders: deque[tuple[Sequence[bytes | bytearray], bool, asyncio.Future[None]]] = (
+            deque()
+        )  # sends waiting for room, in order
         self._scratch = bytearray()  # where send() encodes; see there
         self.bad_messages = 0
 
@@ -183,7 +199,7 @@ class ControlLink:
         """Give the waiters what a fresh look at ``EVENTS`` allows. Runs when the FD signals, and
         after any call on the socket while someone waits: that call may have taken the signal."""
         while True:
-            events = self.sock.getsockopt(EVENTS)
+            events = cast(int, self.sock.getsockopt(EVENTS))
             # The sends may have taken a signal: a message's, or that of room freed meanwhile,
             # which the look after them then finds and must act on (nothing signals it again).
             if not (self._senders and events & POLLOUT and self._flush()):
@@ -209,7 +225,7 @@ class ControlLink:
             except zmq.Again:
                 # Asleep again only after a look at EVENTS found no room (it arms the signal).
                 # (One retry if it did find room: the signal is armed either way, no spin.)
-                if not retried and sock.getsockopt(EVENTS) & POLLOUT:
+                if not retried and cast(int, sock.getsockopt(EVENTS)) & POLLOUT:
                     retried = True
                     continue
                 break
@@ -259,8 +275,12 @@ class ControlLink:
         self._read_monitor()
         drops, self._drops = self._drops, []
         for peer in drops:
-            log.warning("learner_connection_dropped", peer=peer, frame_cap_bytes=self.max_frame,
-                        why="a frame from the peer over frame_cap_bytes (refused unread), or the peer or network went away; reconnecting")  # fmt: skip
+            log.warning(
+                "learner_connection_dropped",
+                peer=peer,
+                frame_cap_bytes=self.max_frame,
+                why="a frame from the peer over frame_cap_bytes (refused unread), or the peer or network went away; reconnecting",
+            )
         if drops:
             self._reconnect_at = time.monotonic() + RECONNECT_AFTER_S
         if self._reconnect_at is not None and time.monotonic() >= self._reconnect_at:
@@ -285,13 +305,13 @@ class ControlLink:
         # goes without a copy, or waits in line, keeps the buffer, and the next one gets a new one.
         frames = encode_into(msg, self._scratch)
         copy = len(self._scratch) < COPY_BELOW
-        sent = self._send_now(frames, copy)  # type: ignore[arg-type]
+        sent = self._send_now(frames, copy)
         if not (sent and copy):
             self._scratch = bytearray()
         if not sent:
-            await self._wait_in_line(frames, copy)  # type: ignore[arg-type]
+            await self._wait_in_line(frames, copy)
 
-    def _send_now(self, frames: list[bytes], copy: bool) -> bool:
+    def _send_now(self, frames: Sequence[bytes | bytearray], copy: bool) -> bool:
         """Send at once if none wait in line and ZeroMQ has room; False otherwise."""
         if self._senders:
             return False
@@ -308,7 +328,7 @@ class ControlLink:
         if not self._send_now(frames, copy):
             await self._wait_in_line(frames, copy)
 
-    async def _wait_in_line(self, frames: list[bytes], copy: bool) -> None:
+    async def _wait_in_line(self, frames: Sequence[bytes | bytearray], copy: bool) -> None:
         """Wait behind the sends already waiting until ZeroMQ has room, then send (see _flush)."""
         loop = self._watch()
         fut = loop.create_future()
@@ -327,7 +347,7 @@ class ControlLink:
     async def _recv_frames(self) -> list[bytes]:
         sock = self.sock
         while True:
-            events = sock.getsockopt(EVENTS)
+            events = cast(int, sock.getsockopt(EVENTS))
             if self._senders and events & POLLOUT and self._flush():  # this look may have taken their signal
                 continue  # the sends may have taken a message's signal: look again
             if events & POLLIN:
@@ -359,13 +379,17 @@ class ControlLink:
                 return msg
             except VersionMismatch as exc:
                 # The learner's Reject of our Hello is framed in its own version: say both.
-                raise ActorRejected(f"learner at {self.addr} speaks agentgym protocol version {exc.theirs}, "
-                                    f"this actor {exc.ours}; run the same agentgym release on both") from None
+                raise ActorRejected(
+                    f"learner at {self.addr} speaks agentgym protocol version {exc.theirs}, "
+                    f"this actor {exc.ours}; run the same agentgym release on both"
+                ) from None
             except ProtocolError as exc:
                 self.bad_messages += 1
                 log.error("bad_message_from_learner", error=str(exc))
 
-    async def handshake(self, hello: Hello, timeout_s: float, on_other: Callable[[Message], None] | None = None) -> Welcome:
+    async def handshake(
+        self, hello: Hello, timeout_s: float, on_other: Callable[[Message], None] | None = None
+    ) -> Welcome:
         """Send Hello (again every 2 s) until Welcome; Reject raises, silence raises after timeout_s."""
         deadline, unanswered = time.monotonic() + timeout_s, 0
         while True:
@@ -374,9 +398,12 @@ class ControlLink:
                 raise LearnerUnreachable(
                     f"no agentgym learner answered at {self.addr} within {timeout_s:.0f} s "
                     "(is agentgym-learner running there, and is the port reachable? If the learner uses CURVE keys: "
-                    + ("is this actor's public key in its learner.authorized_keys directory, and actor.learner_key "
-                       "the learner's public key?)" if self.keys else "this actor has none: set actor.secret_key "
-                       "and actor.learner_key)")
+                    + (
+                        "is this actor's public key in its learner.authorized_keys directory, and actor.learner_key "
+                        "the learner's public key?)"
+                        if self.keys
+                        else "this actor has none: set actor.secret_key and actor.learner_key)"
+                    )
                 )
             try:
                 async with asyncio.timeout(min(2.0, left)):
@@ -388,7 +415,9 @@ class ControlLink:
                         if isinstance(msg, Welcome):
                             return msg
                         if isinstance(msg, Reject):
-                            raise ActorRejected(f"learner at {self.addr} rejected this actor ({msg.field}): {msg.reason}")
+                            raise ActorRejected(
+                                f"learner at {self.addr} rejected this actor ({msg.field}): {msg.reason}"
+                            )
                         if on_other is not None:
                             on_other(msg)
             except TimeoutError:

@@ -31,12 +31,20 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 import structlog
 
-from agentgym.actors.engine import EngineLoad, GatedEngine, Generation, SamplingSpec, UpdateMode, safetensors_files
+from agentgym.actors.engine import (
+    EngineLoad,
+    FinishReason,
+    GatedEngine,
+    Generation,
+    SamplingSpec,
+    UpdateMode,
+    safetensors_files,
+)
 from agentgym.actors.weight_files import save_safetensors, shm_dir
 
 if TYPE_CHECKING:
@@ -46,7 +54,7 @@ log = structlog.get_logger(__name__)
 
 _WORKER_EXTENSION = "agentgym.actors.vllm_worker_ext.WeightLoader"
 _LOAD_METHOD = "agentgym_load_safetensors"
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class VllmEngine(GatedEngine):
@@ -118,10 +126,16 @@ class VllmEngine(GatedEngine):
         # import_s: importing vLLM here; build_s: its engine core process started (on a GPU, with
         # a worker process of its own), the model loaded and the KV cache allocated.
         log.info(
-            "engine_started", engine="vllm", model=str(self.model_dir), on_cpu=self.on_cpu, dtype=self.dtype,
-            kv_cache_gib=self.kv_cache_gib, seconds=round(time.monotonic() - t0, 1), import_s=round(t1 - t0, 1),
+            "engine_started",
+            engine="vllm",
+            model=str(self.model_dir),
+            on_cpu=self.on_cpu,
+            dtype=self.dtype,
+            kv_cache_gib=self.kv_cache_gib,
+            seconds=round(time.monotonic() - t0, 1),
+            import_s=round(t1 - t0, 1),
             build_s=round(time.monotonic() - t1, 1),
-        )  # fmt: skip
+        )
 
     def _build(self, async_llm: Any, args: Any) -> Any:
         """``AsyncLLM`` from ``args``. On a CPU its worker runs inside the engine core process
@@ -162,7 +176,7 @@ class VllmEngine(GatedEngine):
             model=str(self.model_dir),
             tokenizer=str(self.model_dir),
             seed=self.seed,
-            dtype=self.dtype,
+            dtype=self.dtype,  # type: ignore[arg-type]  # model.dtype's values are all vLLM dtype names
             max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching,
             logprobs_mode="processed_logprobs",
@@ -239,7 +253,7 @@ class VllmEngine(GatedEngine):
         if reason is None:
             raise RuntimeError(f"VllmEngine.generate({segment_id!r}): unexpected finish reason {c.finish_reason!r}")
         ids = list(c.token_ids)
-        return Generation(ids, _sampled_logprobs(segment_id, ids, c.logprobs), self.version, reason)  # type: ignore[arg-type]
+        return Generation(ids, _sampled_logprobs(segment_id, ids, c.logprobs), self.version, reason)
 
     async def _abort(self, segment_id: str) -> None:
         if self._llm is not None:
@@ -272,7 +286,7 @@ class VllmEngine(GatedEngine):
 
     async def _load_weights(self, prepared: object) -> int:
         llm = self._require()
-        paths, tmp = prepared  # type: ignore[misc]
+        paths, tmp = cast("tuple[list[Path], Path | None]", prepared)  # as _prepare_weights made it
         try:
             counts = await llm.collective_rpc(_LOAD_METHOD, kwargs={"paths": [str(p) for p in paths]})
             # Prefix-cached KV was computed with the old weights: never serve it again.
@@ -338,7 +352,9 @@ class _LoadSink:
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
                 pass
 
-            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            def record(
+                self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+            ) -> None:
                 if scheduler_stats is not None:
                     sink.running = scheduler_stats.num_running_reqs
                     sink.waiting = scheduler_stats.num_waiting_reqs

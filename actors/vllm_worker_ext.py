@@ -40,5 +40,5 @@ class WeightLoader:
                         count += 1
                         yield name, f.get_tensor(name)
 
-        self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)  # type: ignore[attr-defined]  # the vLLM worker's, which this extension is mixed into
         return count

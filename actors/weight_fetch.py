@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import warnings
+from typing import cast
 
 import structlog
 import zmq.asyncio
@@ -37,10 +38,23 @@ def weights_addr(control_addr: str, port: int) -> str:
     return f"{control_addr.rsplit(':', 1)[0]}:{port}"
 
 
+def _dealer(ctx: zmq.asyncio.Context, addr: str, keys: ClientKeys | None, max_frame: int | None) -> zmq.asyncio.Socket:
+    # An asyncio context's socket: awaitable sends and receives (dealer_socket is typed for both kinds).
+    return cast(zmq.asyncio.Socket, dealer_socket(ctx, addr, keys=keys, max_frame=max_frame))
+
+
 async def fetch_weights(
-    ctx: zmq.asyncio.Context, addr: str | list[str], ready: WeightsReady, *, have_version: int = -1, window: int = 4,
-    timeout_s: float = 120.0, keys: ClientKeys | None | list[ClientKeys | None] = None, stall_s: float = 5.0,
-    into: WeightBuffers | None = None, max_frame: int | None = None,
+    ctx: zmq.asyncio.Context,
+    addr: str | list[str],
+    ready: WeightsReady,
+    *,
+    have_version: int = -1,
+    window: int = 4,
+    timeout_s: float = 120.0,
+    keys: ClientKeys | None | list[ClientKeys | None] = None,
+    stall_s: float = 5.0,
+    into: WeightBuffers | None = None,
+    max_frame: int | None = None,
 ) -> tuple[int, list[RawTensor]]:
     """Pull ``ready.version`` (``window`` requests in flight), each chunk checked by crc32 and
     copied once, from the received frame into its tensors' buffers (protocol/weights.py).
@@ -70,14 +84,14 @@ async def fetch_weights(
     if not sources or len(source_keys) != len(sources):
         raise ValueError(f"fetch_weights: {len(sources)} sources but {len(source_keys)} keys")
     at = 0
-    sock = dealer_socket(ctx, sources[at], keys=source_keys[at], max_frame=max_frame)
+    sock = _dealer(ctx, sources[at], source_keys[at], max_frame)
     try:
         version, num_chunks = ready.version, ready.num_chunks
         wanted = list(range(num_chunks))
         if have_version >= 0 and len(ready.chunk_versions) == num_chunks:
             wanted = [i for i, v in enumerate(ready.chunk_versions) if v > have_version]
         while True:
-            asm, got, in_flight = Assembler(into), set(), []
+            asm, got, in_flight = Assembler(into), set[int](), list[int]()
             todo = list(reversed(wanted))  # popped from the end: ascending
             deadline = time.monotonic() + timeout_s
             restart = None
@@ -99,11 +113,19 @@ async def fetch_weights(
                             f"weights v{version}: {len(got)}/{len(wanted)} chunks from {sources[at]} after {timeout_s:.0f} s"
                             + (f" (frames over {max_frame} bytes are refused unread)" if max_frame else "")
                         ) from None
-                    log.warning("weights_source_stalled", source=sources[at], next=sources[at + 1], version=version,
-                                chunks_done=len(got), chunks=len(wanted), stall_s=stall_s, frame_cap_bytes=max_frame)  # fmt: skip
+                    log.warning(
+                        "weights_source_stalled",
+                        source=sources[at],
+                        next=sources[at + 1],
+                        version=version,
+                        chunks_done=len(got),
+                        chunks=len(wanted),
+                        stall_s=stall_s,
+                        frame_cap_bytes=max_frame,
+                    )
                     sock.close(linger=0)
                     at += 1
-                    sock = dealer_socket(ctx, sources[at], keys=source_keys[at], max_frame=max_frame)
+                    sock = _dealer(ctx, sources[at], source_keys[at], max_frame)
                     todo += sorted(in_flight, reverse=True)  # asked again of the next source, first
                     in_flight = []
                     deadline = time.monotonic() + timeout_s
@@ -135,7 +157,7 @@ async def fetch_weights(
             log.info("weights_superseded", wanted=version, latest=restart)
             # Drain replies of the abandoned version, then ask for the new one's first chunk to learn its size.
             sock.close(linger=0)
-            sock = dealer_socket(ctx, sources[at], keys=source_keys[at], max_frame=max_frame)  # same model, same size
+            sock = _dealer(ctx, sources[at], source_keys[at], max_frame)  # same model, same size
             version, num_chunks, wanted = restart, 1, [0]
     finally:
         sock.close(linger=0)
@@ -153,7 +175,8 @@ def to_torch(raw: list[RawTensor]) -> dict:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
         return {
-            t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape) if len(t.data)
+            t.name: torch.frombuffer(t.data, dtype=dtypes[t.dtype]).reshape(t.shape)
+            if len(t.data)  # type: ignore[arg-type]  # bytes here, never a TensorSource
             else torch.empty(t.shape, dtype=dtypes[t.dtype])
             for t in raw
-        }  # fmt: skip
+        }

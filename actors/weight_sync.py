@@ -105,8 +105,13 @@ class WeightSync:
             if ready is None:  # a learner restart cleared it after it was set: wait for the next
                 continue
             if (ready.turn_limit, ready.turn_limits) != (self.turn_limit, self.turn_limits):
-                log.info("turn_limits_changed", version=ready.version, turn_limit=ready.turn_limit,
-                         per_env=dict(ready.turn_limits), previous=self.turn_limit)  # fmt: skip
+                log.info(
+                    "turn_limits_changed",
+                    version=ready.version,
+                    turn_limit=ready.turn_limit,
+                    per_env=dict(ready.turn_limits),
+                    previous=self.turn_limit,
+                )
             # Episodes that start from now on play these (set before the engine's version moves, so
             # a player waiting for this version starts with them); running ones keep theirs.
             self.turn_limit, self.turn_limits = ready.turn_limit, dict(ready.turn_limits)
@@ -126,9 +131,16 @@ class WeightSync:
         # An engine that loads a subset of tensors fetches only what changed since its version.
         have = engine.version if self.synced and engine.partial_updates else -1
         try:
-            version, raw = await fetch_weights(self.ctx, sources, ready, have_version=have, keys=source_keys,
-                                               stall_s=self.cfg.relay_stall_s, into=self.buffers,
-                                               max_frame=weights_frame(ready.total_bytes, ready.tensors))  # fmt: skip
+            version, raw = await fetch_weights(
+                self.ctx,
+                sources,
+                ready,
+                have_version=have,
+                keys=source_keys,
+                stall_s=self.cfg.relay_stall_s,
+                into=self.buffers,
+                max_frame=weights_frame(ready.total_bytes, ready.tensors),
+            )
         except TimeoutError as exc:  # no source delivered (or each sent frames over the cap): try again
             self.stats["weight_fetch_failures"] = self.stats.get("weight_fetch_failures", 0) + 1
             log.error("weights_fetch_failed", version=ready.version, error=str(exc))
@@ -145,9 +157,15 @@ class WeightSync:
         whole = ready.tensors > 0 and engine.digest_tensors == ready.tensors
         self.served = (version, engine.weights_digest if whole else -1)
         self.stats["weight_updates"] += 1
-        log.info("weights_updated", version=version, fetch_s=round(t1 - t0, 3), load_s=round(time.monotonic() - t1, 3),
-                 mib=round(sum(tensor_nbytes(t.dtype, t.shape) for t in raw) / 2**20, 2), tensors=len(raw),
-                 kept_mib=round(self.buffers.nbytes / 2**20, 1))  # fmt: skip
+        log.info(
+            "weights_updated",
+            version=version,
+            fetch_s=round(t1 - t0, 3),
+            load_s=round(time.monotonic() - t1, 3),
+            mib=round(sum(tensor_nbytes(t.dtype, t.shape) for t in raw) / 2**20, 2),
+            tensors=len(raw),
+            kept_mib=round(self.buffers.nbytes / 2**20, 1),
+        )
         return True
 
     async def wait_version(self, engine: GatedEngine, version: int) -> None:

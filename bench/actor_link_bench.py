@@ -106,8 +106,10 @@ def main() -> int:
     raw = sorted(cpu["raw pyzmq"])
     for name, got in cpu.items():
         got.sort()
-        print(f"{name}: CPU per rollout best {got[0]:.1f} µs, median {got[len(got) // 2]:.1f} µs "
-              f"({got[0] / raw[0]:.2f}x / {got[len(got) // 2] / raw[len(raw) // 2]:.2f}x raw)")  # fmt: skip
+        print(
+            f"{name}: CPU per rollout best {got[0]:.1f} µs, median {got[len(got) // 2]:.1f} µs "
+            f"({got[0] / raw[0]:.2f}x / {got[len(got) // 2] / raw[len(raw) // 2]:.2f}x raw)"
+        )
     return 0
 
 

@@ -32,8 +32,8 @@ async def main(args: argparse.Namespace) -> None:
     from agentgym.actors.rollout import play_episode
     from agentgym.config.actor import AgentEndpointConfig
     from agentgym.envpool.pool import EnvPool
-    from agentgym.protocol import RolloutSpec, Ticket
     from agentgym.models.tiny import make_default_tiny_model
+    from agentgym.protocol import RolloutSpec, Ticket
 
     model_dir = make_default_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -45,11 +45,25 @@ async def main(args: argparse.Namespace) -> None:
         from agentgym.actors.sim_engine import SimEngine
 
         engine = SimEngine(vocab_size=len(tok), tokens_per_s=200, latency_s=0.02, seed=0)
-    spec = RolloutSpec(group_size=args.group_size, max_tokens_per_turn=1, max_episode_tokens=256, temperature=1.0,
-                       top_p=1.0, env_kwargs={"guess_number": {"low": 1, "high": 8}})  # fmt: skip
+    spec = RolloutSpec(
+        group_size=args.group_size,
+        max_tokens_per_turn=1,
+        max_episode_tokens=256,
+        temperature=1.0,
+        top_p=1.0,
+        env_kwargs={"guess_number": {"low": 1, "high": 8}},
+    )
     stats: dict[str, int] = {}
-    runner = AgentRunner(AgentEndpointConfig(enabled=True, program=f"{REPO / 'examples' / 'guess_number_agent.py'}:play",
-                                             max_agents=args.groups * args.group_size), engine, tok, stats)  # fmt: skip
+    runner = AgentRunner(
+        AgentEndpointConfig(
+            enabled=True,
+            program=f"{REPO / 'examples' / 'guess_number_agent.py'}:play",
+            max_agents=args.groups * args.group_size,
+        ),
+        engine,
+        tok,
+        stats,
+    )
     pool = EnvPool("guess_number", {"low": 1, "high": 8}, args.groups * args.group_size)
     await engine.start()
     await runner.start()
@@ -58,13 +72,20 @@ async def main(args: argparse.Namespace) -> None:
 
     async def round_(kind: str) -> float:
         nonlocal task
-        tickets = [Ticket(group_id=f"{kind}{task + g}", env="guess_number", task_id=task + g) for g in range(args.groups)]
+        tickets = [
+            Ticket(group_id=f"{kind}{task + g}", env="guess_number", task_id=task + g) for g in range(args.groups)
+        ]
         task += args.groups
         t0 = time.perf_counter()
-        eps = await asyncio.gather(*(
-            runner.play(t, i, spec, args.turns) if kind == "endpoint" else play_episode(engine, tok, pool, t, i, spec, args.turns)
-            for t in tickets for i in range(spec.group_size)
-        ))  # fmt: skip
+        eps = await asyncio.gather(
+            *(
+                runner.play(t, i, spec, args.turns)
+                if kind == "endpoint"
+                else play_episode(engine, tok, pool, t, i, spec, args.turns)
+                for t in tickets
+                for i in range(spec.group_size)
+            )
+        )
         dt = time.perf_counter() - t0
         assert all(e.finish != "env_failure" for e in eps), [e.failure for e in eps if e.failure][:2]
         return len(eps) / dt
@@ -87,8 +108,10 @@ async def main(args: argparse.Namespace) -> None:
     print(f"native    episodes/s  median {nat:7.1f}  rounds {[round(x, 1) for x in rates['native']]}")
     print(f"endpoint  episodes/s  median {end:7.1f}  rounds {[round(x, 1) for x in rates['endpoint']]}")
     print(f"ratio endpoint/native {end / nat:.2f}")
-    print(f"calls/episode {calls / eps_n:.2f}  prefix breaks {stats.get('agent_prefix_breaks', 0)} "
-          f"of {calls - eps_n} calls after the first (rate {stats.get('agent_prefix_breaks', 0) / max(1, calls - eps_n):.3f})")
+    print(
+        f"calls/episode {calls / eps_n:.2f}  prefix breaks {stats.get('agent_prefix_breaks', 0)} "
+        f"of {calls - eps_n} calls after the first (rate {stats.get('agent_prefix_breaks', 0) / max(1, calls - eps_n):.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -38,10 +38,28 @@ def _mean(recs: list[dict], key: str) -> float:
 def run(algorithm: str, config: Path, steps: int, actors: int, out: Path, extra: list[str]) -> dict[str, float]:
     run_dir = out / algorithm
     port = free_port_pair()
-    overrides = [f'learner.bind="tcp://127.0.0.1:{port}"', f'learner.algorithm="{algorithm}"',
-                 "eval.at_start=true", "eval.at_end=true", "eval.every=0", *extra]  # fmt: skip
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(config), "--max-steps", str(steps),
-           "--actors", str(actors), "--run-dir", str(run_dir)]  # fmt: skip
+    overrides = [
+        f'learner.bind="tcp://127.0.0.1:{port}"',
+        f'learner.algorithm="{algorithm}"',
+        "eval.at_start=true",
+        "eval.at_end=true",
+        "eval.every=0",
+        *extra,
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--config",
+        str(config),
+        "--max-steps",
+        str(steps),
+        "--actors",
+        str(actors),
+        "--run-dir",
+        str(run_dir),
+    ]
     for o in overrides:
         cmd += ["-o", o]
     print(f"[{algorithm}] {' '.join(cmd[2:])}", flush=True)

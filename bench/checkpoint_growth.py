@@ -50,14 +50,20 @@ def main() -> int:
     from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
     from agentgym.learner.service import Learner
-    from agentgym.protocol import Rollout
     from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
+    from agentgym.protocol import Rollout
 
     work = Path(tempfile.mkdtemp(prefix="growth-"))
     model = make_tiny_model(work / "model", corpus=FALLBACK_CORPUS, seed=0)
     group = 2
-    cfg = make_cfg(model, f"rollout.group_size={group}", "learner.batch_groups=8", "learner.max_staleness=2",
-                   "learner.ticket_deadline_min_s=0.005", "learner.ticket_deadline_max_s=0.005")  # fmt: skip
+    cfg = make_cfg(
+        model,
+        f"rollout.group_size={group}",
+        "learner.batch_groups=8",
+        "learner.max_staleness=2",
+        "learner.ticket_deadline_min_s=0.005",
+        "learner.ticket_deadline_max_s=0.005",
+    )
     ln = Learner(cfg, work / "run", trainer=None, hub=Hub())
     rng = random.Random(0)
     names = [f"sim{i}" for i in range(args.actors)]
@@ -65,7 +71,7 @@ def main() -> int:
         ln.sched.register(a, a.encode(), "h", 8, session=a)
     ln.control.grant()
     rows, t0 = [], time.monotonic()
-    known: dict = {}  # type: ignore[type-arg]  # tickets the actors were granted, by group id
+    known: dict = {}  # tickets the actors were granted, by group id
     for step in range(1, args.steps + 1):
         for a in names:
             state = ln.sched.actors[a]
@@ -76,8 +82,16 @@ def main() -> int:
             for t in [*state.outstanding.values(), *late]:
                 status = rng.random()
                 token = GOOD if status > 0.02 else 10**9  # 2% invalid (out of the vocabulary)
-                eps = [episode(PROMPTS[i % 2], [[token]], [float(i % 2)], version=max(0, ln.version - (status < 0.01) * 9),
-                               behav=[-0.7]) for i in range(group)]  # fmt: skip
+                eps = [
+                    episode(
+                        PROMPTS[i % 2],
+                        [[token]],
+                        [float(i % 2)],
+                        version=max(0, ln.version - (status < 0.01) * 9),
+                        behav=[-0.7],
+                    )
+                    for i in range(group)
+                ]
                 r = Rollout(group_id=t.group_id, actor_id=a, env=t.env, task_id=t.task_id, episodes=eps)
                 ln.control.on_rollout(a.encode(), r)
                 if status > 0.97:
@@ -95,12 +109,20 @@ def main() -> int:
             if not args.no_compact:
                 ln.ledger.compact(max(0, step - 2 * args.checkpoint_every))  # the oldest of 3 kept
             if step in (100, 1000, 5000, args.steps) or step % 2000 == 0:
-                rows.append({"step": step, "checkpoint_state_bytes": len(state), "journal_bytes": ln.ledger.path.stat().st_size,
-                             "ledger_tickets": len(ln.ledger.tickets), "seen_kept": len(ln.control.seen),
-                             # what the dedupe state was before it was compacted: every answered id
-                             "seen_as_id_list_bytes": len(json.dumps([f"{ln.run_id}:{n}" for n in range(ln.sched.issued)])),
-                             "issued": ln.sched.issued, "late_answers": ln.sched.late_answers,
-                             "seconds": round(time.monotonic() - t0, 1)})  # fmt: skip
+                rows.append(
+                    {
+                        "step": step,
+                        "checkpoint_state_bytes": len(state),
+                        "journal_bytes": ln.ledger.path.stat().st_size,
+                        "ledger_tickets": len(ln.ledger.tickets),
+                        "seen_kept": len(ln.control.seen),
+                        # what the dedupe state was before it was compacted: every answered id
+                        "seen_as_id_list_bytes": len(json.dumps([f"{ln.run_id}:{n}" for n in range(ln.sched.issued)])),
+                        "issued": ln.sched.issued,
+                        "late_answers": ln.sched.late_answers,
+                        "seconds": round(time.monotonic() - t0, 1),
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
     ln.ledger.close()
     args.out.write_text(json.dumps(rows, indent=2))

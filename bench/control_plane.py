@@ -59,22 +59,73 @@ def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path
     work.mkdir(parents=True, exist_ok=True)
     batch = 8 if mode == "train" else 1_000_000
     learner = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.learner.main", "--config", str(ROOT / "configs/quickstart.toml"), "--run-dir",
-         str(work / "run"), "--bind", f"tcp://127.0.0.1:{port}", "--log-level", "warning",
-         *[a for o in (f'model.path="{model}"', "model.create_tiny=false", "eval.at_start=false", "eval.at_end=false", "eval.every=0",
-                       "learner.log_episodes=0", "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
-                       f"learner.batch_groups={batch}", "rollout.group_size=4", "run.max_steps=100000",
-                       "learner.actor_timeout_s=120", "learner.max_staleness=4") for a in ("-o", o)]],
-        cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.learner.main",
+            "--config",
+            str(ROOT / "configs/quickstart.toml"),
+            "--run-dir",
+            str(work / "run"),
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+            *[
+                a
+                for o in (
+                    f'model.path="{model}"',
+                    "model.create_tiny=false",
+                    "eval.at_start=false",
+                    "eval.at_end=false",
+                    "eval.every=0",
+                    "learner.log_episodes=0",
+                    "learner.checkpoint_every=0",
+                    "learner.checkpoint_minutes=0",
+                    f"learner.batch_groups={batch}",
+                    "rollout.group_size=4",
+                    "run.max_steps=100000",
+                    "learner.actor_timeout_s=120",
+                    "learner.max_staleness=4",
+                )
+                for a in ("-o", o)
+            ],
+        ],
+        cwd=ROOT,
+        stdout=open(work / "learner.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     fleets, files = [], []
     try:
         for i, start in enumerate(range(0, n, 64)):
             f = work / f"fleet-{i}.json"
             files.append(f)
-            fleets.append(subprocess.Popen(
-                [sys.executable, "-m", "agentgym.cluster.play_fleet", "--learner", f"tcp://127.0.0.1:{port}", "--model", str(model),
-                 "--count", str(min(64, n - start)), "--prefix", f"p{i}", "--max-groups", "1", "--latency", str(args.latency),
-                 "--out", str(f)], cwd=ROOT, stdout=open(work / f"fleet-{i}.log", "w"), stderr=subprocess.STDOUT))  # fmt: skip
+            fleets.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "agentgym.cluster.play_fleet",
+                        "--learner",
+                        f"tcp://127.0.0.1:{port}",
+                        "--model",
+                        str(model),
+                        "--count",
+                        str(min(64, n - start)),
+                        "--prefix",
+                        f"p{i}",
+                        "--max-groups",
+                        "1",
+                        "--latency",
+                        str(args.latency),
+                        "--out",
+                        str(f),
+                    ],
+                    cwd=ROOT,
+                    stdout=open(work / f"fleet-{i}.log", "w"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
         time.sleep(args.warmup)
         c0, cpu0, t0 = counts(files), cpu_s(learner.pid), time.time()
         time.sleep(args.window)
@@ -93,12 +144,19 @@ def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path
     messages = sum(v for k, v in d.items() if k.startswith("recv_") or k.endswith("_sent"))
     cpu = cpu1 - cpu0
     return {
-        "actors": n, "mode": mode, "window_s": dt,
-        "offered_groups_per_s": d.get("rollouts_sent", 0) / dt, "accepted_groups_per_s": d.get("ack_accepted", 0) / dt,
-        "tickets_per_s": d.get("tickets", 0) / dt, "heartbeats_per_s": d.get("heartbeats_sent", 0) / dt,
-        "messages_per_s": messages / dt, "learner_cpu": cpu / dt, "cpu_ms_per_message": 1000 * cpu / max(messages, 1),
-        "steps_per_s": steps(work / "run" / "metrics.jsonl", t0, t1) / dt, "acks": {k: v for k, v in d.items() if k.startswith("ack_")},
-    }  # fmt: skip
+        "actors": n,
+        "mode": mode,
+        "window_s": dt,
+        "offered_groups_per_s": d.get("rollouts_sent", 0) / dt,
+        "accepted_groups_per_s": d.get("ack_accepted", 0) / dt,
+        "tickets_per_s": d.get("tickets", 0) / dt,
+        "heartbeats_per_s": d.get("heartbeats_sent", 0) / dt,
+        "messages_per_s": messages / dt,
+        "learner_cpu": cpu / dt,
+        "cpu_ms_per_message": 1000 * cpu / max(messages, 1),
+        "steps_per_s": steps(work / "run" / "metrics.jsonl", t0, t1) / dt,
+        "acks": {k: v for k, v in d.items() if k.startswith("ack_")},
+    }
 
 
 def main() -> int:
@@ -122,13 +180,27 @@ def main() -> int:
             row = run_one(n, mode, model, args, args.out / f"{mode}-{n}", port)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    (args.out / "control_plane.json").write_text(json.dumps({"rows": rows, "loadavg_before": load, "loadavg_after": os.getloadavg(),
-                                                             "latency_s": args.latency, "window_s": args.window}, indent=2))  # fmt: skip
-    print("\n| N | learner | offered groups/s | accepted groups/s | tickets/s | heartbeats/s | messages/s | learner CPU (s/s) | CPU ms/message | steps/s |")
+    (args.out / "control_plane.json").write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "loadavg_before": load,
+                "loadavg_after": os.getloadavg(),
+                "latency_s": args.latency,
+                "window_s": args.window,
+            },
+            indent=2,
+        )
+    )
+    print(
+        "\n| N | learner | offered groups/s | accepted groups/s | tickets/s | heartbeats/s | messages/s | learner CPU (s/s) | CPU ms/message | steps/s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['actors']} | {r['mode']} | {r['offered_groups_per_s']:.1f} | {r['accepted_groups_per_s']:.1f} | {r['tickets_per_s']:.1f} | "
-              f"{r['heartbeats_per_s']:.1f} | {r['messages_per_s']:.0f} | {r['learner_cpu']:.2f} | {r['cpu_ms_per_message']:.2f} | {r['steps_per_s']:.2f} |")
+        print(
+            f"| {r['actors']} | {r['mode']} | {r['offered_groups_per_s']:.1f} | {r['accepted_groups_per_s']:.1f} | {r['tickets_per_s']:.1f} | "
+            f"{r['heartbeats_per_s']:.1f} | {r['messages_per_s']:.0f} | {r['learner_cpu']:.2f} | {r['cpu_ms_per_message']:.2f} | {r['steps_per_s']:.2f} |"
+        )
     print(f"\nload average before {load}, after {os.getloadavg()}, {os.cpu_count()} CPUs")
     return 0
 

@@ -47,9 +47,14 @@ def probe(model_dir: Path, tasks: int, depth: int, distractors: int) -> dict[str
         assert world is not None
         prompt = list(Conversation.start(tok, env.instructions() or None, first).token_ids)
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=end,
-                                 pad_token_id=tok.pad_token_id or 0)  # fmt: skip
-        action = tok.decode(out[0, len(prompt):], skip_special_tokens=True).strip()
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=32,
+                do_sample=False,
+                eos_token_id=end,
+                pad_token_id=tok.pad_token_id or 0,
+            )
+        action = tok.decode(out[0, len(prompt) :], skip_special_tokens=True).strip()
         crafted = re.match(r"craft \d+ (.+?) using ", action)
         raws = {i for r in world.recipes.values() for i, _ in r.ingredients}
         if action in world.book:
@@ -67,8 +72,12 @@ def probe(model_dir: Path, tasks: int, depth: int, distractors: int) -> dict[str
             pred = logits[len(prompt) + 2 : len(prompt) + len(ids) - 1].argmax(-1)
             right += int((pred == torch.tensor(ids[3:])).sum())
             total += len(ids) - 3
-    return {"model": str(model_dir), "tasks": tasks, "first_action": dict(kinds),
-            "teacher_forced_copy_accuracy": round(right / total, 3)}  # fmt: skip
+    return {
+        "model": str(model_dir),
+        "tasks": tasks,
+        "first_action": dict(kinds),
+        "teacher_forced_copy_accuracy": round(right / total, 3),
+    }
 
 
 def main() -> None:

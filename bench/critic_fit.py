@@ -42,8 +42,8 @@ from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.advantages import gae  # noqa: E402
 from agentgym.learner.algorithms import explained_variance  # noqa: E402
 from agentgym.learner.batch import Batch, collate, trainable_episodes  # noqa: E402
-from agentgym.learner.policy import load_causal_lm  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
+from agentgym.learner.policy import load_causal_lm  # noqa: E402
 from agentgym.learner.value_model import ValueHead, align_values, build_value_model  # noqa: E402
 from agentgym.protocol import Rollout, Ticket  # noqa: E402
 
@@ -59,6 +59,7 @@ async def play(policy: Path, task_ids: list[int], turn_limit: int, seed: int) ->
     await engine.start()
     await pool.start()
     try:
+
         async def group(t: Ticket) -> Rollout:
             eps = await asyncio.gather(*(play_episode(engine, tok, pool, t, i, spec, turn_limit) for i in range(8)))
             return Rollout(group_id=t.group_id, actor_id="fit", env=t.env, task_id=t.task_id, episodes=list(eps))
@@ -78,7 +79,7 @@ def reward_with_shaping(b: Batch, tasks: torch.Tensor, shaping: float, tok: obje
         env = GuessNumber(shaping=shaping)
         env.reset(int(tasks[row]))
         for t in (b.loss_mask[row] != 0).nonzero().flatten().tolist():
-            rewards[row, t] = env.step(tok.decode([int(b.input_ids[row, t])])).reward  # type: ignore[attr-defined]
+            rewards[row, t] = env.step(tok.decode([int(b.input_ids[row, t])])).reward  # type: ignore[attr-defined]  # tok: a transformers tokenizer, typed object here
     return Batch(**{**b.tensors(), "token_rewards": rewards, "rewards": rewards.sum(-1)})
 
 
@@ -96,7 +97,7 @@ def state_keys(b: Batch, targets: list[int], tok: object) -> list[list[tuple]]:
         lo, hi, guesses, keys = 1, 8, (), []
         for turn, t in enumerate((b.loss_mask[row] != 0).nonzero().flatten().tolist()):
             keys.append((turn, lo, hi, guesses, tuple(b.input_ids[row, :t].tolist())))
-            g = parse_number(tok.decode([int(b.input_ids[row, t])]))  # type: ignore[attr-defined]
+            g = parse_number(tok.decode([int(b.input_ids[row, t])]))  # type: ignore[attr-defined]  # tok: a transformers tokenizer, typed object here
             guesses = (*guesses, g)
             if g is not None and 1 <= g <= 8 and g < targets[row]:
                 lo = max(lo, g + 1)
@@ -106,8 +107,9 @@ def state_keys(b: Batch, targets: list[int], tok: object) -> list[list[tuple]]:
     return out
 
 
-def table_ev(fit_b: Batch, eval_b: Batch, fit_keys: list[list[tuple]], eval_keys: list[list[tuple]], depth: int,
-             shrink: float) -> tuple[float, float, torch.Tensor]:  # fmt: skip
+def table_ev(
+    fit_b: Batch, eval_b: Batch, fit_keys: list[list[tuple]], eval_keys: list[list[tuple]], depth: int, shrink: float
+) -> tuple[float, float, torch.Tensor]:
     """EV on ``eval_b`` of V(s) = the mean return of ``fit_b``'s agent tokens with the same key
     (the first ``depth`` fields of :func:`state_keys`), shrunk towards the mean of the key one
     field shorter by ``shrink`` pseudo-counts; unseen keys predict their parent's mean. Fitted
@@ -162,8 +164,9 @@ def values_of(critic: torch.nn.Module, b: Batch) -> torch.Tensor:
     return align_values(critic.state_values(None, b.input_ids, b.attention_mask), b.attention_mask)[0]
 
 
-def fit(name: str, critic: torch.nn.Module, train: Batch, test: Batch, epochs: int, lr: float, report: int,
-        mb: int = 64) -> None:  # fmt: skip
+def fit(
+    name: str, critic: torch.nn.Module, train: Batch, test: Batch, epochs: int, lr: float, report: int, mb: int = 64
+) -> None:
     opt = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad], lr=lr)
     g_tr, g_te = mc_returns(train), mc_returns(test)
     gen = torch.Generator().manual_seed(0)
@@ -217,13 +220,17 @@ def main() -> int:
     targets = [random.Random(int(t)).randint(1, 8) for t in tasks.tolist()]
     tok = AutoTokenizer.from_pretrained(args.policy)
     if args.shaping:
-        train, test = (reward_with_shaping(b, tasks[i : i + b.size], args.shaping, tok)
-                       for b, i in ((train, 0), (test, train.size)))  # fmt: skip
+        train, test = (
+            reward_with_shaping(b, tasks[i : i + b.size], args.shaping, tok)
+            for b, i in ((train, 0), (test, train.size))
+        )
     for name, b in (("train", train), ("test", test)):
         g = mc_returns(b)[b.loss_mask != 0]
-        print(f"{name}: {b.size} episodes, success {float(b.success.mean()):.3f}, turns {float(b.turns.mean()):.2f}, "
-              f"agent tokens {int((b.loss_mask != 0).sum())}, return mean {float(g.mean()):.3f} "
-              f"var {float(g.var()):.3f}")  # fmt: skip
+        print(
+            f"{name}: {b.size} episodes, success {float(b.success.mean()):.3f}, turns {float(b.turns.mean()):.2f}, "
+            f"agent tokens {int((b.loss_mask != 0).sum())}, return mean {float(g.mean()):.3f} "
+            f"var {float(g.var()):.3f}"
+        )
     keys_tr, keys_te = state_keys(train, targets[: train.size], tok), state_keys(test, targets[train.size :], tok)
     for kname, k in (("turn", 1), ("turn, interval", 3), ("turn, interval, guesses", 4), ("exact prefix", 5)):
         for shrink in (0.0, 5.0):
@@ -232,8 +239,10 @@ def main() -> int:
             # The learner's own figure: EV against the GAE(γ = 1, λ) targets R = Â + V built with this V.
             _, ret_lam = gae(test.token_rewards, v, test.loss_mask, gamma=1.0, lam=args.lam)
             ev_lam = explained_variance(v, ret_lam, test.loss_mask)
-            print(f"table V(s) = mean G by ({kname}), shrink {shrink:g}: test EV {ev_te:.3f}, against λ-returns "
-                  f"{ev_lam:.3f} (train-half EV {ev_tr:.3f}; {seen:.0%} of test states seen in train)")  # fmt: skip
+            print(
+                f"table V(s) = mean G by ({kname}), shrink {shrink:g}: test EV {ev_te:.3f}, against λ-returns "
+                f"{ev_lam:.3f} (train-half EV {ev_tr:.3f}; {seen:.0%} of test states seen in train)"
+            )
     if args.tables_only:
         return 0
     dtype = torch.float32

@@ -33,8 +33,8 @@ from agentgym.actors.transport import ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.auth.keys import ClientKeys, write_keys
 from agentgym.auth.server import ServerKeys
-from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.protocol import Ack, Episode, Rollout, WeightsReady, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 from agentgym.protocol.weights import RawTensor, make_chunks
@@ -79,10 +79,17 @@ class HubThread:
 def rollout(i: int, rng: np.random.Generator) -> Rollout:
     n = 1024
     ep = Episode(
-        token_ids=pack(rng.integers(0, 32000, n), I32), logprobs=pack(-rng.random(n), F32),
-        loss_mask=pack(np.r_[np.zeros(n // 2), np.ones(n // 2)], U8), versions=pack(np.r_[-np.ones(n // 2), np.zeros(n // 2)], I32),
-        turn_ends=pack([n], I32), turn_rewards=pack([1.0], F32), reward=1.0, success=True, finish="done", turn_limit=6,
-    )  # fmt: skip
+        token_ids=pack(rng.integers(0, 32000, n), I32),
+        logprobs=pack(-rng.random(n), F32),
+        loss_mask=pack(np.r_[np.zeros(n // 2), np.ones(n // 2)], U8),
+        versions=pack(np.r_[-np.ones(n // 2), np.zeros(n // 2)], I32),
+        turn_ends=pack([n], I32),
+        turn_rewards=pack([1.0], F32),
+        reward=1.0,
+        success=True,
+        finish="done",
+        turn_limit=6,
+    )
     return Rollout(group_id=f"g{i}", actor_id="bench", env="guess_number", task_id=i, episodes=[ep] * 8)
 
 
@@ -126,14 +133,19 @@ def main() -> None:
     ckeys = ClientKeys.load(tmp / "actors" / "bench.key_secret", tmp / "learner.key")
     rng = np.random.default_rng(0)
     n_floats = a.weights_mib * MiB // 4
-    tensors = [RawTensor(f"w{i}", "float32", (n_floats // 8,), rng.random(n_floats // 8, dtype=np.float32).tobytes()) for i in range(8)]
+    tensors = [
+        RawTensor(f"w{i}", "float32", (n_floats // 8,), rng.random(n_floats // 8, dtype=np.float32).tobytes())
+        for i in range(8)
+    ]
     snap = WeightSnapshot.build(1, make_chunks(1, tensors, 64 * MiB))
     ready = WeightsReady(version=1, step=1, turn_limit=6, num_chunks=len(snap.frames), total_bytes=snap.total_bytes)
     msgs = [rollout(i, rng) for i in range(64)]
     rollout_kib = len(encode(msgs[0])[1]) / 1024
 
-    results: dict[str, dict[str, list[float]]] = {"plain": {"weights_mb_s": [], "rollouts_s": []},
-                                                  "curve": {"weights_mb_s": [], "rollouts_s": []}}  # fmt: skip
+    results: dict[str, dict[str, list[float]]] = {
+        "plain": {"weights_mb_s": [], "rollouts_s": []},
+        "curve": {"weights_mb_s": [], "rollouts_s": []},
+    }
     for rep in range(a.repeats):
         for mode in ("plain", "curve"):
             port = free_port_pair()
@@ -147,12 +159,26 @@ def main() -> None:
     med = {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()}
     ratio = {k: med["curve"][k] / med["plain"][k] for k in med["plain"]}
     print("\n| path (tcp loopback) | plain | CURVE | CURVE / plain |\n|---|---|---|---|")
-    print(f"| weight fetch, {a.weights_mib} MiB | {med['plain']['weights_mb_s']:.0f} MB/s | {med['curve']['weights_mb_s']:.0f} MB/s | {ratio['weights_mb_s']:.2f} |")
-    print(f"| rollouts ({rollout_kib:.0f} KiB each, acked) | {med['plain']['rollouts_s']:.0f} /s | {med['curve']['rollouts_s']:.0f} /s | {ratio['rollouts_s']:.2f} |")
+    print(
+        f"| weight fetch, {a.weights_mib} MiB | {med['plain']['weights_mb_s']:.0f} MB/s | {med['curve']['weights_mb_s']:.0f} MB/s | {ratio['weights_mb_s']:.2f} |"
+    )
+    print(
+        f"| rollouts ({rollout_kib:.0f} KiB each, acked) | {med['plain']['rollouts_s']:.0f} /s | {med['curve']['rollouts_s']:.0f} /s | {ratio['rollouts_s']:.2f} |"
+    )
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "curve_bench.json").write_text(json.dumps({"runs": results, "median": med, "ratio": ratio,
-                                                            "weights_mib": a.weights_mib, "rollout_kib": rollout_kib}, indent=2))  # fmt: skip
+        (a.out / "curve_bench.json").write_text(
+            json.dumps(
+                {
+                    "runs": results,
+                    "median": med,
+                    "ratio": ratio,
+                    "weights_mib": a.weights_mib,
+                    "rollout_kib": rollout_kib,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -29,10 +29,30 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def spawn_fleet(model: Path, port: int, prefix: str, count: int, work: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentgym.cluster.play_fleet", "--learner", f"tcp://127.0.0.1:{port}", "--model", str(model),
-         "--count", str(count), "--prefix", prefix, "--max-groups", "1", "--latency", "1.0", "--out", str(work / f"{prefix}.json")],
-        cwd=ROOT, stdout=open(work / f"{prefix}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cluster.play_fleet",
+            "--learner",
+            f"tcp://127.0.0.1:{port}",
+            "--model",
+            str(model),
+            "--count",
+            str(count),
+            "--prefix",
+            prefix,
+            "--max-groups",
+            "1",
+            "--latency",
+            "1.0",
+            "--out",
+            str(work / f"{prefix}.json"),
+        ],
+        cwd=ROOT,
+        stdout=open(work / f"{prefix}.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def main() -> int:
@@ -48,13 +68,42 @@ def main() -> int:
     model = make_default_tiny_model(work / "tiny", seed=0).resolve()
     port, q = 17700, args.actors // 4
     learner = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.learner.main", "--config", str(ROOT / "configs/quickstart.toml"), "--run-dir",
-         str(work / "run"), "--bind", f"tcp://127.0.0.1:{port}", "--log-level", "warning",
-         *[a for o in (f'model.path="{model}"', "model.create_tiny=false", "eval.at_start=false", "eval.at_end=false",
-                       "eval.every=0", "learner.log_episodes=0", "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
-                       "learner.batch_groups=8", "rollout.group_size=4", "run.max_steps=100000", "learner.actor_timeout_s=6",
-                       "learner.heartbeat_interval_s=1.0") for a in ("-o", o)]],
-        cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.learner.main",
+            "--config",
+            str(ROOT / "configs/quickstart.toml"),
+            "--run-dir",
+            str(work / "run"),
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+            *[
+                a
+                for o in (
+                    f'model.path="{model}"',
+                    "model.create_tiny=false",
+                    "eval.at_start=false",
+                    "eval.at_end=false",
+                    "eval.every=0",
+                    "learner.log_episodes=0",
+                    "learner.checkpoint_every=0",
+                    "learner.checkpoint_minutes=0",
+                    "learner.batch_groups=8",
+                    "rollout.group_size=4",
+                    "run.max_steps=100000",
+                    "learner.actor_timeout_s=6",
+                    "learner.heartbeat_interval_s=1.0",
+                )
+                for a in ("-o", o)
+            ],
+        ],
+        cwd=ROOT,
+        stdout=open(work / "learner.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     fleets = {f"f{i}": spawn_fleet(model, port, f"f{i}", q, work) for i in range(4)}
     marks: list[tuple[str, float]] = []
     try:
@@ -90,15 +139,28 @@ def main() -> int:
         times = [t0] + [r["time"] for r in inside] + [t1]
         acc0 = max((r["groups_accepted"] for r in steps if r["time"] < t0), default=0)
         acc1 = max((r["groups_accepted"] for r in inside), default=acc0)
-        rows.append({"phase": name, "seconds": t1 - t0, "steps_per_s": len(inside) / (t1 - t0),
-                     "accepted_groups_per_s": (acc1 - acc0) / (t1 - t0), "longest_gap_s": max(b - a for a, b in zip(times, times[1:])),
-                     "actors_at_end": inside[-1]["actors"] if inside else None})  # fmt: skip
-    (work / "elastic.json").write_text(json.dumps({"rows": rows, "actors": args.actors, "loadavg": os.getloadavg()}, indent=2))
-    print("| phase | seconds | steps/s | accepted groups/s | longest gap between steps (s) | actors registered at its end |")
+        rows.append(
+            {
+                "phase": name,
+                "seconds": t1 - t0,
+                "steps_per_s": len(inside) / (t1 - t0),
+                "accepted_groups_per_s": (acc1 - acc0) / (t1 - t0),
+                "longest_gap_s": max(b - a for a, b in zip(times, times[1:])),
+                "actors_at_end": inside[-1]["actors"] if inside else None,
+            }
+        )
+    (work / "elastic.json").write_text(
+        json.dumps({"rows": rows, "actors": args.actors, "loadavg": os.getloadavg()}, indent=2)
+    )
+    print(
+        "| phase | seconds | steps/s | accepted groups/s | longest gap between steps (s) | actors registered at its end |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['phase']} | {r['seconds']:.0f} | {r['steps_per_s']:.2f} | {r['accepted_groups_per_s']:.1f} | "
-              f"{r['longest_gap_s']:.2f} | {r['actors_at_end']} |")
+        print(
+            f"| {r['phase']} | {r['seconds']:.0f} | {r['steps_per_s']:.2f} | {r['accepted_groups_per_s']:.1f} | "
+            f"{r['longest_gap_s']:.2f} | {r['actors_at_end']} |"
+        )
     print(f"\nload average {os.getloadavg()}, {os.cpu_count()} CPUs")
     return 0
 

@@ -56,8 +56,15 @@ def naive(model_dir: Path, ps: list[list[int]], tokens: int) -> tuple[int, float
         t0, total = time.perf_counter(), 0
         for i, p in enumerate(ps):
             torch.manual_seed(i)
-            out = model.generate(torch.tensor([p]), do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                 max_new_tokens=tokens, pad_token_id=eos)  # fmt: skip
+            out = model.generate(
+                torch.tensor([p]),
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=tokens,
+                pad_token_id=eos,
+            )
             total += out.shape[1] - len(p)
     return total, time.perf_counter() - t0
 
@@ -66,13 +73,18 @@ async def through_engine(engine, ps: list[list[int]], tokens: int, tag: str) -> 
     from agentgym.actors.engine import SamplingSpec
 
     t0 = time.perf_counter()
-    gens = await asyncio.gather(*(
-        engine.generate(f"{tag}-{i}", p, SamplingSpec(max_tokens=tokens, temperature=1.0, seed=i)) for i, p in enumerate(ps)
-    ))  # fmt: skip
+    gens = await asyncio.gather(
+        *(
+            engine.generate(f"{tag}-{i}", p, SamplingSpec(max_tokens=tokens, temperature=1.0, seed=i))
+            for i, p in enumerate(ps)
+        )
+    )
     return sum(len(g.token_ids) for g in gens), time.perf_counter() - t0
 
 
-async def run_engine(kind: str, model_dir: Path, all_prompts: dict[int, list[list[int]]], tokens: int) -> dict[int, tuple[int, float]]:
+async def run_engine(
+    kind: str, model_dir: Path, all_prompts: dict[int, list[list[int]]], tokens: int
+) -> dict[int, tuple[int, float]]:
     from agentgym.actors.engine import SamplingSpec
 
     if kind == "vllm":
@@ -89,7 +101,11 @@ async def run_engine(kind: str, model_dir: Path, all_prompts: dict[int, list[lis
         await engine.generate("warm-up", next(iter(all_prompts.values()))[0], SamplingSpec(max_tokens=8))
         for n, ps in all_prompts.items():
             out[n] = await through_engine(engine, ps, tokens, f"{kind}-{n}")
-            print(json.dumps({"engine": kind, "episodes": n, "tokens": out[n][0], "seconds": out[n][1]}), file=sys.stderr, flush=True)
+            print(
+                json.dumps({"engine": kind, "episodes": n, "tokens": out[n][0], "seconds": out[n][1]}),
+                file=sys.stderr,
+                flush=True,
+            )
         return out
     finally:
         await engine.close()
@@ -113,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            model_dir = make_tiny_model(Path(tmp) / name, corpus=default_corpus() + FALLBACK_CORPUS, seed=0, **MODELS[name])
+            model_dir = make_tiny_model(
+                Path(tmp) / name, corpus=default_corpus() + FALLBACK_CORPUS, seed=0, **MODELS[name]
+            )
             n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
             tok = AutoTokenizer.from_pretrained(model_dir)
             all_prompts = {n: prompts(tok, n) for n in args.concurrency}

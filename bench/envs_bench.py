@@ -29,18 +29,39 @@ _DATA = Path(__file__).resolve().parents[1] / "configs" / "ecosystem" / "data"
 ENVS: dict[str, tuple[dict[str, Any], list[str]]] = {
     # name: (kwargs, action cycle)
     "guess_number": ({}, ["4", "x", "6", "2", "7", "1", "3", "5", "8"]),
-    "babyai": ({"levels": "GoToLocal,PickupLoc,PutNextLocal,GoToObjMaze,Unlock"},
-               ["go forward", "turn left", "go forward", "pick up", "turn right", "go forward", "toggle", "jump"]),
-    "textcraft": ({"depth": 3}, ["get 2 oak log", "inventory", "craft 4 oak planks using 1 oak log",
-                                 "get 1 iron ore", "craft it", "inventory"]),
+    "babyai": (
+        {"levels": "GoToLocal,PickupLoc,PutNextLocal,GoToObjMaze,Unlock"},
+        ["go forward", "turn left", "go forward", "pick up", "turn right", "go forward", "toggle", "jump"],
+    ),
+    "textcraft": (
+        {"depth": 3},
+        ["get 2 oak log", "inventory", "craft 4 oak planks using 1 oak log", "get 1 iron ore", "craft it", "inventory"],
+    ),
     "maze": ({"size": 6}, ["move up", "move right", "move down", "move left", "move right", "fly"]),
     "wordle": ({}, ["crane", "slate", "pious", "xyzzy", "round", "guess: mount"]),
     # Other ecosystems' packages through their adapters (the envs extra): the configs/ecosystem options.
-    "reasoning_gym": ({"dataset": "basic_arithmetic", "max_tries": 3, "answer": "raw", "min_terms": 2, "max_terms": 2,
-                       "min_digits": 1, "max_digits": 1, "operators": ["+", "-"]}, ["1", "7", "x", "3", "-2"]),
-    "textarena": ({"game": "TicTacToe-v0", "opponent": "random"}, ["[4]", "[0]", "[8]", "[2]", "[6]", "x", "[1]", "[3]", "[5]"]),
-    "skyrl_gym": ({"env_id": "gsm8k_multi_turn", "data": str(_DATA / "skyrl_gsm8k_train.jsonl")}, ["#### 12", "no idea", "#### 7"]),
-}  # fmt: skip
+    "reasoning_gym": (
+        {
+            "dataset": "basic_arithmetic",
+            "max_tries": 3,
+            "answer": "raw",
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+", "-"],
+        },
+        ["1", "7", "x", "3", "-2"],
+    ),
+    "textarena": (
+        {"game": "TicTacToe-v0", "opponent": "random"},
+        ["[4]", "[0]", "[8]", "[2]", "[6]", "x", "[1]", "[3]", "[5]"],
+    ),
+    "skyrl_gym": (
+        {"env_id": "gsm8k_multi_turn", "data": str(_DATA / "skyrl_gsm8k_train.jsonl")},
+        ["#### 12", "no idea", "#### 7"],
+    ),
+}
 EPISODE_STEPS = 20
 
 
@@ -95,6 +116,7 @@ async def pooled(name: str, concurrency: int, seconds: float) -> dict[str, Any]:
     pool = EnvPool(name, kwargs, concurrency, start_timeout_s=300)
     await pool.start()
     start_s = time.perf_counter() - t0
+
     async def cycle(ep: Any, task: int, i: int) -> str:
         return actions[(task + i) % len(actions)]
 
@@ -118,8 +140,10 @@ def main() -> None:
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings only
     print(f"{args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-    print(f"{'env':<13} {'config':<17} {'steps/s':>9} {'us/step':>9} {'overhead':>9} {'start s':>8} "
-          f"{'RSS MiB':>8} {'PSS MiB':>8}")  # fmt: skip
+    print(
+        f"{'env':<13} {'config':<17} {'steps/s':>9} {'us/step':>9} {'overhead':>9} {'start s':>8} "
+        f"{'RSS MiB':>8} {'PSS MiB':>8}"
+    )
     for name in args.envs:
         rows = [("raw (in-process)", raw(name, args.seconds))]
         rows += [(f"pool c{c}", uvloop.run(pooled(name, c, args.seconds))) for c in args.concurrency]
@@ -129,8 +153,11 @@ def main() -> None:
             overhead = "-" if config.startswith("raw") or config != "pool c1" else f"{us / raw_us:.1f}x"
             rss = f"{statistics.mean(m[0] for m in r['mem']) / 1024:.0f}" if r["mem"] else "-"
             pss = f"{statistics.mean(m[1] for m in r['mem']) / 1024:.0f}" if r["mem"] else "-"
-            print(f"{name:<13} {config:<17} {r['steps'] / r['elapsed']:>9,.0f} {us:>9,.0f} {overhead:>9} "
-                  f"{r['start_s']:>8.2f} {rss:>8} {pss:>8}", flush=True)  # fmt: skip
+            print(
+                f"{name:<13} {config:<17} {r['steps'] / r['elapsed']:>9,.0f} {us:>9,.0f} {overhead:>9} "
+                f"{r['start_s']:>8.2f} {rss:>8} {pss:>8}",
+                flush=True,
+            )
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

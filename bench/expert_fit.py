@@ -84,7 +84,9 @@ def main() -> int:
         tasks = range(10_000, 10_064)  # 64 tasks: every target several times
         samp = sum(play(model, tok, env, t, args.turns, False, gen) for t in tasks) / len(tasks)
         greedy = sum(play(model, tok, env, t, 3, True, gen) for t in range(10_000, 10_016)) / 16
-        print(f"step {step:4d} loss {loss:.4f} success@{args.turns} sampled {samp:.3f} greedy@3 {greedy:.3f}", flush=True)
+        print(
+            f"step {step:4d} loss {loss:.4f} success@{args.turns} sampled {samp:.3f} greedy@3 {greedy:.3f}", flush=True
+        )
         model.train()
 
     evaluate(0, float("nan"))

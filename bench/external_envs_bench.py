@@ -96,8 +96,14 @@ async def pooled(env_name: str, kwargs: dict[str, Any], concurrency: int, second
         rss = [rss_mib(pid) for pid in run.pids]
     finally:
         await pool.close()
-    return {"steps": run.steps, "elapsed": run.elapsed, "step_s": run.step_s, "resets": run.resets,
-            "start_s": start_s, "rss": rss}  # fmt: skip
+    return {
+        "steps": run.steps,
+        "elapsed": run.elapsed,
+        "step_s": run.step_s,
+        "resets": run.resets,
+        "start_s": start_s,
+        "rss": rss,
+    }
 
 
 def main() -> None:

@@ -44,8 +44,19 @@ def hoard(addr: str, fingerprint: str, stop: threading.Event, got: list[int]) ->
     s.setsockopt(zmq.ROUTING_ID, b"hoarder")
     s.setsockopt(zmq.LINGER, 0)
     s.connect(addr)
-    s.send_multipart(encode(Hello(actor_id="hoarder", hostname="bench", pid=os.getpid(), model_fingerprint=fingerprint,
-                                  engine="none", max_groups=64, session="hoarder")))  # fmt: skip
+    s.send_multipart(
+        encode(
+            Hello(
+                actor_id="hoarder",
+                hostname="bench",
+                pid=os.getpid(),
+                model_fingerprint=fingerprint,
+                engine="none",
+                max_groups=64,
+                session="hoarder",
+            )
+        )
+    )
     try:
         while not stop.is_set():
             while s.poll(500):
@@ -95,13 +106,36 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
 
     work.mkdir(parents=True, exist_ok=True)
     addr = f"tcp://127.0.0.1:{port}"
-    overrides = [f'model.path="{model}"', "model.create_tiny=false", "eval.at_start=false", "eval.at_end=false",
-                 "eval.every=0", "learner.log_episodes=0", "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
-                 "run.max_steps=100000"]  # fmt: skip
+    overrides = [
+        f'model.path="{model}"',
+        "model.create_tiny=false",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "eval.every=0",
+        "learner.log_episodes=0",
+        "learner.checkpoint_every=0",
+        "learner.checkpoint_minutes=0",
+        "run.max_steps=100000",
+    ]
     learner = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.learner.main", "--config", str(ROOT / "configs/quickstart.toml"), "--run-dir",
-         str(work / "run"), "--bind", addr, "--log-level", "warning", *[a for o in overrides for a in ("-o", o)]],
-        cwd=ROOT, stdout=open(work / "learner.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.learner.main",
+            "--config",
+            str(ROOT / "configs/quickstart.toml"),
+            "--run-dir",
+            str(work / "run"),
+            "--bind",
+            addr,
+            "--log-level",
+            "warning",
+            *[a for o in overrides for a in ("-o", o)],
+        ],
+        cwd=ROOT,
+        stdout=open(work / "learner.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     stop, got = threading.Event(), [0]
     peer, peer_t = None, None
     if with_peer:
@@ -112,13 +146,31 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
         time.sleep(3)
     if args.scripted is None:
         actor = subprocess.Popen(
-            [sys.executable, "-m", "agentgym.actors.main", "--config", str(ROOT / "configs/quickstart.toml"), "--learner", addr,
-             "--model", str(model), "--run-dir", str(work / "actor"),
-             *[a for o in [*overrides, f'actor.engine="{args.engine}"'] for a in ("-o", o)]],
-            cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "agentgym.actors.main",
+                "--config",
+                str(ROOT / "configs/quickstart.toml"),
+                "--learner",
+                addr,
+                "--model",
+                str(model),
+                "--run-dir",
+                str(work / "actor"),
+                *[a for o in [*overrides, f'actor.engine="{args.engine}"'] for a in ("-o", o)],
+            ],
+            cwd=ROOT,
+            stdout=open(work / "actor.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
     else:  # a scripted honest actor in a process of its own: the engine's CPU out of the measure
-        actor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted)],
-                                 cwd=ROOT, stdout=open(work / "actor.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+        actor = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted)],
+            cwd=ROOT,
+            stdout=open(work / "actor.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
     metrics = work / "run" / "metrics.jsonl"
     try:
         wait_steps(metrics, max(1, args.peer_after), args.start_timeout, [actor, learner])
@@ -144,11 +196,17 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
     window = [r for t, r in recs if t0 <= t <= t1]
     last = recs[-1][1] if recs else {}
     overdue = overdue_events(work / "run" / "logs" / "learner.jsonl", "hoarder")
-    return {"peer": with_peer, "steps_in_window": len(window), "steps_per_s": len(window) / (t1 - t0),
-            "peer_tickets": got[0], "deadline_reissued": last.get("tickets_deadline_reissued", 0),
-            "late_answers": last.get("late_answers", 0), "steps_total": len(recs),
-            "peer_overdue": len(overdue),
-            "peer_first_deadline_s": round(overdue[0] - peer_t, 1) if overdue and peer_t else None}  # fmt: skip
+    return {
+        "peer": with_peer,
+        "steps_in_window": len(window),
+        "steps_per_s": len(window) / (t1 - t0),
+        "peer_tickets": got[0],
+        "deadline_reissued": last.get("tickets_deadline_reissued", 0),
+        "late_answers": last.get("late_answers", 0),
+        "steps_total": len(recs),
+        "peer_overdue": len(overdue),
+        "peer_first_deadline_s": round(overdue[0] - peer_t, 1) if overdue and peer_t else None,
+    }
 
 
 def play(addr: str, model: str, delay_s: float) -> int:
@@ -160,7 +218,9 @@ def play(addr: str, model: str, delay_s: float) -> int:
     from agentgym.config import model_fingerprint
 
     ctx = zmq.Context()
-    a = ScriptedActor(ctx, addr, "honest", delay_s=delay_s, fingerprint=model_fingerprint(Path(model)), group_size=8, max_groups=8)
+    a = ScriptedActor(
+        ctx, addr, "honest", delay_s=delay_s, fingerprint=model_fingerprint(Path(model)), group_size=8, max_groups=8
+    )
     while True:
         a.step(10)
 
@@ -172,27 +232,52 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=60.0)
     p.add_argument("--window", type=float, default=90.0)
     p.add_argument("--engine", default="hf", help="the honest actor's engine (hf on a CPU, vllm on a GPU)")
-    p.add_argument("--scripted", type=float, metavar="SECONDS",
-                   help="a scripted honest actor that answers each group after SECONDS instead of a real one "
-                        "(what is measured is then the scheduling alone, on a loaded machine)")
-    p.add_argument("--peer-after", type=int, default=0, metavar="STEPS",
-                   help="register the peer once the learner has made STEPS steps (0: before the honest actor starts)")
-    p.add_argument("--start-timeout", type=float, default=600.0,
-                   help="seconds to wait for the first steps (an engine's start on a loaded machine)")
+    p.add_argument(
+        "--scripted",
+        type=float,
+        metavar="SECONDS",
+        help="a scripted honest actor that answers each group after SECONDS instead of a real one "
+        "(what is measured is then the scheduling alone, on a loaded machine)",
+    )
+    p.add_argument(
+        "--peer-after",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="register the peer once the learner has made STEPS steps (0: before the honest actor starts)",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for the first steps (an engine's start on a loaded machine)",
+    )
     p.add_argument("--out", type=Path, default=Path("/tmp/hoarder"))
     args = p.parse_args()
     from agentgym.host.netutil import free_port_pair
     from agentgym.models.tiny import make_default_tiny_model
 
     model = make_default_tiny_model(args.out / "tiny", seed=0).resolve()
-    rows = [run(peer, model, free_port_pair(), args.out / ("with_peer" if peer else "alone"), args) for peer in (False, True)]
+    rows = [
+        run(peer, model, free_port_pair(), args.out / ("with_peer" if peer else "alone"), args)
+        for peer in (False, True)
+    ]
     ratio = rows[1]["steps_per_s"] / max(rows[0]["steps_per_s"], 1e-9)
-    out = {"rows": rows, "ratio": ratio, "load": os.getloadavg(), "warmup_s": args.warmup, "window_s": args.window,
-           "engine": "scripted" if args.scripted is not None else args.engine, "peer_after": args.peer_after}
+    out = {
+        "rows": rows,
+        "ratio": ratio,
+        "load": os.getloadavg(),
+        "warmup_s": args.warmup,
+        "window_s": args.window,
+        "engine": "scripted" if args.scripted is not None else args.engine,
+        "peer_after": args.peer_after,
+    }
     for r in rows:
-        print(f"peer={r['peer']!s:5}  steps/s={r['steps_per_s']:.3f}  ({r['steps_in_window']} steps)  "
-              f"peer tickets={r['peer_tickets']}  reissued past deadline={r['deadline_reissued']}  "
-              f"peer's first deadline after {r['peer_first_deadline_s']} s")
+        print(
+            f"peer={r['peer']!s:5}  steps/s={r['steps_per_s']:.3f}  ({r['steps_in_window']} steps)  "
+            f"peer tickets={r['peer_tickets']}  reissued past deadline={r['deadline_reissued']}  "
+            f"peer's first deadline after {r['peer_first_deadline_s']} s"
+        )
     print(f"ratio (with / without) = {ratio:.2f}")
     (args.out / "hoarder.json").write_text(json.dumps(out, indent=2))
     return 0

@@ -79,11 +79,20 @@ def make_rollout(tokens: int, group: int):
     for _ in range(group):
         mask = (rng.random(tokens) < 0.3).astype(np.uint8)
         ends = np.sort(rng.choice(np.arange(1, tokens), 6, replace=False)).astype(np.int32)
-        eps.append(Episode(
-            token_ids=pack(rng.integers(0, 150_000, tokens), I32), logprobs=pack(-rng.random(tokens) * mask, F32),
-            loss_mask=pack(mask, U8), versions=pack(np.where(mask > 0, 7, -1), I32), turn_ends=pack(ends, I32),
-            turn_rewards=pack(np.zeros(6), F32), reward=1.0, success=True, finish="done", turn_limit=6,
-        ))  # fmt: skip
+        eps.append(
+            Episode(
+                token_ids=pack(rng.integers(0, 150_000, tokens), I32),
+                logprobs=pack(-rng.random(tokens) * mask, F32),
+                loss_mask=pack(mask, U8),
+                versions=pack(np.where(mask > 0, 7, -1), I32),
+                turn_ends=pack(ends, I32),
+                turn_rewards=pack(np.zeros(6), F32),
+                reward=1.0,
+                success=True,
+                finish="done",
+                turn_limit=6,
+            )
+        )
     return Rollout(group_id="run:123", actor_id="actor-0", env="guess_number", task_id=5, episodes=eps, elapsed_s=1.5)
 
 
@@ -240,7 +249,7 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
         dt = uvloop.run(project(addr)) if side == "project" else raw(addr, side == "raw_codec")
         client_cpu = time.process_time() - c0
         p.join(10)
-        return dt, client_cpu + server_cpu.value, client_cpu, server_cpu.value  # type: ignore[attr-defined]
+        return dt, client_cpu + server_cpu.value, client_cpu, server_cpu.value  # type: ignore[attr-defined]  # a multiprocessing Value's
 
     # per side, the best of each figure: (seconds, CPU of both, actor/client CPU, learner/server CPU)
     best: dict[str, tuple[float, ...]] = {}
@@ -249,11 +258,21 @@ def bench_transport(r, n: int, port: int, repeats: int) -> dict[str, float]:
             got = run(side, f"tcp://127.0.0.1:{port + 6 * i + 2 * j}")
             best[side] = tuple(min(a, b) for a, b in zip(best.get(side, (float("inf"),) * 4), got))
     (tp, cp, ap, lp), (tr, cr, ar, lr), (tw, cw, _, _) = best["project"], best["raw_codec"], best["raw_wire"]
-    return {"project_per_s": n / tp, "raw_per_s": n / tr, "ratio": tr / tp,
-            "project_cpu_us": cp / n * 1e6, "raw_cpu_us": cr / n * 1e6, "cpu_ratio": cr / cp,
-            "project_actor_cpu_us": ap / n * 1e6, "project_learner_cpu_us": lp / n * 1e6,
-            "raw_client_cpu_us": ar / n * 1e6, "raw_server_cpu_us": lr / n * 1e6,
-            "wire_per_s": n / tw, "wire_cpu_us": cw / n * 1e6, "ratio_to_wire": tw / tp}  # fmt: skip
+    return {
+        "project_per_s": n / tp,
+        "raw_per_s": n / tr,
+        "ratio": tr / tp,
+        "project_cpu_us": cp / n * 1e6,
+        "raw_cpu_us": cr / n * 1e6,
+        "cpu_ratio": cr / cp,
+        "project_actor_cpu_us": ap / n * 1e6,
+        "project_learner_cpu_us": lp / n * 1e6,
+        "raw_client_cpu_us": ar / n * 1e6,
+        "raw_server_cpu_us": lr / n * 1e6,
+        "wire_per_s": n / tw,
+        "wire_cpu_us": cw / n * 1e6,
+        "ratio_to_wire": tw / tp,
+    }
 
 
 # ---------------------------------------------------------------------- env pool
@@ -290,8 +309,13 @@ def bench_pool(steps: int) -> dict[str, float]:
 
     pool_s = asyncio.run(pooled())
     over = max(pool_s - raw_s, 0.0)
-    return {"raw_step_us": raw_s * 1e6, "pool_step_us": pool_s * 1e6, "overhead_us": over * 1e6,
-            "overhead_vs_0.3s_step": over / 0.3, "overhead_vs_10ms_step": over / 0.01}  # fmt: skip
+    return {
+        "raw_step_us": raw_s * 1e6,
+        "pool_step_us": pool_s * 1e6,
+        "overhead_us": over * 1e6,
+        "overhead_vs_0.3s_step": over / 0.3,
+        "overhead_vs_10ms_step": over / 0.01,
+    }
 
 
 def main() -> int:
@@ -303,9 +327,13 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5, help="best of this many for the codec (default: 5)")
     p.add_argument("--transport-repeats", type=int, default=3, help="best of this many for the transports (default: 3)")
     p.add_argument("--port", type=int, default=47311, help="first of the 6 x transport-repeats loopback ports used")
-    p.add_argument("--window", type=int, default=WINDOW,
-                   help=f"rollouts in flight before the sender waits for an ack (default: {WINDOW}); an agentgym "
-                   "actor never waits for acks, so a large window is the actor's pattern")  # fmt: skip
+    p.add_argument(
+        "--window",
+        type=int,
+        default=WINDOW,
+        help=f"rollouts in flight before the sender waits for an ack (default: {WINDOW}); an agentgym "
+        "actor never waits for acks, so a large window is the actor's pattern",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = p.parse_args()
     globals()["WINDOW"] = args.window
@@ -322,22 +350,36 @@ def main() -> int:
         "env_pool": bench_pool(args.steps),
     }
     pr, tr, ev = res["protocol"], res["transport"], res["env_pool"]
-    print(f"rollout: {args.group} episodes x {args.tokens} tokens, {pr['bytes'] / 1024:.0f} KiB encoded; "
-          f"{args.window} in flight\n")
+    print(
+        f"rollout: {args.group} episodes x {args.tokens} tokens, {pr['bytes'] / 1024:.0f} KiB encoded; "
+        f"{args.window} in flight\n"
+    )
     print("| layer | project | raw bound | raw/project |")
     print("|---|---|---|---|")
-    print(f"| protocol encode+decode | {pr['project_us']:.0f} µs | {pr['raw_us']:.0f} µs (msgpack) | {pr['ratio']:.2f} |")
-    print(f"| ZeroMQ transport, acked | {tr['project_per_s']:.0f} rollouts/s | {tr['raw_per_s']:.0f} rollouts/s "
-          f"(pyzmq, same codec) | {tr['ratio']:.2f} |")  # fmt: skip
-    print(f"| the same, CPU per rollout (both processes) | {tr['project_cpu_us']:.0f} µs | {tr['raw_cpu_us']:.0f} µs "
-          f"| {tr['cpu_ratio']:.2f} |")  # fmt: skip
-    print(f"| of which the sender (actor) / the receiver (learner) | {tr['project_actor_cpu_us']:.0f} / "
-          f"{tr['project_learner_cpu_us']:.0f} µs | {tr['raw_client_cpu_us']:.0f} / {tr['raw_server_cpu_us']:.0f} µs | |")  # fmt: skip
-    print(f"| (reference, the wire's ceiling: pyzmq re-sending one encoded buffer, never decoded) | | "
-          f"{tr['wire_per_s']:.0f} rollouts/s, {tr['wire_cpu_us']:.0f} µs CPU | {tr['ratio_to_wire']:.2f} |")  # fmt: skip
-    print(f"| env pool step | {ev['pool_step_us']:.0f} µs | {ev['raw_step_us']:.1f} µs (in-process) | "
-          f"overhead {ev['overhead_us']:.0f} µs = {ev['overhead_vs_0.3s_step']:.2%} of a 0.3 s step, "
-          f"{ev['overhead_vs_10ms_step']:.1%} of a 10 ms step |")  # fmt: skip
+    print(
+        f"| protocol encode+decode | {pr['project_us']:.0f} µs | {pr['raw_us']:.0f} µs (msgpack) | {pr['ratio']:.2f} |"
+    )
+    print(
+        f"| ZeroMQ transport, acked | {tr['project_per_s']:.0f} rollouts/s | {tr['raw_per_s']:.0f} rollouts/s "
+        f"(pyzmq, same codec) | {tr['ratio']:.2f} |"
+    )
+    print(
+        f"| the same, CPU per rollout (both processes) | {tr['project_cpu_us']:.0f} µs | {tr['raw_cpu_us']:.0f} µs "
+        f"| {tr['cpu_ratio']:.2f} |"
+    )
+    print(
+        f"| of which the sender (actor) / the receiver (learner) | {tr['project_actor_cpu_us']:.0f} / "
+        f"{tr['project_learner_cpu_us']:.0f} µs | {tr['raw_client_cpu_us']:.0f} / {tr['raw_server_cpu_us']:.0f} µs | |"
+    )
+    print(
+        f"| (reference, the wire's ceiling: pyzmq re-sending one encoded buffer, never decoded) | | "
+        f"{tr['wire_per_s']:.0f} rollouts/s, {tr['wire_cpu_us']:.0f} µs CPU | {tr['ratio_to_wire']:.2f} |"
+    )
+    print(
+        f"| env pool step | {ev['pool_step_us']:.0f} µs | {ev['raw_step_us']:.1f} µs (in-process) | "
+        f"overhead {ev['overhead_us']:.0f} µs = {ev['overhead_vs_0.3s_step']:.2%} of a 0.3 s step, "
+        f"{ev['overhead_vs_10ms_step']:.1%} of a 10 ms step |"
+    )
     if args.json:
         print(json.dumps(res, indent=1))
     return 0

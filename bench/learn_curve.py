@@ -36,6 +36,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from task_overlap import train_task_ids  # noqa: E402
+
 from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.rollout import play_episode  # noqa: E402
@@ -44,7 +46,6 @@ from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
-from task_overlap import train_task_ids  # noqa: E402
 
 EVAL_EPISODES = 4
 
@@ -65,7 +66,7 @@ class RequestSeeded:
 
     async def generate(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec) -> Generation:
         seed = zlib.crc32(f"{self.seed}:{request_id}".encode())
-        return await self.engine.generate(request_id, prompt_ids, replace(spec, seed=seed))  # type: ignore[attr-defined]
+        return await self.engine.generate(request_id, prompt_ids, replace(spec, seed=seed))  # type: ignore[attr-defined]  # the wrapped engine's, typed object here
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.engine, name)
@@ -88,20 +89,37 @@ def make_bench_engine(cfg: Config, kind: str) -> object:
     return RequestSeeded(make_engine(cfg, Path(cfg.model.path)), cfg.run.seed)
 
 
-async def play_groups(engine: object, tokenizer: object, pool: EnvPool, spec: RolloutSpec, tickets: list[Ticket],
-                      episodes: int, turn_limit: int) -> list[Rollout]:  # fmt: skip
+async def play_groups(
+    engine: object,
+    tokenizer: object,
+    pool: EnvPool,
+    spec: RolloutSpec,
+    tickets: list[Ticket],
+    episodes: int,
+    turn_limit: int,
+) -> list[Rollout]:
     """``episodes`` episodes of each ticket, all at once, as actors play them."""
 
     async def group(t: Ticket) -> Rollout:
-        eps = await asyncio.gather(*(play_episode(engine, tokenizer, pool, t, i, spec, turn_limit) for i in range(episodes)))
+        eps = await asyncio.gather(
+            *(play_episode(engine, tokenizer, pool, t, i, spec, turn_limit) for i in range(episodes))
+        )
         return Rollout(group_id=t.group_id, actor_id="bench", env=t.env, task_id=t.task_id, episodes=list(eps))
 
     return list(await asyncio.gather(*(group(t) for t in tickets)))
 
 
-async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_limit: int | None = None,
-                      log: bool = True, partial: Path | None = None, max_wall_s: float | None = None,
-                      engine_kind: str = "hf", overlap: bool = False) -> dict:  # fmt: skip
+async def train_curve(
+    cfg: Config,
+    eval_every: int,
+    eval_tasks: int,
+    eval_turn_limit: int | None = None,
+    log: bool = True,
+    partial: Path | None = None,
+    max_wall_s: float | None = None,
+    engine_kind: str = "hf",
+    overlap: bool = False,
+) -> dict:
     """Train ``cfg.run.max_steps`` steps; held-out success at step 0, every ``eval_every`` and at the end.
 
     ``eval_turn_limit``: evaluate at this turn limit (None: the schedule's limit at that step).
@@ -138,15 +156,25 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
         eps = [e for g in groups for e in g.episodes]
         curve.append((step, sum(e.success for e in eps) / len(eps)))
         # What the policy plays: the guesses of each held-out task's first episode.
-        plays.append((step, [tokenizer.decode(np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0])
-                             for e in (g.episodes[0] for g in groups)]))  # fmt: skip
+        plays.append(
+            (
+                step,
+                [
+                    tokenizer.decode(np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0])
+                    for e in (g.episodes[0] for g in groups)
+                ],
+            )
+        )
         if partial is not None:
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps({"curve": curve, "metrics": metrics, "plays": plays, "partial": True}))
         if log:
             m = metrics[-1] if metrics else {}
-            print(f"  step {step:4d} held_out {curve[-1][1]:.3f} train {m.get('success_rate', float('nan')):.3f} "
-                  f"entropy {m.get('entropy', float('nan')):.2f} t {time.time() - t0:.0f}s", flush=True)  # fmt: skip
+            print(
+                f"  step {step:4d} held_out {curve[-1][1]:.3f} train {m.get('success_rate', float('nan')):.3f} "
+                f"entropy {m.get('entropy', float('nan')):.2f} t {time.time() - t0:.0f}s",
+                flush=True,
+            )
 
     playing: asyncio.Future | None = None  # the batch being played
     await engine.start()
@@ -157,9 +185,13 @@ async def train_curve(cfg: Config, eval_every: int, eval_tasks: int, eval_turn_l
 
         def play(step: int) -> asyncio.Future:
             # bench/task_overlap.py replays these draws to find the held-out tasks also trained on.
-            tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=task)
-                       for g, task in enumerate(train_task_ids(env, cfg.learner.batch_groups, draw))]  # fmt: skip
-            return asyncio.ensure_future(play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step)))
+            tickets = [
+                Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=task)
+                for g, task in enumerate(train_task_ids(env, cfg.learner.batch_groups, draw))
+            ]
+            return asyncio.ensure_future(
+                play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step))
+            )
 
         playing = play(0)
         for step in range(cfg.run.max_steps):
@@ -198,17 +230,28 @@ def main() -> int:
     p.add_argument("--eval-turn-limit", type=int, default=None)
     p.add_argument("-o", "--override", action="append", default=[])
     p.add_argument("--tag", default="run")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                   help="hf: the reference engine, exact logprobs, one request at a time; vllm: batched")
-    p.add_argument("--overlap", action="store_true", help="play the next batch while the trainer steps (one version stale)")
+    p.add_argument(
+        "--engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="hf: the reference engine, exact logprobs, one request at a time; vllm: batched",
+    )
+    p.add_argument(
+        "--overlap", action="store_true", help="play the next batch while the trainer steps (one version stale)"
+    )
     p.add_argument("--out", type=Path, default=REPO / "runs" / "curves")
     p.add_argument("--plot", action="store_true")
     args = p.parse_args()
     from agentgym.models.tiny import make_default_tiny_model
 
     for seed in [int(s) for s in args.seeds.split(",")]:
-        overrides = [f"run.seed={seed}", *LOOP_OVERRIDES, "model.create_tiny=false", f'actor.engine="{args.engine}"',
-                     *args.override]  # fmt: skip
+        overrides = [
+            f"run.seed={seed}",
+            *LOOP_OVERRIDES,
+            "model.create_tiny=false",
+            f'actor.engine="{args.engine}"',
+            *args.override,
+        ]
         if args.steps is not None:
             overrides.append(f"run.max_steps={args.steps}")
         cfg = load_config(args.config, overrides)
@@ -216,9 +259,17 @@ def main() -> int:
             make_default_tiny_model(Path(cfg.model.path), seed=0)
         print(f"[{args.tag} seed {seed}] {' '.join(args.override)}", flush=True)
         out = args.out / args.tag
-        res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, args.eval_turn_limit,
-                                      partial=out / f"seed{seed}.json", engine_kind=args.engine,
-                                      overlap=args.overlap))  # fmt: skip
+        res = asyncio.run(
+            train_curve(
+                cfg,
+                args.eval_every,
+                args.eval_tasks,
+                args.eval_turn_limit,
+                partial=out / f"seed{seed}.json",
+                engine_kind=args.engine,
+                overlap=args.overlap,
+            )
+        )
         res.update(config=str(args.config), overrides=overrides, seed=seed, overlap=args.overlap)
         (out / f"seed{seed}.json").write_text(json.dumps(res))
     if args.plot:

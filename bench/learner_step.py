@@ -71,6 +71,7 @@ def rollouts(model: Path, shape: str, seed: int = 0) -> list:
     def render(msgs: list[dict[str, str]]) -> list[int]:
         text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         return list(tok(text, add_special_tokens=False).input_ids)
+
     out = []
     groups, size = (8, 8) if shape == "echo" else (4, 8)
     for g in range(groups):
@@ -78,15 +79,28 @@ def rollouts(model: Path, shape: str, seed: int = 0) -> list:
             msgs = [{"role": "system", "content": "say one number."}, {"role": "user", "content": str(1 + g % 8)}]
             turns, per_turn, reply = 1, 8, [tok.eos_token_id or 0]
         else:
-            msgs = [{"role": "system", "content": "Guess my number between 1 and 100. After each guess I say higher or lower. Answer with a number only."},
-                    {"role": "user", "content": "I am thinking of a number between 1 and 100. Your guess?"}]  # fmt: skip
+            msgs = [
+                {
+                    "role": "system",
+                    "content": "Guess my number between 1 and 100. After each guess I say higher or lower. Answer with a number only.",
+                },
+                {"role": "user", "content": "I am thinking of a number between 1 and 100. Your guess?"},
+            ]
             turns, per_turn = 6, 4
             reply = render([{"role": "user", "content": "Higher."}])
         prompt = render(msgs)
         eps = []
         for i in range(size):
             agent = [[int(t) for t in rng.integers(100, vocab, per_turn)] for _ in range(turns)]
-            eps.append(episode(prompt, agent, [float(i % 2)] + [0.0] * (turns - 1), behav=[-3.0] * (turns * per_turn), between=reply))
+            eps.append(
+                episode(
+                    prompt,
+                    agent,
+                    [float(i % 2)] + [0.0] * (turns - 1),
+                    behav=[-3.0] * (turns * per_turn),
+                    between=reply,
+                )
+            )
         out.append(Rollout(group_id=f"g{g}", actor_id="a", env=shape, task_id=g, episodes=eps))
     return out
 
@@ -112,8 +126,13 @@ def main() -> int:
     batch = rollouts(args.model, args.shape)
     rows = []
     for name in args.settings.split(","):
-        cfg = make_cfg(args.model, f"learner.threads={args.threads}", "rollout.max_episode_tokens=8192", "learner.lr=1e-6",
-                       *SETTINGS[name])  # fmt: skip
+        cfg = make_cfg(
+            args.model,
+            f"learner.threads={args.threads}",
+            "rollout.max_episode_tokens=8192",
+            "learner.lr=1e-6",
+            *SETTINGS[name],
+        )
         torch.manual_seed(0)
         tr = Trainer.load(cfg)
         params = sum(p.numel() for n, p in tr.model.named_parameters() if "embed" not in n and "lm_head" not in n)
@@ -127,21 +146,36 @@ def main() -> int:
         step_s = statistics.median(times)
         flop = 6 * m["tokens"] * params + 6 * m["trained_tokens"] * hidden * vocab
         ideal = flop / limit["bfloat16"]
-        rows.append({"setting": name, "step_s": round(step_s, 2), "tokens": int(m["tokens"]), "forward_tokens": int(m["forward_tokens"]),
-                     "agent_tokens": int(m["trained_tokens"]), "tokens_per_s": round(m["tokens"] / step_s, 1),
-                     "ideal_s": round(ideal, 2), "x_limit": round(step_s / ideal, 2)})  # fmt: skip
+        rows.append(
+            {
+                "setting": name,
+                "step_s": round(step_s, 2),
+                "tokens": int(m["tokens"]),
+                "forward_tokens": int(m["forward_tokens"]),
+                "agent_tokens": int(m["trained_tokens"]),
+                "tokens_per_s": round(m["tokens"] / step_s, 1),
+                "ideal_s": round(ideal, 2),
+                "x_limit": round(step_s / ideal, 2),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
         del tr
     load = os.getloadavg()
-    print(f"\nmatmul limit ({args.threads} threads, 2048x2048): float32 {limit['float32'] / 1e9:.0f} GFLOP/s, "
-          f"bfloat16 {limit['bfloat16'] / 1e9:.0f} GFLOP/s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
+    print(
+        f"\nmatmul limit ({args.threads} threads, 2048x2048): float32 {limit['float32'] / 1e9:.0f} GFLOP/s, "
+        f"bfloat16 {limit['bfloat16'] / 1e9:.0f} GFLOP/s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     print("| setting | s/step | tokens (forward) | agent tokens | tokens/s | ideal s (bf16 limit) | x limit |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['setting']} | {r['step_s']} | {r['tokens']} ({r['forward_tokens']}) | {r['agent_tokens']} | "
-              f"{r['tokens_per_s']} | {r['ideal_s']} | {r['x_limit']} |")  # fmt: skip
+        print(
+            f"| {r['setting']} | {r['step_s']} | {r['tokens']} ({r['forward_tokens']}) | {r['agent_tokens']} | "
+            f"{r['tokens_per_s']} | {r['ideal_s']} | {r['x_limit']} |"
+        )
     if args.out:
-        args.out.write_text(json.dumps({"limit_flops": limit, "load": load, "shape": args.shape, "rows": rows}, indent=1))
+        args.out.write_text(
+            json.dumps({"limit_flops": limit, "load": load, "shape": args.shape, "rows": rows}, indent=1)
+        )
     return 0
 
 

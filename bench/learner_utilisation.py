@@ -43,11 +43,21 @@ def make_model(out: Path, hidden: int, layers: int) -> int:
     if not (tiny / "config.json").exists():
         subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--arch", "tiny", str(tiny)], check=True)
     ref = AutoConfig.from_pretrained(tiny)
-    cfg = Qwen2Config(vocab_size=ref.vocab_size, hidden_size=hidden, intermediate_size=3 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                      num_key_value_heads=max(1, hidden // 256), max_position_embeddings=ref.max_position_embeddings,
-                      eos_token_id=ref.eos_token_id, pad_token_id=ref.pad_token_id, bos_token_id=None,
-                      tie_word_embeddings=False, use_sliding_window=False, max_window_layers=layers)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=ref.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 256),
+        max_position_embeddings=ref.max_position_embeddings,
+        eos_token_id=ref.eos_token_id,
+        pad_token_id=ref.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        max_window_layers=layers,
+    )
     cfg.architectures = ["Qwen2ForCausalLM"]
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
@@ -59,16 +69,40 @@ def make_model(out: Path, hidden: int, layers: int) -> int:
 
 
 def run_cell(out: Path, model: Path, k: int, actors: int, steps: int) -> dict:
-    cmd = [sys.executable, "-m", "agentgym.cli", "bench", "--modes", "async", "--steps", str(steps), "--actors", str(actors),
-           "--out", str(out), "-o", "actor.engine=sim", "-o", f"model.path={model}", "-o", "model.create_tiny=false",
-           "-o", f"learner.max_staleness={k}", "-o", WAITING_ENV]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "bench",
+        "--modes",
+        "async",
+        "--steps",
+        str(steps),
+        "--actors",
+        str(actors),
+        "--out",
+        str(out),
+        "-o",
+        "actor.engine=sim",
+        "-o",
+        f"model.path={model}",
+        "-o",
+        "model.create_tiny=false",
+        "-o",
+        f"learner.max_staleness={k}",
+        "-o",
+        WAITING_ENV,
+    ]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     mean = json.loads((out / "comparison.json").read_text())["mean"]["async"]
     rows = [json.loads(line) for line in (out / "async-0" / "metrics.jsonl").read_text().splitlines()]
-    settled = rows[len(rows) // 4:] or rows  # after the pipeline has filled
-    return {**mean, "step_s": statistics.median(r["train_time_s"] for r in rows),
-            "in_flight": statistics.mean(r["tickets_in_flight"] for r in settled),
-            "buffered": statistics.mean(r["buffered_groups"] for r in settled)}  # fmt: skip
+    settled = rows[len(rows) // 4 :] or rows  # after the pipeline has filled
+    return {
+        **mean,
+        "step_s": statistics.median(r["train_time_s"] for r in rows),
+        "in_flight": statistics.mean(r["tickets_in_flight"] for r in settled),
+        "buffered": statistics.mean(r["buffered_groups"] for r in settled),
+    }
 
 
 def main() -> None:
@@ -93,12 +127,20 @@ def main() -> None:
             results.append({"hidden": hidden, "params": params, "k": k, "actors": n, **cell})
             print(f"hidden={hidden} K={k} actors={n}: utilisation {cell['learner_utilisation']:.3f}", flush=True)
     (out / "learner_utilisation.json").write_text(json.dumps(results, indent=1))
-    print("\n| learner model | step (s) | K | actors | in flight + buffered | utilisation | waiting | staleness | lost |")
+    print(
+        "\n| learner model | step (s) | K | actors | in flight + buffered | utilisation | waiting | staleness | lost |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        name = "tiny (quickstart)" if not r["hidden"] else f"hidden {r['hidden']}, {a.layers} layers ({r['params'] / 1e6:.2f}M)"
-        print(f"| {name} | {r['step_s']:.2f} | {r['k']} | {r['actors']} | {r['in_flight']:.1f} + {r['buffered']:.1f} | "
-              f"{r['learner_utilisation']:.2f} | {r['learner_wait_frac']:.2f} | {r['staleness_mean']:.2f} | {r['lost_frac']:.3f} |")  # fmt: skip
+        name = (
+            "tiny (quickstart)"
+            if not r["hidden"]
+            else f"hidden {r['hidden']}, {a.layers} layers ({r['params'] / 1e6:.2f}M)"
+        )
+        print(
+            f"| {name} | {r['step_s']:.2f} | {r['k']} | {r['actors']} | {r['in_flight']:.1f} + {r['buffered']:.1f} | "
+            f"{r['learner_utilisation']:.2f} | {r['learner_wait_frac']:.2f} | {r['staleness_mean']:.2f} | {r['lost_frac']:.3f} |"
+        )
     print(f"\nruns in {out}")
 
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import argparse
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agentgym.envpool.envs.maze import MOVES, OPPOSITE, Maze
 
@@ -98,8 +98,12 @@ def least_visited(seen: Seen, memory: Memory, rng: random.Random) -> str:
     return rng.choice([d for d in seen.open if key(d) == best])
 
 
-POLICIES: dict[str, Policy] = {"random open": random_open, "toward goal": toward_goal,
-                               "toward, no back": toward_no_back, "least visited": least_visited}  # fmt: skip
+POLICIES: dict[str, Policy] = {
+    "random open": random_open,
+    "toward goal": toward_goal,
+    "toward, no back": toward_no_back,
+    "least visited": least_visited,
+}
 
 
 def success(policy: Policy | None, size: int, turns: int, tasks: list[int], seed: int = 0) -> float:

@@ -72,11 +72,19 @@ async def run(cfg: Config, lag: int, eval_tasks: int) -> dict:
     try:
         draw = random.Random(cfg.run.seed)
         for step in range(cfg.run.max_steps):
-            tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
-                       for g in range(cfg.learner.batch_groups)]  # fmt: skip
-            rollouts = await play_groups(engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step))
+            tickets = [
+                Ticket(
+                    group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count)
+                )
+                for g in range(cfg.learner.batch_groups)
+            ]
+            rollouts = await play_groups(
+                engine, tokenizer, pool, spec, tickets, spec.group_size, cfg.schedule.turn_limit(step)
+            )
             eps = [e for r in rollouts for e in r.episodes]
-            acts = np.concatenate([np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0] for e in eps])
+            acts = np.concatenate(
+                [np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0] for e in eps]
+            )
             m = trainer.train_step(rollouts)
             m["special_share"] = float(np.isin(acts, list(special)).mean()) if len(acts) else 0.0
             m["success"] = sum(e.success for e in eps) / len(eps)
@@ -90,15 +98,21 @@ async def run(cfg: Config, lag: int, eval_tasks: int) -> dict:
         while snapshots:  # evaluate the final weights
             version, state = snapshots.popleft()
             await engine.update_weights(state, version)
-        groups = await play_groups(engine, tokenizer, pool, spec, held_out, EVAL_EPISODES, cfg.schedule.turn_limit(cfg.run.max_steps))
+        groups = await play_groups(
+            engine, tokenizer, pool, spec, held_out, EVAL_EPISODES, cfg.schedule.turn_limit(cfg.run.max_steps)
+        )
         held = [e.success for g in groups for e in g.episodes]
     finally:
         await pool.close()
         await engine.close()
         trainer.close()
     success = [s["success"] for s in steps]
-    return {"steps": steps, "held_out": sum(held) / len(held), "collapse_step": collapsed(success),
-            "wall_s": time.time() - t0}  # fmt: skip
+    return {
+        "steps": steps,
+        "held_out": sum(held) / len(held),
+        "collapse_step": collapsed(success),
+        "wall_s": time.time() - t0,
+    }
 
 
 def main() -> int:
@@ -125,10 +139,13 @@ def main() -> int:
             (out / f"lag{lag}-seed{seed}.json").write_text(json.dumps(res))
             s = res["steps"]
             last = s[-10:]
-            print(f"[{args.tag}] lag={lag} seed={seed} held_out={res['held_out']:.3f} "
-                  f"train_last10={np.mean([x['success'] for x in last]):.3f} collapse_step={res['collapse_step']} "
-                  f"entropy_last={s[-1].get('entropy', float('nan')):.2f} special_share_last10={np.mean([x['special_share'] for x in last]):.2f} "
-                  f"wall={res['wall_s']:.0f}s", flush=True)  # fmt: skip
+            print(
+                f"[{args.tag}] lag={lag} seed={seed} held_out={res['held_out']:.3f} "
+                f"train_last10={np.mean([x['success'] for x in last]):.3f} collapse_step={res['collapse_step']} "
+                f"entropy_last={s[-1].get('entropy', float('nan')):.2f} special_share_last10={np.mean([x['special_share'] for x in last]):.2f} "
+                f"wall={res['wall_s']:.0f}s",
+                flush=True,
+            )
     return 0
 
 

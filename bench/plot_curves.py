@@ -55,7 +55,9 @@ def plot(folders: list[Path], out: Path, title: str = "", labels: list[str] | No
         rows = summary(runs)
         label = (labels[i] if labels else folder.name) + f" ({len(runs)} seeds)"
         line = ax.plot([r[0] for r in rows], [r[1] for r in rows], label=label, lw=2)[0]
-        ax.fill_between([r[0] for r in rows], [r[2] for r in rows], [r[3] for r in rows], color=line.get_color(), alpha=0.15)
+        ax.fill_between(
+            [r[0] for r in rows], [r[2] for r in rows], [r[3] for r in rows], color=line.get_color(), alpha=0.15
+        )
         for c in runs.values():
             ax.plot([p[0] for p in c], [p[1] for p in c], color=line.get_color(), lw=0.6, alpha=0.5)
     ax.set_xlabel("learner step")
@@ -79,7 +81,9 @@ def table(folders: list[Path]) -> str:
         lines.append(f"\n{folder.name} ({len(runs)} seeds: {sorted(runs)})\n")
         lines.append("| step | " + " | ".join(str(r[0]) for r in rows) + " |")
         lines.append("|---" * (len(rows) + 1) + "|")
-        lines.append("| mean (min-max) | " + " | ".join(f"{r[1]:.2f} ({r[2]:.2f}-{r[3]:.2f}, n={r[4]})" for r in rows) + " |")
+        lines.append(
+            "| mean (min-max) | " + " | ".join(f"{r[1]:.2f} ({r[2]:.2f}-{r[3]:.2f}, n={r[4]})" for r in rows) + " |"
+        )
     return "\n".join(lines)
 
 

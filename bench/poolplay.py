@@ -35,8 +35,9 @@ async def expert(ep: Any, task: int, i: int) -> str:
     return await ep.expert_action()
 
 
-async def play_for(pool: Any, tasks: Sequence[int], concurrency: int, seconds: float, max_steps: int,
-                   choose: Choose = expert) -> PoolRun:  # fmt: skip
+async def play_for(
+    pool: Any, tasks: Sequence[int], concurrency: int, seconds: float, max_steps: int, choose: Choose = expert
+) -> PoolRun:
     run = PoolRun()
     t0 = time.perf_counter()
 

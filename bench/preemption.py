@@ -33,16 +33,24 @@ import time
 from pathlib import Path
 
 from agentgym.cli.chaos import FAST, Scenario
-from agentgym.observe.logs import read_events
 from agentgym.cluster.netns import Loopback
 from agentgym.models.tiny import make_default_tiny_model
+from agentgym.observe.logs import read_events
 
 
-def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) -> dict:  # type: ignore[type-arg]
+def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) -> dict:
     mode = "on" if handover else "off"
-    overrides = [*FAST, "env.kwargs={low=1, high=1000}", f"schedule.turn_limits=[[0, {args.turns}]]",
-                 f"rollout.max_tokens_per_turn={args.tokens}", "rollout.max_episode_tokens=1536", "rollout.group_size=4",
-                 "learner.batch_groups=2", "learner.max_staleness=4", "run.max_steps=1000"]  # fmt: skip
+    overrides = [
+        *FAST,
+        "env.kwargs={low=1, high=1000}",
+        f"schedule.turn_limits=[[0, {args.turns}]]",
+        f"rollout.max_tokens_per_turn={args.tokens}",
+        "rollout.max_episode_tokens=1536",
+        "rollout.group_size=4",
+        "learner.batch_groups=2",
+        "learner.max_staleness=4",
+        "run.max_steps=1000",
+    ]
     victim_cfg = [f"actor.handover={str(handover).lower()}"]
     rows = []
     with Loopback(["learner", "a1", "a2"]) as net:
@@ -53,7 +61,7 @@ def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) 
         sc.wait(lambda: sc.step() >= 1, 900, "a first step")
         for n in range(args.preemptions):
             joined = lambda v=victim: [e for e in sc.events("actor_joined") if e["actor_id"] == v]  # noqa: E731
-            sc.wait(lambda: bool(joined()), 300, "the actor to join")
+            sc.wait(lambda joined=joined: bool(joined()), 300, "the actor to join")
             time.sleep(args.play_s)  # it plays a while: its episodes are some turns in
             t0 = time.monotonic()
             sc.actors[victim].send_signal(15)
@@ -61,13 +69,22 @@ def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) 
             exit_s = time.monotonic() - t0
             stats = json.loads((sc.actor_home / "a1" / "actors" / f"{victim}.json").read_text())
             ready = read_events(sc.actor_home / "a1" / "logs" / f"actor-{victim}.jsonl", "handover_ready")
-            rows.append({"mode": mode, "preemption": n, "code": code, "sigterm_to_exit_s": round(exit_s, 2),
-                         "to_turn_boundaries_s": ready[-1]["seconds"] if ready else None,
-                         "sampled": stats.get("sampled_tokens", 0), "sent": stats.get("sampled_tokens_sent", 0),
-                         "handed_over": stats.get("sampled_tokens_handed_over", 0), "lost": stats.get("sampled_tokens_lost", 0),
-                         "aborted_turns_tokens": stats.get("sampled_tokens_dropped", 0),
-                         "groups_handed_over": stats.get("handover_groups", 0),
-                         "partial_episodes": stats.get("handover_partial", 0)})  # fmt: skip
+            rows.append(
+                {
+                    "mode": mode,
+                    "preemption": n,
+                    "code": code,
+                    "sigterm_to_exit_s": round(exit_s, 2),
+                    "to_turn_boundaries_s": ready[-1]["seconds"] if ready else None,
+                    "sampled": stats.get("sampled_tokens", 0),
+                    "sent": stats.get("sampled_tokens_sent", 0),
+                    "handed_over": stats.get("sampled_tokens_handed_over", 0),
+                    "lost": stats.get("sampled_tokens_lost", 0),
+                    "aborted_turns_tokens": stats.get("sampled_tokens_dropped", 0),
+                    "groups_handed_over": stats.get("handover_groups", 0),
+                    "partial_episodes": stats.get("handover_partial", 0),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
             victim = sc.start_actor("a1", victim_cfg)
         at = sc.step()
@@ -76,14 +93,18 @@ def run_mode(handover: bool, args: argparse.Namespace, work: Path, model: Path) 
         received = sc.events("handover_received")
     n = len(rows)
     summary = {
-        "mode": mode, "preemptions": n, "lost_mean": round(sum(r["lost"] for r in rows) / n, 1),
-        "lost": [r["lost"] for r in rows], "handed_over": [r["handed_over"] for r in rows],
+        "mode": mode,
+        "preemptions": n,
+        "lost_mean": round(sum(r["lost"] for r in rows) / n, 1),
+        "lost": [r["lost"] for r in rows],
+        "handed_over": [r["handed_over"] for r in rows],
         "sigterm_to_exit_s": [r["sigterm_to_exit_s"] for r in rows],
         "to_turn_boundaries_s": [r["to_turn_boundaries_s"] for r in rows],
         "episodes_resumed": len(resumed),
         "partial_not_resumed_yet_or_diverged": sum(len(e["prefixes"]) for e in received) - len(resumed),
-        "steps": sc.step(), "work": str(work / mode),
-    }  # fmt: skip
+        "steps": sc.step(),
+        "work": str(work / mode),
+    }
     print(json.dumps(summary), flush=True)
     return summary
 
@@ -105,7 +126,11 @@ def main() -> int:
     summaries = [run_mode(m == "on", args, work, model) for m in modes]
     by = {s["mode"]: s["lost_mean"] for s in summaries}
     if by.get("off") and "on" in by:
-        print(json.dumps({"lost_mean_off": by["off"], "lost_mean_on": by["on"], "on_over_off": round(by["on"] / by["off"], 4)}))
+        print(
+            json.dumps(
+                {"lost_mean_off": by["off"], "lost_mean_on": by["on"], "on_over_off": round(by["on"] / by["off"], 4)}
+            )
+        )
     return 0
 
 

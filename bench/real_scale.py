@@ -77,12 +77,20 @@ def rollouts(vocab: int, groups: int, size: int, tokens: int, seed: int):
             mask = np.zeros(tokens, np.uint8)
             mask[tokens // 2 :] = 1  # half prompt/observations, half agent tokens
             r = float(i % 2)
-            eps.append(Episode(
-                token_ids=pack(ids, I32), logprobs=pack(np.full(tokens, -5.0, np.float32), F32),
-                loss_mask=pack(mask, U8), versions=pack(np.where(mask == 1, 0, -1), I32),
-                turn_ends=pack([tokens], I32), turn_rewards=pack([r], F32), reward=r, success=r > 0,
-                finish="done", turn_limit=1,
-            ))  # fmt: skip
+            eps.append(
+                Episode(
+                    token_ids=pack(ids, I32),
+                    logprobs=pack(np.full(tokens, -5.0, np.float32), F32),
+                    loss_mask=pack(mask, U8),
+                    versions=pack(np.where(mask == 1, 0, -1), I32),
+                    turn_ends=pack([tokens], I32),
+                    turn_rewards=pack([r], F32),
+                    reward=r,
+                    success=r > 0,
+                    finish="done",
+                    turn_limit=1,
+                )
+            )
         out.append(Rollout(group_id=f"g{seed}-{g}", actor_id="bench", env="guess_number", task_id=g, episodes=eps))
     return out
 
@@ -95,10 +103,10 @@ def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str,
 
     from agentgym.actors.engines import make_engine
     from agentgym.actors.weight_fetch import fetch_weights, to_torch
-    from agentgym.protocol.weights import WeightBuffers
-    from agentgym.host.allocator import keep_freed_memory
     from agentgym.config import load_config
+    from agentgym.host.allocator import keep_freed_memory
     from agentgym.observe.memstats import peak_memory
+    from agentgym.protocol.weights import WeightBuffers
 
     keep_freed_memory()  # as agentgym-actor does at start
     cfg = load_config(None, overrides)
@@ -121,8 +129,15 @@ def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str,
                 t3 = time.perf_counter()
                 del raw
                 lu = engine.last_update
-                conn.send({"fetch_s": t2 - t1, "engine_s": t3 - t2, "pause_s": lu["drain_s"] + lu["load_s"],
-                           "prepare_s": lu["prepare_s"], "actor_memory": peak_memory()})  # fmt: skip
+                conn.send(
+                    {
+                        "fetch_s": t2 - t1,
+                        "engine_s": t3 - t2,
+                        "pause_s": lu["drain_s"] + lu["load_s"],
+                        "prepare_s": lu["prepare_s"],
+                        "actor_memory": peak_memory(),
+                    }
+                )
         finally:
             await engine.close()
             ctx.term()
@@ -150,22 +165,28 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     from test_transport import HubThread
 
     from agentgym.config import load_config
+    from agentgym.host.netutil import free_port_pair
     from agentgym.learner.distributed import DataParallel, pick_device
     from agentgym.learner.trainer import Trainer
     from agentgym.learner.transport import WeightSnapshot
     from agentgym.learner.weight_export import WeightExporter
     from agentgym.observe.memstats import peak_memory
-    from agentgym.host.netutil import free_port_pair
     from agentgym.protocol import WeightsReady
 
     dtype = "float32" if shape == "tiny" else "bfloat16"
     overrides = [
-        f'model.path="{model_dir}"', f'model.dtype="{dtype}"', f'actor.engine="{args.engine}"', "actor.kv_cache_gib=0.25",
-        f"rollout.max_episode_tokens={max(args.tokens, 256)}", "learner.lr=1e-6", f"learner.batch_groups={args.groups}",
-        f"rollout.group_size={args.group_size}", f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
+        f'model.path="{model_dir}"',
+        f'model.dtype="{dtype}"',
+        f'actor.engine="{args.engine}"',
+        "actor.kv_cache_gib=0.25",
+        f"rollout.max_episode_tokens={max(args.tokens, 256)}",
+        "learner.lr=1e-6",
+        f"learner.batch_groups={args.groups}",
+        f"rollout.group_size={args.group_size}",
+        f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
         "learner.micro_batch_tokens=16384",  # as configs/real_model_gpu.toml: bounds the logits' memory
         "actor.gpu_memory_utilization=0.3",  # vLLM on the learner's GPU: leave it room to train
-    ]  # fmt: skip
+    ]
     cfg = load_config(None, overrides)
     row: dict = {"shape": shape, "dtype": dtype, "engine": args.engine}
     trainer = Trainer.build(cfg, DataParallel(device=pick_device(cfg, 0)))  # learner.device: auto
@@ -185,8 +206,11 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
 
     mpc = mp.get_context("spawn")
     conn, child_conn = mpc.Pipe()
-    child = mpc.Process(target=_actor_process, args=(child_conn, overrides, str(model_dir), args.engine,
-                                                     f"tcp://127.0.0.1:{port + 1}"), daemon=True)  # fmt: skip
+    child = mpc.Process(
+        target=_actor_process,
+        args=(child_conn, overrides, str(model_dir), args.engine, f"tcp://127.0.0.1:{port + 1}"),
+        daemon=True,
+    )
     with HubThread(f"tcp://127.0.0.1:{port}") as ht:
         child.start()
         if _answer(conn, child, f"start its {args.engine} engine") != "started":
@@ -197,17 +221,34 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
                     for p in trainer.model.parameters():
                         p.add_(1e-3)  # every tensor changes, as after an optimizer step
                 t0 = time.perf_counter()
-                chunks, cv = exporter.build(version, trainer.export_weights(dtype, sources=True), trainer.trained_names())
+                chunks, cv = exporter.build(
+                    version, trainer.export_weights(dtype, sources=True), trainer.trained_names()
+                )
                 snap = WeightSnapshot.build(version, chunks)
                 del chunks
                 export_s = time.perf_counter() - t0
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
                 time.sleep(0.05)  # the hub thread picks the command up every 10 ms
-                conn.send(WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(snap.frames),
-                                       total_bytes=snap.total_bytes, chunk_versions=cv))  # fmt: skip
+                conn.send(
+                    WeightsReady(
+                        version=version,
+                        step=version,
+                        turn_limit=3,
+                        num_chunks=len(snap.frames),
+                        total_bytes=snap.total_bytes,
+                        chunk_versions=cv,
+                    )
+                )
                 got = _answer(conn, child, f"load version {version}")
-                parts.append({"bytes": snap.total_bytes, "chunks": len(snap.frames), "export_s": export_s, **got,
-                              "sync_s": export_s + got["fetch_s"] + got["engine_s"]})  # fmt: skip
+                parts.append(
+                    {
+                        "bytes": snap.total_bytes,
+                        "chunks": len(snap.frames),
+                        "export_s": export_s,
+                        **got,
+                        "sync_s": export_s + got["fetch_s"] + got["engine_s"],
+                    }
+                )
                 print(f"{shape}: update {version} {parts[-1]}", flush=True)
         finally:
             conn.send(None)
@@ -236,9 +277,8 @@ def main() -> int:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from agentgym.cli.make_model import make_model
-
-    from agentgym.host.allocator import keep_freed_memory
     from agentgym.config.learner import LearnerConfig
+    from agentgym.host.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the actor process (and agentgym's own) does: the bound gets the same allocator
     frame = LearnerConfig().weight_chunk_mib << 20  # the chunks' size: the bound moves the same frames
@@ -253,14 +293,18 @@ def main() -> int:
         rows[-1]["raw_gib_s"] = bound
         rows[-1]["fetch_over_raw"] = rows[-1]["fetch_gib_s"] / bound
         (args.out / "real_scale.json").write_text(json.dumps({"raw_gib_s": bound, "rows": rows}, indent=2))
-    print("\n| shape | params | dtype | MiB/update | sync s (export + fetch + engine) | pause s | step s | sync/step | fetch GiB/s | raw GiB/s | fetch/raw |")
+    print(
+        "\n| shape | params | dtype | MiB/update | sync s (export + fetch + engine) | pause s | step s | sync/step | fetch GiB/s | raw GiB/s | fetch/raw |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         step = f"{r['step_s']:.1f}" if r["step_s"] else "not run"
         ratio = f"{r['sync_over_step']:.1%}" if r["sync_over_step"] else "-"
-        print(f"| {r['shape']} | {r['params'] / 1e6:.1f}M | {r['dtype']} | {r['bytes'] / 2**20:.1f} | "
-              f"{r['sync_s']:.2f} ({r['export_s']:.2f} + {r['fetch_s']:.2f} + {r['engine_s']:.2f}) | {r['pause_s']:.2f} | "
-              f"{step} | {ratio} | {r['fetch_gib_s']:.2f} | {r['raw_gib_s']:.2f} | {r['fetch_over_raw']:.0%} |")  # fmt: skip
+        print(
+            f"| {r['shape']} | {r['params'] / 1e6:.1f}M | {r['dtype']} | {r['bytes'] / 2**20:.1f} | "
+            f"{r['sync_s']:.2f} ({r['export_s']:.2f} + {r['fetch_s']:.2f} + {r['engine_s']:.2f}) | {r['pause_s']:.2f} | "
+            f"{step} | {ratio} | {r['fetch_gib_s']:.2f} | {r['raw_gib_s']:.2f} | {r['fetch_over_raw']:.0%} |"
+        )
     return 0
 
 

@@ -80,18 +80,57 @@ def main() -> int:
     from agentgym.host.netutil import free_port_pair
 
     port = free_port_pair()
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
-           "--run-dir", str(run_dir), "--actors", "1", "--max-steps", str(args.steps),
-           "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{model}"', "-o", "model.create_tiny=false",
-           "-o", 'model.dtype="bfloat16"', "-o", f"learner.lora.rank={args.rank}", "-o", f"learner.lora.alpha={2 * max(args.rank, 1)}",
-           "-o", f"learner.lr={1e-4 if args.rank else 1e-5}", "-o", "learner.batch_groups=1", "-o", "rollout.group_size=2",
-           "-o", "rollout.max_episode_tokens=160", "-o", "actor.max_groups=1", "-o", "actor.kv_cache_gib=0.5",
-           "-o", "schedule.turn_limits=[[0, 2]]", "-o", "eval.at_start=false", "-o", "eval.at_end=false",
-           "-o", "learner.threads=2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--config",
+        str(REPO / "configs" / "quickstart.toml"),
+        "--run-dir",
+        str(run_dir),
+        "--actors",
+        "1",
+        "--max-steps",
+        str(args.steps),
+        "-o",
+        f'learner.bind="tcp://127.0.0.1:{port}"',
+        "-o",
+        f'model.path="{model}"',
+        "-o",
+        "model.create_tiny=false",
+        "-o",
+        'model.dtype="bfloat16"',
+        "-o",
+        f"learner.lora.rank={args.rank}",
+        "-o",
+        f"learner.lora.alpha={2 * max(args.rank, 1)}",
+        "-o",
+        f"learner.lr={1e-4 if args.rank else 1e-5}",
+        "-o",
+        "learner.batch_groups=1",
+        "-o",
+        "rollout.group_size=2",
+        "-o",
+        "rollout.max_episode_tokens=160",
+        "-o",
+        "actor.max_groups=1",
+        "-o",
+        "actor.kv_cache_gib=0.5",
+        "-o",
+        "schedule.turn_limits=[[0, 2]]",
+        "-o",
+        "eval.at_start=false",
+        "-o",
+        "eval.at_end=false",
+        "-o",
+        "learner.threads=2",
+    ]
     t_run = time.monotonic()
     console = open(args.out / "launcher.log", "w")  # noqa: SIM115 - closed when the run ends
-    launcher = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=console,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+    launcher = subprocess.Popen(
+        cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=console, stderr=subprocess.STDOUT
+    )
     me = psutil.Process(launcher.pid)
     peak = {"learner": 0, "actor": 0}
     while launcher.poll() is None:
@@ -128,22 +167,32 @@ def main() -> int:
     update_bytes = round(updates[-1]["mib"] * 2**20)
     what = f"LoRA rank {args.rank}" if args.rank else "full fine-tuning"
     res = {
-        "model": f"{args.arch} shape (random init), bfloat16", "params": n_params, "training": what,
-        "steps": len(metrics), "update_bytes": update_bytes, "full_bytes_bf16": 2 * n_params,
-        "full_bytes_fp32": 4 * n_params, "update_frac_of_bf16": update_bytes / (2 * n_params),
+        "model": f"{args.arch} shape (random init), bfloat16",
+        "params": n_params,
+        "training": what,
+        "steps": len(metrics),
+        "update_bytes": update_bytes,
+        "full_bytes_bf16": 2 * n_params,
+        "full_bytes_fp32": 4 * n_params,
+        "update_frac_of_bf16": update_bytes / (2 * n_params),
         "update_frac_of_fp32": update_bytes / (4 * n_params),
-        "sync_s": syncs, "engine_pause_s": pauses, "export_s": list(export_s.values()), "step_s": steps,
+        "sync_s": syncs,
+        "engine_pause_s": pauses,
+        "export_s": list(export_s.values()),
+        "step_s": steps,
         "sync_over_step": (sum(syncs) / len(syncs)) / (sum(steps) / len(steps)) if syncs and steps else None,
-        "peak_rss_learner_gib": peak["learner"] / 2**30, "peak_rss_actor_gib": peak["actor"] / 2**30,
-        "engine_start_s": started[0]["seconds"] if started else None, "wall_s": wall,
+        "peak_rss_learner_gib": peak["learner"] / 2**30,
+        "peak_rss_actor_gib": peak["actor"] / 2**30,
+        "engine_start_s": started[0]["seconds"] if started else None,
+        "wall_s": wall,
         "rewards": [m["reward_mean"] for m in metrics],
-    }  # fmt: skip
+    }
     (args.out / "real_train.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
     print(f"""
 | model | training | update bytes | full update bf16 | ratio | weight sync (mean) | engine pause (mean) | learner step (mean) | sync / step | peak RSS learner | peak RSS actor (+vLLM) |
 |---|---|---|---|---|---|---|---|---|---|---|
-| {args.arch} shape, bf16 | {what} | {update_bytes / 2**20:.1f} MiB | {2 * n_params / 2**30:.2f} GiB | {100 * res['update_frac_of_bf16']:.2f} % | {sum(syncs) / max(len(syncs), 1):.2f} s | {sum(pauses) / max(len(pauses), 1):.3f} s | {sum(steps) / len(steps):.1f} s | {100 * (res['sync_over_step'] or 0):.2f} % | {res['peak_rss_learner_gib']:.1f} GiB | {res['peak_rss_actor_gib']:.1f} GiB |""")  # fmt: skip
+| {args.arch} shape, bf16 | {what} | {update_bytes / 2**20:.1f} MiB | {2 * n_params / 2**30:.2f} GiB | {100 * res["update_frac_of_bf16"]:.2f} % | {sum(syncs) / max(len(syncs), 1):.2f} s | {sum(pauses) / max(len(pauses), 1):.3f} s | {sum(steps) / len(steps):.1f} s | {100 * (res["sync_over_step"] or 0):.2f} % | {res["peak_rss_learner_gib"]:.1f} GiB | {res["peak_rss_actor_gib"]:.1f} GiB |""")
     return 0
 
 

@@ -58,8 +58,23 @@ from task_overlap import row_overlap  # noqa: E402
 
 from agentgym.config import Config, load_config  # noqa: E402
 
-ROWS = ("maze3", "maze3-map", "maze5", "maze5-sft", "textcraft1", "textcraft1-sft", "textcraft1-d0", "textcraft2", "wordle", "wordle-letters", "wordle-games", "babyai", "deepsearch",
-        "sciworld", "webshop")  # fmt: skip
+ROWS = (
+    "maze3",
+    "maze3-map",
+    "maze5",
+    "maze5-sft",
+    "textcraft1",
+    "textcraft1-sft",
+    "textcraft1-d0",
+    "textcraft2",
+    "wordle",
+    "wordle-letters",
+    "wordle-games",
+    "babyai",
+    "deepsearch",
+    "sciworld",
+    "webshop",
+)
 """Rows of the table, in order: configs/envs/<row>.toml."""
 
 SFT_ROWS = {"maze5-sft": "maze5", "textcraft1-sft": "textcraft1"}
@@ -67,8 +82,17 @@ SFT_ROWS = {"maze5-sft": "maze5", "textcraft1-sft": "textcraft1"}
 and the row they stand beside: their "base" arm is SFT on expert and their "base + RL" arm SFT + RL.
 The bar is for RL from a base model, so they are never judged by it."""
 
-REAL_ROWS = ("real/guess_number", "real/maze3", "real/maze5", "real/babyai", "real/textcraft", "real/wordle",
-             "real/deepsearch", "real/webshop", "real/sciworld")  # fmt: skip
+REAL_ROWS = (
+    "real/guess_number",
+    "real/maze3",
+    "real/maze5",
+    "real/babyai",
+    "real/textcraft",
+    "real/wordle",
+    "real/deepsearch",
+    "real/webshop",
+    "real/sciworld",
+)
 """The real model's rows: configs/real/<env>.toml (a row named ``real/<env>``)."""
 
 
@@ -87,8 +111,8 @@ class Suite:
 
 ROW_NOTES = {
     "wordle-games": "every test game is a training game (a game is its word; the 32 test games cover all 16 "
-                    "words) and the base was trained on the answer in its own turn (ADR 0021)",
-}  # fmt: skip
+    "words) and the base was trained on the answer in its own turn (ADR 0021)",
+}
 """What a row's name cell says beside the row (docs/results.md), where its figures need it."""
 
 NO_RECORD = "no committed record (line kept from the page)"
@@ -128,7 +152,7 @@ def scripted(cfg: Config, policy: str, tasks: int, episodes: int, seed: int = 0)
             for _ in range(episodes if policy == "random" else 1):  # the expert is deterministic
                 env.reset(task)
                 won, n = False, 0
-                for n in range(1, limit + 1):
+                for n in range(1, limit + 1):  # noqa: B007  # n, the turns taken, is read after the loop
                     res = env.step(env.random_action(rng) if policy == "random" else env.expert_action())
                     if res.done:
                         won = bool(res.info.get("success", res.reward > 0))
@@ -137,8 +161,13 @@ def scripted(cfg: Config, policy: str, tasks: int, episodes: int, seed: int = 0)
                 turns.append(n)
     finally:
         env.close()
-    return {"success": sum(wins) / len(wins), "episodes": len(wins), "mean_turns": sum(turns) / len(turns),
-            "turn_limit": limit, "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+    return {
+        "success": sum(wins) / len(wins),
+        "episodes": len(wins),
+        "mean_turns": sum(turns) / len(turns),
+        "turn_limit": limit,
+        "wall_s": round(time.time() - t0, 1),
+    }
 
 
 def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
@@ -153,21 +182,45 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
     base_s = time.time() - t0
     pre = Path(cfg.model.path, "pretrain.json")
     n_eval = args.eval_tasks or cfg.eval.tasks  # the row's own eval.tasks unless --eval-tasks
-    arms = {"row": row, "config": str(config_path(row).relative_to(REPO)), "model": str(cfg.model.path), "eval_tasks": n_eval,
-            "pretrain": json.loads(pre.read_text()) if pre.exists() else None, "base_make_s": round(base_s, 1)}  # fmt: skip
+    arms = {
+        "row": row,
+        "config": str(config_path(row).relative_to(REPO)),
+        "model": str(cfg.model.path),
+        "eval_tasks": n_eval,
+        "pretrain": json.loads(pre.read_text()) if pre.exists() else None,
+        "base_make_s": round(base_s, 1),
+    }
     for policy in ("random", "expert"):
         arms[policy] = scripted(cfg, policy, n_eval, EVAL_EPISODES)
         print(f"[{row}] {policy}: held-out success {arms[policy]['success']:.3f}", flush=True)
     (out / "arms.json").write_text(json.dumps(arms, indent=1))
     for seed in [] if args.arms_only else seeds:
-        cfg = config(row, seed, [*args.override, f"run.max_steps={args.steps}", "model.create_tiny=false",
-                                 f'actor.engine="{args.engine}"'])  # fmt: skip
+        cfg = config(
+            row,
+            seed,
+            [*args.override, f"run.max_steps={args.steps}", "model.create_tiny=false", f'actor.engine="{args.engine}"'],
+        )
         print(f"[{row} seed {seed}] up to {args.steps} steps / {args.max_wall_s:.0f} s", flush=True)
-        res = asyncio.run(train_curve(cfg, args.eval_every, n_eval, cfg.schedule.final_limit,
-                                      partial=out / f"seed{seed}.json", max_wall_s=args.max_wall_s,
-                                      engine_kind=args.engine, overlap=args.overlap))  # fmt: skip
-        res.update(seed=seed, overrides=args.override, config=str(config_path(row).relative_to(REPO)), engine=args.engine, eval_tasks=n_eval,
-                   overlap=args.overlap)  # fmt: skip
+        res = asyncio.run(
+            train_curve(
+                cfg,
+                args.eval_every,
+                n_eval,
+                cfg.schedule.final_limit,
+                partial=out / f"seed{seed}.json",
+                max_wall_s=args.max_wall_s,
+                engine_kind=args.engine,
+                overlap=args.overlap,
+            )
+        )
+        res.update(
+            seed=seed,
+            overrides=args.override,
+            config=str(config_path(row).relative_to(REPO)),
+            engine=args.engine,
+            eval_tasks=n_eval,
+            overlap=args.overlap,
+        )
         (out / f"seed{seed}.json").write_text(json.dumps(res))
 
 
@@ -196,8 +249,9 @@ def save_record(out: Path, record: Path, row: str) -> None:
         run = json.loads(f.read_text())
         run.pop("plays", None)
         run["steps"] = run.get("steps", len(run["metrics"]))
-        run["metrics"] = [{k: round(m[k], 5) for k in RECORD_METRICS if isinstance(m.get(k), (int, float))}
-                          for m in run["metrics"]]  # fmt: skip
+        run["metrics"] = [
+            {k: round(m[k], 5) for k in RECORD_METRICS if isinstance(m.get(k), (int, float))} for m in run["metrics"]
+        ]
         (dst / f.name).write_text(json.dumps(run, separators=(",", ":")) + "\n")
 
 
@@ -212,10 +266,17 @@ def summarise(folder: Path) -> dict | None:
     base = [r["curve"][0][1] for r in runs if r["curve"]]
     final = [r["curve"][-1][1] for r in done]
     tasks = arms.get("eval_tasks") or next((r["eval_tasks"] for r in runs if r.get("eval_tasks")), None)
-    return {**arms, "eval_tasks": tasks, "base": base, "final": final, "seeds": [r["seed"] for r in done],
-            "steps": [r.get("steps", len(r["metrics"])) for r in done], "wall_s": [r["wall_s"] for r in done],
-            "entropy": [r["metrics"][-1].get("entropy") for r in done if r["metrics"]],
-            "partial": len(runs) - len(done)}  # fmt: skip
+    return {
+        **arms,
+        "eval_tasks": tasks,
+        "base": base,
+        "final": final,
+        "seeds": [r["seed"] for r in done],
+        "steps": [r.get("steps", len(r["metrics"])) for r in done],
+        "wall_s": [r["wall_s"] for r in done],
+        "entropy": [r["metrics"][-1].get("entropy") for r in done if r["metrics"]],
+        "partial": len(runs) - len(done),
+    }
 
 
 def _ms(xs: list[float]) -> str:
@@ -248,7 +309,13 @@ def verdict(s: dict, row: str = "", suite: Suite | None = None) -> str:
     bars = [(f"base + {suite.gain:g}", rl - base - suite.gain, noise(rl, n_rl, base, n_base))]
     share = suite.expert_share
     if expert and share is not None:
-        bars.append((f"{share:g} expert", rl - share * expert, noise(rl, n_rl, expert, s["expert"].get("episodes") or tasks, share)))
+        bars.append(
+            (
+                f"{share:g} expert",
+                rl - share * expert,
+                noise(rl, n_rl, expert, s["expert"].get("episodes") or tasks, share),
+            )
+        )
     for name, gap, margin in bars:
         if gap >= margin:
             return f"yes (>= {name})"
@@ -271,12 +338,16 @@ def overlap_cell(row: str, folder: Path) -> str:
     return "/".join(str(r["overlap"]) for r in res.values()) + f" of {'/'.join(str(t) for t in sorted(tasks))}"
 
 
-def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str] | None = None, suite: Suite | None = None) -> str:
+def table(
+    out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str] | None = None, suite: Suite | None = None
+) -> str:
     """The table of ``rows`` from their runs (``where``); a row with none keeps its line in
     ``kept`` (the page's current table), if any."""
-    lines = ["| env (config) | random | base | base + RL: mean ± sd (min-max) | expert | RL steps | wall per RL run (s) | "
-             "turn limit | test tasks also drawn in training, per seed | meets the bar |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| env (config) | random | base | base + RL: mean ± sd (min-max) | expert | RL steps | wall per RL run (s) | "
+        "turn limit | test tasks also drawn in training, per seed | meets the bar |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     suite = suite or SUITES["toy"]
     missing = []
     for row in rows:
@@ -300,23 +371,32 @@ def table(out: Path, rows: list[str], record: Path = RECORD, kept: dict[str, str
         wall = "/".join(f"{w:.0f}" for w in s["wall_s"]) or "-"
         name = f"{row}: base = SFT on expert, + RL = SFT + RL" if row in SFT_ROWS else row
         name = f"{name}: {ROW_NOTES[row]}" if row in ROW_NOTES else name
-        lines.append(f"| {name} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
-                     f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | "
-                     f"{overlap_cell(row, folder)} | {verdict(s, row, suite)} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
+            f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | "
+            f"{overlap_cell(row, folder)} | {verdict(s, row, suite)} |"
+        )
     if missing:
         lines.append("")
-        lines.append(f"Rows without 3 finished RL seeds: {', '.join(missing)}. To run them: "
-                     f"`{suite.command.format(rows=','.join(missing))}`")
+        lines.append(
+            f"Rows without 3 finished RL seeds: {', '.join(missing)}. To run them: "
+            f"`{suite.command.format(rows=','.join(missing))}`"
+        )
     return "\n".join(lines)
 
 
 BEGIN, END = "<!-- results-table -->", "<!-- /results-table -->"
 SUITES = {
     "toy": Suite(ROWS, (BEGIN, END), 0.3, 0.8, COMMAND),
-    "real": Suite(REAL_ROWS, ("<!-- real-table -->", "<!-- /real-table -->"), 0.15, None,
-                  "nice python bench/results.py --suite real --rows {rows} --seeds 0,1,2 --steps 40 --max-wall-s 2700 "
-                  "--engine vllm --table docs/results.md --plot docs/img/results_real.png"),
-}  # fmt: skip
+    "real": Suite(
+        REAL_ROWS,
+        ("<!-- real-table -->", "<!-- /real-table -->"),
+        0.15,
+        None,
+        "nice python bench/results.py --suite real --rows {rows} --seeds 0,1,2 --steps 40 --max-wall-s 2700 "
+        "--engine vllm --table docs/results.md --plot docs/img/results_real.png",
+    ),
+}
 """The tables: the demo models' (``toy``, the bar base + 0.3 or 0.8 of the expert) and the real
 model's (``real``, the bar base + 0.15 over the instruct model zero-shot)."""
 
@@ -329,8 +409,11 @@ def page_lines(path: Path, markers: tuple[str, str] = (BEGIN, END)) -> dict[str,
         return {}
     body = page.split(BEGIN, 1)[1].split(END, 1)[0]
     # A labelled row's cell is "row: what its arms are".
-    return {line.split("|")[1].split(":", 1)[0].strip(): line for line in body.splitlines()
-            if line.startswith("| ") and line.count("|") > 3}  # fmt: skip
+    return {
+        line.split("|")[1].split(":", 1)[0].strip(): line
+        for line in body.splitlines()
+        if line.startswith("| ") and line.count("|") > 3
+    }
 
 
 def write_table(path: Path, text: str, markers: tuple[str, str] = (BEGIN, END)) -> None:
@@ -358,8 +441,12 @@ def plot(out: Path, rows: list[str], path: Path, record: Path = RECORD) -> None:
     if not done:
         return
     cols = min(3, len(done))
-    fig, axes = plt.subplots((len(done) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.0 * ((len(done) + cols - 1) // cols)),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        (len(done) + cols - 1) // cols,
+        cols,
+        figsize=(4.2 * cols, 3.0 * ((len(done) + cols - 1) // cols)),
+        squeeze=False,
+    )
     for ax, row in zip(axes.flat, done):
         s = summaries[row]
         for f in sorted(folders[row].glob("seed*.json")):
@@ -373,7 +460,7 @@ def plot(out: Path, rows: list[str], path: Path, record: Path = RECORD) -> None:
         ax.set_ylabel("held-out success", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(done):]:
+    for ax in list(axes.flat)[len(done) :]:
         ax.set_visible(False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -395,7 +482,9 @@ def mix_curves(run_dir: Path, path: Path, every: int = 10) -> None:
         return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
 
     evals, steps = jsonl("eval.jsonl"), jsonl("metrics.jsonl")
-    envs = sorted({k.split("/")[1] for r in evals + steps for k in r if k.startswith("env/") and k.endswith("/success_rate")})
+    envs = sorted(
+        {k.split("/")[1] for r in evals + steps for k in r if k.startswith("env/") and k.endswith("/success_rate")}
+    )
     if not envs:
         raise SystemExit(f"results: --mix-curves: {run_dir} has no per-env success in eval.jsonl or metrics.jsonl")
     fig, (held, train) = plt.subplots(1, 2, figsize=(11, 4.0), sharey=True)
@@ -407,8 +496,12 @@ def mix_curves(run_dir: Path, path: Path, every: int = 10) -> None:
         chunks = [played[i : i + every] for i in range(0, len(played), every)]
         means = [(c[-1][0], sum(v for _, v in c) / len(c)) for c in chunks]  # at the chunk's last step
         train.plot([m[0] for m in means], [m[1] for m in means], color=line.get_color(), label=env)
-        print(f"{env}: held-out " + ", ".join(f"step {s} {v:.2f}" for s, v in pts)
-              + f"; training, mean of each {every} steps: " + ", ".join(f"{v:.2f}" for _, v in means))  # fmt: skip
+        print(
+            f"{env}: held-out "
+            + ", ".join(f"step {s} {v:.2f}" for s, v in pts)
+            + f"; training, mean of each {every} steps: "
+            + ", ".join(f"{v:.2f}" for _, v in means)
+        )
     for ax, title in ((held, "held-out success"), (train, f"training success (mean of {every} steps)")):
         ax.set_xlabel("learner step")
         ax.set_title(title, fontsize=10)
@@ -425,28 +518,52 @@ def mix_curves(run_dir: Path, path: Path, every: int = 10) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", choices=list(SUITES), default="toy", help="which table: the demo models' or the real model's")
+    p.add_argument(
+        "--suite", choices=list(SUITES), default="toy", help="which table: the demo models' or the real model's"
+    )
     p.add_argument("--rows", default="", help=f"comma-separated rows to run, or 'all' ({', '.join(ROWS + REAL_ROWS)})")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=100, help="RL steps per run (at most)")
-    p.add_argument("--max-wall-s", type=float, default=1200.0, help="wall time per RL run before it stops and evaluates")
+    p.add_argument(
+        "--max-wall-s", type=float, default=1200.0, help="wall time per RL run before it stops and evaluates"
+    )
     p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--eval-tasks", type=int, default=None,
-                   help="held-out test tasks (x4 samples for the model arms); default: the row config's eval.tasks")
+    p.add_argument(
+        "--eval-tasks",
+        type=int,
+        default=None,
+        help="held-out test tasks (x4 samples for the model arms); default: the row config's eval.tasks",
+    )
     p.add_argument("-o", "--override", action="append", default=[], help="config override for every row's runs")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                   help="the RL runs' engine: hf (reference, exact logprobs) or vllm (batched, ~2.5x faster on maze here)")
-    p.add_argument("--overlap", action="store_true",
-                   help="play the next batch while the trainer steps (every batch one version stale; bench/learn_curve.py)")
+    p.add_argument(
+        "--engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="the RL runs' engine: hf (reference, exact logprobs) or vllm (batched, ~2.5x faster on maze here)",
+    )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="play the next batch while the trainer steps (every batch one version stale; bench/learn_curve.py)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "runs" / "results")
     p.add_argument("--table", type=Path, default=None, help="write the table here (default: print it)")
     p.add_argument("--plot", type=Path, default=None, help="draw the held-out curves here (png)")
-    p.add_argument("--record", type=Path, default=RECORD,
-                   help="the committed record: --table-only copies --out's rows here and reads it for the others")
+    p.add_argument(
+        "--record",
+        type=Path,
+        default=RECORD,
+        help="the committed record: --table-only copies --out's rows here and reads it for the others",
+    )
     p.add_argument("--table-only", action="store_true", help="run nothing: rebuild the table and plot from --out")
     p.add_argument("--arms-only", action="store_true", help="only the random and expert arms (no model, no RL)")
-    p.add_argument("--mix-curves", type=Path, default=None, metavar="RUN_DIR",
-                   help="instead: plot the per-env held-out curves of an `agentgym train` run on a mix to --plot")
+    p.add_argument(
+        "--mix-curves",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="instead: plot the per-env held-out curves of an `agentgym train` run on a mix to --plot",
+    )
     args = p.parse_args()
     if args.mix_curves:
         mix_curves(args.mix_curves, args.plot or args.mix_curves / "env_curves.png")
@@ -455,7 +572,9 @@ def main() -> int:
     rows = list(suite.rows) if args.rows == "all" else [r for r in args.rows.split(",") if r]
     for row in rows:
         if row not in suite.rows:
-            raise SystemExit(f"results: --rows: unknown row {row!r} of --suite {args.suite}; its rows are {', '.join(suite.rows)}")
+            raise SystemExit(
+                f"results: --rows: unknown row {row!r} of --suite {args.suite}; its rows are {', '.join(suite.rows)}"
+            )
     if not args.table_only:
         if not rows:
             raise SystemExit("results: give --rows (or --table-only)")
@@ -464,7 +583,9 @@ def main() -> int:
     if args.table_only:
         for row in suite.rows:
             save_record(args.out, args.record, row)
-    text = table(args.out, list(suite.rows), args.record, page_lines(args.table, suite.markers) if args.table else None, suite)
+    text = table(
+        args.out, list(suite.rows), args.record, page_lines(args.table, suite.markers) if args.table else None, suite
+    )
     if args.table:
         write_table(args.table, text, suite.markers)
         print(f"wrote {args.table}")

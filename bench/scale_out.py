@@ -48,37 +48,114 @@ def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
         L = net.addr("learner")
         if args.link_mbit:  # every host's NIC sends at most this fast: the network, not the CPU, is the limit
             for h in ["learner", *hosts]:
-                subprocess.run(["ip", "netns", "exec", net.ns(h), "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-                                "rate", f"{args.link_mbit}mbit", "burst", "256kb", "latency", "2s"], check=True)  # fmt: skip
-        source = net.spawn("learner", [py, "-m", "agentgym.cluster.fleet", "source", "--bind", f"tcp://{L}:5555", "--actors", str(n),
-                           "--versions", str(args.versions), "--mib", str(args.mib), "--chunk-kib", str(args.chunk_kib),
-                           "--timeout", "600", "--out", str(out)], ROOT, work / "source.log")  # fmt: skip
+                subprocess.run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        net.ns(h),
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        "eth0",
+                        "root",
+                        "tbf",
+                        "rate",
+                        f"{args.link_mbit}mbit",
+                        "burst",
+                        "256kb",
+                        "latency",
+                        "2s",
+                    ],
+                    check=True,
+                )
+        source = net.spawn(
+            "learner",
+            [
+                py,
+                "-m",
+                "agentgym.cluster.fleet",
+                "source",
+                "--bind",
+                f"tcp://{L}:5555",
+                "--actors",
+                str(n),
+                "--versions",
+                str(args.versions),
+                "--mib",
+                str(args.mib),
+                "--chunk-kib",
+                str(args.chunk_kib),
+                "--timeout",
+                "600",
+                "--out",
+                str(out),
+            ],
+            ROOT,
+            work / "source.log",
+        )
         for i, h in enumerate(hosts):
             relay = None
             if mode == "relay":
                 up = f"tcp://{L}:5556" if i == 0 else f"tcp://{net.addr(hosts[(i - 1) // 2])}:5560"
                 ups = ["--upstream", up] + (["--upstream", f"tcp://{L}:5556"] if i else [])
-                net.spawn(h, [py, "-m", "agentgym.cluster.relay", "--bind", f"tcp://{net.addr(h)}:5560", "--insecure", *ups,
-                          "--stats", str(work / f"relay-{h}.json")], ROOT, work / f"relay-{h}.log")  # fmt: skip
+                net.spawn(
+                    h,
+                    [
+                        py,
+                        "-m",
+                        "agentgym.cluster.relay",
+                        "--bind",
+                        f"tcp://{net.addr(h)}:5560",
+                        "--insecure",
+                        *ups,
+                        "--stats",
+                        str(work / f"relay-{h}.json"),
+                    ],
+                    ROOT,
+                    work / f"relay-{h}.log",
+                )
                 relay = f"tcp://{net.addr(h)}:5560"
             share = n // len(hosts) + (1 if i < n % len(hosts) else 0)
             for p in range(0, share, args.per_process):
                 count = min(args.per_process, share - p)
-                net.spawn(h, [py, "-m", "agentgym.cluster.fleet", "actors", "--learner", f"tcp://{L}:5555", "--count", str(count),
-                          "--prefix", f"{h}p{p}", "--stall", "10", *(["--relay", relay] if relay else [])],
-                          ROOT, work / f"fleet-{h}-{p}.log")  # fmt: skip
+                net.spawn(
+                    h,
+                    [
+                        py,
+                        "-m",
+                        "agentgym.cluster.fleet",
+                        "actors",
+                        "--learner",
+                        f"tcp://{L}:5555",
+                        "--count",
+                        str(count),
+                        "--prefix",
+                        f"{h}p{p}",
+                        "--stall",
+                        "10",
+                        *(["--relay", relay] if relay else []),
+                    ],
+                    ROOT,
+                    work / f"fleet-{h}-{p}.log",
+                )
         deadline = time.monotonic() + 900
         while source.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         if source.returncode != 0:
-            raise RuntimeError(f"{mode} N={n}: the source failed; see {work}/source.log:\n{(work / 'source.log').read_text()[-2000:]}")
+            raise RuntimeError(
+                f"{mode} N={n}: the source failed; see {work}/source.log:\n{(work / 'source.log').read_text()[-2000:]}"
+            )
     versions = json.loads(out.read_text())["versions"][1:]
     return {
-        "actors": n, "mode": mode, "hosts": len(hosts),
+        "actors": n,
+        "mode": mode,
+        "hosts": len(hosts),
         "time_to_all_s": statistics.median(v["time_to_all_s"] for v in versions),
         "egress_copies": statistics.median(v["egress_copies"] for v in versions),
         "per_version": versions,
-    }  # fmt: skip
+    }
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -93,7 +170,10 @@ def plot(rows: list[dict], path: Path) -> None:
         xs = [r["actors"] for r in rs]
         ax1.plot(xs, [r["egress_copies"] for r in rs], style, label=mode)
         ax2.plot(xs, [r["time_to_all_s"] for r in rs], style, label=mode)
-    for ax, title in ((ax1, "learner egress per update (copies of the weights)"), (ax2, "time to all actors serving it (s)")):
+    for ax, title in (
+        (ax1, "learner egress per update (copies of the weights)"),
+        (ax2, "time to all actors serving it (s)"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("simulated actors (N)")
         ax.set_title(title, fontsize=10)
@@ -114,7 +194,9 @@ def main() -> int:
     p.add_argument("--versions", type=int, default=3)
     p.add_argument("--mib", type=float, default=8.0)
     p.add_argument("--chunk-kib", type=int, default=512)
-    p.add_argument("--link-mbit", type=float, default=0, help="limit every host's outgoing link to this (tc tbf; 0: no limit)")
+    p.add_argument(
+        "--link-mbit", type=float, default=0, help="limit every host's outgoing link to this (tc tbf; 0: no limit)"
+    )
     p.add_argument("--out", type=Path, default=Path("/tmp/scale_out"))
     p.add_argument("--plot", type=Path, help="also write the plot here (e.g. docs/img/scale_out.png)")
     args = p.parse_args()
@@ -124,21 +206,36 @@ def main() -> int:
         for mode in args.modes.split(","):
             row = run_one(n, mode, args, args.out / f"{mode}-{n}")
             rows.append(row)
-            print(f"{mode:6s} N={n:4d}: time to all {row['time_to_all_s']:.2f} s, egress {row['egress_copies']:.2f} copies", flush=True)
-    result = {"rows": rows, "mib": args.mib, "chunk_kib": args.chunk_kib, "hosts": args.hosts, "link_mbit": args.link_mbit,
-              "loadavg_before": load, "loadavg_after": os.getloadavg(), "cpus": os.cpu_count(),
-              "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}  # fmt: skip
+            print(
+                f"{mode:6s} N={n:4d}: time to all {row['time_to_all_s']:.2f} s, egress {row['egress_copies']:.2f} copies",
+                flush=True,
+            )
+    result = {
+        "rows": rows,
+        "mib": args.mib,
+        "chunk_kib": args.chunk_kib,
+        "hosts": args.hosts,
+        "link_mbit": args.link_mbit,
+        "loadavg_before": load,
+        "loadavg_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scale_out.json").write_text(json.dumps(result, indent=2))
     plot(rows, args.plot or args.out / "scale_out.png")
-    print("\n| N | hosts | direct: egress (copies) | relay: egress (copies) | direct: time to all (s) | relay: time to all (s) |")
+    print(
+        "\n| N | hosts | direct: egress (copies) | relay: egress (copies) | direct: time to all (s) | relay: time to all (s) |"
+    )
     print("|---|---|---|---|---|---|")
     for n in sorted({r["actors"] for r in rows}):
         d = next((r for r in rows if r["actors"] == n and r["mode"] == "direct"), None)
         r = next((r for r in rows if r["actors"] == n and r["mode"] == "relay"), None)
         cell = lambda x, k, f: f.format(x[k]) if x else "-"  # noqa: E731
-        print(f"| {n} | {(d or r)['hosts']} | {cell(d, 'egress_copies', '{:.2f}')} | {cell(r, 'egress_copies', '{:.2f}')} | "
-              f"{cell(d, 'time_to_all_s', '{:.2f}')} | {cell(r, 'time_to_all_s', '{:.2f}')} |")
+        print(
+            f"| {n} | {(d or r)['hosts']} | {cell(d, 'egress_copies', '{:.2f}')} | {cell(r, 'egress_copies', '{:.2f}')} | "
+            f"{cell(d, 'time_to_all_s', '{:.2f}')} | {cell(r, 'time_to_all_s', '{:.2f}')} |"
+        )
     print(f"\nload average before {load}, after {os.getloadavg()}, {os.cpu_count()} CPUs")
     return 0
 

@@ -62,7 +62,9 @@ def collapse(folder: Path) -> str:
         ys = [y for _, y in r["curve"]]
         drop = max((max(ys[: i + 1]) - y for i, y in enumerate(ys)), default=0.0)
         ent = r["metrics"][-1].get("entropy", float("nan")) if r["metrics"] else float("nan")
-        out.append(f"{f.stem}: final {ys[-1]:.2f}, peak {max(ys):.2f}, largest drop after peak {drop:.2f}, entropy {ent:.2f}")
+        out.append(
+            f"{f.stem}: final {ys[-1]:.2f}, peak {max(ys):.2f}, largest drop after peak {drop:.2f}, entropy {ent:.2f}"
+        )
     return f"{folder.name}: " + "; ".join(out)
 
 
@@ -79,14 +81,25 @@ def main() -> int:
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--row", default="", help="a results-table row instead: configs/envs/ROW.toml")
     p.add_argument("--limits", default=f"{SHORT},{MID},{LONG}", help="SHORT,MID,LONG turn limits")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                   help="hf: the reference engine, one request at a time; vllm: the actors' engine, batched")
+    p.add_argument(
+        "--engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="hf: the reference engine, one request at a time; vllm: the actors' engine, batched",
+    )
     args = p.parse_args()
     from agentgym.models.tiny import make_default_tiny_model
 
     short, mid, long = (int(x) for x in args.limits.split(","))
-    base = ["env.kwargs={ low = 1, high = 8 }", "rollout.max_tokens_per_turn=1", "rollout.group_size=8",
-            "learner.batch_groups=4", f"run.max_steps={args.steps}", *LOOP_OVERRIDES, "model.create_tiny=false"]  # fmt: skip
+    base = [
+        "env.kwargs={ low = 1, high = 8 }",
+        "rollout.max_tokens_per_turn=1",
+        "rollout.group_size=8",
+        "learner.batch_groups=4",
+        f"run.max_steps={args.steps}",
+        *LOOP_OVERRIDES,
+        "model.create_tiny=false",
+    ]
     if args.row:
         from agentgym.models.base import ensure_model
 
@@ -96,13 +109,29 @@ def main() -> int:
     for seed in [int(s) for s in args.seeds.split(",")]:
         for arm in args.arms.split(","):
             limits = arms(args.steps, short, mid, long)[arm]
-            cfg = load_config(args.config, [*base, f"run.seed={seed}", f"schedule.turn_limits={limits}",
-                                            f'actor.engine="{args.engine}"', *args.override])  # fmt: skip
+            cfg = load_config(
+                args.config,
+                [
+                    *base,
+                    f"run.seed={seed}",
+                    f"schedule.turn_limits={limits}",
+                    f'actor.engine="{args.engine}"',
+                    *args.override,
+                ],
+            )
             if not Path(cfg.model.path, "config.json").exists():
                 make_default_tiny_model(Path(cfg.model.path), seed=0)
             print(f"[{arm} seed {seed}] turn_limits={limits}", flush=True)
-            res = asyncio.run(train_curve(cfg, args.eval_every, args.eval_tasks, eval_turn_limit=long,
-                                          partial=args.out / arm / f"seed{seed}.json", engine_kind=args.engine))  # fmt: skip
+            res = asyncio.run(
+                train_curve(
+                    cfg,
+                    args.eval_every,
+                    args.eval_tasks,
+                    eval_turn_limit=long,
+                    partial=args.out / arm / f"seed{seed}.json",
+                    engine_kind=args.engine,
+                )
+            )
             res.update(arm=arm, turn_limits=limits, seed=seed, engine=args.engine, overrides=[*base, *args.override])
             (args.out / arm).mkdir(parents=True, exist_ok=True)
             (args.out / arm / f"seed{seed}.json").write_text(json.dumps(res))

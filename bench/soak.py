@@ -76,9 +76,23 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = args.out / "run"
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
-           "--run-dir", str(run_dir), "--actors", str(args.actors), "--max-steps", "1000000",
-           "-o", f'model.path="{args.out / "tiny"}"', *[a for o in args.override for a in ("-o", o)]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--config",
+        str(REPO / "configs" / "quickstart.toml"),
+        "--run-dir",
+        str(run_dir),
+        "--actors",
+        str(args.actors),
+        "--max-steps",
+        "1000000",
+        "-o",
+        f'model.path="{args.out / "tiny"}"',
+        *[a for o in args.override for a in ("-o", o)],
+    ]
     with (args.out / "console.log").open("ab") as console:
         launcher = subprocess.Popen(cmd, cwd=args.out, stdout=console, stderr=subprocess.STDOUT)
     lp = psutil.Process(launcher.pid)
@@ -92,8 +106,18 @@ def main() -> int:
             for name, (_, pss, n) in mem.items():
                 series.setdefault(name, []).append((t, pss))
                 procs.setdefault(name, []).append(n)
-            f.write(json.dumps({"t": round(t, 1), **{k: {"rss_mib": round(r, 1), "pss_mib": round(p, 1), "processes": n}
-                                                     for k, (r, p, n) in mem.items()}}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "t": round(t, 1),
+                        **{
+                            k: {"rss_mib": round(r, 1), "pss_mib": round(p, 1), "processes": n}
+                            for k, (r, p, n) in mem.items()
+                        },
+                    }
+                )
+                + "\n"
+            )
             f.flush()
             print(f"t={t:6.0f}s " + " ".join(f"{k}={p:.0f}MiB/{n}p" for k, (_, p, n) in mem.items()), flush=True)
             time.sleep(args.every)
@@ -109,17 +133,26 @@ def main() -> int:
     # Two fits: after the first minute (start-up excluded), and over the second half of the run,
     # once actors have sized their concurrency (their env workers, one per concurrent episode,
     # are started as they grow): growth there is what would go on for hours.
-    print(f"\n{'process':<12} {'PSS 1 min':>10} {'PSS end':>10} {'procs':>6} {'growth/10min after 1 min':>25} {'2nd half':>9}")
+    print(
+        f"\n{'process':<12} {'PSS 1 min':>10} {'PSS end':>10} {'procs':>6} {'growth/10min after 1 min':>25} {'2nd half':>9}"
+    )
     half = 30 * args.minutes
     for name, pts in series.items():
         late = [p for p in pts if p[0] >= 60] or pts
         second = [p for p in pts if p[0] >= half] or pts
-        row = {"pss_mib_after_1min": round(late[0][1], 1), "pss_mib_end": round(pts[-1][1], 1),
-               "processes_end": procs[name][-1], "growth_mib_per_10min": round(slope_per_10min(late), 1),
-               "growth_mib_per_10min_second_half": round(slope_per_10min(second), 1), "samples": len(pts)}  # fmt: skip
-        result["processes"][name] = row  # type: ignore[index]
-        print(f"{name:<12} {row['pss_mib_after_1min']:>6} MiB {row['pss_mib_end']:>6} MiB {row['processes_end']:>6} "
-              f"{row['growth_mib_per_10min']:>21} MiB {row['growth_mib_per_10min_second_half']:>5} MiB")  # fmt: skip
+        row = {
+            "pss_mib_after_1min": round(late[0][1], 1),
+            "pss_mib_end": round(pts[-1][1], 1),
+            "processes_end": procs[name][-1],
+            "growth_mib_per_10min": round(slope_per_10min(late), 1),
+            "growth_mib_per_10min_second_half": round(slope_per_10min(second), 1),
+            "samples": len(pts),
+        }
+        result["processes"][name] = row
+        print(
+            f"{name:<12} {row['pss_mib_after_1min']:>6} MiB {row['pss_mib_end']:>6} MiB {row['processes_end']:>6} "
+            f"{row['growth_mib_per_10min']:>21} MiB {row['growth_mib_per_10min_second_half']:>5} MiB"
+        )
     print(f"learner steps: {steps}")
     (args.out / "soak.json").write_text(json.dumps(result, indent=2))
     return 0

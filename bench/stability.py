@@ -36,19 +36,54 @@ TASKS = {
     "guess_number": ['env.name="guess_number"', "env.kwargs={low=1, high=8}", "schedule.turn_limits=[[0, 4]]"],
 }
 SETTINGS = [
-    "rollout.group_size=8", "learner.batch_groups=8", "rollout.max_tokens_per_turn=1", "rollout.temperature=1.0",
-    "learner.lr=3e-3", 'learner.lr_schedule="constant"', "learner.max_grad_norm=1.0", "learner.kl_coef=0.0",
-    "learner.max_staleness=2", "eval.at_start=false", "eval.at_end=true", "eval.every=0", "model.create_tiny=false",
-]  # fmt: skip
+    "rollout.group_size=8",
+    "learner.batch_groups=8",
+    "rollout.max_tokens_per_turn=1",
+    "rollout.temperature=1.0",
+    "learner.lr=3e-3",
+    'learner.lr_schedule="constant"',
+    "learner.max_grad_norm=1.0",
+    "learner.kl_coef=0.0",
+    "learner.max_staleness=2",
+    "eval.at_start=false",
+    "eval.at_end=true",
+    "eval.every=0",
+    "model.create_tiny=false",
+]
 
 
 def one_run(args: argparse.Namespace, task: str, mode: str, seed: int, port: int) -> dict:
     run_dir = args.out / f"{task}-{mode}-s{seed}"
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
-           "--run-dir", str(run_dir), "--mode", mode, "--max-steps", str(args.steps), "--actors", str(args.actors),
-           *[x for o in [*SETTINGS, *TASKS[task], f"run.seed={seed}", f'model.path="{args.model}"',
-                         f'actor.engine="{args.engine}"', f"eval.tasks={args.eval_tasks}",
-                         f'learner.bind="tcp://127.0.0.1:{port}"', *args.override] for x in ("-o", o)]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--config",
+        str(REPO / "configs" / "quickstart.toml"),
+        "--run-dir",
+        str(run_dir),
+        "--mode",
+        mode,
+        "--max-steps",
+        str(args.steps),
+        "--actors",
+        str(args.actors),
+        *[
+            x
+            for o in [
+                *SETTINGS,
+                *TASKS[task],
+                f"run.seed={seed}",
+                f'model.path="{args.model}"',
+                f'actor.engine="{args.engine}"',
+                f"eval.tasks={args.eval_tasks}",
+                f'learner.bind="tcp://127.0.0.1:{port}"',
+                *args.override,
+            ]
+            for x in ("-o", o)
+        ],
+    ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     wall = time.time() - t0
@@ -59,16 +94,22 @@ def one_run(args: argparse.Namespace, task: str, mode: str, seed: int, port: int
     summary = json.loads((run_dir / "summary.json").read_text())
     success = [s["success_rate"] for s in steps]
     return {
-        "task": task, "mode": mode, "seed": seed, "wall_s": round(wall, 1), "steps": len(steps),
+        "task": task,
+        "mode": mode,
+        "seed": seed,
+        "wall_s": round(wall, 1),
+        "steps": len(steps),
         # Steady state: steps after the first (which waits for the engines to start).
         "steps_per_s": round((len(steps) - 1) / max(steps[-1]["time"] - steps[0]["time"], 1e-9), 3),
-        "held_out": evals[-1]["success_rate"] if evals else None, "collapse_step": collapsed(success),
+        "held_out": evals[-1]["success_rate"] if evals else None,
+        "collapse_step": collapsed(success),
         "train_last10": round(statistics.mean(success[-10:]), 4),
         "entropy_last": round(steps[-1].get("entropy", float("nan")), 3),
         "over_bound_share": summary.get("trained_staleness", {}).get("over_bound_share"),
         "staleness_max_seen": summary.get("trained_staleness", {}).get("max_seen"),
-        "health": summary.get("health"), "curve": success,
-    }  # fmt: skip
+        "health": summary.get("health"),
+        "curve": success,
+    }
 
 
 def main() -> int:
@@ -86,8 +127,22 @@ def main() -> int:
     args = p.parse_args()
     args.model = args.model.resolve()
     if not (args.model / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--arch", "tiny", "--pretrain-steps", "1000",
-                        "--pretrain-env", "guess_number", str(args.model)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentgym.cli",
+                "make-model",
+                "--arch",
+                "tiny",
+                "--pretrain-steps",
+                "1000",
+                "--pretrain-env",
+                "guess_number",
+                str(args.model),
+            ],
+            check=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     port = 5700
@@ -99,7 +154,9 @@ def main() -> int:
                 results.append(r)
                 print(json.dumps({k: v for k, v in r.items() if k != "curve"}), flush=True)
                 (args.out / "results.json").write_text(json.dumps(results))
-    print("\n| task | mode | collapsed (bench rule) | run_collapsed fired | held-out mean (min-max) | train success, last 10 | tokens past bound |")
+    print(
+        "\n| task | mode | collapsed (bench rule) | run_collapsed fired | held-out mean (min-max) | train success, last 10 | tokens past bound |"
+    )
     print("|---|---|---|---|---|---|---|")
     for task in args.tasks.split(","):
         for mode in args.modes.split(","):
@@ -108,10 +165,12 @@ def main() -> int:
                 continue
             held = [r["held_out"] for r in rs if r["held_out"] is not None]
             fired = sum(bool((r.get("health") or {}).get("collapsed")) for r in rs)
-            print(f"| {task} | {mode} | {sum(r['collapse_step'] is not None for r in rs)}/{len(rs)} | {fired}/{len(rs)} | "
-                  f"{statistics.mean(held):.3f} ({min(held):.2f}-{max(held):.2f}) | "
-                  f"{statistics.mean(r['train_last10'] for r in rs):.3f} | "
-                  f"{statistics.mean(r['over_bound_share'] or 0 for r in rs):.4f} |")  # fmt: skip
+            print(
+                f"| {task} | {mode} | {sum(r['collapse_step'] is not None for r in rs)}/{len(rs)} | {fired}/{len(rs)} | "
+                f"{statistics.mean(held):.3f} ({min(held):.2f}-{max(held):.2f}) | "
+                f"{statistics.mean(r['train_last10'] for r in rs):.3f} | "
+                f"{statistics.mean(r['over_bound_share'] or 0 for r in rs):.4f} |"
+            )
     return 0
 
 

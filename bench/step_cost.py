@@ -35,33 +35,78 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = [
-    "rollout.group_size=8", "learner.batch_groups=8", "rollout.max_tokens_per_turn=1", "rollout.temperature=1.0",
-    "learner.lr=3e-3", 'learner.lr_schedule="constant"', "learner.max_grad_norm=1.0", "learner.kl_coef=0.0",
-    "learner.max_staleness=2", "eval.at_start=false", "eval.at_end=false", "eval.every=0", "model.create_tiny=false",
-    'env.name="probe"', 'env.kwargs={kind="echo", low=1, high=8}', "schedule.turn_limits=[[0, 1]]", "learner.log_episodes=0",
-    "learner.checkpoint_every=0", "learner.checkpoint_minutes=0",
-]  # fmt: skip
+    "rollout.group_size=8",
+    "learner.batch_groups=8",
+    "rollout.max_tokens_per_turn=1",
+    "rollout.temperature=1.0",
+    "learner.lr=3e-3",
+    'learner.lr_schedule="constant"',
+    "learner.max_grad_norm=1.0",
+    "learner.kl_coef=0.0",
+    "learner.max_staleness=2",
+    "eval.at_start=false",
+    "eval.at_end=false",
+    "eval.every=0",
+    "model.create_tiny=false",
+    'env.name="probe"',
+    'env.kwargs={kind="echo", low=1, high=8}',
+    "schedule.turn_limits=[[0, 1]]",
+    "learner.log_episodes=0",
+    "learner.checkpoint_every=0",
+    "learner.checkpoint_minutes=0",
+]
 
 
-REAL = ["rollout.max_tokens_per_turn=8", "learner.lr=1e-6", 'model.dtype="bfloat16"', "learner.shared_prefix=true",
-        "rollout.max_episode_tokens=256", "actor.kv_cache_gib=0.5"]  # fmt: skip
+REAL = [
+    "rollout.max_tokens_per_turn=8",
+    "learner.lr=1e-6",
+    'model.dtype="bfloat16"',
+    "learner.shared_prefix=true",
+    "rollout.max_episode_tokens=256",
+    "actor.kv_cache_gib=0.5",
+]
 """--real: the settings an instruct model is measured with (they follow SETTINGS, so they win)."""
 
 
 def agentgym_run(model: Path, engine: str, mode: str, steps: int, out: Path, port: int, extra: list[str]) -> dict:
     run_dir = out / f"agentgym-{engine}-{mode}"
-    overrides = [*SETTINGS, *extra, f'model.path="{model}"', f'actor.engine="{engine}"', f'learner.bind="tcp://127.0.0.1:{port}"']
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
-           "--run-dir", str(run_dir), "--mode", mode, "--max-steps", str(steps), "--actors", "2",
-           *[x for o in overrides for x in ("-o", o)]]  # fmt: skip
+    overrides = [
+        *SETTINGS,
+        *extra,
+        f'model.path="{model}"',
+        f'actor.engine="{engine}"',
+        f'learner.bind="tcp://127.0.0.1:{port}"',
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--config",
+        str(REPO / "configs" / "quickstart.toml"),
+        "--run-dir",
+        str(run_dir),
+        "--mode",
+        mode,
+        "--max-steps",
+        str(steps),
+        "--actors",
+        "2",
+        *[x for o in overrides for x in ("-o", o)],
+    ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         return {"system": f"agentgym {mode}, {engine}", "error": proc.stderr[-1500:]}
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    parts = {k: sum(r.get(f"learner_{k}_s", 0.0) for r in recs[1:]) / max(len(recs) - 1, 1) for k in ("wait", "train", "export")}
+    parts = {
+        k: sum(r.get(f"learner_{k}_s", 0.0) for r in recs[1:]) / max(len(recs) - 1, 1)
+        for k in ("wait", "train", "export")
+    }
     return {
-        "system": f"agentgym {mode}, {engine}", "steps": len(recs), "wall_s": round(time.time() - t0, 1),
+        "system": f"agentgym {mode}, {engine}",
+        "steps": len(recs),
+        "wall_s": round(time.time() - t0, 1),
         "steps_per_s": round((len(recs) - 1) / (recs[-1]["time"] - recs[0]["time"]), 3),
         "startup_s": round(recs[0].get("learner_wait_s", float("nan")), 1),
         "per_step_s": {k: round(v, 4) for k, v in parts.items()},
@@ -85,32 +130,61 @@ def trl_run(model: Path, steps: int, out: Path, *, max_tokens: int = 1, lr: floa
     rows = []
     for task in range(10_000, 10_000 + 64 * steps):
         obs = env.reset(task)
-        rows.append({"prompt": [{"role": "system", "content": env.instructions()}, {"role": "user", "content": obs}],
-                     "target": obs})  # fmt: skip
+        rows.append(
+            {
+                "prompt": [{"role": "system", "content": env.instructions()}, {"role": "user", "content": obs}],
+                "target": obs,
+            }
+        )
     random.Random(0).shuffle(rows)
 
-    def reward(completions, target, **_):  # type: ignore[no-untyped-def]
+    def reward(completions, target, **_):
         return [1.0 if c[0]["content"].strip() == t else 0.0 for c, t in zip(completions, target)]
 
     stamps: list[float] = []
 
     class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        def on_step_end(self, args, state, control, **kw):
             stamps.append(time.time())
 
     cfg = GRPOConfig(
-        output_dir=str(out / "trl"), per_device_train_batch_size=64, num_generations=8, max_completion_length=max_tokens,
-        learning_rate=lr, bf16=bf16, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, beta=0.0,
-        temperature=1.0, max_steps=steps, use_cpu=True, report_to=[], logging_steps=10, save_strategy="no",
-        dataloader_num_workers=0, seed=0,
-    )  # fmt: skip
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=64,
+        num_generations=8,
+        max_completion_length=max_tokens,
+        learning_rate=lr,
+        bf16=bf16,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        temperature=1.0,
+        max_steps=steps,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=10,
+        save_strategy="no",
+        dataloader_num_workers=0,
+        seed=0,
+    )
     t0 = time.time()
-    trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, callbacks=[Clock()])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=str(model),
+        reward_funcs=reward,
+        args=cfg,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        callbacks=[Clock()],
+    )
     start = time.time() - t0
     trainer.train()
-    return {"system": f"TRL GRPOTrainer (in-process{', bf16' if bf16 else ''})", "steps": len(stamps), "wall_s": round(time.time() - t0, 1),
-            "steps_per_s": round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 3), "startup_s": round(start, 1)}  # fmt: skip
+    return {
+        "system": f"TRL GRPOTrainer (in-process{', bf16' if bf16 else ''})",
+        "steps": len(stamps),
+        "wall_s": round(time.time() - t0, 1),
+        "steps_per_s": round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 3),
+        "startup_s": round(start, 1),
+    }
 
 
 def main() -> int:
@@ -131,7 +205,9 @@ def main() -> int:
     port = 5800
     for engine in args.engines.split(","):
         for mode in args.modes.split(","):
-            results.append(agentgym_run(args.model, engine, mode, args.steps, args.out, port, REAL if args.real else []))
+            results.append(
+                agentgym_run(args.model, engine, mode, args.steps, args.out, port, REAL if args.real else [])
+            )
             port += 2
     load = os.getloadavg()
     (args.out / "step_cost.json").write_text(json.dumps({"load": load, "results": results}, indent=2))

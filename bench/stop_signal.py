@@ -40,7 +40,7 @@ from agentgym.observe.logs import read_events
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _time(e: dict) -> float:  # type: ignore[type-arg]
+def _time(e: dict) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
@@ -61,8 +61,15 @@ def main() -> int:
 
     run_dir, log = args.out / "run", args.out / "train.log"
     args.out.mkdir(parents=True, exist_ok=True)
-    over = [*args.overrides, f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"', "learner.checkpoint_every=0",
-            "learner.checkpoint_minutes=0", "eval.at_start=false", "eval.at_end=false", "eval.every=0"]  # fmt: skip
+    over = [
+        *args.overrides,
+        f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',
+        "learner.checkpoint_every=0",
+        "learner.checkpoint_minutes=0",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "eval.every=0",
+    ]
     if args.model:
         over += [f'model.path="{args.model}"', "model.create_tiny=false"]
     common = ["--run-dir", str(run_dir), "--actors", str(args.actors), *[a for o in over for a in ("-o", o)]]
@@ -71,8 +78,14 @@ def main() -> int:
     events = lambda name: read_events(run_dir / "logs" / "learner.jsonl", name)  # noqa: E731
 
     with log.open("ab") as out:
-        job = subprocess.Popen([*train, "--config", str(args.config), "--max-steps", "100000", *common], cwd=args.out,
-                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        job = subprocess.Popen(
+            [*train, "--config", str(args.config), "--max-steps", "100000", *common],
+            cwd=args.out,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + args.timeout
     while not any(e["step"] > args.after for e in events("train_step_started")):
         if job.poll() is not None or time.monotonic() > deadline:
@@ -110,23 +123,35 @@ def main() -> int:
         "to_finished_s": after("learner_finished"),
         "to_job_exit_s": round(t_exit - t_signal, 2),
         "abandoned": bool(events("train_step_abandoned")),
-        "kept": {"checkpoint": int(ckpt.name.split("_")[1]) if ckpt else None, "metrics": metrics[-1] if metrics else None,
-                 "summary": summary.get("step")},
-    }  # fmt: skip
+        "kept": {
+            "checkpoint": int(ckpt.name.split("_")[1]) if ckpt else None,
+            "metrics": metrics[-1] if metrics else None,
+            "summary": summary.get("step"),
+        },
+    }
 
     if ckpt is not None and args.resume_steps > 0:
         target = int(ckpt.name.split("_")[1]) + args.resume_steps
         with log.open("ab") as out:
-            res = subprocess.Popen([*train, "--resume", "--max-steps", str(target), *common], cwd=args.out, env=env,
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            res = subprocess.Popen(
+                [*train, "--resume", "--max-steps", str(target), *common],
+                cwd=args.out,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             res.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             os.killpg(res.pid, signal.SIGKILL)
         resumed = events("learner_resumed")
         after_resume = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        row.update(resumed_from=resumed[-1]["step"] if resumed else None, resumed_to=after_resume[-1],
-                   steps_contiguous=after_resume == list(range(1, after_resume[-1] + 1)))  # fmt: skip
+        row.update(
+            resumed_from=resumed[-1]["step"] if resumed else None,
+            resumed_to=after_resume[-1],
+            steps_contiguous=after_resume == list(range(1, after_resume[-1] + 1)),
+        )
     print(json.dumps(row))
     return 0
 

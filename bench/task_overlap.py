@@ -81,7 +81,10 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return ("dict", tuple(sorted(((_plain(k), _plain(v)) for k, v in value.items()), key=repr)))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, tuple((f.name, _plain(getattr(value, f.name))) for f in dataclasses.fields(value)))
+        return (
+            type(value).__name__,
+            tuple((f.name, _plain(getattr(value, f.name))) for f in dataclasses.fields(value)),
+        )
     raise _NotPlain
 
 
@@ -166,8 +169,13 @@ def overlap(cfg: Config, steps: int, eval_tasks: int, env: str | None = None, dr
                 break
     finally:
         game.close()
-    return {"overlap": len(found), "test_tasks": len(tests), "drawn": len(draws), "distinct": len(distinct),
-            "test_ids": sorted(found)}  # fmt: skip
+    return {
+        "overlap": len(found),
+        "test_tasks": len(tests),
+        "drawn": len(draws),
+        "distinct": len(distinct),
+        "test_ids": sorted(found),
+    }
 
 
 def row_overlap(row: str, folder: Path) -> dict[int, dict]:
@@ -196,7 +204,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=None, help="steps trained (default: each run's, from --runs)")
     p.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks (default: the config's eval.tasks)")
     p.add_argument("--runs", type=Path, default=None, help="the row's runs (default: docs/results-data/<row>)")
-    p.add_argument("--config", type=Path, default=None, help="instead of a row: an `agentgym train` config (with --tickets)")
+    p.add_argument(
+        "--config", type=Path, default=None, help="instead of a row: an `agentgym train` config (with --tickets)"
+    )
     p.add_argument("--tickets", type=int, default=None, help="training tickets the `agentgym train` run issued")
     p.add_argument("-o", "--override", action="append", default=[], help="config override (with --config)")
     args = p.parse_args()
@@ -206,8 +216,10 @@ def main() -> int:
         cfg = load_config(args.config, args.override)
         for env, ids in ticket_drawn(cfg, args.tickets).items():
             r = overlap(cfg, 0, args.eval_tasks or cfg.eval.tasks, env=env, draws=ids)
-            print(f"{args.config} {env}: {r['overlap']} of {r['test_tasks']} test tasks drawn in training "
-                  f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}")  # fmt: skip
+            print(
+                f"{args.config} {env}: {r['overlap']} of {r['test_tasks']} test tasks drawn in training "
+                f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}"
+            )
         return 0
     if args.row is None:
         raise SystemExit("task_overlap: give a row or --config")
@@ -224,8 +236,10 @@ def main() -> int:
             cfg = config(args.row, seed, [])
             res[seed] = overlap(cfg, args.steps, args.eval_tasks or cfg.eval.tasks)
     for seed, r in res.items():
-        print(f"{args.row} seed {seed}: {r['overlap']} of {r['test_tasks']} test tasks drawn in training "
-              f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}")  # fmt: skip
+        print(
+            f"{args.row} seed {seed}: {r['overlap']} of {r['test_tasks']} test tasks drawn in training "
+            f"({r['drawn']} draws, {r['distinct']} distinct ids); test indices {r['test_ids']}"
+        )
     return 0
 
 

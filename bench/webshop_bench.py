@@ -43,7 +43,7 @@ def memory(pid: int) -> tuple[float, float, dict[str, float]]:
             cmd = p.cmdline()
         except psutil.Error:
             continue
-        kind = next((a[len("--type="):] for a in cmd if a.startswith("--type=")), "")
+        kind = next((a[len("--type=") :] for a in cmd if a.startswith("--type=")), "")
         if not kind:
             kind = "chromium" if "chrom" in p.name() else "node" if "node" in p.name() else "python"
         pss += m.pss / 2**20
@@ -107,8 +107,17 @@ def raw(seconds: float) -> dict[str, Any]:
     cpu = cpu_seconds(os.getpid()) - cpu0
     mem = [memory(os.getpid())]
     env.close()
-    return {"steps": steps, "elapsed": elapsed, "step_s": step_s, "resets": resets, "start_s": start_s,
-            "mem": mem, "episodes": len(resets), "solved": solved, "cpu": cpu}  # fmt: skip
+    return {
+        "steps": steps,
+        "elapsed": elapsed,
+        "step_s": step_s,
+        "resets": resets,
+        "start_s": start_s,
+        "mem": mem,
+        "episodes": len(resets),
+        "solved": solved,
+        "cpu": cpu,
+    }
 
 
 async def pooled(concurrency: int, seconds: float, options: dict[str, Any]) -> dict[str, Any]:
@@ -126,8 +135,17 @@ async def pooled(concurrency: int, seconds: float, options: dict[str, Any]) -> d
         mem = [memory(pid) for pid in sorted(run.pids)]  # while every worker is alive
     finally:
         await pool.close()
-    return {"steps": run.steps, "elapsed": run.elapsed, "step_s": run.step_s, "resets": run.resets,
-            "start_s": start_s, "mem": mem, "episodes": len(run.resets), "solved": run.solved, "cpu": cpu}  # fmt: skip
+    return {
+        "steps": run.steps,
+        "elapsed": run.elapsed,
+        "step_s": run.step_s,
+        "resets": run.resets,
+        "start_s": start_s,
+        "mem": mem,
+        "episodes": len(run.resets),
+        "solved": run.solved,
+        "cpu": cpu,
+    }
 
 
 def main() -> None:
@@ -147,8 +165,10 @@ def main() -> None:
         rows.append(("pool c1 new ctx", asyncio.run(pooled(1, args.seconds, {"new_context_per_episode": True}))))
 
     print(f"{args.seconds:g} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'config':<18} {'steps/s':>8} {'ms/step':>8} {'s/reset':>8} {'start s':>8} {'solved':>8} "
-          f"{'CPU ms/step':>11} {'PSS/env':>8} {'RSS/env':>8}  PSS MiB by process (first env)")  # fmt: skip
+    print(
+        f"{'config':<18} {'steps/s':>8} {'ms/step':>8} {'s/reset':>8} {'start s':>8} {'solved':>8} "
+        f"{'CPU ms/step':>11} {'PSS/env':>8} {'RSS/env':>8}  PSS MiB by process (first env)"
+    )
     for name, r in rows:
         rate = r["steps"] / r["elapsed"]
         ms = 1000 * statistics.mean(r["step_s"]) if r["step_s"] else float("nan")
@@ -158,8 +178,10 @@ def main() -> None:
         kinds = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["mem"][0][2].items(), key=lambda kv: -kv[1]))
         solved = f"{r['solved']}/{r['episodes']}"
         cpu_ms = 1000 * r["cpu"] / max(r["steps"], 1)
-        print(f"{name:<18} {rate:>8.2f} {ms:>8.0f} {reset:>8.2f} {r['start_s']:>8.2f} {solved:>8} {cpu_ms:>11.0f} "
-              f"{pss:>8.0f} {rss:>8.0f}  {kinds}")  # fmt: skip
+        print(
+            f"{name:<18} {rate:>8.2f} {ms:>8.0f} {reset:>8.2f} {r['start_s']:>8.2f} {solved:>8} {cpu_ms:>11.0f} "
+            f"{pss:>8.0f} {rss:>8.0f}  {kinds}"
+        )
 
 
 if __name__ == "__main__":

@@ -95,13 +95,22 @@ def probe(model_dir: Path, config: Path, tasks: int, before: int, samples: int, 
             uniform.append(len(env._consistent()) / len(env._all))
             prompt = torch.tensor([conv.prompt_ids])
             with torch.no_grad():
-                out = model.generate(prompt.repeat(samples, 1), max_new_tokens=12, do_sample=True, temperature=1.0,
-                                     eos_token_id=end, pad_token_id=tok.pad_token_id or 0)  # fmt: skip
-            for row in out[:, prompt.shape[1]:]:
+                out = model.generate(
+                    prompt.repeat(samples, 1),
+                    max_new_tokens=12,
+                    do_sample=True,
+                    temperature=1.0,
+                    eos_token_id=end,
+                    pad_token_id=tok.pad_token_id or 0,
+                )
+            for row in out[:, prompt.shape[1] :]:
                 guessed[_kind(env, tok.decode(row, skip_special_tokens=True))] += 1
         n = sum(guessed.values())
-        report[split] = {"guesses": {k: round(v / n, 3) for k, v in sorted(guessed.items())}, "sampled": n,
-                         "uniform": round(sum(uniform) / len(uniform), 3)}
+        report[split] = {
+            "guesses": {k: round(v / n, 3) for k, v in sorted(guessed.items())},
+            "sampled": n,
+            "uniform": round(sum(uniform) / len(uniform), 3),
+        }
     return report
 
 
@@ -122,8 +131,12 @@ def _lost_games(env, tok, kwargs: dict, tasks: int, rng: random.Random, hit, key
             reader += 1 / len(env._consistent())
             hits += bool(hit(conv, result))
             games += 1
-        report[split] = {"games": games, key: round(hits / max(games, 1), 3),
-                         "reader": round(reader / max(games, 1), 3), "uniform": round(1 / len(env._all), 3)}  # fmt: skip
+        report[split] = {
+            "games": games,
+            key: round(hits / max(games, 1), 3),
+            "reader": round(reader / max(games, 1), 3),
+            "uniform": round(1 / len(env._all), 3),
+        }
     return report
 
 
@@ -169,9 +182,10 @@ def quiz(model_dir: Path, config: Path, tasks: int, seed: int = 0) -> dict[str, 
         conv.add_observation(question)
         prompt = torch.tensor([conv.prompt_ids])
         with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=end,
-                                 pad_token_id=tok.pad_token_id or 0)  # fmt: skip
-        return tok.decode(out[0, prompt.shape[1]:], skip_special_tokens=True).strip() == answer
+            out = model.generate(
+                prompt, max_new_tokens=12, do_sample=False, eos_token_id=end, pad_token_id=tok.pad_token_id or 0
+            )
+        return tok.decode(out[0, prompt.shape[1] :], skip_special_tokens=True).strip() == answer
 
     lost = _lost_games(env, tok, kwargs, tasks, random.Random(seed), named, "named")
     return {"model": str(model_dir), "config": str(config), "quiz": True, **lost}
@@ -212,9 +226,16 @@ def belief(model_dir: Path, config: Path, games: int, before: int, seed: int = 0
     with torch.no_grad():
         acc = (probe_layer(x[cut:]).argmax(-1) == y[cut:]).float().mean().item()
         fit = (probe_layer(x[:cut]).argmax(-1) == y[:cut]).float().mean().item()
-    return {"model": str(model_dir), "belief": True, "before": before, "games": len(y), "probe_test": round(acc, 3),
-            "probe_fit": round(fit, 3), "reader": round(sum(reader[cut:]) / len(reader[cut:]), 3),
-            "uniform": round(1 / len(env._all), 3)}  # fmt: skip
+    return {
+        "model": str(model_dir),
+        "belief": True,
+        "before": before,
+        "games": len(y),
+        "probe_test": round(acc, 3),
+        "probe_fit": round(fit, 3),
+        "reader": round(sum(reader[cut:]) / len(reader[cut:]), 3),
+        "uniform": round(1 / len(env._all), 3),
+    }
 
 
 def main() -> None:
@@ -225,9 +246,14 @@ def main() -> None:
     p.add_argument("--before", type=int, default=2)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--reveal", action="store_true", help="instead: which word the model expects a lost game to reveal")
-    p.add_argument("--quiz", action="store_true", help="instead: does the model name the hidden word of a lost game when asked")
-    p.add_argument("--belief", action="store_true",
-                   help="instead: a linear probe for the hidden word on the state where the model writes its guess (--tasks games)")
+    p.add_argument(
+        "--quiz", action="store_true", help="instead: does the model name the hidden word of a lost game when asked"
+    )
+    p.add_argument(
+        "--belief",
+        action="store_true",
+        help="instead: a linear probe for the hidden word on the state where the model writes its guess (--tasks games)",
+    )
     args = p.parse_args()
     for m in args.models:
         if args.belief:

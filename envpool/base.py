@@ -37,15 +37,19 @@ from __future__ import annotations
 import abc
 import inspect
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Sequence, Union
+from typing import ClassVar
 
-InfoValue = Union[str, int, float, bool]
+InfoValue = str | int | float | bool
 
 SPLITS = ("train", "dev", "test")
 # Default task-id ranges for procedural envs (any int seeds an episode): disjoint by split.
-_PROCEDURAL = {"train": range(0, 1 << 30), "dev": range(1 << 30, (1 << 30) + 10_000),
-               "test": range((1 << 30) + 10_000, (1 << 30) + 20_000)}
+_PROCEDURAL = {
+    "train": range(0, 1 << 30),
+    "dev": range(1 << 30, (1 << 30) + 10_000),
+    "test": range((1 << 30) + 10_000, (1 << 30) + 20_000),
+}
 
 
 def split_of(task_id: int) -> str | None:

@@ -20,6 +20,7 @@ import time
 
 import structlog
 
+from agentgym.envpool.zygote import ForkedProcess, Zygote, ZygoteError
 from agentgym.protocol.envworker import (
     ENVWORKER_VERSION,
     PREFIX_BYTES,
@@ -33,7 +34,6 @@ from agentgym.protocol.envworker import (
     decode_reply,
     pack_frame,
 )
-from agentgym.envpool.zygote import ForkedProcess, Zygote, ZygoteError
 from agentgym.protocol.errors import ProtocolError
 
 log = structlog.get_logger(__name__)
@@ -69,7 +69,9 @@ class WorkerHandle:
         self._pump = asyncio.get_running_loop().create_task(self._pump_stderr(), name=f"env-worker-{self.pid}-stderr")
 
     @classmethod
-    async def spawn(cls, env: str, target: str, kwargs: dict, timeout: float, zygote: Zygote | None = None) -> WorkerHandle:
+    async def spawn(
+        cls, env: str, target: str, kwargs: dict, timeout: float, zygote: Zygote | None = None
+    ) -> WorkerHandle:
         """Start a worker and build the env in it (Open -> Ready) within ``timeout`` seconds:
         forked by ``zygote`` while it is usable (envpool/zygote.py), else a new Python process."""
         t0 = time.monotonic()
@@ -82,10 +84,16 @@ class WorkerHandle:
         if proc is None:
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "agentgym.envpool.worker", "--parent-pid", str(os.getpid()),
-                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                    sys.executable,
+                    "-m",
+                    "agentgym.envpool.worker",
+                    "--parent-pid",
+                    str(os.getpid()),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
                     limit=_STDOUT_LIMIT,
-                )  # fmt: skip
+                )
             except OSError as exc:
                 raise WorkerError("start", f"cannot start an env worker for {env!r}: {exc}") from exc
         w = cls(proc, env)
@@ -101,8 +109,7 @@ class WorkerHandle:
         if not isinstance(reply, Ready) or reply.version != ENVWORKER_VERSION:
             await w.stop()
             raise WorkerError("protocol", f"env worker pid {w.pid} answered Open with {reply!r:.200}")
-        log.debug("env_worker_started", env=env, pid=w.pid, forked=w.forked,
-                  seconds=round(time.monotonic() - t0, 3))  # fmt: skip
+        log.debug("env_worker_started", env=env, pid=w.pid, forked=w.forked, seconds=round(time.monotonic() - t0, 3))
         return w
 
     async def request(self, msg: Request, timeout: float) -> Reply:
@@ -137,10 +144,10 @@ class WorkerHandle:
                 "timeout", f"env worker pid {self.pid} gave no reply to {what} within {timeout:g} s; killed"
             ) from None
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            code = await self._wait_exit()
+            exit_code = await self._wait_exit()
             raise WorkerError(
                 "crash",
-                f"env worker pid {self.pid} exited with code {code} during {what} ({type(exc).__name__})"
+                f"env worker pid {self.pid} exited with code {exit_code} during {what} ({type(exc).__name__})"
                 + self._tail_text(),
             ) from None
         except ProtocolError as exc:
@@ -223,4 +230,3 @@ class WorkerHandle:
         if line:
             self.tail.append(line)
             log.info("env_worker_output", env=self.env, pid=self.pid, line=line)
-

@@ -215,10 +215,7 @@ class EnvPool:
                 self._zygote = await Zygote.start(self.env_name, self.target, self.start_timeout_s)
             except ZygoteError as exc:
                 log.warning("env_zygote_unavailable", env=self.env_name, error=str(exc))
-        spawns = [
-            self._spawn()
-            for _ in range(self.size)
-        ]
+        spawns = [self._spawn() for _ in range(self.size)]
         results = await asyncio.gather(*spawns, return_exceptions=True)
         workers = [r for r in results if isinstance(r, WorkerHandle)]
         errors = [r for r in results if not isinstance(r, WorkerHandle)]
@@ -277,7 +274,7 @@ class EnvPool:
         if slot is _CLOSED:
             self._slots.put_nowait(_CLOSED)  # wake the next waiter too
             raise RuntimeError(f"EnvPool({self.env_name!r}) closed while waiting for a worker")
-        ep = Episode(self, slot, task_id)  # type: ignore[arg-type]
+        ep = Episode(self, slot, task_id)  # type: ignore[arg-type]  # a worker (or None), _CLOSED was handled above
         try:
             yield ep
         finally:

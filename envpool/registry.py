@@ -122,16 +122,34 @@ ENV_INFO: dict[str, tuple[str, str, bool]] = {
     "babyai": ("BabyAI grid levels in text (PyPI minigrid)", "-", False),
     "deepsearch": ("answer questions by searching a BM25 index of the CIA World Factbook", "-", False),
     "sciworld": ("ScienceWorld's 30 science tasks (a JVM simulator)", "Java 17 (openjdk-17-jre-headless)", False),
-    "webshop": ("buy the product an instruction describes on a local web shop, in a browser", "Chromium (Debian chromium)", False),
-    "remote": ("an env played on a remote AgentGym env server over HTTP", "a running env server (env.kwargs.url)", False),
+    "webshop": (
+        "buy the product an instruction describes on a local web shop, in a browser",
+        "Chromium (Debian chromium)",
+        False,
+    ),
+    "remote": (
+        "an env played on a remote AgentGym env server over HTTP",
+        "a running env server (env.kwargs.url)",
+        False,
+    ),
     "probe": ("one-turn diagnostics: can the learner learn one given thing", "-", False),
-    "reasoning_gym": ("any reasoning-gym dataset by name, scored by its score_answer", "agentgym[reasoning-gym]", False),
+    "reasoning_gym": (
+        "any reasoning-gym dataset by name, scored by its score_answer",
+        "agentgym[reasoning-gym]",
+        False,
+    ),
     "textarena": ("any TextArena game by id; two-player games against a fixed opponent", "agentgym[textarena]", False),
     "skyrl_gym": ("any registered SkyRL-gym env id, on SkyRL-format rows (JSON Lines)", "agentgym[skyrl-gym]", False),
-    "verifiers": ("a verifiers (prime-rl) taskset, played by its own harness through the agent endpoint",
-                  "pip extra [verifiers]; uv fetches the harness program's packages on first use", False),
-    "openenv": ("an OpenEnv Environment class by 'module:Class', played in-process (no server, no Docker)",
-                "agentgym[openenv] (scripts/install.sh: without gradio)", False),
+    "verifiers": (
+        "a verifiers (prime-rl) taskset, played by its own harness through the agent endpoint",
+        "pip extra [verifiers]; uv fetches the harness program's packages on first use",
+        False,
+    ),
+    "openenv": (
+        "an OpenEnv Environment class by 'module:Class', played in-process (no server, no Docker)",
+        "agentgym[openenv] (scripts/install.sh: without gradio)",
+        False,
+    ),
     "chaos": ("an env that crashes, hangs or corrupts on request (pool robustness tests)", "-", True),
 }
 """What ``agentgym envs`` prints for each built-in (docs/environments.md has the details)."""
@@ -163,5 +181,7 @@ def describe_envs() -> list[tuple[str, str, str, bool]]:
     """(name, description, system needs, test-only) of every known env; an env from a package's
     entry point is described by its import path (describing it would mean importing it)."""
     plugins = _entry_points()  # as written, unchecked: listing must not fail on one package's typo
-    return [(n, *ENV_INFO.get(n, (f"from an installed package: {plugins.get(n, _REGISTRY.get(n))}", "?", False)))
-            for n in known_envs()]  # fmt: skip
+    return [
+        (n, *ENV_INFO.get(n, (f"from an installed package: {plugins.get(n, _REGISTRY.get(n))}", "?", False)))
+        for n in known_envs()
+    ]

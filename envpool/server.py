@@ -38,12 +38,12 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
-from agentgym.envpool.pool import Episode, EnvFailure, EnvPool
+from agentgym.envpool.pool import EnvFailure, EnvPool, Episode
 
 log = structlog.get_logger(__name__)
 
@@ -102,8 +102,14 @@ class EnvServer:
         start_timeout_s: float = 60,
     ) -> None:
         self.env_name = env_name
-        self.pool = EnvPool(env_name, env_kwargs or {}, size, step_timeout_s=step_timeout_s,
-                            reset_timeout_s=reset_timeout_s, start_timeout_s=start_timeout_s)  # fmt: skip
+        self.pool = EnvPool(
+            env_name,
+            env_kwargs or {},
+            size,
+            step_timeout_s=step_timeout_s,
+            reset_timeout_s=reset_timeout_s,
+            start_timeout_s=start_timeout_s,
+        )
         self.wait_s, self.max_envs = wait_s, max_envs
         # A request never waits on the loop for longer than this (the pool's own deadlines are shorter).
         self._request_s = max(step_timeout_s, reset_timeout_s) + wait_s + 10
@@ -119,7 +125,7 @@ class EnvServer:
 
     @property
     def url(self) -> str:
-        host, port = self._http.server_address[:2]
+        host, port = cast("tuple[str, int]", self._http.server_address[:2])  # a TCP server's
         return f"http://{host}:{port}"
 
     def start(self) -> EnvServer:
@@ -167,11 +173,16 @@ class EnvServer:
     # ------------------------------------------------------------------ requests (called from handler threads)
     def handle(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
         routes = {
-            ("GET", "/"): self._hello, ("POST", "/create"): self._create, ("POST", "/reset"): self._reset,
-            ("POST", "/step"): self._step, ("GET", "/observation"): self._observation,
-            ("POST", "/close"): self._close, ("GET", "/expert"): self._expert, ("GET", "/tasks"): self._tasks,
+            ("GET", "/"): self._hello,
+            ("POST", "/create"): self._create,
+            ("POST", "/reset"): self._reset,
+            ("POST", "/step"): self._step,
+            ("GET", "/observation"): self._observation,
+            ("POST", "/close"): self._close,
+            ("GET", "/expert"): self._expert,
+            ("GET", "/tasks"): self._tasks,
             ("GET", "/health"): self._health,
-        }  # fmt: skip
+        }
         route = routes.get((method, path))
         if route is None:
             known = sorted({p for _, p in routes})
@@ -225,15 +236,23 @@ class EnvServer:
                 episode = await asyncio.wait_for(stack.enter_async_context(self.pool.episode(task_id)), self.wait_s)
             except TimeoutError:
                 await stack.aclose()
-                raise HttpError(503, f"/reset: all {self.pool.size} env workers stayed busy for {self.wait_s:g} s") from None
+                raise HttpError(
+                    503, f"/reset: all {self.pool.size} env workers stayed busy for {self.wait_s:g} s"
+                ) from None
             env.stack, env.episode = stack, episode
             try:
                 env.observation = await episode.reset()
             except EnvFailure as exc:
                 await env.release()
                 raise HttpError(502, f"/reset id {env_id} data_idx {task_id}: {exc}") from None
-            return {"id": env_id, "data_idx": task_id, "observation": env.observation,
-                    "instructions": episode.instructions, "reward": 0.0, "done": False}  # fmt: skip
+            return {
+                "id": env_id,
+                "data_idx": task_id,
+                "observation": env.observation,
+                "instructions": episode.instructions,
+                "reward": 0.0,
+                "done": False,
+            }
 
     async def _step(self, args: dict[str, Any]) -> Any:
         env_id, env = self._env(args, "/step")

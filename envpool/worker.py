@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from agentgym.protocol.envworker import (
     ENVWORKER_VERSION,
@@ -42,6 +42,9 @@ from agentgym.protocol.envworker import (
     decode_request,
     pack_frame,
 )
+
+if TYPE_CHECKING:
+    from agentgym.envpool.base import Env
 
 _FRAME_FD: int | None = None
 
@@ -98,7 +101,7 @@ class _Host:
     """The env and the episode state the protocol needs (reset before step)."""
 
     def __init__(self) -> None:
-        self.env = None
+        self.env: Env | None = None
         self.reset_done = False
 
     def serve(self, req: Request) -> Reply:

@@ -46,8 +46,9 @@ class ZygoteError(RuntimeError):
 class ForkedProcess:
     """A worker forked by the zygote, with the parts of ``asyncio.subprocess.Process`` the pool uses."""
 
-    def __init__(self, pid: int, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader,
-                 stderr: asyncio.StreamReader) -> None:  # fmt: skip
+    def __init__(
+        self, pid: int, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader, stderr: asyncio.StreamReader
+    ) -> None:
         self.pid = pid
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: int | None = None
@@ -98,10 +99,20 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agentgym.envpool.zygote", "--fd", str(theirs.fileno()),
-                "--parent-pid", str(os.getpid()), "--env", env, "--target", target,
-                pass_fds=(theirs.fileno(),), env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "agentgym.envpool.zygote",
+                "--fd",
+                str(theirs.fileno()),
+                "--parent-pid",
+                str(os.getpid()),
+                "--env",
+                env,
+                "--target",
+                target,
+                pass_fds=(theirs.fileno(),),
+                env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+            )
         except OSError as exc:
             ours.close()
             raise ZygoteError(f"cannot start an env zygote for {env!r}: {exc}") from exc
@@ -149,7 +160,8 @@ class Zygote:
         stderr = asyncio.StreamReader(limit=limit, loop=loop)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr, loop=loop), os.fdopen(err_r, "rb", 0))
         transport, protocol = await loop.connect_write_pipe(
-            lambda: asyncio.streams.FlowControlMixin(loop=loop), os.fdopen(in_w, "wb", 0))  # fmt: skip
+            lambda: asyncio.streams.FlowControlMixin(loop=loop), os.fdopen(in_w, "wb", 0)
+        )
         proc = ForkedProcess(pid, asyncio.StreamWriter(transport, protocol, None, loop), stdout, stderr)
         self._procs[pid] = proc
         if pid in self._early:

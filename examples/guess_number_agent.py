@@ -24,8 +24,9 @@ def play(task: dict, client) -> float:
     secret = random.Random(task["task_id"]).randint(low, high)
     messages = [{"role": "user", "content": f"guess a number from {low} to {high}"}]
     for _ in range(task.get("max_calls", 6)):
-        reply = client.chat.completions.create(model="policy", messages=messages,
-                                               max_tokens=task.get("max_tokens_per_call", 1))
+        reply = client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=task.get("max_tokens_per_call", 1)
+        )
         text = reply.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": text})
         m = re.search(r"[-+]?\d+", text)

@@ -31,6 +31,7 @@ import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 
@@ -60,7 +61,7 @@ class TicketLedger:
         self.unissued: Counter[str] = Counter()
         """Rollouts for training ids this run never issued (e.g. from a learner life whose
         journal lines were lost), by ack status: outside the identity, shown beside it."""
-        self._out = None
+        self._out: TextIO | None = None
         self.settled: Counter[str] = Counter()
         """Tickets folded into counts by ``compact``, by final fate (no longer kept one by one)."""
 
@@ -90,14 +91,18 @@ class TicketLedger:
         from any kept checkpoint re-opens only what was trained after it, and those stay). The
         new journal is written beside the old one and renamed over it (a kill leaves one whole).
         Returns the tickets folded."""
-        done = [g for g, f in self.fate.items() if f in FATES and (f != "trained" or self.trained_at[g] <= keep_from_step)]
+        done = [
+            g for g, f in self.fate.items() if f in FATES and (f != "trained" or self.trained_at[g] <= keep_from_step)
+        ]
         if not done:
             return 0
         for g in done:
             self.settled[self.fate.pop(g)] += 1
             del self.tickets[g]
             self.trained_at.pop(g, None)
-        recs: list[dict[str, object]] = [{"e": "base", "settled": dict(self.settled), "lost": dict(self.lost_in_restart)}]
+        recs: list[dict[str, object]] = [
+            {"e": "base", "settled": dict(self.settled), "lost": dict(self.lost_in_restart)}
+        ]
         for g, t in self.tickets.items():
             recs.append({"e": "issue", "t": msgspec.to_builtins(t)})
             f = self.fate.get(g)
@@ -203,7 +208,7 @@ class TicketLedger:
         out: dict[str, object] = {"issued": issued, **{f: by_fate.get(f, 0) for f in FATES}}
         out["untrained_at_end"] = by_fate.get("accepted", 0)
         out["in_flight_at_end"] = len(open_ids)
-        settled = sum(int(out[k]) for k in (*FATES, "untrained_at_end", "in_flight_at_end"))  # type: ignore[call-overload]
+        settled = sum(int(out[k]) for k in (*FATES, "untrained_at_end", "in_flight_at_end"))  # type: ignore[call-overload]  # these entries are counts
         out["unaccounted"] = issued - settled
         """Tickets with no fate that no actor holds and no queue has: must be 0."""
         out["accepted_not_buffered"] = by_fate.get("accepted", 0) - len(buffered_ids)
@@ -220,8 +225,8 @@ def format_table(acc: dict[str, object]) -> str:
     rows = [("issued", acc["issued"])]
     rows += [(k, acc[k]) for k in (*FATES, "untrained_at_end", "in_flight_at_end", "unaccounted")]
     rows += [("reissued (event)", acc["reissued"])]
-    rows += [(f"handed over: {k} (event)", v) for k, v in sorted(dict(acc.get("handovers", {})).items())]  # type: ignore[call-overload]
-    rows += [(f"lost_in_restart: {k} (re-issued)", v) for k, v in sorted(dict(acc["lost_in_restart"]).items())]  # type: ignore[call-overload]
-    rows += [(f"unissued arrivals: {k}", v) for k, v in sorted(dict(acc["unissued_arrivals"]).items())]  # type: ignore[call-overload]
+    rows += [(f"handed over: {k} (event)", v) for k, v in sorted(dict(acc.get("handovers", {})).items())]  # type: ignore[call-overload]  # a name -> count mapping
+    rows += [(f"lost_in_restart: {k} (re-issued)", v) for k, v in sorted(dict(acc["lost_in_restart"]).items())]  # type: ignore[call-overload]  # a name -> count mapping
+    rows += [(f"unissued arrivals: {k}", v) for k, v in sorted(dict(acc["unissued_arrivals"]).items())]  # type: ignore[call-overload]  # a name -> count mapping
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -25,8 +25,10 @@ from agentgym.learner.losses import masked_whiten
 def _groups(fn: str, rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
     """Check inputs; return (rewards as float64, group id in 0..G-1 per row, group sizes, G)."""
     if rewards.dim() != 1 or group_index.shape != rewards.shape:
-        raise ValueError(f"{fn}: rewards and group_index must be [B] tensors of one shape, got "
-                         f"{tuple(rewards.shape)} and {tuple(group_index.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{fn}: rewards and group_index must be [B] tensors of one shape, got "
+            f"{tuple(rewards.shape)} and {tuple(group_index.shape)}"
+        )
     if group_index.dtype.is_floating_point or group_index.dtype == torch.bool:
         raise ValueError(f"{fn}: group_index must be an integer tensor, got {group_index.dtype}")
     bad = (~torch.isfinite(rewards)).nonzero().flatten()
@@ -55,9 +57,7 @@ def _all_equal(x: Tensor, inv: Tensor, G: int) -> Tensor:
     return (hi == lo)[inv]
 
 
-def grpo_advantages(
-    rewards: Tensor, group_index: Tensor, *, std_normalize: bool = True, eps: float = 1e-6
-) -> Tensor:
+def grpo_advantages(rewards: Tensor, group_index: Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> Tensor:
     """Group-relative advantages of episodes; [B] rewards and group ids (long) in, [B] out.
 
     "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models"
@@ -110,8 +110,14 @@ def agent_turn_index(loss_mask: Tensor) -> Tensor:
 
 
 def turn_baseline_advantages(
-    rewards: Tensor, group_index: Tensor, loss_mask: Tensor, *, leave_one_out: bool = False,
-    std_normalize: bool = True, eps: float = 1e-6, discount: float = 1.0,
+    rewards: Tensor,
+    group_index: Tensor,
+    loss_mask: Tensor,
+    *,
+    leave_one_out: bool = False,
+    std_normalize: bool = True,
+    eps: float = 1e-6,
+    discount: float = 1.0,
 ) -> Tensor:
     """Group-relative advantages with a baseline per agent turn; [B] rewards, [B] group ids and
     [B, T] loss mask in, [B, T] out (0 off the agent tokens).
@@ -143,8 +149,9 @@ def turn_baseline_advantages(
     if not 0 < discount <= 1:
         raise ValueError(f"turn_baseline_advantages: discount must be in (0, 1], got {discount}")
     if loss_mask.dim() != 2 or loss_mask.shape[0] != x.shape[0]:
-        raise ValueError(f"turn_baseline_advantages: loss_mask must be [B, T] with B = {x.shape[0]}, "
-                         f"got {tuple(loss_mask.shape)}")  # fmt: skip
+        raise ValueError(
+            f"turn_baseline_advantages: loss_mask must be [B, T] with B = {x.shape[0]}, got {tuple(loss_mask.shape)}"
+        )
     turn = agent_turn_index(loss_mask)
     played = turn.max(-1).values + 1  # turns per row (0 for a row without agent tokens)
     scale = torch.ones_like(x)
@@ -166,8 +173,10 @@ def turn_baseline_advantages(
 
 def _agent_mask(fn: str, token_rewards: Tensor, loss_mask: Tensor) -> Tensor:
     if token_rewards.dim() != 2 or loss_mask.shape != token_rewards.shape:
-        raise ValueError(f"{fn}: token_rewards and loss_mask must be [B, T] of one shape, got "
-                         f"{tuple(token_rewards.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{fn}: token_rewards and loss_mask must be [B, T] of one shape, got "
+            f"{tuple(token_rewards.shape)} and {tuple(loss_mask.shape)}"
+        )
     agent = loss_mask != 0
     lost = ((token_rewards != 0) & ~agent).nonzero()
     if lost.numel():
@@ -180,9 +189,7 @@ def _agent_mask(fn: str, token_rewards: Tensor, loss_mask: Tensor) -> Tensor:
     return agent
 
 
-def _gae_scan(
-    rewards: Tensor, values: Tensor, agent: Tensor, gamma: float, lam: float, bootstrap: Tensor
-) -> Tensor:
+def _gae_scan(rewards: Tensor, values: Tensor, agent: Tensor, gamma: float, lam: float, bootstrap: Tensor) -> Tensor:
     """Backward recursion over agent tokens only; 0 on every other token.
 
     The carry holds the value and advantage of the next *agent* token of each row, so environment
@@ -228,8 +235,9 @@ def gae(
         raise ValueError(f"gae needs 0 <= gamma <= 1 and 0 <= lam <= 1, got gamma={gamma} lam={lam}")
     agent = _agent_mask("gae", token_rewards, loss_mask)
     if values.shape != token_rewards.shape:
-        raise ValueError(f"gae: values must have the shape of token_rewards {tuple(token_rewards.shape)}, "
-                         f"got {tuple(values.shape)}")  # fmt: skip
+        raise ValueError(
+            f"gae: values must have the shape of token_rewards {tuple(token_rewards.shape)}, got {tuple(values.shape)}"
+        )
     dtype = torch.promote_types(token_rewards.dtype, torch.float32)
     B = token_rewards.shape[0]
     if bootstrap_value is None:
@@ -275,13 +283,17 @@ def episode_rewards_to_tokens(rewards: Tensor, loss_mask: Tensor) -> Tensor:
     without agent tokens is an error (its reward would be lost).
     """
     if rewards.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != rewards.shape[0]:
-        raise ValueError(f"episode_rewards_to_tokens: need rewards [B] and loss_mask [B, T], got "
-                         f"{tuple(rewards.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+        raise ValueError(
+            f"episode_rewards_to_tokens: need rewards [B] and loss_mask [B, T], got "
+            f"{tuple(rewards.shape)} and {tuple(loss_mask.shape)}"
+        )
     agent = loss_mask != 0
     empty = (~agent.any(-1)).nonzero().flatten()
     if empty.numel():
-        raise ValueError(f"episode_rewards_to_tokens: row {int(empty[0])} has no agent token "
-                         f"(loss_mask all 0); its reward {float(rewards[empty[0]])} would be lost")  # fmt: skip
+        raise ValueError(
+            f"episode_rewards_to_tokens: row {int(empty[0])} has no agent token "
+            f"(loss_mask all 0); its reward {float(rewards[empty[0]])} would be lost"
+        )
     T = agent.shape[1]
     # argmax returns the first maximum, so on the flipped mask it finds the last agent token.
     last = T - 1 - agent.flip(-1).to(torch.int8).argmax(-1)
@@ -303,16 +315,19 @@ def turn_rewards_to_tokens(
     within [0, T)). With ``loss_mask`` each of those positions is checked to be an agent token.
     """
     if len(turn_rewards) != len(turn_ends):
-        raise ValueError(f"turn_rewards_to_tokens: {len(turn_rewards)} rows of rewards but "
-                         f"{len(turn_ends)} rows of turn ends")  # fmt: skip
+        raise ValueError(
+            f"turn_rewards_to_tokens: {len(turn_rewards)} rows of rewards but {len(turn_ends)} rows of turn ends"
+        )
     out = torch.zeros(len(turn_rewards), T, dtype=torch.float32)
     for b, (rs, ends) in enumerate(zip(turn_rewards, turn_ends)):
         if len(rs) != len(ends):
             raise ValueError(f"turn_rewards_to_tokens: row {b} has {len(rs)} rewards but {len(ends)} turn ends")
         for k, (r, t) in enumerate(zip(rs, ends)):
             if not 0 <= t < T or (k and t <= ends[k - 1]):
-                raise ValueError(f"turn_rewards_to_tokens: turn_ends[{b}][{k}] = {t} must be in [0, {T}) "
-                                 f"and after the previous turn's end")  # fmt: skip
+                raise ValueError(
+                    f"turn_rewards_to_tokens: turn_ends[{b}][{k}] = {t} must be in [0, {T}) "
+                    f"and after the previous turn's end"
+                )
             if loss_mask is not None and loss_mask[b, t] == 0:
                 raise ValueError(f"turn_rewards_to_tokens: turn_ends[{b}][{k}] = {t} is not an agent token")
             out[b, t] = r
@@ -322,8 +337,10 @@ def turn_rewards_to_tokens(
 def broadcast_sequence_advantages(adv: Tensor, loss_mask: Tensor) -> Tensor:
     """[B] per-episode advantages to [B, T]: Â_b on every agent token of row b, 0 elsewhere."""
     if adv.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != adv.shape[0]:
-        raise ValueError(f"broadcast_sequence_advantages: need adv [B] and loss_mask [B, T], got "
-                         f"{tuple(adv.shape)} and {tuple(loss_mask.shape)}")  # fmt: skip
+        raise ValueError(
+            f"broadcast_sequence_advantages: need adv [B] and loss_mask [B, T], got "
+            f"{tuple(adv.shape)} and {tuple(loss_mask.shape)}"
+        )
     return torch.where(loss_mask != 0, adv[:, None], 0.0).to(adv.dtype)
 
 
@@ -343,8 +360,10 @@ def importance_recentred(adv: Tensor, weights: Tensor, group_index: Tensor) -> T
     one-token answers Â' = (R − Σ w R / Σ w) / σ), which leaves the expected gradient unchanged.
     """
     if adv.shape != weights.shape or group_index.shape != adv.shape[:1]:
-        raise ValueError(f"importance_recentred: adv and weights must be [B, T] and group_index [B], got "
-                         f"{tuple(adv.shape)}, {tuple(weights.shape)}, {tuple(group_index.shape)}")  # fmt: skip
+        raise ValueError(
+            f"importance_recentred: adv and weights must be [B, T] and group_index [B], got "
+            f"{tuple(adv.shape)}, {tuple(weights.shape)}, {tuple(group_index.shape)}"
+        )
     _, inv = torch.unique(group_index, return_inverse=True)
     G = int(inv.max()) + 1 if inv.numel() else 0
     on = weights != 0

@@ -81,63 +81,138 @@ def compute_advantages(
         kl = torch.where(agent, kl, 0.0)
         token_rewards = token_rewards - kl_coef * kl
         seq_rewards = seq_rewards - kl_coef * kl.sum(-1)
-    adv, returns = _advantages(algorithm, batch, token_rewards, seq_rewards, std_normalize=std_normalize, gamma=gamma,
-                               lam=lam, values=values, bootstrap=bootstrap, whiten=whiten, baseline=baseline,
-                               turn_discount=turn_discount)  # fmt: skip
+    adv, returns = _advantages(
+        algorithm,
+        batch,
+        token_rewards,
+        seq_rewards,
+        std_normalize=std_normalize,
+        gamma=gamma,
+        lam=lam,
+        values=values,
+        bootstrap=bootstrap,
+        whiten=whiten,
+        baseline=baseline,
+        turn_discount=turn_discount,
+    )
     if step_weight > 0:
         step_term = REGISTRY.with_("step_term")
         if algorithm not in step_term:
             raise ValueError(f"compute_advantages: step_weight needs one of {step_term}, not {algorithm!r}")
-        adv = adv + step_weight * state_step_advantages(batch.input_ids, batch.loss_mask, token_rewards,
-                                                        batch.group_index, discount=turn_discount,
-                                                        std_normalize=std_normalize)  # fmt: skip
+        adv = adv + step_weight * state_step_advantages(
+            batch.input_ids,
+            batch.loss_mask,
+            token_rewards,
+            batch.group_index,
+            discount=turn_discount,
+            std_normalize=std_normalize,
+        )
     return adv, returns
 
 
 def _advantages(
-    algorithm: Algorithm, batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, std_normalize: bool,
-    gamma: float, lam: float, values: Tensor | None, bootstrap: Tensor | None, whiten: bool, baseline: str,
+    algorithm: Algorithm,
+    batch: Batch,
+    token_rewards: Tensor,
+    seq_rewards: Tensor,
+    *,
+    std_normalize: bool,
+    gamma: float,
+    lam: float,
+    values: Tensor | None,
+    bootstrap: Tensor | None,
+    whiten: bool,
+    baseline: str,
     turn_discount: float,
-) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+) -> tuple[Tensor, Tensor | None]:
     """The estimator of ``algorithm`` on these rewards (the KL in the reward already taken off)."""
     if baseline not in ("episode", "turn"):
         raise ValueError(f"compute_advantages: baseline must be 'episode' or 'turn', got {baseline!r}")
     if algorithm not in REGISTRY.entries:
         raise ValueError(f"learner.algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     estimate = REGISTRY.load(algorithm)
-    return estimate(batch, token_rewards, seq_rewards, std_normalize=std_normalize, gamma=gamma, lam=lam,
-                    values=values, bootstrap=bootstrap, whiten=whiten, baseline=baseline,
-                    turn_discount=turn_discount)  # fmt: skip
+    return estimate(
+        batch,
+        token_rewards,
+        seq_rewards,
+        std_normalize=std_normalize,
+        gamma=gamma,
+        lam=lam,
+        values=values,
+        bootstrap=bootstrap,
+        whiten=whiten,
+        baseline=baseline,
+        turn_discount=turn_discount,
+    )
 
 
 # The estimators, registered by name in agentgym/config/registries.py. Each takes the batch, its
 # token and episode rewards and every option as keywords (``**_``: the ones it does not read).
 
 
-def grpo(batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, std_normalize: bool, baseline: str,
-         turn_discount: float, **_: object) -> tuple[Tensor, None]:  # fmt: skip
+def grpo(
+    batch: Batch,
+    token_rewards: Tensor,
+    seq_rewards: Tensor,
+    *,
+    std_normalize: bool,
+    baseline: str,
+    turn_discount: float,
+    **_: object,
+) -> tuple[Tensor, None]:
     if baseline == "turn":
-        return turn_baseline_advantages(seq_rewards, batch.group_index, batch.loss_mask, leave_one_out=False,
-                                        std_normalize=std_normalize, discount=turn_discount), None  # fmt: skip
+        return turn_baseline_advantages(
+            seq_rewards,
+            batch.group_index,
+            batch.loss_mask,
+            leave_one_out=False,
+            std_normalize=std_normalize,
+            discount=turn_discount,
+        ), None
     seq = grpo_advantages(seq_rewards, batch.group_index, std_normalize=std_normalize)
     return broadcast_sequence_advantages(seq, batch.loss_mask), None
 
 
-def rloo(batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, std_normalize: bool, baseline: str,
-         turn_discount: float, **_: object) -> tuple[Tensor, None]:  # fmt: skip
+def rloo(
+    batch: Batch,
+    token_rewards: Tensor,
+    seq_rewards: Tensor,
+    *,
+    std_normalize: bool,
+    baseline: str,
+    turn_discount: float,
+    **_: object,
+) -> tuple[Tensor, None]:
     if baseline == "turn":
-        return turn_baseline_advantages(seq_rewards, batch.group_index, batch.loss_mask, leave_one_out=True,
-                                        std_normalize=std_normalize, discount=turn_discount), None  # fmt: skip
+        return turn_baseline_advantages(
+            seq_rewards,
+            batch.group_index,
+            batch.loss_mask,
+            leave_one_out=True,
+            std_normalize=std_normalize,
+            discount=turn_discount,
+        ), None
     return broadcast_sequence_advantages(rloo_advantages(seq_rewards, batch.group_index), batch.loss_mask), None
 
 
-def reinforce_pp(batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, gamma: float,
-                 **_: object) -> tuple[Tensor, None]:  # fmt: skip
+def reinforce_pp(
+    batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, gamma: float, **_: object
+) -> tuple[Tensor, None]:
     return reinforce_pp_advantages(token_rewards, batch.loss_mask, gamma=gamma), None
 
 
-def ppo(batch: Batch, token_rewards: Tensor, seq_rewards: Tensor, *, gamma: float, lam: float, values: Tensor | None,
-        bootstrap: Tensor | None, whiten: bool, **_: object) -> tuple[Tensor, Tensor]:  # fmt: skip
+def ppo(
+    batch: Batch,
+    token_rewards: Tensor,
+    seq_rewards: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    values: Tensor | None,
+    bootstrap: Tensor | None,
+    whiten: bool,
+    **_: object,
+) -> tuple[Tensor, Tensor]:
     if values is None or bootstrap is None:
         raise ValueError("compute_advantages: algorithm 'ppo' needs values [B, T] and bootstrap [B]")
     adv, returns = gae(token_rewards, values, batch.loss_mask, gamma=gamma, lam=lam, bootstrap_value=bootstrap)

@@ -59,9 +59,7 @@ def trainable_episodes(rollout: Rollout) -> list[Episode]:
     return [e for e in rollout.episodes if e.finish not in ("env_failure", "aborted")]
 
 
-def credit_rewards(
-    mask: np.ndarray, turn_ends: np.ndarray, turn_rewards: np.ndarray, reward: float
-) -> np.ndarray:
+def credit_rewards(mask: np.ndarray, turn_ends: np.ndarray, turn_rewards: np.ndarray, reward: float) -> np.ndarray:
     """One row's token rewards: turn k's reward on the last agent token before ``turn_ends[k]``
     (exclusive ends, as ``Episode`` stores them), the rest of ``reward`` on the last agent token.
 

@@ -24,11 +24,15 @@ is dropped), and holds at most ``RCVHWM`` unread messages per peer. With one cap
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agentgym.learner.staleness import StalenessRule
 
 # The per-token and per-episode figures are the actor's too (its caps): one definition.
 from agentgym.protocol.limits import EPISODE_FIXED, MARGIN, REQUEST_FRAME, TOKEN_BYTES, KiB, MiB, group_bytes
+
+if TYPE_CHECKING:
+    from agentgym.config import Config
 
 __all__ = ["EPISODE_FIXED", "MARGIN", "TOKEN_BYTES", "KiB", "MiB", "MIN_INBOX", "WEIGHTS_FRAME", "SocketBounds"]
 WEIGHTS_FRAME = REQUEST_FRAME
@@ -49,8 +53,12 @@ class SocketBounds:
         return cls(group, control, WEIGHTS_FRAME, max(MIN_INBOX, inbox_mib * MiB // group))
 
     @classmethod
-    def from_config(cls, cfg: object) -> SocketBounds:
-        rc, lc = cfg.rollout, cfg.learner  # type: ignore[attr-defined]
+    def from_config(cls, cfg: Config) -> SocketBounds:
+        rc, lc = cfg.rollout, cfg.learner
         pipeline = StalenessRule.from_config(cfg).pipeline  # the rule owns the bound B·(K+1)
-        return cls.build(group_size=rc.group_size, max_episode_tokens=rc.max_episode_tokens, pipeline=pipeline,
-                         inbox_mib=lc.inbox_mib)  # fmt: skip
+        return cls.build(
+            group_size=rc.group_size,
+            max_episode_tokens=rc.max_episode_tokens,
+            pipeline=pipeline,
+            inbox_mib=lc.inbox_mib,
+        )

@@ -46,8 +46,13 @@ def rng_state() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},  # fmt: skip
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
         "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
     }
 
@@ -83,7 +88,9 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": model_state} if model_state is not None else {}))
+    model.save_pretrained(
+        tmp, safe_serialization=True, **({"state_dict": model_state} if model_state is not None else {})
+    )  # type: ignore[operator]  # an HF (or peft) model's method, past torch.nn.Module's __getattr__
     if tokenizer_dir is not None:
         for f in Path(tokenizer_dir).iterdir():
             if f.is_file() and f.name.startswith(_TOKENIZER_PREFIXES):
@@ -105,7 +112,9 @@ def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
 
     path = Path(path)
     index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(path / f)))
@@ -127,8 +136,9 @@ def check_loaded(
     missing name is fine when another name of its tie group was loaded."""
     missing = [k for k in missing if not any(k in g and g & state.keys() for g in tied)]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path}: weights do not match the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {path}: weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
 
 
 def check_same_critic(path: Path, state: dict[str, Any], algorithm: str, value_model: str) -> None:
@@ -136,14 +146,18 @@ def check_same_critic(path: Path, state: dict[str, Any], algorithm: str, value_m
     weights and optimizer state) is the one ``learner.algorithm`` and ``learner.value_model`` build."""
     critic = ALGORITHMS.get(algorithm).critic
     if (state["value_head"] is None) != (not critic):
-        raise ValueError(f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
-                         f"it cannot resume learner.algorithm = {algorithm!r} "
-                         f"(the value head and optimizer state differ)")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {path} was written with learner.algorithm = {state['algorithm']!r}; "
+            f"it cannot resume learner.algorithm = {algorithm!r} "
+            f"(the value head and optimizer state differ)"
+        )
     # Checkpoints from before learner.value_model existed hold a shared head.
     kind = state.get("value_model") or "shared"
     if critic and kind != value_model:
-        raise ValueError(f"checkpoint {path} was written with learner.value_model = {kind!r}; it cannot "
-                         f"resume learner.value_model = {value_model!r} (the critics differ)")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {path} was written with learner.value_model = {kind!r}; it cannot "
+            f"resume learner.value_model = {value_model!r} (the critics differ)"
+        )
 
 
 def _load_model_weights(path: Path, model: torch.nn.Module) -> None:
@@ -157,8 +171,10 @@ def load_checkpoint_files(path: Path, model: torch.nn.Module | None) -> tuple[di
     :func:`read_model_weights`); return (trainer state, extra state)."""
     path = Path(path)
     if not (path / STATE_FILE).exists():
-        raise FileNotFoundError(f"{path} is not a learner checkpoint (no {STATE_FILE}); "
-                                f"pass a checkpoints/step_NNNNNN directory written by the learner")  # fmt: skip
+        raise FileNotFoundError(
+            f"{path} is not a learner checkpoint (no {STATE_FILE}); "
+            f"pass a checkpoints/step_NNNNNN directory written by the learner"
+        )
     if model is not None:
         _load_model_weights(path, model)
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
@@ -169,7 +185,9 @@ def load_checkpoint_files(path: Path, model: torch.nn.Module | None) -> tuple[di
 def _checkpoints(ckpt_dir: Path) -> list[Path]:
     if not Path(ckpt_dir).is_dir():
         return []
-    done = [p for p in Path(ckpt_dir).iterdir() if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE_FILE).exists()]
+    done = [
+        p for p in Path(ckpt_dir).iterdir() if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE_FILE).exists()
+    ]
     return sorted(done, key=lambda p: p.name)
 
 

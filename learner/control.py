@@ -55,8 +55,8 @@ from agentgym.protocol import (
     Rollout,
     RolloutSpec,
     Shutdown,
-    Welcome,
     WeightsReady,
+    Welcome,
 )
 from agentgym.protocol.arrays import I32, U8, unpack
 
@@ -75,12 +75,16 @@ def rollout_spec(cfg: Config) -> RolloutSpec:
     """How actors play, from the learner's config: what every Welcome carries."""
     rc = cfg.rollout
     return RolloutSpec(
-        group_size=rc.group_size, max_tokens_per_turn=rc.max_tokens_per_turn, max_episode_tokens=rc.max_episode_tokens,
-        temperature=rc.temperature, top_p=rc.top_p, env_kwargs={e.name: dict(e.kwargs) for e in cfg.env.specs},
+        group_size=rc.group_size,
+        max_tokens_per_turn=rc.max_tokens_per_turn,
+        max_episode_tokens=rc.max_episode_tokens,
+        temperature=rc.temperature,
+        top_p=rc.top_p,
+        env_kwargs={e.name: dict(e.kwargs) for e in cfg.env.specs},
         system_prompt=rc.system_prompt,
         critic=critic_spec(cfg) if cfg.critic.enabled else None,
         allow_special_tokens=rc.allow_special_tokens,
-    )  # fmt: skip
+    )
 
 
 def critic_spec(cfg: Config) -> CriticSpec:
@@ -135,8 +139,11 @@ class ActorControl:
         self.flight = flight
         self.fingerprint = model_fingerprint(cfg.model.path)
         """The model every actor must run (a Hello with another is rejected)."""
-        self.guard = Guard(group_size=cfg.rollout.group_size, max_episode_tokens=cfg.rollout.max_episode_tokens,
-                           vocab_size=vocab_size(cfg.model.path))  # fmt: skip
+        self.guard = Guard(
+            group_size=cfg.rollout.group_size,
+            max_episode_tokens=cfg.rollout.max_episode_tokens,
+            vocab_size=vocab_size(cfg.model.path),
+        )
         """Which tickets are whose, and what a rollout must be to be judged (learner/validate.py)."""
         self.filter = GroupFilter(cfg.learner.filter_groups, cfg.learner.batch_groups)  # dynamic sampling, in judge
         self.seen = SeenSet()
@@ -175,8 +182,12 @@ class ActorControl:
     def state(self) -> dict[str, object]:
         """What the actor-facing side needs after a resume: the dedupe set, the ticket counter,
         the open tickets and which key owns which actor id."""
-        return {"seen": self.seen.state(), "issued": self.sched.issued, "open_tickets": self.guard.state(),
-                "owners": dict(self.sched.owners)}  # fmt: skip
+        return {
+            "seen": self.seen.state(),
+            "issued": self.sched.issued,
+            "open_tickets": self.guard.state(),
+            "owners": dict(self.sched.owners),
+        }
 
     def restore(self, extra: Mapping[str, object], step: int) -> None:
         """Take back ``state()`` from the checkpoint of ``step`` and reopen the tickets it left open."""
@@ -201,8 +212,14 @@ class ActorControl:
         self.ledger.resumed(r)
         for e in r.episodes:
             if e.resumed_at:
-                log.info("episode_resumed", group=r.group_id, actor_id=r.actor_id, resumed_at=e.resumed_at,
-                         tokens=e.num_tokens, prefix=handover_digest(e.token_ids[: 4 * e.resumed_at]))  # fmt: skip
+                log.info(
+                    "episode_resumed",
+                    group=r.group_id,
+                    actor_id=r.actor_id,
+                    resumed_at=e.resumed_at,
+                    tokens=e.num_tokens,
+                    prefix=handover_digest(e.token_ids[: 4 * e.resumed_at]),
+                )
 
     def user_id(self) -> str:
         """The CURVE key (ZAP user id) of the connection the message being handled came from."""
@@ -212,13 +229,17 @@ class ActorControl:
     def welcome_msg(self, index: int) -> Welcome:
         lc = self.cfg.learner
         return Welcome(
-            run_id=self.run_id, actor_index=index,
+            run_id=self.run_id,
+            actor_index=index,
             weights_port=int(lc.bind.rsplit(":", 1)[1]) + 1,
-            model_path=str(Path(self.cfg.model.path).resolve()), model_fingerprint=self.fingerprint,
-            mode=self.cfg.run.mode, heartbeat_interval_s=lc.heartbeat_interval_s,
+            model_path=str(Path(self.cfg.model.path).resolve()),
+            model_fingerprint=self.fingerprint,
+            mode=self.cfg.run.mode,
+            heartbeat_interval_s=lc.heartbeat_interval_s,
             actor_timeout_s=lc.actor_timeout_s,
-            rollout=rollout_spec(self.cfg), lora=lora_spec(self.cfg),
-        )  # fmt: skip
+            rollout=rollout_spec(self.cfg),
+            lora=lora_spec(self.cfg),
+        )
 
     def welcome(self, peer: bytes, msg: Hello) -> None:
         if not msg.model_fingerprint:
@@ -228,25 +249,43 @@ class ActorControl:
             log.info("actor_asked_model", actor_id=msg.actor_id, host=msg.hostname)
             return
         if msg.model_fingerprint != self.fingerprint:
-            self.hub.send(peer, Reject(field="model", reason=(
-                f"actor {msg.actor_id} on {msg.hostname} runs a model with fingerprint {msg.model_fingerprint!r}, "
-                "not the learner's (its log names both); start the actor with the learner's model directory "
-                "(or none: it then uses the learner's path)"
-            )))  # fmt: skip
-            log.warning("actor_rejected", actor=msg.actor_id, field="model", theirs=msg.model_fingerprint,
-                        ours=self.fingerprint, model=str(self.cfg.model.path))  # fmt: skip
+            self.hub.send(
+                peer,
+                Reject(
+                    field="model",
+                    reason=(
+                        f"actor {msg.actor_id} on {msg.hostname} runs a model with fingerprint {msg.model_fingerprint!r}, "
+                        "not the learner's (its log names both); start the actor with the learner's model directory "
+                        "(or none: it then uses the learner's path)"
+                    ),
+                ),
+            )
+            log.warning(
+                "actor_rejected",
+                actor=msg.actor_id,
+                field="model",
+                theirs=msg.model_fingerprint,
+                ours=self.fingerprint,
+                model=str(self.cfg.model.path),
+            )
             return
         conflict = self.sched.identity_conflict(msg.actor_id, self.user_id(), msg.session)
         if conflict is not None:
             # With keys: the id is another key's. Without: another process holds it (live). The
             # Reject reaches the sender only: ZeroMQ routes by the connection that holds the id.
             self.guard.drop(conflict, kind="Hello", actor_id=msg.actor_id, host=msg.hostname, pid=msg.pid)
-            self.hub.send(peer, Reject(field="actor_id", reason=(
-                f"actor id {msg.actor_id!r} belongs to another CURVE key: each key registers its own ids"
-                if conflict == "actor_id_of_another_key" else
-                f"actor id {msg.actor_id!r} is in use by a live actor (another process); start this one "
-                "with another id, or wait until that one leaves or is dropped after learner.actor_timeout_s"
-            )))  # fmt: skip
+            self.hub.send(
+                peer,
+                Reject(
+                    field="actor_id",
+                    reason=(
+                        f"actor id {msg.actor_id!r} belongs to another CURVE key: each key registers its own ids"
+                        if conflict == "actor_id_of_another_key"
+                        else f"actor id {msg.actor_id!r} is in use by a live actor (another process); start this one "
+                        "with another id, or wait until that one leaves or is dropped after learner.actor_timeout_s"
+                    ),
+                ),
+            )
             return
         state, new = self.sched.register(msg.actor_id, peer, msg.hostname, msg.max_groups, msg.session)
         self.hub.send(peer, self.welcome_msg(state.index))
@@ -259,8 +298,14 @@ class ActorControl:
         # Hellos queued while the learner was still binding arrive together: only the first is news.
         level = log.info if new or msg.pid != state.pid else log.debug
         state.pid = msg.pid
-        level("actor_joined" if new else "actor_rejoined", actor=state.index, actor_id=msg.actor_id,
-              host=msg.hostname, pid=msg.pid, max_groups=msg.max_groups)  # fmt: skip
+        level(
+            "actor_joined" if new else "actor_rejoined",
+            actor=state.index,
+            actor_id=msg.actor_id,
+            host=msg.hostname,
+            pid=msg.pid,
+            max_groups=msg.max_groups,
+        )
         self.grant()
 
     def judge(self, r: Rollout) -> AckStatus:
@@ -332,14 +377,25 @@ class ActorControl:
         size = self.cfg.rollout.group_size
         for h in handovers:
             t = state.outstanding.get(h.group_id)
-            if t is None or t.split != "train" or h.actor_id != state.actor_id or len(h.finished) + len(h.partial) > size:
+            if (
+                t is None
+                or t.split != "train"
+                or h.actor_id != state.actor_id
+                or len(h.finished) + len(h.partial) > size
+            ):
                 self.guard.drop("bad_handover", kind="Leave", actor_id=state.actor_id, group=h.group_id)
                 continue
             state.outstanding[h.group_id] = msgspec.structs.replace(t, handover=h)
             self.ledger.handed_over(h)
             taken += 1
-            log.info("handover_received", group=h.group_id, actor_id=state.actor_id, finished=len(h.finished),
-                     partial=len(h.partial), prefixes=[handover_digest(p.token_ids) for p in h.partial])  # fmt: skip
+            log.info(
+                "handover_received",
+                group=h.group_id,
+                actor_id=state.actor_id,
+                finished=len(h.finished),
+                partial=len(h.partial),
+                prefixes=[handover_digest(p.token_ids) for p in h.partial],
+            )
         return taken
 
     async def control_loop(self) -> None:
@@ -377,8 +433,14 @@ class ActorControl:
             elif isinstance(msg, Leave):
                 handed = self.take_handovers(state, msg.handovers)
                 back = self.sched.remove(actor_id)
-                log.info("actor_left", actor=state.index, actor_id=actor_id, reason=msg.reason, tickets_returned=len(back),
-                         handed_over=handed)  # fmt: skip
+                log.info(
+                    "actor_left",
+                    actor=state.index,
+                    actor_id=actor_id,
+                    reason=msg.reason,
+                    tickets_returned=len(back),
+                    handed_over=handed,
+                )
                 self.grant()
             else:
                 log.warning("unexpected_message", kind=type(msg).__name__, actor=state.index)
@@ -397,15 +459,26 @@ class ActorControl:
                 self.sched.postpone(now - last)  # nor are the deadlines it missed meanwhile
             last = now
             for dead in self.sched.expire(lc.actor_timeout_s):
-                log.warning("actor_lost", actor=dead.index, actor_id=dead.actor_id,
-                            silent_s=lc.actor_timeout_s, tickets_returned=len(dead.outstanding))  # fmt: skip
+                log.warning(
+                    "actor_lost",
+                    actor=dead.index,
+                    actor_id=dead.actor_id,
+                    silent_s=lc.actor_timeout_s,
+                    tickets_returned=len(dead.outstanding),
+                )
             for late, ticket in self.sched.overdue():
                 # A live heartbeat says nothing of this ticket: another actor plays it too, the
                 # first answer is trained and the other is acknowledged duplicate.
                 p95 = self.sched.deadlines.turnaround_s(late.actor_id)  # what its deadline was made from
-                log.warning("ticket_overdue", group=ticket.group_id, actor=late.index, actor_id=late.actor_id,
-                            turnaround_p95_s=None if p95 is None else round(p95, 2), missed=late.missed,
-                            grant=late.earned)  # fmt: skip
+                log.warning(
+                    "ticket_overdue",
+                    group=ticket.group_id,
+                    actor=late.index,
+                    actor_id=late.actor_id,
+                    turnaround_p95_s=None if p95 is None else round(p95, 2),
+                    missed=late.missed,
+                    grant=late.earned,
+                )
             # The staleness rule's headroom tells actors whether playing more at once would help.
             version = self.version()
             stale = self.counters.groups["stale"] + self.counters.expired["groups"]

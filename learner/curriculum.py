@@ -97,8 +97,14 @@ class EnvStage:
         self.best, self.since_best = None, 0
 
     def state(self) -> dict[str, Any]:
-        return {"stages": list(self.schedule.stages), "stage": self.stage, "since_step": self.since_step,
-                "window": [list(w) for w in self.window], "best": self.best, "since_best": self.since_best}  # fmt: skip
+        return {
+            "stages": list(self.schedule.stages),
+            "stage": self.stage,
+            "since_step": self.since_step,
+            "window": [list(w) for w in self.window],
+            "best": self.best,
+            "since_best": self.since_best,
+        }
 
 
 class Curriculum:
@@ -175,8 +181,10 @@ class Curriculum:
                 fresh.append(name)
                 continue
             if list(s["stages"]) != list(st.schedule.stages):
-                raise ValueError(f"schedule for env {name!r}: the checkpoint's stages are {s['stages']}, "
-                                 f"the config's {st.schedule.stages}; resume with the run's own config")  # fmt: skip
+                raise ValueError(
+                    f"schedule for env {name!r}: the checkpoint's stages are {s['stages']}, "
+                    f"the config's {st.schedule.stages}; resume with the run's own config"
+                )
             if not 0 <= int(s["stage"]) < len(st.schedule.stages):
                 raise ValueError(f"curriculum state of env {name!r}: stage {s['stage']} out of range")
             st.stage, st.since_step = int(s["stage"]), int(s["since_step"])

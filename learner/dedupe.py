@@ -18,6 +18,7 @@ first-in first-out window of ``OTHER_KEEP``: a replay older than that is no long
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import cast
 
 
 def split_ticket_id(group_id: str) -> tuple[str, int] | None:
@@ -35,7 +36,6 @@ class SeenSet:
         self._runs: dict[str, tuple[int, set[int]]] = {}
         """Run id -> (watermark, numbers >= watermark answered)."""
         self._other: OrderedDict[str, None] = OrderedDict()
-
 
     def __contains__(self, group_id: object) -> bool:
         if not isinstance(group_id, str):
@@ -102,6 +102,6 @@ class SeenSet:
             for g in state.get("other", []):
                 s._other[g] = None
         else:
-            for g in state or []:
+            for g in cast("list[str]", state or []):  # older checkpoints' plain list of ids
                 s.add(g)
         return s

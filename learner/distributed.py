@@ -42,8 +42,8 @@ import pickle
 import socket
 import threading
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -81,8 +81,10 @@ def pick_device(cfg: Config, rank: int) -> torch.device:
         if not torch.cuda.is_available():
             raise RuntimeError("learner.device = 'cuda' but torch sees no CUDA device")
         if rank >= torch.cuda.device_count():
-            raise RuntimeError(f"learner.dp_size = {cfg.learner.dp_size} needs one GPU per rank, "
-                               f"torch sees {torch.cuda.device_count()}")  # fmt: skip
+            raise RuntimeError(
+                f"learner.dp_size = {cfg.learner.dp_size} needs one GPU per rank, "
+                f"torch sees {torch.cuda.device_count()}"
+            )
         return torch.device("cuda", rank)
     return torch.device("cpu")
 
@@ -166,7 +168,7 @@ class DataParallel:
             for p in params:
                 dist.broadcast(p.data, src=0)
 
-    def max_divergence(self, params: list[torch.Tensor]) -> float:
+    def max_divergence(self, params: Sequence[torch.Tensor]) -> float:
         """Largest |p − p on rank 0| over every parameter and rank: 0.0 when all ranks agree."""
         if not self.active:
             return 0.0
@@ -236,7 +238,9 @@ def fsdp_shard(module: torch.nn.Module, dp: DataParallel) -> None:
 
     # FSDP warns that a module returning a view loses its backward hook if the view is modified
     # in place; the trainer only reads the logits, hidden states and values it gets back.
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning
+    )
     mesh = dp.mesh()
     for layer in layer_modules(module):
         fully_shard(layer, mesh=mesh)
@@ -254,8 +258,9 @@ def store_client(init_method: str) -> dist.TCPStore:
         host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
     else:
         host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
-    return dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=30),
-                         wait_for_workers=False)  # fmt: skip
+    return dist.TCPStore(
+        host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=30), wait_for_workers=False
+    )
 
 
 @dataclass(frozen=True)
@@ -276,11 +281,15 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
     try:
         world, rank, local = int(env["WORLD_SIZE"]), int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
     except ValueError:
-        raise ValueError(f"learner ranks: RANK, WORLD_SIZE and LOCAL_RANK must be integers, got RANK={env.get('RANK')!r} "
-                         f"WORLD_SIZE={env.get('WORLD_SIZE')!r} LOCAL_RANK={env.get('LOCAL_RANK')!r}") from None  # fmt: skip
+        raise ValueError(
+            f"learner ranks: RANK, WORLD_SIZE and LOCAL_RANK must be integers, got RANK={env.get('RANK')!r} "
+            f"WORLD_SIZE={env.get('WORLD_SIZE')!r} LOCAL_RANK={env.get('LOCAL_RANK')!r}"
+        ) from None
     if world < 1 or not 0 <= rank < world or local < 0:
-        raise ValueError(f"learner ranks: need 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0, got RANK={rank} "
-                         f"WORLD_SIZE={world} LOCAL_RANK={local}")  # fmt: skip
+        raise ValueError(
+            f"learner ranks: need 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0, got RANK={rank} "
+            f"WORLD_SIZE={world} LOCAL_RANK={local}"
+        )
     return LaunchEnv(rank, world, local)
 
 
@@ -292,15 +301,19 @@ def rendezvous(cfg: Config, environ: dict[str, str] | None = None) -> str:
         return cfg.learner.dist_init_addr
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
     if missing:
-        raise ValueError(f"learner ranks: WORLD_SIZE is set but {' and '.join(missing)} is not; set MASTER_ADDR and "
-                         "MASTER_PORT (torchrun does) or learner.dist_init_addr = 'tcp://RANK0_HOST:PORT'")  # fmt: skip
+        raise ValueError(
+            f"learner ranks: WORLD_SIZE is set but {' and '.join(missing)} is not; set MASTER_ADDR and "
+            "MASTER_PORT (torchrun does) or learner.dist_init_addr = 'tcp://RANK0_HOST:PORT'"
+        )
     return "env://"
 
 
 def _check_world(cfg: Config, le: LaunchEnv) -> None:
     if cfg.learner.dp_size not in (1, le.world):
-        raise ValueError(f"learner.dp_size = {cfg.learner.dp_size} but WORLD_SIZE = {le.world}: ranks started the "
-                         "torchrun way take their number from WORLD_SIZE (leave dp_size at 1 or make them equal)")  # fmt: skip
+        raise ValueError(
+            f"learner.dp_size = {cfg.learner.dp_size} but WORLD_SIZE = {le.world}: ranks started the "
+            "torchrun way take their number from WORLD_SIZE (leave dp_size at 1 or make them equal)"
+        )
 
 
 def route_interface(host: str) -> str | None:
@@ -328,7 +341,11 @@ def _gloo_interface(init_method: str) -> None:
     one (GLOO_SOCKET_IFNAME), use the interface that routes to the rendezvous host."""
     if os.environ.get("GLOO_SOCKET_IFNAME"):
         return
-    host = os.environ.get("MASTER_ADDR", "") if init_method == "env://" else init_method.removeprefix("tcp://").rsplit(":", 1)[0]
+    host = (
+        os.environ.get("MASTER_ADDR", "")
+        if init_method == "env://"
+        else init_method.removeprefix("tcp://").rsplit(":", 1)[0]
+    )
     name = route_interface(host) if host else None
     if name is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = name
@@ -347,7 +364,7 @@ def _init_group(cfg: Config, rank: int, world: int, init_method: str, device: to
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=cfg.learner.dist_timeout_s),
-        **({"device_id": device} if device.type == "cuda" else {}),
+        **({"device_id": device} if device.type == "cuda" else {}),  # type: ignore[arg-type]  # the one key, device_id, takes a device
     )
 
 
@@ -359,12 +376,16 @@ def start_ranks(cfg: Config, build: BuildTrainer) -> DataParallel:
     if le is not None and le.world > 1:
         _check_world(cfg, le)
         if le.rank != 0:
-            raise RuntimeError(f"learner rank {le.rank}: only rank 0 runs the learner service; ranks > 0 run "
-                               "run_worker (agentgym-learner does so when RANK > 0)")  # fmt: skip
+            raise RuntimeError(
+                f"learner rank {le.rank}: only rank 0 runs the learner service; ranks > 0 run "
+                "run_worker (agentgym-learner does so when RANK > 0)"
+            )
         device = pick_device(cfg, le.local_rank)
         init = rendezvous(cfg)
         _init_group(cfg, 0, le.world, init, device)
-        log.info("dp_started", world=le.world, backend=dist.get_backend(), device=str(device), launch="external", init=init)
+        log.info(
+            "dp_started", world=le.world, backend=dist.get_backend(), device=str(device), launch="external", init=init
+        )
         return DataParallel(0, le.world, device, init_method=init)
     world = cfg.learner.dp_size
     device = pick_device(cfg, 0)
@@ -401,8 +422,15 @@ def run_worker(cfg: Config, build: BuildTrainer, signals: RankSignals | None = N
     return 0
 
 
-def _rank_main(cfg: Config, build: BuildTrainer, rank: int, world: int, init_method: str,
-               local_rank: int | None = None, signals: RankSignals | None = None) -> None:
+def _rank_main(
+    cfg: Config,
+    build: BuildTrainer,
+    rank: int,
+    world: int,
+    init_method: str,
+    local_rank: int | None = None,
+    signals: RankSignals | None = None,
+) -> None:
     """Ranks 1..: build the same trainer, then run rank 0's commands until ``stop``. A stop signal
     to this rank is passed to rank 0 (``signals``; taken over here when the caller has not)."""
     signals = signals or RankSignals(rank)

@@ -81,14 +81,26 @@ def segments(ep: Episode, decode: Any) -> list[dict[str, Any]]:
 def episode_record(kind: str, step: int, version: int, r: Rollout, i: int, decode: Any) -> dict[str, Any]:
     ep = r.episodes[i]
     return {
-        "kind": kind, "step": step, "version": version, "env": r.env, "task_id": r.task_id,
-        "group_id": r.group_id, "actor_id": r.actor_id, "episode": i, "group_size": len(r.episodes),
+        "kind": kind,
+        "step": step,
+        "version": version,
+        "env": r.env,
+        "task_id": r.task_id,
+        "group_id": r.group_id,
+        "actor_id": r.actor_id,
+        "episode": i,
+        "group_size": len(r.episodes),
         "group_reward_mean": float(np.mean([e.reward for e in r.episodes])),
-        "reward": ep.reward, "success": ep.success, "finish": ep.finish, "failure": ep.failure,
-        "turns": len(unpack(ep.turn_ends, I32)), "turn_limit": ep.turn_limit,
-        "tokens": len(unpack(ep.token_ids, I32)), "segments": segments(ep, decode),
+        "reward": ep.reward,
+        "success": ep.success,
+        "finish": ep.finish,
+        "failure": ep.failure,
+        "turns": len(unpack(ep.turn_ends, I32)),
+        "turn_limit": ep.turn_limit,
+        "tokens": len(unpack(ep.token_ids, I32)),
+        "segments": segments(ep, decode),
         "critiques": len(unpack(ep.critiques, I32)) // 2,
-    }  # fmt: skip
+    }
 
 
 class EpisodeLog:

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 import trio
 
 from agentgym.config import Config
-from agentgym.observe.eval_metrics import summarize_groups
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.episode_log import EpisodeLog
 from agentgym.learner.scheduler import Scheduler
+from agentgym.observe.eval_metrics import summarize_groups
 from agentgym.observe.logs import MetricsWriter
 from agentgym.observe.sinks import SinkWriter
 from agentgym.protocol import Rollout
@@ -104,23 +105,35 @@ class Evaluations:
         n = max(len(eps), 1)
         versions = [unpack(e.versions, I32)[unpack(e.loss_mask, U8) > 0] for e in eps]
         used = [int(v.min()) for v in versions if v.size] + [int(v.max()) for v in versions if v.size]
-        rec: dict[str, object] = {
-            "step": rnd.step, "version": rnd.version, "split": self.cfg.eval.split,
-            "episodes": len(eps), "success_rate": sum(e.success for e in eps) / n,
+        rec: dict[str, Any] = {
+            "step": rnd.step,
+            "version": rnd.version,
+            "split": self.cfg.eval.split,
+            "episodes": len(eps),
+            "success_rate": sum(e.success for e in eps) / n,
             "reward_mean": sum(e.reward for e in eps) / n,
             "env_failures": sum(len(x.episodes) for x in rnd.rollouts) - len(eps),
             "versions_used": [min(used, default=-1), max(used, default=-1)],
             # Same definitions as `agentgym eval` (agentgym/observe/eval_metrics.py), k = group_size; `pinned`:
             # every sampled token came from the evaluated version (docs/adr/0015-evaluation.md).
-            **summarize_groups([[e.success for e in trainable_episodes(x)] for x in rnd.rollouts], self.cfg.rollout.group_size),
+            **summarize_groups(
+                [[e.success for e in trainable_episodes(x)] for x in rnd.rollouts], self.cfg.rollout.group_size
+            ),
             "pinned": bool(used) and set(used) == {rnd.version},
             "seconds": time.monotonic() - rnd.started,
             **env_stats(rnd.rollouts),
-        }  # fmt: skip
+        }
         self.metrics.write(rec)
         self.episode_log.write("eval", rnd.step, rnd.version, rnd.rollouts)
         self.results.append(rec)
-        log.info("eval", step=rnd.step, version=rnd.version, split=rec["split"], episodes=len(eps),
-                 success_rate=round(float(rec["success_rate"]), 3), reward_mean=round(float(rec["reward_mean"]), 3),
-                 seconds=round(float(rec["seconds"]), 1))  # fmt: skip
+        log.info(
+            "eval",
+            step=rnd.step,
+            version=rnd.version,
+            split=rec["split"],
+            episodes=len(eps),
+            success_rate=round(float(rec["success_rate"]), 3),
+            reward_mean=round(float(rec["reward_mean"]), 3),
+            seconds=round(float(rec["seconds"]), 1),
+        )
         rnd.done.set()

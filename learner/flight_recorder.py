@@ -78,8 +78,15 @@ class FlightRecorder:
         bad.add(version)
         for v in sorted(bad)[: -self.KEEP]:
             bad.discard(v)
-        log.error("weights_digest_mismatch", actor_id=actor_id, version=version, served=digest, exported=want,
-                  refused=self.refuse, alarm=True)  # fmt: skip
+        log.error(
+            "weights_digest_mismatch",
+            actor_id=actor_id,
+            version=version,
+            served=digest,
+            exported=want,
+            refused=self.refuse,
+            alarm=True,
+        )
         return False
 
     def refused(self, actor_id: str, oldest: int, newest: int) -> bool:
@@ -98,8 +105,11 @@ class FlightRecorder:
         return self.counts["mismatch"] > 0
 
     def metrics(self) -> dict[str, int]:
-        return {"weights_digest_match": self.counts["match"], "weights_digest_mismatch": self.counts["mismatch"],
-                "weights_digest_unchecked": self.counts["unchecked"]}  # fmt: skip
+        return {
+            "weights_digest_match": self.counts["match"],
+            "weights_digest_mismatch": self.counts["mismatch"],
+            "weights_digest_unchecked": self.counts["unchecked"],
+        }
 
     def summary(self) -> dict[str, object]:
         return {**self.metrics(), "alarm": self.alarm, "mismatched_actors": dict(self.mismatched)}
@@ -146,14 +156,25 @@ class LogprobAgreement:
                     out[a] = (lag, m, _median(others) if others else None)
         for a, (lag, m, median) in out.items():
             self.flagged[a] += 1
-            log.warning("logprob_outlier", actor_id=a, step=step, lag=lag, mismatch_kl=round(m, 5),
-                        others_median=None if median is None else round(median, 5), threshold=self.threshold)  # fmt: skip
+            log.warning(
+                "logprob_outlier",
+                actor_id=a,
+                step=step,
+                lag=lag,
+                mismatch_kl=round(m, 5),
+                others_median=None if median is None else round(median, 5),
+                threshold=self.threshold,
+            )
         return list(out)
 
     def metrics(self) -> dict[str, float]:
-        return {"logprob_mismatch_kl_max": max(self.last.values(), default=0.0),
-                "logprob_outliers": float(sum(self.flagged.values()))}  # fmt: skip
+        return {
+            "logprob_mismatch_kl_max": max(self.last.values(), default=0.0),
+            "logprob_outliers": float(sum(self.flagged.values())),
+        }
 
     def summary(self) -> dict[str, object]:
-        return {a: {"mismatch_kl_mean": t / max(n, 1), "groups": n, "flagged_steps": self.flagged[a]}
-                for a, (t, n) in sorted(self.kl.items())}  # fmt: skip
+        return {
+            a: {"mismatch_kl_mean": t / max(n, 1), "groups": n, "flagged_steps": self.flagged[a]}
+            for a, (t, n) in sorted(self.kl.items())
+        }

@@ -50,8 +50,10 @@ class Collapse:
 
     @property
     def reason(self) -> str:
-        return (f"collapsed at step {self.step}: {self.share:.0%} of actions are {self.action!r}, every group "
-                f"has equal rewards (no gradient), entropy {self.entropy:.2f}")  # fmt: skip
+        return (
+            f"collapsed at step {self.step}: {self.share:.0%} of actions are {self.action!r}, every group "
+            f"has equal rewards (no gradient), entropy {self.entropy:.2f}"
+        )
 
 
 def group_has_signal(r: Rollout) -> bool:
@@ -88,7 +90,9 @@ class RunHealth:
         self.collapse: Collapse | None = None
         self.top_share = 0.0
 
-    def observe(self, step: int, batch: list[Rollout], entropy: float, advantage_abs_mean: float | None = None) -> Collapse | None:
+    def observe(
+        self, step: int, batch: list[Rollout], entropy: float, advantage_abs_mean: float | None = None
+    ) -> Collapse | None:
         """Take one trained step; returns the Collapse when the run has just been found collapsed.
         ``advantage_abs_mean``: the trainer's (turn-level credit can make advantages nonzero where
         final rewards are equal); without it, the groups' rewards decide."""
@@ -109,14 +113,25 @@ class RunHealth:
             return None
         if self.warned_no_signal_at is None:
             self.warned_no_signal_at = step
-            log.warning("no_reward_signal", step=step, steps=self.signal_free, reward=round(self.rewards[-1], 4),
-                        hint="every episode of every group got the same reward, so every advantage is 0 and "
-                             "nothing is trained; the task may be too hard for the start policy (try a shorter "
-                             "horizon, an easier task, or a base model that can act in this env)")  # fmt: skip
+            log.warning(
+                "no_reward_signal",
+                step=step,
+                steps=self.signal_free,
+                reward=round(self.rewards[-1], 4),
+                hint="every episode of every group got the same reward, so every advantage is 0 and "
+                "nothing is trained; the task may be too hard for the start policy (try a shorter "
+                "horizon, an easier task, or a base model that can act in this env)",
+            )
         if self.collapse is None and self.top_share >= COLLAPSE_SHARE:
             self.collapse = Collapse(step, self._text(top), round(self.top_share, 3), round(entropy, 3))
-            log.warning("run_collapsed", step=step, action=self.collapse.action, share=self.collapse.share,
-                        entropy=self.collapse.entropy, reason=self.collapse.reason)  # fmt: skip
+            log.warning(
+                "run_collapsed",
+                step=step,
+                action=self.collapse.action,
+                share=self.collapse.share,
+                entropy=self.collapse.entropy,
+                reason=self.collapse.reason,
+            )
             return self.collapse
         return None
 
@@ -126,12 +141,20 @@ class RunHealth:
         return self.decode(list(action))
 
     def metrics(self) -> dict[str, float]:
-        return {"health/signal_free_steps": float(self.signal_free), "health/top_action_share": round(self.top_share, 4)}
+        return {
+            "health/signal_free_steps": float(self.signal_free),
+            "health/top_action_share": round(self.top_share, 4),
+        }
 
     def summary(self) -> dict[str, object]:
         return {
             "no_reward_signal_at": self.warned_no_signal_at,
-            "collapsed": None if self.collapse is None else {
-                "step": self.collapse.step, "action": self.collapse.action, "share": self.collapse.share,
-                "entropy": self.collapse.entropy},
-        }  # fmt: skip
+            "collapsed": None
+            if self.collapse is None
+            else {
+                "step": self.collapse.step,
+                "action": self.collapse.action,
+                "share": self.collapse.share,
+                "entropy": self.collapse.entropy,
+            },
+        }

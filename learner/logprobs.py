@@ -18,12 +18,15 @@ and τ = 1, since then the chunks are views).
 from __future__ import annotations
 
 import contextlib
-from typing import Literal, Protocol, overload
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import torch
 from torch import Tensor
 
 from agentgym.learner.shared_prefix import PackedRows
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 # Elements of float32 working memory per chunk (64 MiB).
 _CHUNK_ELEMENTS = 1 << 24
@@ -51,14 +54,17 @@ def right_padded(attention_mask: Tensor) -> bool:
 
 def _check(fn: str, logits: Tensor, token_ids: Tensor, temperature: float) -> None:
     if logits.dim() != 3 or token_ids.shape != logits.shape[:2]:
-        raise ValueError(f"{fn}: need logits [B, T, V] and token_ids [B, T], got "
-                         f"{tuple(logits.shape)} and {tuple(token_ids.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{fn}: need logits [B, T, V] and token_ids [B, T], got {tuple(logits.shape)} and {tuple(token_ids.shape)}"
+        )
     if not temperature > 0:
         raise ValueError(f"{fn}: temperature must be > 0, got {temperature}")
     V = logits.shape[-1]
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= V):
-        raise ValueError(f"{fn}: token ids must be in [0, {V}) (the logits' vocabulary), got "
-                         f"min {int(token_ids.min())} max {int(token_ids.max())}")  # fmt: skip
+        raise ValueError(
+            f"{fn}: token ids must be in [0, {V}) (the logits' vocabulary), got "
+            f"min {int(token_ids.min())} max {int(token_ids.max())}"
+        )
 
 
 def _ban_mask(banned: Tensor | None, V: int, device: torch.device) -> Tensor | None:
@@ -69,7 +75,9 @@ def _ban_mask(banned: Tensor | None, V: int, device: torch.device) -> Tensor | N
     return ban
 
 
-def _chunk(z: Tensor, y: Tensor, temperature: float, ban: Tensor | None, want_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def _chunk(
+    z: Tensor, y: Tensor, temperature: float, ban: Tensor | None, want_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
     """log softmax(z/τ)[y] and the entropy of softmax(z/τ), over the last dim of ``z`` [..., V]."""
     z = z.float()
     if temperature != 1.0:
@@ -116,7 +124,9 @@ def _needed_logprobs(
     y = token_ids[:, 1:][sel]
     ban = _ban_mask(banned, rows.shape[-1], rows.device)
     step = max(1, _CHUNK_ELEMENTS // max(1, rows.shape[-1]))
-    parts = [_chunk(rows[s : s + step], y[s : s + step], temperature, ban, want_entropy) for s in range(0, len(y), step)]
+    parts = [
+        _chunk(rows[s : s + step], y[s : s + step], temperature, ban, want_entropy) for s in range(0, len(y), step)
+    ]
     zero = rows.new_zeros((B, 1), dtype=torch.float32)
 
     def place(vals: list[Tensor]) -> Tensor:
@@ -143,7 +153,7 @@ class _OnlyNeededRows:
         and the needed tokens' predecessors are gathered by their flat packed index."""
         self.index = packed.predecessors(needed) if packed is not None else None
         self.hit = False
-        self.handle = None
+        self.handle: RemovableHandle | None = None
         self.own_forward: object = None
 
     def _pre(self, _module: torch.nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
@@ -176,7 +186,7 @@ class _OnlyNeededRows:
                 with torch.autocast(x.device.type, enabled=False):
                     return own(x.to(next(head.parameters()).dtype), *args, **kwargs)
 
-            head.forward = full_precision  # type: ignore[method-assign]  # this instance, while open
+            head.forward = full_precision  # this instance, while open
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -184,7 +194,7 @@ class _OnlyNeededRows:
             self.handle.remove()
             assert self.head is not None
             if self.own_forward is not None:
-                self.head.forward = self.own_forward  # type: ignore[method-assign]
+                self.head.forward = self.own_forward
             else:
                 del self.head.forward
 
@@ -196,7 +206,8 @@ def _packed_mask(model: torch.nn.Module, packed: PackedRows) -> Tensor:
     if impl == "eager":
         dtype = next(model.parameters()).dtype
         return torch.zeros(packed.allowed.shape, dtype=dtype, device=packed.allowed.device).masked_fill(
-            ~packed.allowed, torch.finfo(dtype).min)  # fmt: skip
+            ~packed.allowed, torch.finfo(dtype).min
+        )
     return packed.allowed
 
 
@@ -213,16 +224,28 @@ def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0, 
 
 @overload
 def sequence_logprobs(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
-    *, return_entropy: Literal[False] = ..., banned: Tensor | None = ..., needed: Tensor | None = ...,
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    temperature: float = ...,
+    *,
+    return_entropy: Literal[False] = ...,
+    banned: Tensor | None = ...,
+    needed: Tensor | None = ...,
     packed: PackedRows | None = ...,
-) -> Tensor: ...  # fmt: skip
+) -> Tensor: ...
 @overload
 def sequence_logprobs(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = ...,
-    *, return_entropy: Literal[True], banned: Tensor | None = ..., needed: Tensor | None = ...,
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    temperature: float = ...,
+    *,
+    return_entropy: Literal[True],
+    banned: Tensor | None = ...,
+    needed: Tensor | None = ...,
     packed: PackedRows | None = ...,
-) -> tuple[Tensor, Tensor]: ...  # fmt: skip
+) -> tuple[Tensor, Tensor]: ...
 def sequence_logprobs(
     model: torch.nn.Module,
     input_ids: Tensor,
@@ -248,11 +271,14 @@ def sequence_logprobs(
     model runs once over each group's shared prefix, with the same logprobs up to rounding.
     """
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"sequence_logprobs: attention_mask {tuple(attention_mask.shape)} must have "
-                         f"the shape of input_ids {tuple(input_ids.shape)}")  # fmt: skip
+        raise ValueError(
+            f"sequence_logprobs: attention_mask {tuple(attention_mask.shape)} must have "
+            f"the shape of input_ids {tuple(input_ids.shape)}"
+        )
     if needed is not None and needed.shape != input_ids.shape:
-        raise ValueError(f"sequence_logprobs: needed {tuple(needed.shape)} must have the shape of "
-                         f"input_ids {tuple(input_ids.shape)}")  # fmt: skip
+        raise ValueError(
+            f"sequence_logprobs: needed {tuple(needed.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
+        )
     if packed is not None and needed is None:
         raise ValueError("sequence_logprobs: packed rows need `needed` (the tokens whose logprobs are read)")
     only = None
@@ -261,8 +287,9 @@ def sequence_logprobs(
         only = _OnlyNeededRows(model, needed, packed)
     with only or contextlib.nullcontext():
         if packed is not None:
-            out: _CausalLMOutput = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                                         attention_mask=_packed_mask(model, packed))  # fmt: skip
+            out: _CausalLMOutput = model(
+                input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=_packed_mask(model, packed)
+            )
         else:
             out = model(input_ids=input_ids, attention_mask=None if right_padded(attention_mask) else attention_mask)
     if packed is not None and needed is not None:

@@ -25,7 +25,7 @@ import torch
 
 from agentgym.config import Config, LoraConfig
 from agentgym.protocol.messages import LoraSpec
-from agentgym.protocol.weights import RawTensor
+from agentgym.protocol.weights import RawTensor, tensor_nbytes
 
 log = structlog.get_logger(__name__)
 
@@ -40,10 +40,20 @@ def wrap_lora(model: torch.nn.Module, lc: LoraConfig) -> torch.nn.Module:
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in lc.target_modules if t not in names]
     if missing:
-        raise ValueError(f"learner.lora.target_modules: the model has no modules named {missing} "
-                         f"(its linear layers include {sorted(n for n in names if n.endswith('proj'))[:10]})")  # fmt: skip
-    pc = PeftLoraConfig(r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
-                        target_modules=list(lc.target_modules), bias="none", task_type="CAUSAL_LM")  # fmt: skip
+        raise ValueError(
+            f"learner.lora.target_modules: the model has no modules named {missing} "
+            f"(its linear layers include {sorted(n for n in names if n.endswith('proj'))[:10]})"
+        )
+    # peft annotates lora_alpha as int; it only scales by alpha / r, so a float alpha works.
+    alpha: Any = lc.alpha
+    pc = PeftLoraConfig(
+        r=lc.rank,
+        lora_alpha=alpha,
+        lora_dropout=lc.dropout,
+        target_modules=list(lc.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, pc)
 
 
@@ -59,7 +69,7 @@ class BaseModelView(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         peft_model = self._peft[0]
-        with peft_model.disable_adapter():  # type: ignore[operator]
+        with peft_model.disable_adapter():  # type: ignore[operator]  # a peft model's method, past torch.nn.Module's __getattr__
             return peft_model(*args, **kwargs)
 
 
@@ -79,14 +89,19 @@ def export_adapter(model: torch.nn.Module, dtype: str = "float32") -> list[RawTe
         t = t.detach().to(tdtype).contiguous().cpu()
         raw = t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
         out.append(RawTensor(name, dtype, tuple(t.shape), raw.numpy().tobytes()))
-    log.info("adapter_exported", tensors=len(out), bytes=sum(len(t.data) for t in out), dtype=dtype,
-             seconds=round(time.perf_counter() - t0, 4))  # fmt: skip
+    log.info(
+        "adapter_exported",
+        tensors=len(out),
+        bytes=sum(tensor_nbytes(t.dtype, t.shape) for t in out),
+        dtype=dtype,
+        seconds=round(time.perf_counter() - t0, 4),
+    )
     return out
 
 
 def save_adapter(model: torch.nn.Module, path: Path) -> None:
     """Write the adapter (adapter_config.json + adapter_model.safetensors) into ``path``."""
-    model.save_pretrained(str(path), safe_serialization=True)  # type: ignore[operator]
+    model.save_pretrained(str(path), safe_serialization=True)  # type: ignore[operator]  # a peft model's method, past torch.nn.Module's __getattr__
 
 
 def load_adapter(model: torch.nn.Module, path: Path) -> None:
@@ -97,8 +112,10 @@ def load_adapter(model: torch.nn.Module, path: Path) -> None:
 
     f = Path(path) / ADAPTER_FILE
     if not f.is_file():
-        raise FileNotFoundError(f"{path}: no {ADAPTER_FILE}; this checkpoint was not written with learner.lora "
-                                f"(resume it with learner.lora.rank = 0)")  # fmt: skip
+        raise FileNotFoundError(
+            f"{path}: no {ADAPTER_FILE}; this checkpoint was not written with learner.lora "
+            f"(resume it with learner.lora.rank = 0)"
+        )
     state = load_file(str(f))
     want = adapter_state(model)
     if state.keys() != want.keys() or any(state[k].shape != want[k].shape for k in want):

@@ -152,11 +152,19 @@ def decoupled_ppo_loss(
     so the token has no gradient), dual_clip_frac (the dual clip binds), behav_clip_frac (tokens
     ``behav_clip`` zeroes, or would zero when off), approx_kl (k3 estimate of KL(π_prox‖π_θ)), num_tokens.
     """
-    _same_shape("decoupled_ppo_loss", logp=logp, prox_logp=prox_logp, behav_logp=behav_logp,
-                advantages=advantages, loss_mask=loss_mask)  # fmt: skip
+    _same_shape(
+        "decoupled_ppo_loss",
+        logp=logp,
+        prox_logp=prox_logp,
+        behav_logp=behav_logp,
+        advantages=advantages,
+        loss_mask=loss_mask,
+    )
     if not 0 <= clip_low < 1 or not clip_high >= 0:
-        raise ValueError(f"clip range must satisfy 0 <= clip_low < 1 and clip_high >= 0, got "
-                         f"clip_low={clip_low} clip_high={clip_high}")  # fmt: skip
+        raise ValueError(
+            f"clip range must satisfy 0 <= clip_low < 1 and clip_high >= 0, got "
+            f"clip_low={clip_low} clip_high={clip_high}"
+        )
     if behav_weight_cap is not None and not behav_weight_cap > 0:
         raise ValueError(f"behav_weight_cap must be > 0 or None, got {behav_weight_cap}")
     if behav_reject_above is not None and not behav_reject_above > 0:
@@ -267,9 +275,7 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: Literal["k1", "k2", "k3"]) 
     raise ValueError(f"kl_penalty kind must be 'k1', 'k2' or 'k3', got {kind!r}")
 
 
-def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor, clip: float | None
-) -> Tensor:
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor, clip: float | None) -> Tensor:
     """PPO's clipped value loss, mean over agent tokens (normaliser as ``token_mean``).
 
     From OpenAI Baselines' PPO2, discussed in "Implementation Matters in Deep Policy Gradients"
@@ -279,8 +285,7 @@ def value_loss(
         V_clip = V_old + clip(V − V_old, −ε_v, ε_v)
         ℓ_t    = ½ · max((V − R)², (V_clip − R)²)        (clip=None: ℓ_t = ½ (V − R)²)
     """
-    _same_shape("value_loss", values=values, old_values=old_values, returns=returns,
-                loss_mask=loss_mask)  # fmt: skip
+    _same_shape("value_loss", values=values, old_values=old_values, returns=returns, loss_mask=loss_mask)
     keep = loss_mask != 0
     v = torch.where(keep, values, 0.0)
     ret = torch.where(keep, returns.detach(), 0.0)

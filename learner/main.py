@@ -30,22 +30,40 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train an LLM agent from trajectories streamed by agentgym-actor processes.",
     )
     add_config_args(p)
-    p.add_argument("--bind", help="control address tcp://HOST:PORT (weights are served on PORT+1); "
-                   "overrides learner.bind")
+    p.add_argument(
+        "--bind", help="control address tcp://HOST:PORT (weights are served on PORT+1); overrides learner.bind"
+    )
     p.add_argument("--run-dir", type=Path, help="run directory (overrides run.dir/run.name)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides run.max_steps)")
     p.add_argument("--mode", choices=["async", "sync"], help="overrides run.mode")
-    p.add_argument("--model", help="HF model directory, or a hub id ORG/NAME in the local Hugging Face cache "
-                   "(overrides model.path)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its newest checkpoint (weights, optimizer, "
-                   "step, version, dedupe state); its config.toml is used unless --config is given")
-    p.add_argument("--secret-key", type=Path, help="CURVE key pair file of the learner, DIR/learner.key_secret "
-                   "(overrides learner.secret_key; see `agentgym keys`)")
-    p.add_argument("--authorized-keys", type=Path, help="directory of admitted actors' public keys, DIR/authorized "
-                   "(overrides learner.authorized_keys)")
-    p.add_argument("--insecure", action="store_true", help="allow a non-loopback --bind without keys "
-                   "(anyone who reaches the ports can register, submit rollouts and download the weights)")
+    p.add_argument(
+        "--model",
+        help="HF model directory, or a hub id ORG/NAME in the local Hugging Face cache (overrides model.path)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint (weights, optimizer, "
+        "step, version, dedupe state); its config.toml is used unless --config is given",
+    )
+    p.add_argument(
+        "--secret-key",
+        type=Path,
+        help="CURVE key pair file of the learner, DIR/learner.key_secret "
+        "(overrides learner.secret_key; see `agentgym keys`)",
+    )
+    p.add_argument(
+        "--authorized-keys",
+        type=Path,
+        help="directory of admitted actors' public keys, DIR/authorized (overrides learner.authorized_keys)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --bind without keys "
+        "(anyone who reaches the ports can register, submit rollouts and download the weights)",
+    )
     return p
 
 
@@ -77,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         flags.append(f'run.mode="{args.mode}"')
     if args.model:
         flags.append(f'model.path="{args.model}"')
-    flags += [f'learner.{k}="{v}"' for k, v in (("secret_key", args.secret_key), ("authorized_keys", args.authorized_keys)) if v]
+    flags += [
+        f'learner.{k}="{v}"'
+        for k, v in (("secret_key", args.secret_key), ("authorized_keys", args.authorized_keys))
+        if v
+    ]
     if args.insecure:
         flags.append("learner.insecure=true")
     cfg = resolve_config(args, flags)
@@ -92,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = preflight(cfg, "--model" if args.model else "model.path")
     if not Path(cfg.model.path).exists():  # model.create_tiny: the launcher makes the demo model, not the learner
-        sys.stderr.write(f"error: model.path {cfg.model.path}: no model there yet; `agentgym train` makes the demo "
-                         f"model that model.create_tiny asks for (or: agentgym make-model {cfg.model.path})\n")
+        sys.stderr.write(
+            f"error: model.path {cfg.model.path}: no model there yet; `agentgym train` makes the demo "
+            f"model that model.create_tiny asks for (or: agentgym make-model {cfg.model.path})\n"
+        )
         return 2
     run_dir = args.run_dir or cfg.run.path
 

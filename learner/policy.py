@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from agentgym.learner.value_model import SeparateValueModel, ValueHead, align_values
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.shared_prefix import PackedRows
+from agentgym.learner.value_model import SeparateValueModel, ValueHead, align_values
 
 __all__ = ["Forward", "ValueHead", "forward_tokens", "load_causal_lm", "load_reference"]
 
@@ -43,7 +43,7 @@ class _KeepHidden(torch.nn.Module):
         self.model = model
         self.hidden: Tensor | None = None
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor):  # type: ignore[no-untyped-def]
+    def forward(self, input_ids: Tensor, attention_mask: Tensor):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         self.hidden = out.hidden_states[-1]
         return out
@@ -71,15 +71,27 @@ def forward_tokens(
     if packed is not None and value_head is not None:
         raise ValueError("forward_tokens: packed rows are for the policy alone (a critic reads every position)")
     if value_head is None:
-        logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned,
-                                      needed=needed, packed=packed)  # fmt: skip
+        logp, ent = sequence_logprobs(
+            model,
+            input_ids,
+            attention_mask,
+            temperature,
+            return_entropy=True,
+            banned=banned,
+            needed=needed,
+            packed=packed,
+        )
         return Forward(logp, ent, None, None)
     if value_head.own_body:
-        logp, ent = sequence_logprobs(model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned, needed=needed)
+        logp, ent = sequence_logprobs(
+            model, input_ids, attention_mask, temperature, return_entropy=True, banned=banned, needed=needed
+        )
         v_state = value_head.state_values(None, input_ids, attention_mask)
     else:
         keep = _KeepHidden(model)
-        logp, ent = sequence_logprobs(keep, input_ids, attention_mask, temperature, return_entropy=True, banned=banned, needed=needed)
+        logp, ent = sequence_logprobs(
+            keep, input_ids, attention_mask, temperature, return_entropy=True, banned=banned, needed=needed
+        )
         v_state = value_head.state_values(keep.hidden, input_ids, attention_mask)  # [B, T]: V after token t
     values, last_value = align_values(v_state, attention_mask)
     return Forward(logp, ent, values, last_value)

@@ -34,6 +34,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from agentgym.config import EnvSpec
 from agentgym.learner.deadlines import DeadlineRule
@@ -47,7 +48,11 @@ def ticket_task(seed: int, n: int, envs: Sequence[EnvSpec]) -> tuple[EnvSpec, in
     the two alone, so a resumed run draws the same, and a finished run's draws can be replayed
     (bench/task_overlap.py)."""
     rng = random.Random(f"{seed}:{n}")
-    env = envs[0] if len(envs) == 1 else rng.choices(envs, cum_weights=list(itertools.accumulate(e.weight for e in envs)))[0]
+    env = (
+        envs[0]
+        if len(envs) == 1
+        else rng.choices(envs, cum_weights=list(itertools.accumulate(e.weight for e in envs)))[0]
+    )
     return env, env.task_start + rng.randrange(env.task_count)
 
 
@@ -125,7 +130,7 @@ class Scheduler:
         # ``mode`` only build one where none is given (a scheduler on its own, as in the tests).
         if (rule is None) == (max_staleness is None or mode is None):
             raise ValueError("Scheduler: give either rule or both max_staleness and mode")
-        self.rule = rule or StalenessRule(mode=mode, max_staleness=max_staleness, batch_groups=batch_groups)  # type: ignore[arg-type]
+        self.rule = rule or StalenessRule(mode=mode, max_staleness=max_staleness, batch_groups=batch_groups)  # type: ignore[arg-type]  # both given when rule is not (checked above)
         self._next_index = 0
         self.deadlines = DeadlineRule(deadline_factor, deadline_min_s, deadline_max_s)
         self.grant_start = grant_start
@@ -147,15 +152,18 @@ class Scheduler:
     """First answers over which each actor's share of the pipeline is measured."""
 
     # ------------------------------------------------------------------ actors
-    def register(self, actor_id: str, peer: bytes, hostname: str, max_groups: int, session: str = "") -> tuple[ActorState, bool]:
+    def register(
+        self, actor_id: str, peer: bytes, hostname: str, max_groups: int, session: str = ""
+    ) -> tuple[ActorState, bool]:
         """Add an actor, or refresh one that reconnects. Returns (state, is_new)."""
         now = time.monotonic()
         known = self.actors.get(actor_id)
         if known is not None:
             known.peer, known.last_seen, known.max_groups, known.session = peer, now, max_groups, session
             return known, False
-        state = ActorState(actor_id, peer, self._next_index, hostname, max_groups, now, session=session,
-                           earned=self.grant_start)  # fmt: skip
+        state = ActorState(
+            actor_id, peer, self._next_index, hostname, max_groups, now, session=session, earned=self.grant_start
+        )
         self._next_index += 1
         self.actors[actor_id] = state
         return state, True
@@ -263,14 +271,20 @@ class Scheduler:
         env, task = ticket_task(self.seed, n, self.envs)
         return Ticket(group_id=f"{self.run_id}:{n}", env=env.name, task_id=task, min_version=min_version)
 
-    def eval_round(self, version: int, split: str, tasks: int) -> list[Ticket]:
+    def eval_round(self, version: int, split: Literal["train", "dev", "test"], tasks: int) -> list[Ticket]:
         """Queue one evaluation: the first ``tasks`` tasks of ``split`` of every env, played with
         weights of at least ``version``. Ticket task ids are indexes into the split."""
         made = [
-            Ticket(group_id=f"{self.run_id}:eval{version}:{e.name}:{i}", env=e.name, task_id=i,
-                   min_version=version, split=split)  # type: ignore[arg-type]
-            for e in self.envs for i in range(tasks)
-        ]  # fmt: skip
+            Ticket(
+                group_id=f"{self.run_id}:eval{version}:{e.name}:{i}",
+                env=e.name,
+                task_id=i,
+                min_version=version,
+                split=split,
+            )
+            for e in self.envs
+            for i in range(tasks)
+        ]
         self.eval_queue.extend(made)
         return made
 
@@ -360,10 +374,13 @@ class Scheduler:
         ticket = None
         if state is not None:
             state.groups_done += 1
+            t0: float | None
             if group_id in state.late:  # another actor answered first: this is the duplicate
                 t0, deadline = state.late.pop(group_id)
                 self._observe(state, now - t0)  # still how long it takes
-                if now <= deadline != math.inf:  # in time by its own deadline (inf: it missed it): a race lost, not a failure
+                if (
+                    now <= deadline != math.inf
+                ):  # in time by its own deadline (inf: it missed it): a race lost, not a failure
                     state.earned = min(state.earned + 1, max(state.max_groups, self.grant_start))
                 self.late_answers += 1
                 return None

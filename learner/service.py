@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 import structlog
 import trio
 
+from agentgym.auth.server import ServerKeys
 from agentgym.config import Config, to_toml
 from agentgym.learner.accounting import TicketLedger
-from agentgym.auth.server import ServerKeys
 from agentgym.learner.batch import trainable_episodes
 from agentgym.learner.bounds import SocketBounds
 from agentgym.learner.control import ActorControl, version_span
@@ -49,9 +49,9 @@ from agentgym.learner.weight_export import WeightExporter
 from agentgym.observe.logs import MetricsWriter
 from agentgym.observe.memstats import peak_memory
 from agentgym.observe.progress import StepClock
+from agentgym.observe.sinks import with_sinks
 from agentgym.protocol import WeightsReady
 from agentgym.protocol.weights import chunks_digest
-from agentgym.observe.sinks import with_sinks
 
 if TYPE_CHECKING:
     from agentgym.learner.trainer import Trainer  # torch: imported when the learner starts, not here
@@ -147,7 +147,8 @@ class Learner:
         # in one copy).
         tr = self.trainer
         chunks, chunk_versions = await trio.to_thread.run_sync(
-            lambda: self.exporter.build(version, tr.export_weights(dtype, sources=True), tr.trained_names()))
+            lambda: self.exporter.build(version, tr.export_weights(dtype, sources=True), tr.trained_names())
+        )
         # Flight recorder: what every actor must serve once it has this version (one more crc pass).
         digest, n_tensors = await trio.to_thread.run_sync(chunks_digest, chunks)
         self.flight.exported(version, digest)
@@ -155,13 +156,21 @@ class Learner:
         turn_limit = max(limits.values())
         snap = WeightSnapshot.build(self.version, chunks)
         self.hub.publish_weights(snap)
-        self.control.announce_weights(WeightsReady(
-            version=self.version, step=self.step, turn_limit=turn_limit,
-            num_chunks=len(chunks), total_bytes=snap.total_bytes, chunk_versions=chunk_versions,
-            adapter=self.cfg.learner.lora.rank > 0, digest=digest, tensors=n_tensors,
-            # per env only when the envs differ: one limit for all keeps the message as it was
-            turn_limits=limits if len(set(limits.values())) > 1 else {},
-        ))  # fmt: skip
+        self.control.announce_weights(
+            WeightsReady(
+                version=self.version,
+                step=self.step,
+                turn_limit=turn_limit,
+                num_chunks=len(chunks),
+                total_bytes=snap.total_bytes,
+                chunk_versions=chunk_versions,
+                adapter=self.cfg.learner.lora.rank > 0,
+                digest=digest,
+                tensors=n_tensors,
+                # per env only when the envs differ: one limit for all keeps the message as it was
+                turn_limits=limits if len(set(limits.values())) > 1 else {},
+            )
+        )
 
     # ------------------------------------------------------------------ evaluation
     def start_eval(self) -> EvalRound:
@@ -209,8 +218,13 @@ class Learner:
                 group_kl = stats.pop("group_mismatch_kl", None)
                 if isinstance(group_kl, list):  # flight recorder: whose logprobs disagree with ours
                     # compared at equal lag: the KL also holds the policy's drift since the group's version
-                    self.agreement.observe(self.trainer.step, [(r.actor_id, self.version - version_span(r, self.version)[0], kl)
-                                                               for r, kl in zip(batch, group_kl)])  # fmt: skip
+                    self.agreement.observe(
+                        self.trainer.step,
+                        [
+                            (r.actor_id, self.version - version_span(r, self.version)[0], kl)
+                            for r, kl in zip(batch, group_kl)
+                        ],
+                    )
                 self.mid_step = False
                 self.step = self.trainer.step
                 self.ledger.trained([r.group_id for r in batch], self.step)
@@ -219,8 +233,15 @@ class Learner:
                 played = self.curriculum.limits()
                 for adv in self.curriculum.observe(self.step, success_counts(per_env)):
                     extra = {} if adv.success is None else {"success": adv.success}
-                    log.info("turn_limit_advanced", env=adv.env, from_limit=adv.from_limit, to_limit=adv.to_limit,
-                             step=adv.step, reason=adv.reason, **extra)  # fmt: skip
+                    log.info(
+                        "turn_limit_advanced",
+                        env=adv.env,
+                        from_limit=adv.from_limit,
+                        to_limit=adv.to_limit,
+                        step=adv.step,
+                        reason=adv.reason,
+                        **extra,
+                    )
             for r in batch:
                 self.mix.add("trained", r)
             verdict = self.health.observe(self.step, batch, stats.get("entropy", 0.0), stats.get("advantage_abs_mean"))
@@ -270,35 +291,60 @@ class Learner:
             self.counters.expired["episodes"] += len(trainable_episodes(r))
             self.ledger.expired(r.group_id)
             self.sched.forfeit(r.group_id)
-            log.info("rollout_expired", group=r.group_id, actor_id=r.actor_id, version=self.version,
-                     span=list(version_span(r, self.version)))  # fmt: skip
+            log.info(
+                "rollout_expired",
+                group=r.group_id,
+                actor_id=r.actor_id,
+                version=self.version,
+                span=list(version_span(r, self.version)),
+            )
         if dead:
             self.control.grant()  # their places under the admission rule are free: hand them out now
 
     def report(self, stats: dict[str, float]) -> None:
         rec = {
-            "step": self.step, "version": self.version,
+            "step": self.step,
+            "version": self.version,
             **self.counters.rates(int(stats["agent_tokens"])),
-            "actors": len(self.sched.actors), "buffered_groups": len(self.buffer),
+            "actors": len(self.sched.actors),
+            "buffered_groups": len(self.buffer),
             "tickets_in_flight": self.sched.in_flight,
-            "tickets_deadline_reissued": self.sched.deadline_reissued, "late_answers": self.sched.late_answers,
+            "tickets_deadline_reissued": self.sched.deadline_reissued,
+            "late_answers": self.sched.late_answers,
             **self.counters.step_fields(),
-            **self.control.guard.metrics(), **self.flight.metrics(), **self.agreement.metrics(),
+            **self.control.guard.metrics(),
+            **self.flight.metrics(),
+            **self.agreement.metrics(),
             **stats,
             **peak_memory(),
-        }  # fmt: skip
+        }
         self.metrics.write(rec)
         log.info(
             # The console speaks metrics.jsonl's names, so a value seen here is found there.
-            "step", step=self.step, version=self.version, reward_mean=round(stats["reward_mean"], 3),
-            success_rate=round(stats["success_rate"], 3), trajectories_per_s=round(rec["trajectories_per_s"], 1),
-            tokens_per_s=round(rec["tokens_per_s"], 1), staleness_mean=round(stats["staleness_mean"], 2),
-            turn_limit=int(rec["turn_limit"]), loss=round(stats["loss"], 4), actors=rec["actors"],
+            "step",
+            step=self.step,
+            version=self.version,
+            reward_mean=round(stats["reward_mean"], 3),
+            success_rate=round(stats["success_rate"], 3),
+            trajectories_per_s=round(rec["trajectories_per_s"], 1),
+            tokens_per_s=round(rec["tokens_per_s"], 1),
+            staleness_mean=round(stats["staleness_mean"], 2),
+            turn_limit=int(rec["turn_limit"]),
+            loss=round(stats["loss"], 4),
+            actors=rec["actors"],
             **self.progress.fields(self.step),
-            **({"success_by_env": {e.name: round(stats[f"env/{e.name}/success_rate"], 3)
-                                   for e in self.cfg.env.specs if f"env/{e.name}/success_rate" in stats}}
-               if len(self.cfg.env.specs) > 1 else {}),
-        )  # fmt: skip
+            **(
+                {
+                    "success_by_env": {
+                        e.name: round(stats[f"env/{e.name}/success_rate"], 3)
+                        for e in self.cfg.env.specs
+                        if f"env/{e.name}/success_rate" in stats
+                    }
+                }
+                if len(self.cfg.env.specs) > 1
+                else {}
+            ),
+        )
 
     async def checkpoint(self, reason: str = "periodic") -> None:
         if self.mid_step or self.last_checkpoint[0] == self.step:
@@ -311,7 +357,9 @@ class Learner:
         kept = [int(p.name.split("_")[1]) for p in path.parent.glob("step_*") if p.name.split("_")[1].isdigit()]
         folded = self.ledger.compact(min(kept, default=self.step))
         if folded:
-            log.debug("ticket_journal_compacted", folded=folded, open=len(self.ledger.tickets), keep_from_step=min(kept))
+            log.debug(
+                "ticket_journal_compacted", folded=folded, open=len(self.ledger.tickets), keep_from_step=min(kept)
+            )
 
     def checkpoint_state(self) -> dict[str, object]:
         """What the service needs after a resume (step and version come from the trainer's step):
@@ -342,23 +390,44 @@ class Learner:
         tickets.update(deadline_reissued=self.sched.deadline_reissued, late_answers=self.sched.late_answers)
         self.ledger.close()
         hub = self.hub
-        log.info("learner_finished", reason=reason, step=self.step, groups=c.groups, episodes=c.episodes,
-                 expired=c.expired, bad_messages=hub.bad_messages, weight_chunks_served=hub.weight_chunks_served)  # fmt: skip
-        (self.run_dir / "summary.json").write_text(json.dumps({
-            "reason": reason, "step": self.step, "version": self.version,
-            "groups": c.groups, "episodes": c.episodes, "expired": c.expired, "bad_messages": hub.bad_messages,
-            "prefix_breaks": c.prefix_breaks,
-            "invalid_reasons": dict(self.control.guard.invalid), "dropped_messages": dict(self.control.guard.dropped),
-            "auth_refused": hub.allow.refused if hub.allow else 0,
-            "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},
-            "tickets": tickets,
-            "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in self.evals.results],
-            "learner_time": self.clock.summary(), "episode_mix": self.mix.summary(),
-            "learner_memory": peak_memory(), "actor_memory": self.control.actor_memory,
-            "flight_recorder": {**self.flight.summary(), "logprob_agreement": self.agreement.summary()},
-            "health": self.health.summary(),
-            "trained_staleness": self.staleness.summary(),
-        }, indent=2))  # fmt: skip
+        log.info(
+            "learner_finished",
+            reason=reason,
+            step=self.step,
+            groups=c.groups,
+            episodes=c.episodes,
+            expired=c.expired,
+            bad_messages=hub.bad_messages,
+            weight_chunks_served=hub.weight_chunks_served,
+        )
+        (self.run_dir / "summary.json").write_text(
+            json.dumps(
+                {
+                    "reason": reason,
+                    "step": self.step,
+                    "version": self.version,
+                    "groups": c.groups,
+                    "episodes": c.episodes,
+                    "expired": c.expired,
+                    "bad_messages": hub.bad_messages,
+                    "prefix_breaks": c.prefix_breaks,
+                    "invalid_reasons": dict(self.control.guard.invalid),
+                    "dropped_messages": dict(self.control.guard.dropped),
+                    "auth_refused": hub.allow.refused if hub.allow else 0,
+                    "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},
+                    "tickets": tickets,
+                    "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in self.evals.results],
+                    "learner_time": self.clock.summary(),
+                    "episode_mix": self.mix.summary(),
+                    "learner_memory": peak_memory(),
+                    "actor_memory": self.control.actor_memory,
+                    "flight_recorder": {**self.flight.summary(), "logprob_agreement": self.agreement.summary()},
+                    "health": self.health.summary(),
+                    "trained_staleness": self.staleness.summary(),
+                },
+                indent=2,
+            )
+        )
 
 
 async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
@@ -406,9 +475,15 @@ async def _run_learner(cfg: Config, run_dir: Path, resume: bool, stop: StopSigna
         log.info("learner_resumed", checkpoint=str(ckpt), step=trainer.step, version=trainer.version)
     lc = cfg.learner
     bounds = SocketBounds.from_config(cfg)  # frame caps and receive queue from the run's limits
-    async with open_hub(lc.bind, keys=ServerKeys.load(lc.secret_key, lc.authorized_keys), insecure=lc.insecure,
-                        max_msg_bytes=bounds.control_frame, weights_max_bytes=bounds.weights_frame,
-                        inbox_size=bounds.inbox_messages, peer_timeout_s=lc.actor_timeout_s) as hub:  # fmt: skip
+    async with open_hub(
+        lc.bind,
+        keys=ServerKeys.load(lc.secret_key, lc.authorized_keys),
+        insecure=lc.insecure,
+        max_msg_bytes=bounds.control_frame,
+        weights_max_bytes=bounds.weights_frame,
+        inbox_size=bounds.inbox_messages,
+        peer_timeout_s=lc.actor_timeout_s,
+    ) as hub:
         learner = Learner(cfg, run_dir, trainer, hub)
         if extra is not None:
             learner.restore(extra)

@@ -83,7 +83,9 @@ def _common_prefix(rows: list[list[int]]) -> int:
     return n
 
 
-def pack_groups(input_ids: Tensor, lengths: Tensor, group_index: Tensor, *, ratio: float, min_prefix: int = 2) -> PackedRows | None:
+def pack_groups(
+    input_ids: Tensor, lengths: Tensor, group_index: Tensor, *, ratio: float, min_prefix: int = 2
+) -> PackedRows | None:
     """The packed layout of right-padded rows ``input_ids`` [B, T] (``lengths`` [B] real tokens,
     ``group_index`` [B]: rows of one group pack together), or None when no group shares at
     least ``min_prefix`` tokens or the packed forward would cost more (``ratio``: attention cost

@@ -46,6 +46,8 @@ from agentgym.protocol import Rollout
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from agentgym.config import Config
+
 Verdict = Literal["accepted", "stale"]
 
 
@@ -61,10 +63,15 @@ class StalenessRule:
     _carried: int = 0
 
     @classmethod
-    def from_config(cls, cfg: object) -> StalenessRule:
-        lc = cfg.learner  # type: ignore[attr-defined]
-        return cls(mode=cfg.run.mode, max_staleness=lc.max_staleness, batch_groups=lc.batch_groups,  # type: ignore[attr-defined]
-                   token_mode=lc.staleness_mode, decay=lc.staleness_decay)  # fmt: skip
+    def from_config(cls, cfg: Config) -> StalenessRule:
+        lc = cfg.learner
+        return cls(
+            mode=cfg.run.mode,
+            max_staleness=lc.max_staleness,
+            batch_groups=lc.batch_groups,
+            token_mode=lc.staleness_mode,
+            decay=lc.staleness_decay,
+        )
 
     @property
     def pipeline(self) -> int:
@@ -194,5 +201,9 @@ class StalenessTally:
     def summary(self) -> dict[str, object]:
         total = sum(self.tokens.values())
         over = self.tokens.get(f">{self.K}", 0.0)
-        return {"max_staleness": self.K, "tokens": {k: round(v) for k, v in self.tokens.items()},
-                "over_bound_share": round(over / total, 5) if total else 0.0, "max_seen": self.max}  # fmt: skip
+        return {
+            "max_staleness": self.K,
+            "tokens": {k: round(v) for k, v in self.tokens.items()},
+            "over_bound_share": round(over / total, 5) if total else 0.0,
+            "max_seen": self.max,
+        }

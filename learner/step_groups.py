@@ -37,15 +37,23 @@ def agent_runs(mask_row: np.ndarray) -> list[tuple[int, int]]:
 
 
 def state_step_advantages(
-    input_ids: Tensor, loss_mask: Tensor, token_rewards: Tensor, group_index: Tensor, *,
-    discount: float = 1.0, std_normalize: bool = True, eps: float = 1e-6,
-) -> Tensor:  # fmt: skip
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    token_rewards: Tensor,
+    group_index: Tensor,
+    *,
+    discount: float = 1.0,
+    std_normalize: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
     """[B, T] step-relative advantages (module docstring), 0 off the agent tokens."""
     if not 0 < discount <= 1:
         raise ValueError(f"state_step_advantages: discount must be in (0, 1], got {discount}")
     if not (input_ids.shape == loss_mask.shape == token_rewards.shape) or input_ids.dim() != 2:
-        raise ValueError(f"state_step_advantages: input_ids, loss_mask and token_rewards must be [B, T] of one shape, "
-                         f"got {tuple(input_ids.shape)}, {tuple(loss_mask.shape)}, {tuple(token_rewards.shape)}")  # fmt: skip
+        raise ValueError(
+            f"state_step_advantages: input_ids, loss_mask and token_rewards must be [B, T] of one shape, "
+            f"got {tuple(input_ids.shape)}, {tuple(loss_mask.shape)}, {tuple(token_rewards.shape)}"
+        )
     ids = input_ids.detach().cpu().numpy()
     mask = loss_mask.detach().cpu().numpy()
     rew = token_rewards.detach().cpu().double().numpy()

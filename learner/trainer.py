@@ -53,14 +53,14 @@ from agentgym.learner.distributed import DataParallel, fsdp_shard, start_ranks
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.lora import BaseModelView, wrap_lora
 from agentgym.learner.losses import aggregate, decoupled_ppo_loss, kl_penalty, truncated_weights, value_loss
+from agentgym.learner.policy import forward_tokens, load_causal_lm
+from agentgym.learner.shared_prefix import PackedRows, attention_cost_ratio, pack_groups
 from agentgym.learner.staleness import StalenessRule
 from agentgym.learner.stopping import StepAbandoned
 from agentgym.learner.trainer_state import TrainerState
-from agentgym.learner.policy import forward_tokens, load_causal_lm
-from agentgym.learner.shared_prefix import PackedRows, attention_cost_ratio, pack_groups
-from agentgym.protocol.vocab import banned_action_ids
 from agentgym.learner.value_model import SeparateValueModel, ValueHead, build_value_model
 from agentgym.protocol import Rollout
+from agentgym.protocol.vocab import banned_action_ids
 
 __all__ = ["Batch", "Trainer", "collate", "trainable_episodes"]
 
@@ -68,7 +68,15 @@ log = structlog.get_logger(__name__)
 
 
 # Token-weighted means summed over micro-batches and ranks (value x tokens, then / tokens).
-_TOKEN_METRICS = ("is_weight_mean", "is_truncated_frac", "is_rejected_frac", "clip_frac", "dual_clip_frac", "behav_clip_frac", "approx_kl")
+_TOKEN_METRICS = (
+    "is_weight_mean",
+    "is_truncated_frac",
+    "is_rejected_frac",
+    "clip_frac",
+    "dual_clip_frac",
+    "behav_clip_frac",
+    "approx_kl",
+)
 
 
 class Trainer(TrainerState):
@@ -76,9 +84,14 @@ class Trainer(TrainerState):
     the weights are ``TrainerState``'s (learner/trainer_state.py)."""
 
     def __init__(
-        self, cfg: Config, model: torch.nn.Module, pad_id: int, *, dp: DataParallel | None = None,
+        self,
+        cfg: Config,
+        model: torch.nn.Module,
+        pad_id: int,
+        *,
+        dp: DataParallel | None = None,
         tokenizer_dir: Path | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
         lc = cfg.learner
         self.dp = dp or DataParallel()
@@ -87,13 +100,16 @@ class Trainer(TrainerState):
         self.lora = lc.lora.rank > 0
         """LoRA (learner/lora.py): only adapters train; the reference is the adapter-less model."""
         # PPO's critic (learner/value_model.py); a separate one copies the body before LoRA wraps it.
-        self.value_head: ValueHead | SeparateValueModel | None = (build_value_model(
-            lc.value_model, model, lc.gradient_checkpointing).to(self.device) if ALGORITHMS.get(lc.algorithm).critic else None)  # fmt: skip
+        self.value_head: ValueHead | SeparateValueModel | None = (
+            build_value_model(lc.value_model, model, lc.gradient_checkpointing).to(self.device)
+            if ALGORITHMS.get(lc.algorithm).critic
+            else None
+        )
         self.model = (wrap_lora(model, lc.lora) if self.lora else model).to(self.device)
         self.model.train()
         if lc.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad and with FSDP (torch's advice).
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]  # an HF model's method, which torch.nn.Module's __getattr__ types as Tensor | Module
         self.staleness_rule = StalenessRule.from_config(cfg)
         """The per-token staleness weights (config fields only). Built once; ranks > 0 are other
         processes, so this is not the learner's object, but it reads the same fields."""
@@ -125,16 +141,23 @@ class Trainer(TrainerState):
         # The value head may learn at its own rate (learner.value_lr): the schedule scales each
         # group's base rate by the same factor.
         head = {id(p) for p in self.value_head.parameters()} if self.value_head is not None else set()
-        groups = [{"params": [p for p in self.params if id(p) not in head], "lr_scale": 1.0}]
+        groups: list[dict[str, Any]] = [{"params": [p for p in self.params if id(p) not in head], "lr_scale": 1.0}]
         if head:
-            groups.append({"params": [p for p in self.params if id(p) in head],
-                           "lr_scale": (lc.value_lr if lc.value_lr is not None else lc.lr) / lc.lr})  # fmt: skip
+            groups.append(
+                {
+                    "params": [p for p in self.params if id(p) in head],
+                    "lr_scale": (lc.value_lr if lc.value_lr is not None else lc.lr) / lc.lr,
+                }
+            )
         self.optimizer = torch.optim.AdamW(groups, lr=lc.lr, weight_decay=lc.weight_decay, eps=lc.adam_eps)
         # Gradients clipped together, or policy and separate critic each on its own: a critic's
         # large early gradient must not shrink the policy's step.
-        self.clip_sets = [g["params"] for g in groups] if isinstance(self.value_head, SeparateValueModel) else [self.params]
-        self.trained_modules = torch.nn.ModuleDict({"policy": self.model, **({"value_head": self.value_head}
-                                                    if self.value_head is not None else {})})  # fmt: skip
+        self.clip_sets = (
+            [g["params"] for g in groups] if isinstance(self.value_head, SeparateValueModel) else [self.params]
+        )
+        self.trained_modules = torch.nn.ModuleDict(
+            {"policy": self.model, **({"value_head": self.value_head} if self.value_head is not None else {})}
+        )
         """What the optimizer trains, by name: its checkpointed state is keyed by these names."""
         self._collective = threading.Lock()
         """Held by rank 0 around a command and its collectives: the service exports weights and
@@ -162,7 +185,9 @@ class Trainer(TrainerState):
             torch.set_num_threads(cfg.learner.threads)
         torch.manual_seed(cfg.run.seed + dp.rank)
         lc = cfg.learner
-        model = load_causal_lm(cfg.model.path, torch.float32 if lc.param_dtype == "float32" else getattr(torch, cfg.model.dtype))
+        model = load_causal_lm(
+            cfg.model.path, torch.float32 if lc.param_dtype == "float32" else getattr(torch, cfg.model.dtype)
+        )
         tok = AutoTokenizer.from_pretrained(cfg.model.path)
         pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         return cls(cfg, model, pad, dp=dp)
@@ -222,7 +247,9 @@ class Trainer(TrainerState):
         """This rank's micro-batches of minibatch ``mb``; with fsdp padded with None (an idle
         micro-batch) to the most any rank has, since every forward is a collective."""
         budget, world = self.cfg.learner.micro_batch_tokens, self.dp.world
-        mine: list[torch.Tensor | None] = list(micro_batches(shard_rows(mb, lengths, self.dp.rank, world), lengths, budget))
+        mine: list[torch.Tensor | None] = list(
+            micro_batches(shard_rows(mb, lengths, self.dp.rank, world), lengths, budget)
+        )
         if self.fsdp:
             most = max(len(micro_batches(shard_rows(mb, lengths, r, world), lengths, budget)) for r in range(world))
             mine += [None] * (most - len(mine))
@@ -277,15 +304,24 @@ class Trainer(TrainerState):
                 agent = b.loss_mask[rows, :L] != 0  # no loss reads another token's logprob
                 packed = self._pack(b, rows, L)
                 if "prox" in out:
-                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned,
-                                       needed=agent, packed=packed)  # fmt: skip
+                    f = forward_tokens(
+                        self.model,
+                        ids,
+                        attn,
+                        temp,
+                        value_head=self.value_head,
+                        banned=self.banned,
+                        needed=agent,
+                        packed=packed,
+                    )
                     out["prox"][rows, :L] = f.logp.float()
                     if f.values is not None and f.last_value is not None:
                         out["values"][rows, :L] = f.values.float()
                         out["last_value"][rows] = f.last_value.float()
                 if self.ref_model is not None:
-                    out["ref"][rows, :L] = sequence_logprobs(self.ref_model, ids, attn, temp, banned=self.banned, needed=agent,
-                                                             packed=packed).float()  # fmt: skip
+                    out["ref"][rows, :L] = sequence_logprobs(
+                        self.ref_model, ids, attn, temp, banned=self.banned, needed=agent, packed=packed
+                    ).float()
         for v in out.values():
             self.dp.all_reduce_(v)
         return out
@@ -297,8 +333,13 @@ class Trainer(TrainerState):
         temp = cfg.rollout.temperature
         b = b.to(self.device)
         B = b.size
-        lr = lc.lr * lr_factor(self.step, warmup_steps=lc.warmup_steps, total_steps=cfg.run.max_steps,
-                               schedule=lc.lr_schedule, min_ratio=lc.min_lr_ratio)  # fmt: skip
+        lr = lc.lr * lr_factor(
+            self.step,
+            warmup_steps=lc.warmup_steps,
+            total_steps=cfg.run.max_steps,
+            schedule=lc.lr_schedule,
+            min_ratio=lc.min_lr_ratio,
+        )
         lengths = b.lengths.cpu()
         n_mb = min(lc.minibatches, B)
         minibatches = list(torch.arange(B).chunk(n_mb))
@@ -306,7 +347,11 @@ class Trainer(TrainerState):
         kl_reward = lc.kl_coef > 0 and lc.kl_mode == "reward"
         kl_loss = lc.kl_coef > 0 and lc.kl_mode == "loss"
         several = n_mb > 1 or lc.epochs > 1  # several optimizer steps: pi_prox is the batch start's
-        recentre = lc.importance_baseline and ALGORITHMS.get(lc.algorithm).group_relative and bool(((b.versions >= 0) & (b.versions < self.version)).any())
+        recentre = (
+            lc.importance_baseline
+            and ALGORITHMS.get(lc.algorithm).group_relative
+            and bool(((b.versions >= 0) & (b.versions < self.version)).any())
+        )
         pre = self._no_grad_pass(b, [m for ms in micros for m in ms], need_prox=several or kl_reward or recentre)
 
         # Advantages on the whole batch: identical on every rank.
@@ -317,21 +362,46 @@ class Trainer(TrainerState):
             bootstrap = bootstrap_values(pre["last_value"], cut)
         kl_prox = kl_penalty(pre["prox"], pre["ref"], lc.kl_estimator) if kl_reward else None
         adv, returns = compute_advantages(
-            lc.algorithm, b, kl=kl_prox, kl_coef=lc.kl_coef, std_normalize=lc.std_normalize,
-            gamma=lc.gamma, lam=lc.gae_lambda, values=pre.get("values"), bootstrap=bootstrap,
-            whiten=lc.whiten_advantages, baseline=lc.baseline, turn_discount=lc.turn_discount, step_weight=lc.step_advantage_weight,
-        )  # fmt: skip
+            lc.algorithm,
+            b,
+            kl=kl_prox,
+            kl_coef=lc.kl_coef,
+            std_normalize=lc.std_normalize,
+            gamma=lc.gamma,
+            lam=lc.gae_lambda,
+            values=pre.get("values"),
+            bootstrap=bootstrap,
+            whiten=lc.whiten_advantages,
+            baseline=lc.baseline,
+            turn_discount=lc.turn_discount,
+            step_weight=lc.step_advantage_weight,
+        )
         weights = b.loss_mask * self.staleness_rule.token_weights(b.versions, self.version).to(b.loss_mask.dtype)
         keep = weights != 0
         if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
             ratio = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)
-            adv = importance_recentred(adv, weights * truncated_weights(ratio, lc.tis_cap, lc.tis_reject_above), b.group_index)
+            adv = importance_recentred(
+                adv, weights * truncated_weights(ratio, lc.tis_cap, lc.tis_reject_above), b.group_index
+            )
         if lc.negative_advantage_scale != 1.0:  # last: on the advantages the loss reads, baselines and all
             adv = torch.where(adv < 0, adv * lc.negative_advantage_scale, adv)
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
-        sums = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in
-                (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "forward", "micro")}  # fmt: skip
+        sums = {
+            k: torch.zeros((), dtype=torch.float64, device=self.device)
+            for k in (
+                *_TOKEN_METRICS,
+                "tokens",
+                "loss",
+                "pg_loss",
+                "entropy",
+                "kl_ref",
+                "value_loss",
+                "padded",
+                "forward",
+                "micro",
+            )
+        }
         w_max = torch.zeros((), device=self.device)
         # Flight recorder: per row, k3 KL between the behaviour logprobs the actor reported and
         # the learner's own at the batch start (first epoch): the agreement per actor.
@@ -357,18 +427,36 @@ class Trainer(TrainerState):
                 scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
                 packed = self._pack(b, rows, L)
                 with self._autocast():
-                    f = forward_tokens(self.model, ids, attn, temp, value_head=self.value_head, banned=self.banned,
-                                       needed=agent[rows, :L], packed=packed)  # fmt: skip
+                    f = forward_tokens(
+                        self.model,
+                        ids,
+                        attn,
+                        temp,
+                        value_head=self.value_head,
+                        banned=self.banned,
+                        needed=agent[rows, :L],
+                        packed=packed,
+                    )
                 prox = pre["prox"][rows, :L] if several else f.logp.detach()
                 if int(mb[0]) in first_epoch:
                     d = (prox - b.behav_logp[rows, :L]).double()
                     row_kl[0, rows] += ((torch.expm1(d) - d) * keep[rows, :L]).sum(-1)
                     row_kl[1, rows] += keep[rows, :L].sum(-1)
                 pg, m = decoupled_ppo_loss(
-                    f.logp, prox, b.behav_logp[rows, :L], adv[rows, :L], w, clip_low=lc.clip_low,
-                    clip_high=lc.clip_high, behav_weight_cap=lc.tis_cap, behav_reject_above=lc.tis_reject_above,
-                    agg=lc.loss_agg, norm_const=norm_const, dual_clip=lc.dual_clip, behav_clip=lc.behav_clip,
-                )  # fmt: skip
+                    f.logp,
+                    prox,
+                    b.behav_logp[rows, :L],
+                    adv[rows, :L],
+                    w,
+                    clip_low=lc.clip_low,
+                    clip_high=lc.clip_high,
+                    behav_weight_cap=lc.tis_cap,
+                    behav_reject_above=lc.tis_reject_above,
+                    agg=lc.loss_agg,
+                    norm_const=norm_const,
+                    dual_clip=lc.dual_clip,
+                    behav_clip=lc.behav_clip,
+                )
                 loss = pg
                 if lc.entropy_coef > 0:
                     loss = loss - lc.entropy_coef * aggregate(f.entropy, w, lc.loss_agg, norm_const)
@@ -412,7 +500,7 @@ class Trainer(TrainerState):
         keys = list(sums)
         vec = self.dp.all_reduce_(torch.stack([sums[k] for k in keys]))
         tot = dict(zip(keys, vec.tolist(), strict=True))
-        w_max = float(self.dp.all_reduce_(w_max, op="max"))
+        w_max_all = float(self.dp.all_reduce_(w_max, op="max"))
 
         staleness = (self.version - b.versions[agent]).float()
         self.step += 1
@@ -420,20 +508,33 @@ class Trainer(TrainerState):
         steps = max(len(grad_norms), 1)
         out = {k: tot[k] / n_tok for k in _TOKEN_METRICS}
         out.update(
-            loss=tot["loss"] / steps, pg_loss=tot["pg_loss"] / steps, entropy=tot["entropy"] / n_tok,
-            is_weight_max=w_max, grad_norm=float(np.mean([g[0] for g in grad_norms])) if grad_norms else 0.0,
-            optimizer_steps=float(stepped), lr=lr,
-            reward_mean=float(b.rewards.mean()), success_rate=float(b.success.mean()),
-            episodes=float(B), agent_tokens=float(agent.sum()), trained_tokens=tot["tokens"],
-            tokens=float(b.lengths.sum()), padded_tokens=tot["padded"], forward_tokens=tot["forward"], micro_batches=tot["micro"],
-            turns_mean=float(b.turns.mean()), truncated_frac=float(b.truncated.mean()),
+            loss=tot["loss"] / steps,
+            pg_loss=tot["pg_loss"] / steps,
+            entropy=tot["entropy"] / n_tok,
+            is_weight_max=w_max_all,
+            grad_norm=float(np.mean([g[0] for g in grad_norms])) if grad_norms else 0.0,
+            optimizer_steps=float(stepped),
+            lr=lr,
+            reward_mean=float(b.rewards.mean()),
+            success_rate=float(b.success.mean()),
+            episodes=float(B),
+            agent_tokens=float(agent.sum()),
+            trained_tokens=tot["tokens"],
+            tokens=float(b.lengths.sum()),
+            padded_tokens=tot["padded"],
+            forward_tokens=tot["forward"],
+            micro_batches=tot["micro"],
+            turns_mean=float(b.turns.mean()),
+            truncated_frac=float(b.truncated.mean()),
             advantage_abs_mean=float(adv[agent].abs().mean()) if agent.any() else 0.0,
             staleness_mean=float(staleness.mean()) if staleness.numel() else 0.0,
             staleness_max=float(staleness.max()) if staleness.numel() else 0.0,
-            staleness_max_trained=float(staleness[weights[agent] > 0].max()) if bool((weights[agent] > 0).any()) else 0.0,
+            staleness_max_trained=float(staleness[weights[agent] > 0].max())
+            if bool((weights[agent] > 0).any())
+            else 0.0,
             staleness_weight_mean=float(weights[agent].mean()) if agent.any() else 0.0,
             train_time_s=time.perf_counter() - t0,
-        )  # fmt: skip
+        )
         # Histogram of token staleness: share of agent tokens s versions old, s = 0..K, and > K.
         K = lc.max_staleness
         for s in range(K + 1):
@@ -445,7 +546,7 @@ class Trainer(TrainerState):
         groups = b.group_index.cpu()
         kl_sum = torch.zeros(int(groups.max()) + 1, dtype=torch.float64).index_add_(0, groups, row_kl[0])
         n_sum = torch.zeros_like(kl_sum).index_add_(0, groups, row_kl[1])
-        out["group_mismatch_kl"] = [float(k / n) if n > 0 else -1.0 for k, n in zip(kl_sum, n_sum)]  # type: ignore[assignment]
+        out["group_mismatch_kl"] = [float(k / n) if n > 0 else -1.0 for k, n in zip(kl_sum, n_sum)]
         if self.value_head is not None and returns is not None:
             out["value_loss"] = tot["value_loss"] / n_tok
             out["value_mean"] = float(pre["values"][agent].mean()) if agent.any() else 0.0

@@ -9,8 +9,9 @@ weights are gathered to rank 0 on the CPU.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 import torch
@@ -35,18 +36,43 @@ from agentgym.learner.checkpoint import (
 from agentgym.learner.lora import export_adapter, load_adapter
 from agentgym.protocol.weights import RawTensor
 
+if TYPE_CHECKING:
+    from agentgym.config import Config
+    from agentgym.learner.distributed import DataParallel
+    from agentgym.learner.value_model import SeparateValueModel, ValueHead
+
 log = structlog.get_logger(__name__)
 
 
 class TrainerState:
     """Methods of ``Trainer`` (learner/trainer.py) that export, save and load its weights."""
 
+    # The trainer's state these methods read, set by ``Trainer.__init__``.
+    cfg: Config
+    dp: DataParallel
+    fsdp: bool
+    lora: bool
+    model: torch.nn.Module
+    value_head: ValueHead | SeparateValueModel | None
+    trained_modules: torch.nn.ModuleDict
+    optimizer: torch.optim.Optimizer
+    tokenizer_dir: Path
+    tied: list[set[str]]
+    step: int
+    _collective: threading.Lock
+
+    if TYPE_CHECKING:
+
+        @property
+        def version(self) -> int: ...  # Trainer.version
+
     def _full(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """``module``'s whole weights: its own state dict, or with fsdp gathered to rank 0 on the
         CPU (a collective: every rank calls it; ranks 1.. get an empty dict)."""
         if not self.fsdp:
             return module.state_dict()
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return cast("dict[str, torch.Tensor]", state)  # a model's full state: tensors by name
 
     def trained_names(self) -> frozenset[str]:
         """Names (as ``export_weights`` gives them) of the tensors the optimizer updates: each
@@ -85,10 +111,14 @@ class TrainerState:
                 out.append(RawTensor(name, dtype, tuple(t.shape), TorchSource(t, tdtype)))
                 continue
             t = t.detach().to(tdtype).contiguous().cpu()
-            raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+            raw = (
+                t.view(torch.uint8)
+                if t.element_size() == 1
+                else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+            )
             # A view, no copy: it may alias a live parameter, so the caller copies (make_chunks
             # does) before the next optimizer step.
-            out.append(RawTensor(name, dtype, tuple(t.shape), memoryview(raw.numpy()).cast("B")))
+            out.append(RawTensor(name, dtype, tuple(t.shape), memoryview(raw.numpy()).cast("B")))  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
         return out
 
     def save(self, path: Path | None, extra_state: dict[str, Any] | None = None) -> None:
@@ -113,10 +143,14 @@ class TrainerState:
             return
         assert path is not None, "rank 0 saves to a path"
         state = {
-            "step": self.step, "version": self.version, "algorithm": self.cfg.learner.algorithm,
-            "optimizer": optim_state, "value_head": value_state, "rng": rng_state(),
+            "step": self.step,
+            "version": self.version,
+            "algorithm": self.cfg.learner.algorithm,
+            "optimizer": optim_state,
+            "value_head": value_state,
+            "rng": rng_state(),
             "value_model": self.cfg.learner.value_model if self.value_head is not None else None,
-        }  # fmt: skip
+        }
         path = Path(path)
         save_checkpoint(path, self.model, self.tokenizer_dir, state, extra_state or {}, model_state)
         gone = prune_checkpoints(path.parent, self.cfg.learner.keep_checkpoints)
@@ -134,13 +168,16 @@ class TrainerState:
             check_same_critic(path, state, self.cfg.learner.algorithm, self.cfg.learner.value_model)
             full = StateDictOptions(full_state_dict=True, strict=False)
             if self.fsdp:  # every rank reads the whole weights and keeps its shard
-                weights = read_model_weights(path)
+                weights: dict[str, Any] = read_model_weights(path)  # torch's dict of state values
                 missing, unexpected = set_model_state_dict(self.model, weights, options=full)
                 check_loaded(path, weights, list(missing), list(unexpected), self.tied)
             if self.value_head is not None:
-                set_model_state_dict(self.value_head, state["value_head"], options=StateDictOptions(full_state_dict=True))
-            set_optimizer_state_dict(self.trained_modules, self.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))  # fmt: skip
+                set_model_state_dict(
+                    self.value_head, state["value_head"], options=StateDictOptions(full_state_dict=True)
+                )
+            set_optimizer_state_dict(
+                self.trained_modules, self.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True)
+            )
         self.step = int(state["step"])
         if self.dp.rank == 0:
             set_rng_state(state["rng"])

@@ -36,12 +36,13 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import structlog
 import trio
 import zmq
 
-from agentgym.auth.server import ServerKeys, check_bind, make_server, start_authenticator
+from agentgym.auth.server import AllowList, ServerKeys, check_bind, make_server, start_authenticator
 from agentgym.host.netutil import EVENTS, NOBLOCK, POLLIN, RCVMORE
 from agentgym.protocol import (
     PROTOCOL_VERSION,
@@ -82,7 +83,7 @@ class Inbox:
         self.user_id = ""
         """The ZAP user id (the CURVE public key, z85) of the connection the message handed out
         last came from ('' without keys): read it right after each message (learner/control.py)."""
-        self._fd: int = sock.getsockopt(zmq.FD)
+        self._fd: int = cast(int, sock.getsockopt(zmq.FD))
         self._sleeping: trio.CancelScope | None = None  # set while the reader waits on the FD
         self._since_checkpoint = 0
         self._acks: dict[bytes, Ack] = {}  # per peer, not yet sent: see ack()
@@ -115,7 +116,7 @@ class Inbox:
                 if msg is not None:
                     return peer, msg
                 continue
-            if sock.getsockopt(EVENTS) & POLLIN:
+            if cast(int, sock.getsockopt(EVENTS)) & POLLIN:
                 continue  # arrived meanwhile (the look processed the commands announcing it)
             if self._acks:
                 self.flush_acks()  # the burst is read: answer it, then look again (the sends used the socket)
@@ -145,7 +146,7 @@ class Inbox:
             # With keys, the header's Frame says which key the connection authenticated with:
             # the actor id it names must be that key's (one key, one identity).
             head = sock.recv(NOBLOCK, copy=False)
-            self.user_id = head.get("User-Id") or ""
+            self.user_id = cast(str, head.get("User-Id")) or ""  # pyzmq types get() as int | str
             frames.append(head.bytes)
         while sock.getsockopt(RCVMORE):  # the parts of one message arrive together: no Again here
             frames.append(sock.recv(NOBLOCK, copy=False).buffer if frames else sock.recv(NOBLOCK))
@@ -162,7 +163,7 @@ class Inbox:
             if self.version_rejects <= 20 or self.version_rejects % 1000 == 0:
                 log.warning("protocol_version_rejected", peer=peer.hex(), theirs=exc.theirs, ours=exc.ours)
             reason = f"actor speaks agentgym protocol version {exc.theirs}, the learner speaks {PROTOCOL_VERSION}"
-            self.send(peer, encode(Reject(field="protocol_version", reason=reason)))  # type: ignore[arg-type]
+            self.send(peer, encode(Reject(field="protocol_version", reason=reason)))
         except ProtocolError as exc:
             self.bad_messages += 1
             if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:
@@ -180,29 +181,29 @@ class Inbox:
         pending.group_ids.append(group_id)
         pending.statuses.append(status)
         if len(pending.group_ids) >= self.ACKS_PER_MESSAGE:
-            self._send_now(peer, encode(self._acks.pop(peer)))  # type: ignore[arg-type]
+            self._send_now(peer, encode(self._acks.pop(peer)))
 
     def flush_acks(self) -> None:
         """Send every coalesced Ack now."""
         acks, self._acks = self._acks, {}
         for peer, a in acks.items():
-            self._send_now(peer, encode(a))  # type: ignore[arg-type]
+            self._send_now(peer, encode(a))
 
-    def send(self, peer: bytes, frames: list[bytes]) -> None:
+    def send(self, peer: bytes, frames: list[bytes | memoryview]) -> None:
         """Queue ``frames`` for ``peer`` without waiting (trio thread only), after its pending acks."""
         pending = self._acks.pop(peer, None)
         if pending is not None:
-            self._send_now(peer, encode(pending))  # type: ignore[arg-type]
+            self._send_now(peer, encode(pending))
         self._send_now(peer, frames)
 
-    def _send_now(self, peer: bytes, frames: list[bytes]) -> None:
+    def _send_now(self, peer: bytes, frames: list[bytes | memoryview]) -> None:
         try:
             self._sock.send_multipart([peer, *frames], zmq.NOBLOCK)
         except zmq.Again:
             log.warning("send_dropped_hwm", peer=peer.hex())
         # The send processed the socket's pending commands and may have taken the FD's signal
         # of a message that arrived meanwhile: if the reader sleeps on the FD, have it look again.
-        if self._sleeping is not None and self._sock.getsockopt(EVENTS) & POLLIN:
+        if self._sleeping is not None and cast(int, self._sock.getsockopt(EVENTS)) & POLLIN:
             self._sleeping.cancel()
 
     def close(self) -> None:
@@ -219,13 +220,13 @@ class WeightSnapshot:
     """One weight version, its chunks pre-encoded as ZeroMQ frames."""
 
     version: int
-    frames: list[list[bytes]]
+    frames: list[list[bytes | memoryview]]
     total_bytes: int
 
     @classmethod
     def build(cls, version: int, chunks: Sequence[tuple[WeightChunk, bytes | memoryview]]) -> WeightSnapshot:
         frames = [encode(msg, data) for msg, data in chunks]
-        return cls(version, frames, sum(len(d) for _, d in chunks))  # type: ignore[arg-type]
+        return cls(version, frames, sum(len(d) for _, d in chunks))
 
 
 def weights_address(control: str) -> str:
@@ -237,9 +238,15 @@ def weights_address(control: str) -> str:
 class Hub:
     """The control inbox on the trio thread and the weight server's thread; see the module docstring."""
 
-    def __init__(self, bind: str, inbox_size: int = 1024, max_msg_bytes: int | None = None,
-                 keys: ServerKeys | None = None, weights_max_bytes: int | None = None,
-                 peer_timeout_s: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bind: str,
+        inbox_size: int = 1024,
+        max_msg_bytes: int | None = None,
+        keys: ServerKeys | None = None,
+        weights_max_bytes: int | None = None,
+        peer_timeout_s: float | None = None,
+    ) -> None:
         self.bind = bind
         self.peer_timeout_s = peer_timeout_s
         """Control connections silent this long, ZeroMQ's own pings unanswered, are closed (below)."""
@@ -261,7 +268,7 @@ class Hub:
         self.weight_chunks_served = 0
         self.weight_bytes_served = 0
         """Weight payload bytes sent (the learner's weight egress, chunk data without headers)."""
-        self.allow = None
+        self.allow: AllowList | None = None
         """The CURVE allow-list (with its refusal count) when keys are configured."""
 
     @property
@@ -282,7 +289,7 @@ class Hub:
         self.inbox = Inbox(self._control, user_ids=self.keys is not None)
 
     def send(self, peer: bytes, msg: Message) -> None:
-        self.inbox.send(peer, encode(msg))  # type: ignore[arg-type]
+        self.inbox.send(peer, encode(msg))
 
     def ack(self, peer: bytes, group_id: str, status: AckStatus) -> None:
         self.inbox.ack(peer, group_id, status)
@@ -297,7 +304,7 @@ class Hub:
     def close_control(self) -> None:
         self.inbox.close()
         if self._control is not None:
-            trio.lowlevel.notify_closing(self._control.getsockopt(zmq.FD))
+            trio.lowlevel.notify_closing(cast(int, self._control.getsockopt(zmq.FD)))
             self._control.close()  # LINGER: what was sent last (Shutdown) still leaves, until ctx.term()
 
     def stop(self) -> None:
@@ -307,8 +314,9 @@ class Hub:
             pass
 
     # ---------------------------------------------------------------- both sockets
-    def _make_router(self, addr: str, rcvhwm: int = 10_000, max_bytes: int | None = None,
-                     peer_timeout_s: float | None = None) -> zmq.Socket:  # fmt: skip
+    def _make_router(
+        self, addr: str, rcvhwm: int = 10_000, max_bytes: int | None = None, peer_timeout_s: float | None = None
+    ) -> zmq.Socket:
         s = self._ctx.socket(zmq.ROUTER)
         if peer_timeout_s is not None:
             # ZMTP pings, answered by the peer's ZeroMQ thread: a connection whose host died (no FIN,
@@ -366,7 +374,9 @@ class Hub:
             except ProtocolError as exc:
                 self.bad_weight_requests += 1
                 if self.bad_weight_requests <= 20 or self.bad_weight_requests % 1000 == 0:
-                    log.error("bad_weight_request", peer=peer.hex(), error=str(exc)[:500], count=self.bad_weight_requests)
+                    log.error(
+                        "bad_weight_request", peer=peer.hex(), error=str(exc)[:500], count=self.bad_weight_requests
+                    )
                 continue
             snap = self._snapshot
             if snap is None or req.version != snap.version or req.chunk >= len(snap.frames):
@@ -380,8 +390,14 @@ class Hub:
 
 @asynccontextmanager
 async def open_hub(
-    bind: str, max_msg_bytes: int | None = None, *, keys: ServerKeys | None = None, insecure: bool = False,
-    inbox_size: int = 1024, weights_max_bytes: int | None = None, peer_timeout_s: float | None = None,
+    bind: str,
+    max_msg_bytes: int | None = None,
+    *,
+    keys: ServerKeys | None = None,
+    insecure: bool = False,
+    inbox_size: int = 1024,
+    weights_max_bytes: int | None = None,
+    peer_timeout_s: float | None = None,
 ) -> AsyncIterator[Hub]:
     """Bind the control socket here and start the weights thread; close both on exit.
 
@@ -391,8 +407,14 @@ async def open_hub(
     (agentgym/auth/server.py). ``peer_timeout_s``: control connections whose peer's ZeroMQ has
     not answered for this long are closed (learner.actor_timeout_s: an actor's host that died)."""
     check_bind(bind, keys, insecure)
-    hub = Hub(bind, inbox_size=inbox_size, max_msg_bytes=max_msg_bytes, keys=keys, weights_max_bytes=weights_max_bytes,
-              peer_timeout_s=peer_timeout_s)  # fmt: skip
+    hub = Hub(
+        bind,
+        inbox_size=inbox_size,
+        max_msg_bytes=max_msg_bytes,
+        keys=keys,
+        weights_max_bytes=weights_max_bytes,
+        peer_timeout_s=peer_timeout_s,
+    )
     auth = None
     thread: threading.Thread | None = None
     try:

@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import structlog
 
-from agentgym.protocol import Rollout, Ticket
+from agentgym.protocol import Episode, Rollout, Ticket
 from agentgym.protocol.arrays import F32, I32, U8, unpack
 
 log = structlog.get_logger(__name__)
@@ -90,35 +90,35 @@ class Guard:
                 return reason
         return None
 
-    def _episode(self, e: object, version: int | None) -> str | None:
-        ids = unpack(e.token_ids, I32)  # type: ignore[attr-defined]
+    def _episode(self, e: Episode, version: int | None) -> str | None:
+        ids = unpack(e.token_ids, I32)
         n = ids.size
         if n > self.max_episode_tokens:
             return "too_many_tokens"
         if n and (ids.min() < 0 or (self.vocab_size is not None and ids.max() >= self.vocab_size)):
             return "token_out_of_vocab"
-        mask = unpack(e.loss_mask, U8)  # type: ignore[attr-defined]
+        mask = unpack(e.loss_mask, U8)
         if n and mask.max() > 1:
             return "loss_mask_not_0_1"
         agent = mask == 1
-        vers = unpack(e.versions, I32)  # type: ignore[attr-defined]
+        vers = unpack(e.versions, I32)
         if np.any(vers[~agent] != -1) or np.any(vers[agent] < 0):
             return "versions_inconsistent_with_mask"
         if version is not None and agent.any() and int(vers[agent].max()) > version:
             # Weights the learner never made (after a resume from an earlier checkpoint the
             # actors' newer weights are gone too: what they played then is not trainable either).
             return "version_out_of_range"
-        lp = unpack(e.logprobs, F32)  # type: ignore[attr-defined]
+        lp = unpack(e.logprobs, F32)
         if not np.all(np.isfinite(lp)) or np.any(lp[agent] > 1e-5):  # log-probabilities: <= 0 (+ rounding)
             return "logprob_not_finite_or_positive"
-        rewards = unpack(e.turn_rewards, F32)  # type: ignore[attr-defined]
-        if not np.isfinite(e.reward) or not np.all(np.isfinite(rewards)):  # type: ignore[attr-defined]
+        rewards = unpack(e.turn_rewards, F32)
+        if not np.isfinite(e.reward) or not np.all(np.isfinite(rewards)):
             return "reward_not_finite"
-        ends = unpack(e.turn_ends, I32)  # type: ignore[attr-defined]
+        ends = unpack(e.turn_ends, I32)
         if ends.size and (ends[0] < 1 or ends[-1] > n or np.any(np.diff(ends) <= 0)):
             return "turn_ends_out_of_order_or_range"
-        if e.segment_ends:  # type: ignore[attr-defined]
-            seg = unpack(e.segment_ends, I32)  # type: ignore[attr-defined]
+        if e.segment_ends:
+            seg = unpack(e.segment_ends, I32)
             if seg[0] < 1 or seg[-1] != n or np.any(np.diff(seg) <= 0):
                 return "segment_ends_out_of_order_or_range"
         return None
@@ -127,8 +127,15 @@ class Guard:
     def reject(self, reason: str, r: Rollout) -> None:
         self.invalid[reason] += 1
         if self.invalid[reason] <= 10 or self.invalid[reason] % 1000 == 0:  # a flood is not a log flood
-            log.warning("rollout_invalid", reason=reason, count=self.invalid[reason], group=r.group_id,
-                        actor_id=r.actor_id, env=r.env, task=r.task_id)  # fmt: skip
+            log.warning(
+                "rollout_invalid",
+                reason=reason,
+                count=self.invalid[reason],
+                group=r.group_id,
+                actor_id=r.actor_id,
+                env=r.env,
+                task=r.task_id,
+            )
 
     def drop(self, reason: str, **fields: object) -> None:
         self.dropped[reason] += 1
@@ -136,7 +143,10 @@ class Guard:
             log.warning("message_dropped", reason=reason, count=self.dropped[reason], **fields)
 
     def metrics(self) -> dict[str, int]:
-        return {**{f"invalid/{k}": v for k, v in self.invalid.items()}, **{f"dropped/{k}": v for k, v in self.dropped.items()}}
+        return {
+            **{f"invalid/{k}": v for k, v in self.invalid.items()},
+            **{f"dropped/{k}": v for k, v in self.dropped.items()},
+        }
 
     def state(self) -> list[dict[str, object]]:
         """The open tickets, for the checkpoint."""
@@ -145,4 +155,4 @@ class Guard:
     def restore(self, state: list[dict[str, object]]) -> None:
         for item in state:
             t = msgspec.convert(item["ticket"], Ticket)
-            self.open[t.group_id] = (t, set(item["holders"]))  # type: ignore[arg-type]
+            self.open[t.group_id] = (t, set(item["holders"]))  # type: ignore[call-overload]  # a list of ids, as state() wrote it

@@ -80,8 +80,10 @@ def policy_body(model: torch.nn.Module) -> torch.nn.Module:
     prefix = getattr(model, "base_model_prefix", "")
     body = getattr(model, prefix, None) if prefix else None
     if not isinstance(body, torch.nn.Module) or body is model:
-        raise ValueError(f"learner.value_model = 'separate' needs a causal LM with a separate transformer body; "
-                         f"{type(model).__name__} has none under base_model_prefix={prefix!r}")  # fmt: skip
+        raise ValueError(
+            f"learner.value_model = 'separate' needs a causal LM with a separate transformer body; "
+            f"{type(model).__name__} has none under base_model_prefix={prefix!r}"
+        )
     return body
 
 
@@ -91,7 +93,7 @@ def build_value_model(
     """PPO's critic for ``learner.value_model``, in train mode; ``model`` is the policy as loaded
     (before LoRA or sharding), whose body a ``"separate"`` critic copies (recomputing activations
     in the backward pass with ``gradient_checkpointing``, as the policy does)."""
-    hidden = int(model.config.hidden_size)  # type: ignore[union-attr]
+    hidden = int(model.config.hidden_size)  # type: ignore[union-attr, arg-type]  # an HF model's config, which torch.nn.Module's __getattr__ types as Tensor | Module
     critic: ValueHead | SeparateValueModel
     if kind == "shared":
         critic = ValueHead(hidden)
@@ -100,7 +102,7 @@ def build_value_model(
         for p in body.parameters():
             p.requires_grad_(True)
         if gradient_checkpointing:  # non-reentrant, as the policy's (learner/trainer.py)
-            body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]  # an HF model's method, past torch.nn.Module's __getattr__
         critic = SeparateValueModel(body, hidden)
     else:
         raise ValueError(f"learner.value_model must be 'shared' or 'separate', got {kind!r}")

@@ -27,8 +27,7 @@ def unpack(data: bytes, dtype: np.dtype, *, field: str = "array") -> np.ndarray:
     """View ``data`` as a 1-D array of ``dtype``; the length must be a whole number of items."""
     if len(data) % dtype.itemsize:
         raise ProtocolError(
-            f"{field}: {len(data)} bytes is not a whole number of {dtype.name} items "
-            f"({dtype.itemsize} bytes each)"
+            f"{field}: {len(data)} bytes is not a whole number of {dtype.name} items ({dtype.itemsize} bytes each)"
         )
     return np.frombuffer(data, dtype=dtype)
 

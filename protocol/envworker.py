@@ -20,7 +20,7 @@ This module is plain data (no I/O) and imports nothing heavy: the worker imports
 from __future__ import annotations
 
 import struct
-from typing import Annotated, Final, Union
+from typing import Annotated, Final
 
 import msgspec
 from msgspec import Meta
@@ -36,13 +36,13 @@ MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 """Largest body either side accepts; observations and actions are text, far below this."""
 
 ShortStr = Annotated[str, Meta(max_length=256)]
-Scalar = Union[str, int, float, bool]
+Scalar = str | int | float | bool
 Info = dict[ShortStr, Scalar]
 """Small per-step facts an env reports (``success``, ``turns``); msgpack scalars only."""
-Option = Union[Scalar, list[Scalar]]
+Option = Scalar | list[Scalar]
 """The value of one env constructor option: a scalar, or a list of them (maze's train_sizes).
 The one definition: the config's ``env.kwargs``, the Welcome's ``env_kwargs`` and ``Open`` use it."""
-Options = dict[ShortStr, Union[Option, None]]
+Options = dict[ShortStr, Option | None]
 """Env constructor options as they come from the config (None: the env's default)."""
 
 
@@ -119,8 +119,8 @@ class Failure(_Msg):
     """Where the env raised (for the pool's log; the episode's error carries only ``message``)."""
 
 
-Request = Union[Open, Reset, Step, Expert, Close]
-Reply = Union[Ready, Observation, Action, Failure]
+Request = Open | Reset | Step | Expert | Close
+Reply = Ready | Observation | Action | Failure
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _REQUESTS: Final = msgspec.msgpack.Decoder(Request)
@@ -165,9 +165,9 @@ def _decode(decoder: msgspec.msgpack.Decoder, body: bytes, what: str, source: st
 
 def decode_request(body: bytes, source: str = "env pool") -> Request:
     """A request body (without prefix) as its struct."""
-    return _decode(_REQUESTS, body, "request", source)  # type: ignore[return-value]
+    return _decode(_REQUESTS, body, "request", source)  # type: ignore[return-value]  # _REQUESTS decodes only a Request
 
 
 def decode_reply(body: bytes, source: str = "env worker") -> Reply:
     """A reply body (without prefix) as its struct."""
-    return _decode(_REPLIES, body, "reply", source)  # type: ignore[return-value]
+    return _decode(_REPLIES, body, "reply", source)  # type: ignore[return-value]  # _REPLIES decodes only a Reply

@@ -26,6 +26,8 @@ from agentgym.protocol.envworker import Option
 
 NonNeg = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]
+EpisodeFinish = Literal["done", "turn_limit", "token_limit", "env_failure", "aborted"]
+"""How an episode ended (``Episode.finish``)."""
 Version = Annotated[int, Meta(ge=-1)]  # -1: no weights yet / not an agent token
 ShortStr = Annotated[str, Meta(max_length=256)]
 Text = Annotated[str, Meta(max_length=64 * 1024)]
@@ -212,7 +214,7 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     turn_rewards: bytes
     reward: float
     success: bool
-    finish: Literal["done", "turn_limit", "token_limit", "env_failure", "aborted"]
+    finish: EpisodeFinish
     turn_limit: Positive
     failure: Text = ""
     critiques: bytes = b""
@@ -233,13 +235,22 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         # rollout, so this runs per episode); only a failing episode walks the rules one by one
         # for the message naming what is wrong.
         nb = len(self.token_ids)
-        if (not nb % 4 and len(self.logprobs) == nb and len(self.versions) == nb and len(self.loss_mask) * 4 == nb
-                and not len(self.turn_ends) % 4 and len(self.turn_rewards) == len(self.turn_ends)
-                and not len(self.critiques) % 8 and not len(self.segment_ends) % 4):  # fmt: skip
+        if (
+            not nb % 4
+            and len(self.logprobs) == nb
+            and len(self.versions) == nb
+            and len(self.loss_mask) * 4 == nb
+            and not len(self.turn_ends) % 4
+            and len(self.turn_rewards) == len(self.turn_ends)
+            and not len(self.critiques) % 8
+            and not len(self.segment_ends) % 4
+        ):
             return
         n = count(self.token_ids, I32)
         if len(self.critiques) % (2 * I32.itemsize):
-            raise ValueError(f"critiques has {len(self.critiques)} bytes, not a whole number of int32 (start, end) pairs")
+            raise ValueError(
+                f"critiques has {len(self.critiques)} bytes, not a whole number of int32 (start, end) pairs"
+            )
         if len(self.segment_ends) % I32.itemsize:
             raise ValueError(f"segment_ends has {len(self.segment_ends)} bytes, not a multiple of 4")
         for name, data, dtype in (
@@ -291,12 +302,18 @@ class PartialEpisode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         n = count(self.token_ids, I32)
-        for name, data, dtype in (("logprobs", self.logprobs, F32), ("loss_mask", self.loss_mask, U8), ("versions", self.versions, I32)):
+        for name, data, dtype in (
+            ("logprobs", self.logprobs, F32),
+            ("loss_mask", self.loss_mask, U8),
+            ("versions", self.versions, I32),
+        ):
             if count(data, dtype) != n:
                 raise ValueError(f"{name} has {count(data, dtype)} items but token_ids has {n}")
         turns = count(self.turn_ends, I32)
         if count(self.turn_rewards, F32) != turns or len(self.actions) != turns:
-            raise ValueError(f"turn_ends has {turns} items, turn_rewards {count(self.turn_rewards, F32)}, actions {len(self.actions)}")
+            raise ValueError(
+                f"turn_ends has {turns} items, turn_rewards {count(self.turn_rewards, F32)}, actions {len(self.actions)}"
+            )
 
 
 class Handover(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -334,9 +351,7 @@ class Ack(Message):
 
     def __post_init__(self) -> None:
         if len(self.group_ids) != len(self.statuses):
-            raise ValueError(
-                f"group_ids has {len(self.group_ids)} items but statuses has {len(self.statuses)}"
-            )
+            raise ValueError(f"group_ids has {len(self.group_ids)} items but statuses has {len(self.statuses)}")
 
 
 # ---------------------------------------------------------------- weights
@@ -414,6 +429,17 @@ class WeightGone(Message):
 
 
 MESSAGE_TYPES: tuple[type[Message], ...] = (
-    Hello, Welcome, Reject, Heartbeat, Grant, Rollout, Ack,
-    WeightsReady, Leave, Shutdown, WeightRequest, WeightChunk, WeightGone,
-)  # fmt: skip
+    Hello,
+    Welcome,
+    Reject,
+    Heartbeat,
+    Grant,
+    Rollout,
+    Ack,
+    WeightsReady,
+    Leave,
+    Shutdown,
+    WeightRequest,
+    WeightChunk,
+    WeightGone,
+)

@@ -112,7 +112,7 @@ class ChunkBuffers:
             base = np.empty(nbytes, np.uint8)
         loan = base[:]  # a view of its own: when it dies, every view taken of it has died first
         weakref.finalize(loan, self._give_back, base)
-        return memoryview(loan).cast("B")
+        return memoryview(loan).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
 
     def _give_back(self, base: np.ndarray) -> None:
         with self._lock:
@@ -128,11 +128,14 @@ class ChunkBuffers:
 
 
 def _fresh(nbytes: int) -> memoryview:
-    return memoryview(np.empty(nbytes, np.uint8)).cast("B")
+    return memoryview(np.empty(nbytes, np.uint8)).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
 
 
 def make_chunks(
-    version: int, tensors: Iterable[RawTensor], chunk_bytes: int, alloc: Callable[[int], memoryview] = _fresh,
+    version: int,
+    tensors: Iterable[RawTensor],
+    chunk_bytes: int,
+    alloc: Callable[[int], memoryview] = _fresh,
 ) -> list[tuple[WeightChunk, memoryview]]:
     """Pack tensors, in order, into chunks of at most ``chunk_bytes`` each (a crc32 per chunk).
     A tensor that does not fit the room left starts a new chunk if it fits one whole; only a
@@ -148,7 +151,9 @@ def make_chunks(
         size = t.data.nbytes if isinstance(t.data, TensorSource) else memoryview(t.data).nbytes
         expect = tensor_nbytes(t.dtype, t.shape)
         if size != expect:
-            raise ValueError(f"make_chunks: tensor {t.name!r} has {size} bytes, {t.dtype}{list(t.shape)} needs {expect}")
+            raise ValueError(
+                f"make_chunks: tensor {t.name!r} has {size} bytes, {t.dtype}{list(t.shape)} needs {expect}"
+            )
         if size > room and size <= chunk_bytes and room < chunk_bytes:
             # It fits a chunk of its own: start one rather than split it. A receiver without kept
             # buffers then keeps it as a view into the frame instead of copying its slices, and
@@ -180,11 +185,16 @@ def make_chunks(
         for i, (group, data, crc) in enumerate(zip(groups, datas, crcs)):
             metas, offset = [], 0
             for t, part, n in group:
-                metas.append(TensorMeta(t.name, t.dtype, list(t.shape), offset, n, part))  # type: ignore[arg-type]
+                metas.append(TensorMeta(t.name, t.dtype, list(t.shape), offset, n, part))  # type: ignore[arg-type]  # RawTensor.dtype is a str holding one of ITEMSIZE's names
                 offset += n
             msg = WeightChunk(
-                version=version, chunk=i, num_chunks=len(groups), tensors=metas, crc32=crc.result(), nbytes=len(data),
-            )  # fmt: skip
+                version=version,
+                chunk=i,
+                num_chunks=len(groups),
+                tensors=metas,
+                crc32=crc.result(),
+                nbytes=len(data),
+            )
             out.append((msg, data))
         return out
     finally:
@@ -203,8 +213,6 @@ def _fill(group: list[tuple[RawTensor, int, int]], alloc: Callable[[int], memory
                 buf[at : at + n] = memoryview(t.data).cast("B")[part : part + n]
         at += n
     return buf
-
-
 
 
 def verify_chunk(msg: WeightChunk, data: bytes | memoryview) -> None:
@@ -232,10 +240,7 @@ def chunk_tensors(msg: WeightChunk, data: bytes | memoryview) -> list[RawTensor]
     """The slices of a verified chunk as zero-copy byte views (a split tensor appears once per
     chunk it spans, with only its slice: use ``Assembler`` to get whole tensors)."""
     view = memoryview(data).cast("B")
-    return [
-        RawTensor(m.name, m.dtype, tuple(m.shape), view[m.offset : m.offset + m.nbytes])
-        for m in msg.tensors
-    ]
+    return [RawTensor(m.name, m.dtype, tuple(m.shape), view[m.offset : m.offset + m.nbytes]) for m in msg.tensors]
 
 
 class WeightBuffers:
@@ -260,7 +265,7 @@ class WeightBuffers:
         buf = self._bufs.get(name)
         if buf is None or buf.nbytes != nbytes:
             buf = self._bufs[name] = np.empty(nbytes, np.uint8)
-        return memoryview(buf).cast("B")
+        return memoryview(buf).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only from Python 3.12
 
     @property
     def nbytes(self) -> int:
@@ -290,26 +295,37 @@ class Assembler:
                     raise ProtocolError(f"{where}: unknown dtype {m.dtype!r}")
                 size = tensor_nbytes(m.dtype, m.shape)
                 if self._into is None and m.part_offset == 0 and m.nbytes == size:  # whole in this chunk: a view
-                    self._bufs[m.name], self._filled[m.name] = (m.dtype, tuple(m.shape), src[m.offset : m.offset + size]), size
+                    self._bufs[m.name], self._filled[m.name] = (
+                        (m.dtype, tuple(m.shape), src[m.offset : m.offset + size]),
+                        size,
+                    )
                     continue
                 # not zeroed first: every byte is written by a slice, and finish() refuses gaps
-                buf = self._into.get(m.name, size) if self._into is not None else memoryview(np.empty(size, np.uint8)).cast("B")
+                buf = self._into.get(m.name, size) if self._into is not None else _fresh(size)
                 got = (m.dtype, tuple(m.shape), buf)
                 self._bufs[m.name], self._filled[m.name] = got, 0
                 self._split.add(m.name)
             dtype, shape, buf = got
             if (dtype, shape) != (m.dtype, tuple(m.shape)):
-                raise ProtocolError(f"{where}: {m.dtype}{m.shape} disagrees with an earlier slice's {dtype}{list(shape)}")
+                raise ProtocolError(
+                    f"{where}: {m.dtype}{m.shape} disagrees with an earlier slice's {dtype}{list(shape)}"
+                )
             if m.name not in self._split:
                 raise ProtocolError(f"{where}: a slice of a tensor that already arrived whole")
             if m.part_offset + m.nbytes > len(buf):
-                raise ProtocolError(f"{where}: slice [{m.part_offset}, +{m.nbytes}) ends past the tensor's {len(buf)} bytes")
+                raise ProtocolError(
+                    f"{where}: slice [{m.part_offset}, +{m.nbytes}) ends past the tensor's {len(buf)} bytes"
+                )
             buf[m.part_offset : m.part_offset + m.nbytes] = src[m.offset : m.offset + m.nbytes]
             self._filled[m.name] += m.nbytes
 
     def finish(self) -> list[RawTensor]:
         """Every tensor, whole; raises ``ProtocolError`` if any has bytes missing (or doubled)."""
-        bad = [f"{n} ({self._filled[n]}/{len(b)} bytes)" for n, (_, _, b) in self._bufs.items() if self._filled[n] != len(b)]
+        bad = [
+            f"{n} ({self._filled[n]}/{len(b)} bytes)"
+            for n, (_, _, b) in self._bufs.items()
+            if self._filled[n] != len(b)
+        ]
         if bad:
             raise ProtocolError(f"weights incomplete: {', '.join(bad[:5])}")
         return [RawTensor(n, d, s, b) for n, (d, s, b) in self._bufs.items()]

@@ -98,7 +98,5 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[Message, list[memoryvi
         raise ProtocolError(f"{cls.__name__}: malformed msgpack body: {exc}") from None
     if isinstance(msg, WeightChunk):
         if len(data[0]) != msg.nbytes or len(data[0]) > MAX_WEIGHT_DATA:
-            raise ProtocolError(
-                f"WeightChunk: data frame has {len(data[0])} bytes, header says {msg.nbytes}"
-            )
+            raise ProtocolError(f"WeightChunk: data frame has {len(data[0])} bytes, header says {msg.nbytes}")
     return msg, data

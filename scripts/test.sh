@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs ruff (pyflakes rules: undefined names, unused imports), the import rules (import-linter:
+# Runs ruff (the lint rules and the formatter's check, pyproject.toml [tool.ruff]), mypy over protocol,
+# envpool, actors and learner (scripts/typecheck.py), the import rules (import-linter:
 # scripts/lint_imports.py) and the test suite, installing first if needed. Extra arguments go to pytest.
 # The suite runs on AGENTGYM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in this
 # process): each module stays on one worker (tests/conftest.py).
@@ -7,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 .venv/bin/ruff check --quiet . || { echo "ruff: fix the findings above (pyproject.toml [tool.ruff])" >&2; exit 1; }
+.venv/bin/ruff format --check --quiet . || { echo "ruff format: run .venv/bin/ruff format . (pyproject.toml [tool.ruff.format])" >&2; exit 1; }
+# mypy keeps its cache in .mypy_cache: a run after a small change takes seconds.
+types=$(.venv/bin/python scripts/typecheck.py 2>&1) || { echo "$types"; echo "mypy: fix the errors above (pyproject.toml [tool.mypy])" >&2; exit 1; }
 imports=$(.venv/bin/python scripts/lint_imports.py 2>&1) || { echo "$imports"; echo "import-linter: an import breaks a rule of docs/architecture.md (pyproject.toml [tool.importlinter])" >&2; exit 1; }
 set +e
 workers=${AGENTGYM_TEST_WORKERS:-2}

@@ -38,8 +38,12 @@ def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.getbasetemp() / "smollm2-135m"
     if not (path / "config.json").exists():
         part = path.with_name(path.name + ".part")  # renamed when complete: never a half-written model
-        r = subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--from", "smollm2-135m-instruct", str(part)],
-                           capture_output=True, text=True, timeout=900)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-m", "agentgym.cli", "make-model", "--from", "smollm2-135m-instruct", str(part)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert r.returncode == 0, r.stderr[-4000:]
         part.rename(path)
     return path
@@ -55,20 +59,34 @@ def _leave_unterminated(self: zmq.Context) -> None:
     the same garbage: a 600 s hang inside some later, unrelated test (CI, 2026-11-28). Leaking
     the context costs one idle I/O thread."""
     if not self._shadow and not self.closed:
-        warnings.warn(f"zmq context {self!r} left to the garbage collector: not terminated", ResourceWarning, stacklevel=2)
+        warnings.warn(
+            f"zmq context {self!r} left to the garbage collector: not terminated", ResourceWarning, stacklevel=2
+        )
 
 
-zmq.Context.__del__ = _leave_unterminated  # type: ignore[method-assign]
+zmq.Context.__del__ = _leave_unterminated  # type: ignore[method-assign]  # patched on purpose (the guard above)
 
 
 HOSTS_GROUP = "hosts"
 """The modules that make network-namespace hosts or a Slurm cluster: one worker runs them all, one
 at a time (root's network namespaces and the daemons are machine-wide)."""
-HOSTS_MODULES = {"test_actor_leave", "test_handover_e2e", "test_learner_multinode", "test_multihost", "test_relay", "test_slurm"}
+HOSTS_MODULES = {
+    "test_actor_leave",
+    "test_handover_e2e",
+    "test_learner_multinode",
+    "test_multihost",
+    "test_relay",
+    "test_slurm",
+}
 SPLIT_MODULES = {"test_e2e", "test_stop_signal_e2e"}
 """Modules whose tests share no costly fixture: each test is a group of its own."""
-LONG_FIRST = ("hosts", "test_multitoken_learn", "test_e2e.py::test_an_actor_killed",
-              "test_e2e.py::test_learner_and_two_actors", "test_e2e.py::test_a_mix_of_two_envs")  # fmt: skip
+LONG_FIRST = (
+    "hosts",
+    "test_multitoken_learn",
+    "test_e2e.py::test_an_actor_killed",
+    "test_e2e.py::test_learner_and_two_actors",
+    "test_e2e.py::test_a_mix_of_two_envs",
+)
 """The groups that take longest (CI's ``--durations``, 2026-11-28: the hosts group ~700 s, the
 multi-token learning test ~490 s, each e2e run 250-315 s), handed out first, so that the many
 short groups fill in behind them and neither worker is left with a long run at the end. The long
@@ -87,7 +105,9 @@ def _group_of(nodeid: str) -> str:
 
 def _rank(nodeid: str) -> int:
     group = _group_of(nodeid)
-    return next((i for i, key in enumerate(LONG_FIRST) if group == key or group.startswith(f"tests/{key}")), len(LONG_FIRST))
+    return next(
+        (i for i, key in enumerate(LONG_FIRST) if group == key or group.startswith(f"tests/{key}")), len(LONG_FIRST)
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import random
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Awaitable, Callable
 
 from agentgym.actors.engine import Generation, SamplingSpec
 from agentgym.actors.hf_engine import HfEngine
@@ -52,8 +52,9 @@ async def play_groups(play: Play, tickets: list[Ticket], episodes: int, turn_lim
     return list(await asyncio.gather(*(group(t) for t in tickets)))
 
 
-async def learn(cfg: Config, trainer: Trainer, engine: HfEngine, play: Play, held_out_tasks: int,
-                held_out_episodes: int) -> tuple[float, float, list[dict[str, float]]]:  # fmt: skip
+async def learn(
+    cfg: Config, trainer: Trainer, engine: HfEngine, play: Play, held_out_tasks: int, held_out_episodes: int
+) -> tuple[float, float, list[dict[str, float]]]:
     """Held-out success of the initial and of the trained weights (the first ``held_out_tasks``
     test tasks, ``held_out_episodes`` each), and each of the ``run.max_steps`` steps' metrics;
     every episode is played by ``play`` and the new weights go into ``engine`` after each step."""
@@ -69,15 +70,19 @@ async def learn(cfg: Config, trainer: Trainer, engine: HfEngine, play: Play, hel
     draw = random.Random(cfg.run.seed)  # training tasks from the train range, seeded by run.seed
     metrics = []
     for step in range(cfg.run.max_steps):
-        tickets = [Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
-                   for g in range(cfg.learner.batch_groups)]  # fmt: skip
+        tickets = [
+            Ticket(group_id=f"train:{step}:{g}", env=env.name, task_id=env.task_start + draw.randrange(env.task_count))
+            for g in range(cfg.learner.batch_groups)
+        ]
         metrics.append(trainer.train_step(await play_groups(play, tickets, group_size, cfg.schedule.turn_limit(step))))
         await engine.update_weights({k: v.detach() for k, v in trainer.model.state_dict().items()}, trainer.version)
     after = await success(cfg.schedule.turn_limit(trainer.step))
     return before, after, metrics
 
 
-async def train_and_evaluate(cfg: Config, held_out_tasks: int, held_out_episodes: int) -> tuple[float, float, list[dict[str, float]]]:
+async def train_and_evaluate(
+    cfg: Config, held_out_tasks: int, held_out_episodes: int
+) -> tuple[float, float, list[dict[str, float]]]:
     """``learn`` with the actor's rollout code on a real EnvPool and the request-seeded engine."""
     from transformers import AutoTokenizer
 

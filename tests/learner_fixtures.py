@@ -25,16 +25,29 @@ def make_cfg(model_dir: Path, *overrides: str) -> Config:
     # CPU: these tests check float32 results bit for bit and gloo ranks, whatever GPUs the host has.
     # allow_special_tokens: the synthetic episodes' behaviour logprobs (good_logprob) are of the
     # full softmax, so the trainer scores that one too (the ban itself: tests/test_logprobs.py).
-    base = [f'model.path="{model_dir}"', "learner.lr=1e-2", "learner.threads=1", "rollout.temperature=1.0",
-            "rollout.max_episode_tokens=64", "run.max_steps=10", 'learner.device="cpu"',
-            "rollout.allow_special_tokens=true"]  # fmt: skip
+    base = [
+        f'model.path="{model_dir}"',
+        "learner.lr=1e-2",
+        "learner.threads=1",
+        "rollout.temperature=1.0",
+        "rollout.max_episode_tokens=64",
+        "run.max_steps=10",
+        'learner.device="cpu"',
+        "rollout.allow_special_tokens=true",
+    ]
     return load_config(None, [*base, *overrides])
 
 
 def episode(
-    prompt: list[int], agent: list[list[int]], rewards: list[float], *, version: int = 0,
-    behav: list[float] | None = None, finish: str = "done", between: list[int] = CLOSING,
-) -> Episode:  # fmt: skip
+    prompt: list[int],
+    agent: list[list[int]],
+    rewards: list[float],
+    *,
+    version: int = 0,
+    behav: list[float] | None = None,
+    finish: str = "done",
+    between: list[int] = CLOSING,
+) -> Episode:
     """An episode of len(agent) turns: prompt, then each turn's agent tokens followed by ``between``."""
     ids, mask, ends = list(prompt), [0] * len(prompt), []
     for turn in agent:
@@ -50,10 +63,17 @@ def episode(
         lp[m == 1] = behav
     vers = np.where(m == 1, version, -1)
     return Episode(
-        token_ids=pack(ids, I32), logprobs=pack(lp, F32), loss_mask=pack(m, U8), versions=pack(vers, I32),
-        turn_ends=pack(ends, I32), turn_rewards=pack(rewards, F32), reward=float(sum(rewards)),
-        success=sum(rewards) > 0, finish=finish, turn_limit=max(1, len(agent)),  # type: ignore[arg-type]
-    )  # fmt: skip
+        token_ids=pack(ids, I32),
+        logprobs=pack(lp, F32),
+        loss_mask=pack(m, U8),
+        versions=pack(vers, I32),
+        turn_ends=pack(ends, I32),
+        turn_rewards=pack(rewards, F32),
+        reward=float(sum(rewards)),
+        success=sum(rewards) > 0,
+        finish=finish,
+        turn_limit=max(1, len(agent)),  # type: ignore[arg-type]  # finish: a str of EpisodeFinish's values
+    )
 
 
 def bandit_rollouts(model: torch.nn.Module | None = None, *, version: int = 0, group_size: int = 4) -> list[Rollout]:

@@ -24,24 +24,49 @@ import zmq
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.actors.transport import HELLOS_BEFORE_RECONNECT, RECONNECT_AFTER_S
-from agentgym.config import model_fingerprint, to_toml
 from agentgym.auth.keys import ClientKeys, apply_client
+from agentgym.config import model_fingerprint, to_toml
 from agentgym.host.netutil import free_port_pair
-from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Reject, Rollout, Ticket, WeightsReady, Welcome, decode, encode
+from agentgym.protocol import (
+    Ack,
+    Grant,
+    Heartbeat,
+    Hello,
+    Reject,
+    Rollout,
+    Ticket,
+    WeightsReady,
+    Welcome,
+    decode,
+    encode,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP, BATCH = 2, 2
 
 
 def play(t: Ticket, actor: str, version: int, group_size: int, logprob: float = -0.7) -> Rollout:
-    eps = [episode(PROMPTS[i % 2], [[GOOD]], [float(i % 2)], version=version, behav=[logprob]) for i in range(group_size)]
+    eps = [
+        episode(PROMPTS[i % 2], [[GOOD]], [float(i % 2)], version=version, behav=[logprob]) for i in range(group_size)
+    ]
     return Rollout(group_id=t.group_id, actor_id=actor, env=t.env, task_id=t.task_id, episodes=eps)
 
 
 class ScriptedActor:
-    def __init__(self, ctx: zmq.Context, addr: str, name: str, *, delay_s: float | None, fingerprint: str,
-                 group_size: int, max_groups: int = 4, keys: ClientKeys | None = None, session: str = "",
-                 heartbeat_s: float = 0.3) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        addr: str,
+        name: str,
+        *,
+        delay_s: float | None,
+        fingerprint: str,
+        group_size: int,
+        max_groups: int = 4,
+        keys: ClientKeys | None = None,
+        session: str = "",
+        heartbeat_s: float = 0.3,
+    ) -> None:
         self.name, self.delay_s, self.group_size, self.heartbeat_s = name, delay_s, group_size, heartbeat_s
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, name.encode())
@@ -49,8 +74,15 @@ class ScriptedActor:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(addr)
         self.addr, self._unanswered = addr, 0
-        self.hello = Hello(actor_id=name, hostname="h", pid=os.getpid(), model_fingerprint=fingerprint, engine="script",
-                           max_groups=max_groups, session=session or name)  # fmt: skip
+        self.hello = Hello(
+            actor_id=name,
+            hostname="h",
+            pid=os.getpid(),
+            model_fingerprint=fingerprint,
+            engine="script",
+            max_groups=max_groups,
+            session=session or name,
+        )
         self.version = 0
         self.due: list[tuple[float, Ticket]] = []
         self.granted: list[Ticket] = []
@@ -64,7 +96,7 @@ class ScriptedActor:
         self.send(self.hello)
 
     def send(self, msg: object) -> None:
-        self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]
+        self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]  # encode's frames, which pyzmq sends
 
     def step(self, wait_ms: int = 10) -> None:
         while self.sock.poll(wait_ms):
@@ -102,7 +134,11 @@ class ScriptedActor:
                     time.sleep(RECONNECT_AFTER_S)
                     self.sock.connect(self.addr)
                 self.send(self.hello)
-            self.send(Heartbeat(actor_id=self.name, weight_version=self.version, stats={"capacity": float(self.hello.max_groups)}))
+            self.send(
+                Heartbeat(
+                    actor_id=self.name, weight_version=self.version, stats={"capacity": float(self.hello.max_groups)}
+                )
+            )
 
     def close(self) -> None:
         self.sock.close(0)
@@ -114,17 +150,43 @@ class LiveLearner:
     def __init__(self, model_dir: Path, tmp: Path, steps: int, *overrides: str, keys: Path | None = None) -> None:
         port = free_port_pair()
         self.addr = f"tcp://127.0.0.1:{port}"
-        cfg = make_cfg(model_dir, f"run.max_steps={steps}", f'learner.bind="{self.addr}"', f"learner.batch_groups={BATCH}",
-                       f"rollout.group_size={GROUP}", "learner.actor_timeout_s=600", "learner.log_episodes=0",
-                       "learner.heartbeat_interval_s=0.2", *overrides)  # fmt: skip
+        cfg = make_cfg(
+            model_dir,
+            f"run.max_steps={steps}",
+            f'learner.bind="{self.addr}"',
+            f"learner.batch_groups={BATCH}",
+            f"rollout.group_size={GROUP}",
+            "learner.actor_timeout_s=600",
+            "learner.log_episodes=0",
+            "learner.heartbeat_interval_s=0.2",
+            *overrides,
+        )
         (tmp / "config.toml").write_text(to_toml(cfg))
         self.fingerprint = model_fingerprint(cfg.model.path)
         self.run_dir, self.tmp = tmp / "run", tmp
         self.log = (tmp / "learner.log").open("wb")
-        curve = [] if keys is None else ["--secret-key", str(keys / "learner.key_secret"), "--authorized-keys", str(keys / "authorized")]
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "info", "--config",
-                                      str(tmp / "config.toml"), "--run-dir", str(self.run_dir), *curve],
-                                     cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+        curve = (
+            []
+            if keys is None
+            else ["--secret-key", str(keys / "learner.key_secret"), "--authorized-keys", str(keys / "authorized")]
+        )
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentgym.learner.main",
+                "--log-level",
+                "info",
+                "--config",
+                str(tmp / "config.toml"),
+                "--run-dir",
+                str(self.run_dir),
+                *curve,
+            ],
+            cwd=REPO,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def run(self, actors: list[ScriptedActor], timeout_s: float = 240, join: dict | None = None) -> dict:
         """Drive ``actors`` until the learner exits; ``join``: {version: actor factory} started later."""
@@ -137,7 +199,7 @@ class LiveLearner:
                 for v in sorted(join or {}):
                     # any actor's view: one may be reconnecting (unanswered Hellos) while another trains
                     if any(a.version >= v for a in actors):
-                        actors.append(join.pop(v)())  # type: ignore[union-attr]
+                        actors.append(join.pop(v)())  # type: ignore[union-attr]  # the actor to join is there
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()

@@ -86,18 +86,32 @@ class SlurmCluster:
         key.chmod(0o600)
         self.munge_sock = d / "munge.sock"
         # --force: munged refuses a socket under a world-writable directory (/tmp) otherwise.
-        subprocess.run(["munged", "--force", f"--socket={self.munge_sock}", f"--key-file={key}", f"--pid-file={d / 'munged.pid'}",
-                        f"--log-file={d / 'munged.log'}", f"--seed-file={d / 'munged.seed'}"], check=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            [
+                "munged",
+                "--force",
+                f"--socket={self.munge_sock}",
+                f"--key-file={key}",
+                f"--pid-file={d / 'munged.pid'}",
+                f"--log-file={d / 'munged.log'}",
+                f"--seed-file={d / 'munged.seed'}",
+            ],
+            check=True,
+            timeout=30,
+        )
         self.net.__enter__()
         net = self.net
         gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
         nodes = "\n".join(
-            f"NodeName={n} NodeAddr={net.addr(n)} CPUs={self.cpus} RealMemory=1000{gres} State=UNKNOWN" for n in self.names
+            f"NodeName={n} NodeAddr={net.addr(n)} CPUs={self.cpus} RealMemory=1000{gres} State=UNKNOWN"
+            for n in self.names
         )
         if self.gpus:
             devices = GPU_STANDINS[: self.gpus]
-            (d / "gres.conf").write_text("AutoDetect=off\n" + "".join(
-                f"NodeName={','.join(self.names)} Name=gpu File={dev}\n" for dev in devices))  # fmt: skip
+            (d / "gres.conf").write_text(
+                "AutoDetect=off\n"
+                + "".join(f"NodeName={','.join(self.names)} Name=gpu File={dev}\n" for dev in devices)
+            )
         self.conf.write_text(f"""ClusterName=agentgymtest
 SlurmctldHost=ctl({net.addr("ctl")})
 SlurmUser=root
@@ -155,15 +169,22 @@ PartitionName=debug Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE St
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A Slurm client command, run from the controller's host."""
-        p = subprocess.run(["ip", "netns", "exec", self.net.ns("ctl"), *argv], env=self.env, capture_output=True,
-                           text=True, timeout=60)  # fmt: skip
+        p = subprocess.run(
+            ["ip", "netns", "exec", self.net.ns("ctl"), *argv], env=self.env, capture_output=True, text=True, timeout=60
+        )
         if check and p.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
         return p
 
     def sbatch(self, args: list[str], env: dict[str, str], cwd: Path) -> str:
-        p = subprocess.run(["ip", "netns", "exec", self.net.ns("ctl"), "sbatch", "--parsable", *args],
-                           env={**env, "SLURM_CONF": str(self.conf)}, cwd=cwd, capture_output=True, text=True, timeout=60)  # fmt: skip
+        p = subprocess.run(
+            ["ip", "netns", "exec", self.net.ns("ctl"), "sbatch", "--parsable", *args],
+            env={**env, "SLURM_CONF": str(self.conf)},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if p.returncode != 0:
             raise RuntimeError(f"sbatch failed ({p.returncode}): {p.stderr.strip()}")
         return p.stdout.strip().split(";")[0]

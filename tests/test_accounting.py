@@ -20,8 +20,15 @@ def test_identity_and_resume_reopen(tmp_path: Path) -> None:
     a.issued(ts)
     a.issued(ts[:1])  # a re-issue of a lost actor's ticket: the same id, not a new ticket
     a.issued([Ticket(group_id="r1:eval0:g:0", env="g", task_id=0, split="test")])  # not a training ticket
-    for g, status in [("r1:0", "accepted"), ("r1:1", "accepted"), ("r1:2", "accepted"), ("r1:3", "stale"),
-                      ("r1:4", "invalid"), ("r1:0", "duplicate"), ("zz:9", "accepted")]:  # fmt: skip
+    for g, status in [
+        ("r1:0", "accepted"),
+        ("r1:1", "accepted"),
+        ("r1:2", "accepted"),
+        ("r1:3", "stale"),
+        ("r1:4", "invalid"),
+        ("r1:0", "duplicate"),
+        ("zz:9", "accepted"),
+    ]:
         a.judged(g, status)
     a.trained(["r1:0"], step=1)
     a.trained(["r1:1"], step=2)

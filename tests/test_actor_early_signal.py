@@ -39,11 +39,25 @@ def test_an_actor_sigtermed_before_it_registered_stops_cleanly_with_its_record(t
     log = tmp_path / "actor.out"
     with log.open("w") as out:
         p = subprocess.Popen(
-            [sys.executable, "-m", "agentgym.actors.main", "--config", str(REPO / "configs" / "quickstart.toml"),
-             "--learner", f"tcp://127.0.0.1:{free_port_pair()}", "--connect-timeout", "120", "--run-dir", str(tmp_path),
-             "--actor-id", "early"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "agentgym.actors.main",
+                "--config",
+                str(REPO / "configs" / "quickstart.toml"),
+                "--learner",
+                f"tcp://127.0.0.1:{free_port_pair()}",
+                "--connect-timeout",
+                "120",
+                "--run-dir",
+                str(tmp_path),
+                "--actor-id",
+                "early",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and p.poll() is None:

@@ -25,8 +25,8 @@ from test_transport import HubThread
 from agentgym.actors.transport import ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.config import Config
-from agentgym.learner.transport import WeightSnapshot
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.transport import WeightSnapshot
 from agentgym.protocol import Grant, Handover, Heartbeat, PartialEpisode, Ticket, WeightsReady, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 from agentgym.protocol.limits import MiB, actor_control_frame, weights_frame
@@ -41,7 +41,9 @@ def test_the_default_control_cap_is_the_rollout_limits() -> None:
     try:
         cap = actor.link.sock.getsockopt(zmq.MAXMSGSIZE)
         r = cfg.rollout
-        assert cap == actor_control_frame(r.group_size, r.max_episode_tokens, cfg.actor.max_groups) == actor.link.max_frame
+        assert (
+            cap == actor_control_frame(r.group_size, r.max_episode_tokens, cfg.actor.max_groups) == actor.link.max_frame
+        )
         assert cap < 128 * MiB, cap  # 8 episodes of 1,024 tokens, 16 groups: ~53 MiB, not 1 GiB
     finally:
         actor.link.close()
@@ -51,9 +53,17 @@ def test_the_default_control_cap_is_the_rollout_limits() -> None:
 def big_grant(tokens: int) -> Grant:
     """A Grant whose one ticket carries a hand-over of an episode of ``tokens`` tokens."""
     n = np.arange(tokens)
-    p = PartialEpisode(token_ids=pack(n, I32), logprobs=pack(np.zeros(tokens), F32), loss_mask=pack(np.ones(tokens), U8),
-                       versions=pack(np.zeros(tokens), I32), turn_ends=pack([tokens], I32), turn_rewards=pack([0.0], F32),
-                       actions=["a"], observation_sha256="0" * 64, turn_limit=2)  # fmt: skip
+    p = PartialEpisode(
+        token_ids=pack(n, I32),
+        logprobs=pack(np.zeros(tokens), F32),
+        loss_mask=pack(np.ones(tokens), U8),
+        versions=pack(np.zeros(tokens), I32),
+        turn_ends=pack([tokens], I32),
+        turn_rewards=pack([0.0], F32),
+        actions=["a"],
+        observation_sha256="0" * 64,
+        turn_limit=2,
+    )
     h = Handover(group_id="g1", actor_id="a0", partial=[p])
     return Grant(tickets=[Ticket(group_id="g1", env="guess_number", task_id=1, handover=h)])
 
@@ -65,7 +75,7 @@ def test_a_frame_over_the_control_cap_is_refused_logged_and_the_link_goes_on() -
     addr = f"tcp://127.0.0.1:{port}"
     with HubThread(addr) as ht:  # the learner's real control socket
 
-        def from_learner(msg) -> None:  # type: ignore[no-untyped-def]
+        def from_learner(msg) -> None:
             ht.commands.put(lambda hub: hub.send(b"a1", msg))
 
         async def heard(what: str) -> None:
@@ -78,7 +88,7 @@ def test_a_frame_over_the_control_cap_is_refused_logged_and_the_link_goes_on() -
                     except queue.Empty:
                         await asyncio.sleep(0.05)
 
-        async def main() -> list[dict]:  # type: ignore[type-arg]
+        async def main() -> list[dict]:
             ctx = zmq.asyncio.Context()
             link = ControlLink(ctx, addr, "a1", max_frame=cap)
             try:
@@ -131,7 +141,7 @@ def test_a_weights_source_sending_chunks_over_the_manifest_is_left_for_the_next(
         good_ht.commands.put(lambda hub: hub.publish_weights(good))
         bad, honest_src = f"tcp://127.0.0.1:{bad_port + 1}", f"tcp://127.0.0.1:{good_port + 1}"
 
-        async def client():  # type: ignore[no-untyped-def]
+        async def client():
             ctx = zmq.asyncio.Context()
             await asyncio.sleep(0.3)
             try:
@@ -147,7 +157,7 @@ def test_a_weights_source_sending_chunks_over_the_manifest_is_left_for_the_next(
     assert len(huge) * 4 > cap > ready.total_bytes
 
 
-def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_with_theirs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_with_theirs(tmp_path) -> None:
     from agentgym.actors.runtime import Actor
     from agentgym.config import load_config
     from agentgym.protocol import Hello, RolloutSpec, Welcome
@@ -155,8 +165,16 @@ def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_wit
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
     (tmp_path / "config.json").write_text("{}")  # a model directory of its own: its Hello has a fingerprint
-    cfg = load_config(None, [f'actor.learner="{addr}"', f'model.path="{tmp_path}"', "rollout.group_size=1",
-                             "rollout.max_episode_tokens=8", "actor.max_groups=1"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f'actor.learner="{addr}"',
+            f'model.path="{tmp_path}"',
+            "rollout.group_size=1",
+            "rollout.max_episode_tokens=8",
+            "actor.max_groups=1",
+        ],
+    )
     spec = RolloutSpec(group_size=8, max_tokens_per_turn=64, max_episode_tokens=4096, temperature=1.0, top_p=1.0)
     with HubThread(addr) as ht:
         hellos: list[Hello] = []
@@ -165,12 +183,20 @@ def test_an_actor_whose_config_caps_below_the_learners_limits_connects_again_wit
             peer, msg = ht.received.get(timeout=20)
             assert isinstance(msg, Hello)
             hellos.append(msg)
-            welcome = Welcome(run_id="r", actor_index=0, weights_port=port + 1, model_path=str(tmp_path),
-                              model_fingerprint=msg.model_fingerprint, mode="async", heartbeat_interval_s=1.0,
-                              actor_timeout_s=30.0, rollout=spec)  # fmt: skip
+            welcome = Welcome(
+                run_id="r",
+                actor_index=0,
+                weights_port=port + 1,
+                model_path=str(tmp_path),
+                model_fingerprint=msg.model_fingerprint,
+                mode="async",
+                heartbeat_interval_s=1.0,
+                actor_timeout_s=30.0,
+                rollout=spec,
+            )
             ht.commands.put(lambda hub: hub.send(peer, welcome))
 
-        async def main() -> tuple[int, int, list[dict]]:  # type: ignore[type-arg]
+        async def main() -> tuple[int, int, list[dict]]:
             actor = Actor(cfg, "a1")
             before = actor.link.max_frame
             try:

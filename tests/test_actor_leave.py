@@ -25,17 +25,25 @@ from agentgym.cli.chaos import FAST, Scenario
 from agentgym.models.tiny import make_default_tiny_model
 
 LONG = [
-    "env.kwargs={low=1, high=1000}", "schedule.turn_limits=[[0, 12]]", "rollout.max_episode_tokens=512",
-    "learner.batch_groups=2", "learner.max_staleness=4", "rollout.group_size=4",
-]  # fmt: skip
+    "env.kwargs={low=1, high=1000}",
+    "schedule.turn_limits=[[0, 12]]",
+    "rollout.max_episode_tokens=512",
+    "learner.batch_groups=2",
+    "learner.max_staleness=4",
+    "rollout.group_size=4",
+]
 
 
 STEPS = 12
 
 
 def leave(run_dir: Path, actor_id: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentgym.cli", "actors", "leave", actor_id, "--run", str(run_dir),
-                           "--timeout", "120"], capture_output=True, text=True, timeout=200)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "actors", "leave", actor_id, "--run", str(run_dir), "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
 
 
 @pytest.mark.timeout(900)
@@ -64,8 +72,8 @@ def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves
         assert sc.actors[a2].wait(timeout=120) == 0, sc.tail(a2)
 
         a3 = sc.start_actor("a3")
-        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]
-        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]
+        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]  # the learner was started
+        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]  # the learner was started
         assert sc.actors[a3].wait(timeout=60) == 0, sc.tail(a3)
 
     asked_events = sc.events("actor_asked_to_leave")
@@ -85,7 +93,10 @@ def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves
     assert s2["reason"] == "got SIGTERM" and "handover_groups" not in s2, s2
     # Every token a2's engine sampled was sent or lost (none handed over).
     assert s2.get("sampled_tokens_handed_over", 0) == 0
-    assert s2["sampled_tokens"] == s2.get("sampled_tokens_sent", 0) + s2["sampled_tokens_lost"] and s2["sampled_tokens"] > 0, s2
+    assert (
+        s2["sampled_tokens"] == s2.get("sampled_tokens_sent", 0) + s2["sampled_tokens_lost"]
+        and s2["sampled_tokens"] > 0
+    ), s2
 
     t = sc.summary()["tickets"]
     parts = ("trained", "expired", "stale", "invalid", "failed", "untrained_at_end", "in_flight_at_end")
@@ -95,8 +106,9 @@ def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves
 
 def test_a_leave_request_nobody_answers_is_withdrawn_and_bad_arguments_exit_2(tmp_path: Path) -> None:
     def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "agentgym.cli", "actors", "leave", *argv], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "agentgym.cli", "actors", "leave", *argv], capture_output=True, text=True, timeout=60
+        )
 
     assert cli("a1", "--run", str(tmp_path)).returncode == 2  # no config.toml: not a run directory
     (tmp_path / "config.toml").write_text("")

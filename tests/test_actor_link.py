@@ -34,9 +34,18 @@ LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio"
 def rollout(i: int, tokens: int = 25_000) -> Rollout:
     """~325 KB encoded at the default size: a few fill ZeroMQ's queues and TCP's buffers. The
     first token id is ``i``: what arrives can be told apart from any other rollout."""
-    ep = Episode(token_ids=pack(range(i, i + tokens), I32), logprobs=pack([0.0] * tokens, F32), loss_mask=pack([1] * tokens, U8),
-                 versions=pack([0] * tokens, I32), turn_ends=pack([tokens], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+    ep = Episode(
+        token_ids=pack(range(i, i + tokens), I32),
+        logprobs=pack([0.0] * tokens, F32),
+        loss_mask=pack([1] * tokens, U8),
+        versions=pack([0] * tokens, I32),
+        turn_ends=pack([tokens], I32),
+        turn_rewards=pack([1.0], F32),
+        reward=1.0,
+        success=True,
+        finish="done",
+        turn_limit=2,
+    )
     return Rollout(group_id=str(i), actor_id="a1", env="e", task_id=i, episodes=[ep])
 
 
@@ -80,8 +89,8 @@ def test_sends_that_find_the_queue_full_wait_and_everything_arrives_once_in_orde
         while len(got) < n and s.poll(15_000):
             peer, *frames = s.recv_multipart()
             r = decode(frames)[0]
-            got.append(int(r.group_id))  # type: ignore[attr-defined]
-            assert r == rollout(got[-1]), f"rollout {got[-1]} arrived with another's content"  # type: ignore[attr-defined]
+            got.append(int(r.group_id))  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
+            assert r == rollout(got[-1]), f"rollout {got[-1]} arrived with another's content"
         s.close(0)
         ctx.term()
 
@@ -129,8 +138,8 @@ def test_a_burst_whose_signal_a_send_takes_while_the_loop_is_busy_is_all_read(ru
         while len(acks) < n and s.poll(15_000):
             _, *frames = s.recv_multipart()
             msg = decode(frames)[0]
-            if msg.actor_id == "ack":  # type: ignore[attr-defined]
-                acks.append(msg.weight_version)  # type: ignore[attr-defined]
+            if msg.actor_id == "ack":  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
+                acks.append(msg.weight_version)  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
         s.close(0)
         ctx.term()
 
@@ -145,8 +154,8 @@ def test_a_burst_whose_signal_a_send_takes_while_the_loop_is_busy_is_all_read(ru
             async def receive() -> None:
                 while len(got) < n:
                     msg = await link.recv()
-                    got.append(msg.weight_version)  # type: ignore[attr-defined]
-                    await link.send(Heartbeat(actor_id="ack", weight_version=msg.weight_version))  # type: ignore[attr-defined]
+                    got.append(msg.weight_version)  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
+                    await link.send(Heartbeat(actor_id="ack", weight_version=msg.weight_version))  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
 
             receiving = asyncio.create_task(receive())
             await asyncio.sleep(0.2)  # the receive is asleep on the FD by now
@@ -180,12 +189,12 @@ def test_a_send_waiting_for_room_whose_signal_a_receive_takes_goes_out(run) -> N
         peer = None
         while s.poll(500):  # all that is queued, until the actor's queue has room again
             peer, *frames = s.recv_multipart()
-            got.append(int(decode(frames)[0].group_id))  # type: ignore[attr-defined]
+            got.append(int(decode(frames)[0].group_id))  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
         s.send_multipart([peer, *encode(Heartbeat(weight_version=7))])
         drained.set()
         while len(got) < n and s.poll(15_000):
             _, *frames = s.recv_multipart()
-            got.append(int(decode(frames)[0].group_id))  # type: ignore[attr-defined]
+            got.append(int(decode(frames)[0].group_id))  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
         s.close(0)
         ctx.term()
 
@@ -210,7 +219,7 @@ def test_a_send_waiting_for_room_whose_signal_a_receive_takes_goes_out(run) -> N
             loop_busy.set()
             assert drained.wait(30)  # the loop held up while the learner frees room and answers
             time.sleep(0.3)  # let ZeroMQ's I/O thread pass on the room and the answer
-            assert (await link.recv()).weight_version == 7  # type: ignore[attr-defined]
+            assert (await link.recv()).weight_version == 7  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
             await asyncio.wait_for(sending, 20)  # a deadlock guard, not a timing
 
     run(actor())
@@ -242,7 +251,7 @@ def test_sends_that_wait_in_line_together_each_arrive_whole(run) -> None:
                 got = []
                 while len(got) < len(sizes) and s.poll(15_000):
                     got.append(decode(s.recv_multipart()[1:])[0])
-                return got  # type: ignore[return-value]
+                return got  # type: ignore[return-value]  # a list of versions, not Message
             finally:
                 s.close(0)
                 ctx.term()

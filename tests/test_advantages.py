@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentgym.learner.advantages import (
-    importance_recentred,
+    agent_turn_index,
     broadcast_sequence_advantages,
     episode_rewards_to_tokens,
     gae,
     grpo_advantages,
+    importance_recentred,
     reinforce_pp_advantages,
-    agent_turn_index,
     rloo_advantages,
     turn_baseline_advantages,
     turn_rewards_to_tokens,
@@ -56,7 +56,7 @@ def test_rloo_advantages_by_hand() -> None:
 
 @given(st.lists(st.tuples(st.integers(0, 4), st.floats(-100, 100)), min_size=1, max_size=30), st.randoms())
 @settings(max_examples=80, deadline=None)
-def test_group_advantages_sum_to_zero_and_follow_their_rows(rows: list[tuple[int, float]], rnd) -> None:  # type: ignore[no-untyped-def]
+def test_group_advantages_sum_to_zero_and_follow_their_rows(rows: list[tuple[int, float]], rnd) -> None:
     groups = torch.tensor([g for g, _ in rows])
     rewards = torch.tensor([r for _, r in rows], dtype=torch.float64)
     perm = list(range(len(rows)))
@@ -146,7 +146,7 @@ def test_reinforce_pp_by_hand() -> None:
     close(adv, expect)
 
 
-def _episode(rnd, turns: int) -> tuple[list[float], list[float], list[int]]:  # type: ignore[no-untyped-def]
+def _episode(rnd, turns: int) -> tuple[list[float], list[float], list[int]]:
     """A random multi-turn episode: rewards, values, mask (prompt, then agent turns and env replies)."""
     mask = [0] * rnd.randint(1, 3)
     for k in range(turns):
@@ -164,7 +164,7 @@ def _rows(rows: list[list[float]], T: int) -> torch.Tensor:
 
 @given(st.randoms(use_true_random=False), st.integers(1, 3), st.integers(0, 3))
 @settings(max_examples=60, deadline=None)
-def test_environment_and_padding_tokens_do_not_change_token_advantages(rnd, episodes: int, pad: int) -> None:  # type: ignore[no-untyped-def]
+def test_environment_and_padding_tokens_do_not_change_token_advantages(rnd, episodes: int, pad: int) -> None:
     eps = [_episode(rnd, rnd.randint(1, 4)) for _ in range(episodes)]
     boot = torch.tensor([rnd.choice([0.0, rnd.uniform(-1, 1)]) for _ in eps], dtype=torch.float64)  # done / truncated
     T = max(len(e[2]) for e in eps) + pad
@@ -201,12 +201,14 @@ def test_gae_batch_rows_are_independent() -> None:
 # ---------------------------------------------------------------- a baseline per turn
 # One group of four: prompt tokens, then agent turns separated by env tokens. Rows 1 and 3 solve
 # the task (at turn 0 and turn 1), rows 0 and 2 fail after 3 turns.
-TURNS = torch.tensor([
-    [0, 0, 1, 0, 0, 1, 1, 0, 1, 0],   # turns 0, 1 (two tokens), 2
-    [0, 0, 1, 0, 0, 0, 0, 0, 0, 0],   # turn 0
-    [0, 0, 1, 0, 1, 0, 1, 0, 0, 0],   # turns 0, 1, 2
-    [0, 0, 1, 0, 1, 0, 0, 0, 0, 0],   # turns 0, 1
-])  # fmt: skip
+TURNS = torch.tensor(
+    [
+        [0, 0, 1, 0, 0, 1, 1, 0, 1, 0],  # turns 0, 1 (two tokens), 2
+        [0, 0, 1, 0, 0, 0, 0, 0, 0, 0],  # turn 0
+        [0, 0, 1, 0, 1, 0, 1, 0, 0, 0],  # turns 0, 1, 2
+        [0, 0, 1, 0, 1, 0, 0, 0, 0, 0],  # turns 0, 1
+    ]
+)
 SOLVED = torch.tensor([0.0, 1.0, 0.0, 1.0])
 ONE_GROUP = torch.zeros(4, dtype=torch.long)
 
@@ -245,8 +247,10 @@ def test_turn_discount_credits_the_shorter_success_more_by_hand() -> None:
     assert adv[1, 2] > adv[3, 2] > 0
     assert adv[:, 2].sum().item() == pytest.approx(0.0, abs=1e-6)
     # discount 1 is the undiscounted baseline exactly; outside (0, 1] is refused.
-    assert torch.equal(turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, discount=1.0),
-                       turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS))  # fmt: skip
+    assert torch.equal(
+        turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, discount=1.0),
+        turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS),
+    )
     with pytest.raises(ValueError, match="discount must be in"):
         turn_baseline_advantages(SOLVED, ONE_GROUP, TURNS, discount=0.0)
 
@@ -279,7 +283,9 @@ def test_importance_recentred_by_hand_and_the_zero_sum_it_restores() -> None:
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
     out = importance_recentred(adv, w, groups)
     # group 1: c = (0.5 + 0.5 - 1.0) / 4 = 0, nothing moves
-    assert torch.allclose(out, torch.tensor([[0.5, 0.0], [-0.5, 0.0], [-0.5, 0.0], [-0.25, 0.0], [0.5, 0.5], [-0.5, 0.0]]))
+    assert torch.allclose(
+        out, torch.tensor([[0.5, 0.0], [-0.5, 0.0], [-0.5, 0.0], [-0.25, 0.0], [0.5, 0.5], [-0.5, 0.0]])
+    )
     # Σ w·Â' = 0 in every group, whatever the weights
     g = torch.Generator().manual_seed(0)
     adv, w = torch.randn(12, 5, generator=g), torch.rand(12, 5, generator=g) * 3

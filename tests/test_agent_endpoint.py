@@ -21,23 +21,30 @@ import pytest
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
+from engine_fixtures import RecordingEngine  # noqa: E402
+
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from agentgym.actors.engine import SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from engine_fixtures import RecordingEngine  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.learner.batch import collate, segments  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
-from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 from agentgym.learner.validate import Guard  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "guess_number_agent.py")
-SPEC = RolloutSpec(group_size=4, max_tokens_per_turn=3, max_episode_tokens=512, temperature=1.0, top_p=1.0,
-                   env_kwargs={"guess_number": {"low": 1, "high": 8}})  # fmt: skip
+SPEC = RolloutSpec(
+    group_size=4,
+    max_tokens_per_turn=3,
+    max_episode_tokens=512,
+    temperature=1.0,
+    top_p=1.0,
+    env_kwargs={"guess_number": {"low": 1, "high": 8}},
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +57,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     return model_dir, tok, model
 
 
-def play(model_dir: Path, tok, cfg: AgentEndpointConfig, turn_limit: int = 4, n: int = 4, spec: RolloutSpec = SPEC,
-         split: str = "train"):  # fmt: skip
+def play(
+    model_dir: Path,
+    tok,
+    cfg: AgentEndpointConfig,
+    turn_limit: int = 4,
+    n: int = 4,
+    spec: RolloutSpec = SPEC,
+    split: str = "train",
+):
     async def go():
         engine = RecordingEngine(model_dir, seed=0)
         await engine.start()
@@ -69,7 +83,7 @@ def play(model_dir: Path, tok, cfg: AgentEndpointConfig, turn_limit: int = 4, n:
     return asyncio.run(asyncio.wait_for(go(), 240))
 
 
-def learner_logprobs(model, ids: np.ndarray, tok) -> np.ndarray:  # type: ignore[no-untyped-def]
+def learner_logprobs(model, ids: np.ndarray, tok) -> np.ndarray:
     """The learner's logprobs: the policy without the special tokens (protocol/vocab.py)."""
     t = torch.tensor(ids, dtype=torch.long)[None]
     banned = torch.tensor(banned_action_ids(tok), dtype=torch.long)
@@ -82,9 +96,15 @@ def test_an_openai_sdk_agent_trains_exactly_the_engines_tokens(setup) -> None:
     episodes, seen, stats = play(model_dir, tok, AgentEndpointConfig(enabled=True, program=f"{EXAMPLE}:play"))
     by_prompt = {tuple(p): g for p, g in seen}
     assert stats["agent_calls"] == len(seen) and stats["agent_prefix_breaks"] == 0 and not stats.get("agent_failures")
-    batch = collate([Rollout(group_id="g0", actor_id="a", env="guess_number", task_id=3, episodes=episodes)], tok.pad_token_id or 0)
-    assert Guard(group_size=4, max_episode_tokens=512, vocab_size=None).content(
-        Rollout(group_id="g0", actor_id="a", env="guess_number", task_id=3, episodes=episodes)) is None
+    batch = collate(
+        [Rollout(group_id="g0", actor_id="a", env="guess_number", task_id=3, episodes=episodes)], tok.pad_token_id or 0
+    )
+    assert (
+        Guard(group_size=4, max_episode_tokens=512, vocab_size=None).content(
+            Rollout(group_id="g0", actor_id="a", env="guess_number", task_id=3, episodes=episodes)
+        )
+        is None
+    )
     for row, ep in enumerate(episodes):
         assert ep.finish in ("done", "turn_limit") and ep.prefix_breaks == 0 and ep.segment_ends == b""
         ids, lps, mask = unpack(ep.token_ids, I32), unpack(ep.logprobs, F32), unpack(ep.loss_mask, U8)
@@ -94,10 +114,17 @@ def test_an_openai_sdk_agent_trains_exactly_the_engines_tokens(setup) -> None:
         start = 0
         agent_ids, agent_lps = [], []
         for end in ends:
-            gen = next(g for p, g in seen if len(p) == end - len(g.token_ids) and p == ids[: len(p)].tolist()
-                       and ids[len(p):end].tolist() == g.token_ids)  # fmt: skip
+            gen = next(
+                g
+                for p, g in seen
+                if len(p) == end - len(g.token_ids)
+                and p == ids[: len(p)].tolist()
+                and ids[len(p) : end].tolist() == g.token_ids
+            )
             assert tuple(ids[: end - len(gen.token_ids)].tolist()) in by_prompt
-            assert (mask[end - len(gen.token_ids) : end] == 1).all() and not mask[start : end - len(gen.token_ids)].any()
+            assert (mask[end - len(gen.token_ids) : end] == 1).all() and not mask[
+                start : end - len(gen.token_ids)
+            ].any()
             assert np.array_equal(lps[end - len(gen.token_ids) : end], np.asarray(gen.logprobs, dtype=np.float32))
             assert vers[end - len(gen.token_ids) : end].tolist() == gen.versions
             agent_ids += gen.token_ids
@@ -141,7 +168,9 @@ def test_a_history_rewriting_agent_is_split_and_each_segment_trains_correctly(se
             seg = ids[s:t]
             # A segment is one engine call's prompt followed by exactly what it generated.
             first_agent = int(np.flatnonzero(mask[s:t])[0])
-            gen = next(g for p, g in seen if p == seg[:first_agent].tolist() and g.token_ids == seg[first_agent:].tolist())
+            gen = next(
+                g for p, g in seen if p == seg[:first_agent].tolist() and g.token_ids == seg[first_agent:].tolist()
+            )
             assert np.array_equal(lps[s:t][first_agent:], np.asarray(gen.logprobs, dtype=np.float32))
             assert batch.input_ids[row, : t - s].tolist() == seg.tolist()
             # Each row carries the episode's reward, and is only ever truncated at the last segment.
@@ -202,8 +231,9 @@ def test_a_command_agent_with_a_bearer_token(setup, tmp_path: Path, monkeypatch:
             with pytest.raises(openai.AuthenticationError):
                 await openai.AsyncOpenAI(base_url=f"{runner.endpoint.url}/v1", api_key="wrong").models.list()
             with pytest.raises(openai.NotFoundError):  # a conversation no ticket opened
-                await openai.AsyncOpenAI(base_url=f"{runner.endpoint.url}/c/nokey/v1", api_key="s3cret", max_retries=0
-                                         ).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])  # fmt: skip
+                await openai.AsyncOpenAI(
+                    base_url=f"{runner.endpoint.url}/c/nokey/v1", api_key="s3cret", max_retries=0
+                ).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         finally:
             await runner.close()
 
@@ -227,9 +257,20 @@ def test_the_guard_refuses_segments_that_do_not_tile_the_episode() -> None:
     from agentgym.protocol.arrays import pack
 
     def episode(ends: list[int]) -> Rollout:
-        ep = Episode(token_ids=pack([1, 2, 3, 4], I32), logprobs=pack([0, -1, 0, -1], F32), loss_mask=pack([0, 1, 0, 1], U8),
-                     versions=pack([-1, 0, -1, 0], I32), turn_ends=pack([2, 4], I32), turn_rewards=pack([0, 1], F32),
-                     reward=1.0, success=True, finish="done", turn_limit=2, segment_ends=pack(ends, I32), prefix_breaks=1)  # fmt: skip
+        ep = Episode(
+            token_ids=pack([1, 2, 3, 4], I32),
+            logprobs=pack([0, -1, 0, -1], F32),
+            loss_mask=pack([0, 1, 0, 1], U8),
+            versions=pack([-1, 0, -1, 0], I32),
+            turn_ends=pack([2, 4], I32),
+            turn_rewards=pack([0, 1], F32),
+            reward=1.0,
+            success=True,
+            finish="done",
+            turn_limit=2,
+            segment_ends=pack(ends, I32),
+            prefix_breaks=1,
+        )
         return Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=[ep])
 
     guard = Guard(group_size=1, max_episode_tokens=16, vocab_size=None)
@@ -258,8 +299,12 @@ def test_a_streamed_call_routed_by_a_body_field_is_recorded_like_any_other(setup
             session = endpoint.open(AgentTrace(tok, 256), spec, turn_limit=2, max_tokens=4)
             client = openai.AsyncOpenAI(base_url=f"{endpoint.url}/v1", api_key="-", max_retries=0)
             stream = await client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "guess a number from 1 to 8"}], stream=True,
-                stream_options={"include_usage": True}, extra_body={"agentgym_conversation": session.key})  # fmt: skip
+                model="m",
+                messages=[{"role": "user", "content": "guess a number from 1 to 8"}],
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"agentgym_conversation": session.key},
+            )
             chunks = [c async for c in stream]
             return chunks, session, engine.seen
         finally:
@@ -267,7 +312,7 @@ def test_a_streamed_call_routed_by_a_body_field_is_recorded_like_any_other(setup
             await engine.close()
 
     chunks, session, seen = asyncio.run(asyncio.wait_for(go(), 120))
-    (prompt, gen), = seen
+    ((prompt, gen),) = seen
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     ids = gen.token_ids[:-1] if gen.finish_reason == "stop" and gen.token_ids[-1] == tok.eos_token_id else gen.token_ids
     assert text == tok.decode(ids) and chunks[-1].usage.completion_tokens == len(gen.token_ids)

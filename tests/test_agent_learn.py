@@ -30,9 +30,9 @@ pytest.importorskip("openai")
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
+from agentgym.host.netutil import free_port_pair  # noqa: E402
 from agentgym.learner.control import rollout_spec  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
-from agentgym.host.netutil import free_port_pair  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,11 +42,21 @@ STEPS = 40
 HELD_OUT_TASKS, HELD_OUT_EPISODES = 64, 4
 MIN_RISE = 0.06  # as tests/test_algorithms_learn.py (its docstring says why)
 SETTINGS = (
-    "env.kwargs={ low = 1, high = 4 }", "schedule.turn_limits=[[0, 2]]", "rollout.max_tokens_per_turn=2",
-    "rollout.group_size=8", "learner.batch_groups=4", "learner.lr=1e-2", f"run.max_steps={STEPS}",
-    'learner.loss_agg="token_mean"', 'learner.lr_schedule="constant"', 'learner.truncation="terminal"',
-    'learner.device="cpu"', "model.create_tiny=false", 'learner.algorithm="grpo"', "run.seed=0",
-)  # fmt: skip
+    "env.kwargs={ low = 1, high = 4 }",
+    "schedule.turn_limits=[[0, 2]]",
+    "rollout.max_tokens_per_turn=2",
+    "rollout.group_size=8",
+    "learner.batch_groups=4",
+    "learner.lr=1e-2",
+    f"run.max_steps={STEPS}",
+    'learner.loss_agg="token_mean"',
+    'learner.lr_schedule="constant"',
+    'learner.truncation="terminal"',
+    'learner.device="cpu"',
+    "model.create_tiny=false",
+    'learner.algorithm="grpo"',
+    "run.seed=0",
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +78,9 @@ async def train_and_evaluate(model_dir: Path) -> tuple[float, float, list[dict[s
     await engine.start()
     await runner.start()
     try:
-        before, after, metrics = await learn(cfg, trainer, engine, lambda t, i, limit: runner.play(t, i, spec, limit),
-                                             HELD_OUT_TASKS, HELD_OUT_EPISODES)  # fmt: skip
+        before, after, metrics = await learn(
+            cfg, trainer, engine, lambda t, i, limit: runner.play(t, i, spec, limit), HELD_OUT_TASKS, HELD_OUT_EPISODES
+        )
     finally:
         await runner.close()
         await engine.close()
@@ -86,23 +97,53 @@ def test_an_openai_sdk_agent_learns_through_the_endpoint(model_dir: Path) -> Non
     assert all(m["staleness_max"] == 0 for m in metrics)
     assert max(abs(m["is_weight_mean"] - 1) for m in metrics) < 1e-3
     assert stats["agent_prefix_breaks"] == 0 and not stats.get("agent_failures")
-    assert after >= before + MIN_RISE, f"held-out success {before:.3f} -> {after:.3f}; training success per step {train}"
+    assert after >= before + MIN_RISE, (
+        f"held-out success {before:.3f} -> {after:.3f}; training success per step {train}"
+    )
 
 
 def test_agentgym_train_with_the_agent_endpoint(model_dir: Path, tmp_path: Path) -> None:
     steps, port, run_dir = 3, free_port_pair(), tmp_path / "run"
     overrides = [
-        f'learner.bind="tcp://127.0.0.1:{port}"', f'model.path="{model_dir}"', "model.create_tiny=false",
-        'run.mode="sync"', 'actor.engine="hf"', "learner.batch_groups=2", "rollout.group_size=4",
-        "rollout.max_tokens_per_turn=2", "actor.max_groups=2", "eval.at_start=false", "eval.at_end=true",
-        "eval.every=0", "eval.tasks=2", "learner.checkpoint_every=0", "actor.agent_endpoint.enabled=true",
+        f'learner.bind="tcp://127.0.0.1:{port}"',
+        f'model.path="{model_dir}"',
+        "model.create_tiny=false",
+        'run.mode="sync"',
+        'actor.engine="hf"',
+        "learner.batch_groups=2",
+        "rollout.group_size=4",
+        "rollout.max_tokens_per_turn=2",
+        "actor.max_groups=2",
+        "eval.at_start=false",
+        "eval.at_end=true",
+        "eval.every=0",
+        "eval.tasks=2",
+        "learner.checkpoint_every=0",
+        "actor.agent_endpoint.enabled=true",
         f'actor.agent_endpoint.program="{PROGRAM}"',
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(
-        [sys.executable, "-m", "agentgym.cli", "train", "--config", str(QUICKSTART), "--run-dir", str(run_dir),
-         "--actors", "1", "--max-steps", str(steps), *(a for o in overrides for a in ("-o", o))],
-        cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cli",
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "1",
+            "--max-steps",
+            str(steps),
+            *(a for o in overrides for a in ("-o", o)),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        text=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reason"] == "run finished" and summary["step"] == steps

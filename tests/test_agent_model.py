@@ -12,18 +12,31 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.models.agent import GAME_MIX, SIZES, agent_corpus, make_agent_model  # noqa: E402
-from agentgym.models.base import ensure_model, pretrain_on_play  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.registry import resolve_env  # noqa: E402
+from agentgym.models.agent import GAME_MIX, SIZES, agent_corpus, make_agent_model  # noqa: E402
+from agentgym.models.base import ensure_model, pretrain_on_play  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Actions of each env and the most tokens each may take (digits are one token each, as in Qwen2).
 ACTIONS = {
-    "move up": 2, "move left": 2, "turn left": 2, "go forward": 2, "pick up": 2, "toggle": 2, "inventory": 1,
-    "get 2 iron ore": 5, "craft 4 oak planks using 1 oak log": 10, "crane": 2, "search[capital of France]": 8,
-    "answer[Paris]": 6, "click [12]": 6, "scroll down": 2, "look around": 2, "focus on thermometer": 4,
-}  # fmt: skip
+    "move up": 2,
+    "move left": 2,
+    "turn left": 2,
+    "go forward": 2,
+    "pick up": 2,
+    "toggle": 2,
+    "inventory": 1,
+    "get 2 iron ore": 5,
+    "craft 4 oak planks using 1 oak log": 10,
+    "crane": 2,
+    "search[capital of France]": 8,
+    "answer[Paris]": 6,
+    "click [12]": 6,
+    "scroll down": 2,
+    "look around": 2,
+    "focus on thermometer": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +75,11 @@ def test_the_ladder_grows_and_loads(tmp_path: Path, corpus: list[str]) -> None:
         make_agent_model(tmp_path / "x", "agent-huge", corpus=corpus)
 
 
-@pytest.mark.parametrize("name, kwargs", [(n, k) for n, k, _ in GAME_MIX] + [("deepsearch", {})],
-                         ids=lambda v: v if isinstance(v, str) else "")  # fmt: skip
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [(n, k) for n, k, _ in GAME_MIX] + [("deepsearch", {})],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
 def test_random_actions_are_valid_and_seeded(name: str, kwargs: dict) -> None:
     env = resolve_env(name)(**kwargs)
     runs = []
@@ -93,15 +109,26 @@ def test_pretraining_on_a_mix_of_envs(agent_tiny: Path, tmp_path: Path) -> None:
 
 def test_ensure_model_makes_the_configured_arch_on_the_run_s_envs(tmp_path: Path) -> None:
     path = tmp_path / "m"
-    cfg = load_config(REPO / "configs" / "envs" / "maze3.toml", [f'model.path="{path}"', 'model.arch="agent-tiny"',
-                                                                 "model.pretrain_steps=1", "model.pretrain_turns=2"])  # fmt: skip
+    cfg = load_config(
+        REPO / "configs" / "envs" / "maze3.toml",
+        [f'model.path="{path}"', 'model.arch="agent-tiny"', "model.pretrain_steps=1", "model.pretrain_turns=2"],
+    )
     ensure_model(cfg)
     record = json.loads((path / "pretrain.json").read_text())
     assert record["env"] == "maze" and record["env_kwargs"] == {"size": 3} and record["turns"] == 2
     assert record["endings"] is False  # transcripts end at the last action unless the config asks
     ended = tmp_path / "e"
-    ensure_model(load_config(REPO / "configs" / "envs" / "maze3.toml", [f'model.path="{ended}"', 'model.arch="agent-tiny"',
-                                                                        "model.pretrain_steps=1", "model.pretrain_endings=true"]))  # fmt: skip
+    ensure_model(
+        load_config(
+            REPO / "configs" / "envs" / "maze3.toml",
+            [
+                f'model.path="{ended}"',
+                'model.arch="agent-tiny"',
+                "model.pretrain_steps=1",
+                "model.pretrain_endings=true",
+            ],
+        )
+    )
     assert json.loads((ended / "pretrain.json").read_text())["endings"] is True
     assert record["quiz"] is False
     config = json.loads((path / "config.json").read_text())
@@ -116,12 +143,21 @@ def test_a_config_s_base_model_is_the_same_model_each_time_it_is_made(tmp_path: 
 
     made = []
     for name in ("a", "b"):
-        cfg = load_config(REPO / "configs" / "envs" / "maze3.toml", [f'model.path="{tmp_path / name}"', 'model.arch="agent-tiny"',
-                                                                     "model.pretrain_steps=2", "model.pretrain_turns=3"])  # fmt: skip
+        cfg = load_config(
+            REPO / "configs" / "envs" / "maze3.toml",
+            [
+                f'model.path="{tmp_path / name}"',
+                'model.arch="agent-tiny"',
+                "model.pretrain_steps=2",
+                "model.pretrain_turns=3",
+            ],
+        )
         ensure_model(cfg)
         made.append(tmp_path / name)
     a, b = (load_file(str(m / "model.safetensors")) for m in made)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), [
+        k for k in a if not torch.equal(a[k], b[k])
+    ]
     assert (made[0] / "tokenizer.json").read_text() == (made[1] / "tokenizer.json").read_text()
     ra, rb = (json.loads((m / "pretrain.json").read_text()) for m in made)
     assert {k: v for k, v in ra.items() if k != "seconds"} == {k: v for k, v in rb.items() if k != "seconds"}

@@ -41,15 +41,23 @@ HELD_OUT_TASKS, HELD_OUT_EPISODES = 64, 4
 # trajectory) keeps; a learner that unlearns (a sign error) or does nothing fails it.
 MIN_RISE = 0.06
 SETTINGS = (
-    "env.kwargs={ low = 1, high = 4 }", "schedule.turn_limits=[[0, 2]]", "rollout.max_tokens_per_turn=2",
-    "rollout.group_size=8", "learner.batch_groups=4", "learner.lr=1e-2", f"run.max_steps={STEPS}",
+    "env.kwargs={ low = 1, high = 4 }",
+    "schedule.turn_limits=[[0, 2]]",
+    "rollout.max_tokens_per_turn=2",
+    "rollout.group_size=8",
+    "learner.batch_groups=4",
+    "learner.lr=1e-2",
+    f"run.max_steps={STEPS}",
     # The loss and schedule the figures above were measured with (the quickstart's may change).
-    'learner.loss_agg="token_mean"', 'learner.lr_schedule="constant"',
+    'learner.loss_agg="token_mean"',
+    'learner.lr_schedule="constant"',
     # The turn limit is fixed and success within it is what counts: PPO's cut episodes are
     # terminal (docs/off_policy.md: bootstrapping them with gamma = 1 leaves PPO no signal).
     # The other algorithms have no critic and ignore it.
-    'learner.truncation="terminal"', 'learner.device="cpu"', "model.create_tiny=false",
-)  # fmt: skip
+    'learner.truncation="terminal"',
+    'learner.device="cpu"',
+    "model.create_tiny=false",
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +66,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(model_dir: Path, algorithm: str, *overrides: str) -> Config:
-    return load_config(QUICKSTART, [*SETTINGS, f'model.path="{model_dir}"', f"learner.algorithm={algorithm}",
-                                    f"run.seed={SEED}", *overrides])  # fmt: skip
+    return load_config(
+        QUICKSTART,
+        [*SETTINGS, f'model.path="{model_dir}"', f"learner.algorithm={algorithm}", f"run.seed={SEED}", *overrides],
+    )
 
 
 def test_every_selectable_algorithm_is_tested() -> None:
@@ -70,7 +80,9 @@ def test_every_selectable_algorithm_is_tested() -> None:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_algorithm_raises_held_out_success(model_dir: Path, algorithm: str) -> None:
     cfg = config(model_dir, algorithm)
-    before, after, metrics = asyncio.run(asyncio.wait_for(train_and_evaluate(cfg, HELD_OUT_TASKS, HELD_OUT_EPISODES), 540))
+    before, after, metrics = asyncio.run(
+        asyncio.wait_for(train_and_evaluate(cfg, HELD_OUT_TASKS, HELD_OUT_EPISODES), 540)
+    )
     train = [round(m["success_rate"], 2) for m in metrics]
     print(f"\n{algorithm}: held-out success {before:.3f} -> {after:.3f}; training success per step {train}")
     # Each batch was played by the weights it trains, with the learner's own numerics: μ = π_prox.

@@ -39,7 +39,9 @@ def faults_per_round(mode: str) -> dict[str, float]:
 def test_keep_freed_memory_stops_a_page_fault_per_4_kib_of_every_message() -> None:
     default = faults_per_round("default")
     if default["faults_per_round"] < 5:
-        pytest.skip(f"this C library does not return the freed buffers to the OS ({default['faults_per_round']:.1f} faults a round)")
+        pytest.skip(
+            f"this C library does not return the freed buffers to the OS ({default['faults_per_round']:.1f} faults a round)"
+        )
     tuned = faults_per_round("tuned")
     assert tuned["tuned"] is True
     # Default glibc: ~21 faults a round (the heap's top is given back and faulted in again);

@@ -28,8 +28,8 @@ from agentgym.actors.transport import ActorRejected, ControlLink
 from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.auth.keys import ClientKeys, apply_client, write_keys
 from agentgym.auth.server import InsecureBind, ServerKeys, is_loopback
-from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.host.netutil import free_port_pair, zmtp_mechanism
+from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, decode, encode
 from agentgym.protocol.weights import RawTensor, make_chunks
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION
@@ -266,7 +266,7 @@ def test_an_actor_added_to_the_allow_list_directory_is_admitted_without_a_restar
         sock = ctx.socket(zmq.DEALER)
         apply_client(sock, later)
         sock.connect(addr)
-        sock.send_multipart(encode(hello("later")))  # type: ignore[arg-type]
+        sock.send_multipart(encode(hello("later")))
         peer, msg = kh.received.get(timeout=10)
         assert msg == hello("later")
         sock.close(0)
@@ -285,15 +285,33 @@ def test_open_non_loopback_bind_is_refused_unless_keys_or_insecure(keydir: Path,
     trio.run(bind, None, True)
     trio.run(bind, server_keys(keydir), False)
     # the command refuses before loading anything heavy, with the same words
-    proc = subprocess.run([sys.executable, "-m", "agentgym.learner.main", "--bind", f"tcp://0.0.0.0:{port}",
-                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentgym.learner.main",
+            "--bind",
+            f"tcp://0.0.0.0:{port}",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 2 and "no CURVE keys are configured" in proc.stderr, proc.stderr
 
 
 def test_keys_command_writes_certificates_zeromq_loads(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "agentgym.cli", "keys", str(tmp_path / "k"), "--actors", "2"],
-                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "keys", str(tmp_path / "k"), "--actors", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--authorized-keys" in proc.stdout and "--learner-key" in proc.stdout
     k = tmp_path / "k"
@@ -303,8 +321,13 @@ def test_keys_command_writes_certificates_zeromq_loads(tmp_path: Path) -> None:
         pub, sec = zmq.auth.load_certificate(k / "actors" / f"{name}.key_secret")
         assert sec is not None and zmq.auth.load_certificate(k / "authorized" / f"{name}.key") == (pub, None)
         assert (k / "actors" / f"{name}.key_secret").stat().st_mode & 0o077 == 0  # secret: owner only
-    again = subprocess.run([sys.executable, "-m", "agentgym.cli", "keys", str(k), "--actors", "1"],
-                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "keys", str(k), "--actors", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert again.returncode == 0 and zmq.auth.load_certificate(k / "learner.key") == (lpub, None)  # kept
     assert sorted(p.name for p in (k / "authorized").iterdir()) == ["actor-0.key", "actor-1.key", "actor-2.key"]
 
@@ -317,7 +340,7 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
         sock = ctx.socket(zmq.DEALER)
         sock.connect(addr)
         frames = encode(hello("future"))
-        sock.send_multipart([MAGIC + bytes((9, Hello.KIND)), frames[1]])  # type: ignore[list-item]
+        sock.send_multipart([MAGIC + bytes((9, Hello.KIND)), frames[1]])
         assert sock.poll(10_000)
         msg, _ = decode(sock.recv_multipart())
         assert isinstance(msg, Reject) and msg.field == "protocol_version"
@@ -337,7 +360,7 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
         task = asyncio.create_task(link.handshake(hello("a"), timeout_s=10))
         peer, *_ = await asyncio.to_thread(router.recv_multipart)
         body = encode(Reject(field="x", reason="y"))[1]
-        router.send_multipart([peer, MAGIC + bytes((9, Reject.KIND)), body])  # type: ignore[list-item]
+        router.send_multipart([peer, MAGIC + bytes((9, Reject.KIND)), body])
         with pytest.raises(ActorRejected, match=f"protocol version 9, this actor {PROTOCOL_VERSION}"):
             await task
         link.close()
@@ -348,10 +371,19 @@ def test_hello_of_another_protocol_version_gets_a_reject_naming_both_versions() 
     router_ctx.term()
 
 
-@pytest.mark.parametrize(("bind", "loopback"), [
-    ("tcp://127.0.0.1:5555", True), ("tcp://127.3.2.1:5555", True), ("tcp://localhost:5555", True),
-    ("tcp://[::1]:5555", True), ("tcp://0.0.0.0:5555", False), ("tcp://*:5555", False),
-    ("tcp://eth0:5555", False), ("tcp://10.0.0.7:5555", False), ("tcp://[::]:5555", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("bind", "loopback"),
+    [
+        ("tcp://127.0.0.1:5555", True),
+        ("tcp://127.3.2.1:5555", True),
+        ("tcp://localhost:5555", True),
+        ("tcp://[::1]:5555", True),
+        ("tcp://0.0.0.0:5555", False),
+        ("tcp://*:5555", False),
+        ("tcp://eth0:5555", False),
+        ("tcp://10.0.0.7:5555", False),
+        ("tcp://[::]:5555", False),
+    ],
+)
 def test_which_binds_count_as_loopback(bind: str, loopback: bool) -> None:
     assert is_loopback(bind) is loopback

@@ -14,16 +14,22 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentgym.actors.conversation import Conversation  # noqa: E402
-from agentgym.models.base import ensure_model, lm_loss, pretrain_on_play, random_play  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.envs.guess_number import GuessNumber  # noqa: E402
 from agentgym.envpool.envs.maze import Maze  # noqa: E402
+from agentgym.models.base import ensure_model, lm_loss, pretrain_on_play, random_play  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Histories after which the hint to the last guess is forced: (guesses and hints, guess, the hint).
-FORCED = [([(6, "lower")], 7, "lower"), ([(2, "higher")], 1, "higher"), ([(5, "lower")], 8, "lower"),
-          ([(3, "higher")], 2, "higher"), ([(4, "higher"), (7, "lower")], 8, "lower"), ([(4, "lower")], 6, "lower")]  # fmt: skip
+FORCED = [
+    ([(6, "lower")], 7, "lower"),
+    ([(2, "higher")], 1, "higher"),
+    ([(5, "lower")], 8, "lower"),
+    ([(3, "higher")], 2, "higher"),
+    ([(4, "higher"), (7, "lower")], 8, "lower"),
+    ([(4, "lower")], 6, "lower"),
+]
 
 
 def forced_hint_probability(model_dir: Path) -> float:
@@ -196,8 +202,10 @@ def test_maze_random_actions_are_valid_moves_through_open_sides() -> None:
 
 def test_ensure_model_makes_the_configured_model_once(tmp_path: Path) -> None:
     path = tmp_path / "m"
-    cfg = load_config(REPO / "configs" / "quickstart.toml",
-                      [f'model.path="{path}"', "model.create_tiny=true", "model.pretrain_steps=3"])  # fmt: skip
+    cfg = load_config(
+        REPO / "configs" / "quickstart.toml",
+        [f'model.path="{path}"', "model.create_tiny=true", "model.pretrain_steps=3"],
+    )
     ensure_model(cfg)
     record = json.loads((path / "pretrain.json").read_text())
     assert record["steps"] == 3 and record["env"] == "guess_number"
@@ -205,7 +213,9 @@ def test_ensure_model_makes_the_configured_model_once(tmp_path: Path) -> None:
     ensure_model(cfg)  # a model already there is left alone
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary directory left behind
-    plain = load_config(REPO / "configs" / "quickstart.toml", [f'model.path="{tmp_path / "p"}"', "model.create_tiny=true"])
+    plain = load_config(
+        REPO / "configs" / "quickstart.toml", [f'model.path="{tmp_path / "p"}"', "model.create_tiny=true"]
+    )
     ensure_model(plain)
     assert (tmp_path / "p" / "config.json").exists() and not (tmp_path / "p" / "pretrain.json").exists()
 
@@ -219,16 +229,25 @@ def test_expert_policy_plays_the_experts_moves_and_is_recorded(tmp_path: Path) -
     from agentgym.envpool.envs.textcraft import TextCraft
 
     path = tmp_path / "m"
-    cfg = load_config(REPO / "configs" / "envs" / "textcraft1-sft.toml",
-                      [f'model.path="{path}"', "model.pretrain_steps=2", "model.sft_steps=3"])  # fmt: skip
+    cfg = load_config(
+        REPO / "configs" / "envs" / "textcraft1-sft.toml",
+        [f'model.path="{path}"', "model.pretrain_steps=2", "model.sft_steps=3"],
+    )
     assert cfg.model.pretrain_policy == "random" and cfg.model.arch == "agent-tiny"
     ensure_model(cfg)
     record = json.loads((path / "pretrain.json").read_text())
     assert record["policy"] == "expert" and record["env"] == "textcraft" and record["steps"] == 3
     assert [(r["policy"], r["steps"]) for r in record["stages"]] == [("random", 2), ("expert", 3)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no stage's directory left behind
-    alone = load_config(REPO / "configs" / "envs" / "textcraft1-sft.toml", [f'model.path="{tmp_path / "e"}"',
-                        "model.pretrain_steps=2", "model.sft_steps=0", 'model.pretrain_policy="expert"'])  # fmt: skip
+    alone = load_config(
+        REPO / "configs" / "envs" / "textcraft1-sft.toml",
+        [
+            f'model.path="{tmp_path / "e"}"',
+            "model.pretrain_steps=2",
+            "model.sft_steps=0",
+            'model.pretrain_policy="expert"',
+        ],
+    )
     ensure_model(alone)
     record = json.loads((tmp_path / "e" / "pretrain.json").read_text())
     assert record["policy"] == "expert" and record["steps"] == 2 and "stages" not in record
@@ -250,14 +269,23 @@ def test_pretrain_env_kwargs_are_the_options_the_base_is_played_with(tmp_path: P
     5x5 ones (configs/envs/maze5.toml); the run's own options stay as they were."""
     from transformers import AutoTokenizer
 
-    cfg = load_config(REPO / "configs" / "envs" / "maze5.toml", [
-        f'model.path="{tmp_path / "m"}"', "model.pretrain_steps=2", 'env.kwargs={size=5, progress_reward="record"}',
-        "model.pretrain_env_kwargs={train_sizes=[3, 4, 5]}"])  # fmt: skip
+    cfg = load_config(
+        REPO / "configs" / "envs" / "maze5.toml",
+        [
+            f'model.path="{tmp_path / "m"}"',
+            "model.pretrain_steps=2",
+            'env.kwargs={size=5, progress_reward="record"}',
+            "model.pretrain_env_kwargs={train_sizes=[3, 4, 5]}",
+        ],
+    )
     ensure_model(cfg)
     record = json.loads((tmp_path / "m" / "pretrain.json").read_text())
     assert record["env_kwargs"] == {"size": 5, "progress_reward": "record", "train_sizes": [3, 4, 5]}
     assert "train_sizes" not in cfg.env.kwargs
     tok = AutoTokenizer.from_pretrained(tmp_path / "m")
     env = Maze(**record["env_kwargs"])
-    sizes = {re.search(r"maze of (\d) by", tok.decode(random_play(tok, env, task, 2, random.Random(0)))).group(1) for task in range(3)}
+    sizes = {
+        re.search(r"maze of (\d) by", tok.decode(random_play(tok, env, task, 2, random.Random(0)))).group(1)
+        for task in range(3)
+    }
     assert sizes == {"3", "4", "5"}

@@ -9,8 +9,10 @@ from agentgym.cli.main import main
 
 
 def test_bench_help_imports_nothing_heavy() -> None:
-    code = ("import sys\nfrom agentgym.cli.main import main\ntry:\n    main(['bench', '--help'])\nexcept SystemExit:\n    pass\n"
-            "print('HEAVY' if {'torch', 'vllm', 'matplotlib', 'trio'} & set(sys.modules) else 'LIGHT')")
+    code = (
+        "import sys\nfrom agentgym.cli.main import main\ntry:\n    main(['bench', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('HEAVY' if {'torch', 'vllm', 'matplotlib', 'trio'} & set(sys.modules) else 'LIGHT')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "comparison.json" in out and "--repeats" in out and "--seeds" in out
     assert out.strip().endswith("LIGHT")

@@ -27,14 +27,25 @@ def learn_curve(monkeypatch: pytest.MonkeyPatch):
 def _run(learn_curve, model: Path, overlap: bool) -> dict:
     from agentgym.config import load_config
 
-    cfg = load_config(REPO / "configs" / "quickstart.toml", [
-        *learn_curve.LOOP_OVERRIDES, f'model.path="{model}"', "model.create_tiny=false", f"run.max_steps={STEPS}",
-        "learner.batch_groups=2", "rollout.group_size=2", "run.seed=3"])  # fmt: skip
+    cfg = load_config(
+        REPO / "configs" / "quickstart.toml",
+        [
+            *learn_curve.LOOP_OVERRIDES,
+            f'model.path="{model}"',
+            "model.create_tiny=false",
+            f"run.max_steps={STEPS}",
+            "learner.batch_groups=2",
+            "rollout.group_size=2",
+            "run.seed=3",
+        ],
+    )
     return asyncio.run(learn_curve.train_curve(cfg, eval_every=STEPS, eval_tasks=2, log=False, overlap=overlap))
 
 
 @pytest.mark.timeout(600)
-def test_overlap_trains_each_batch_one_version_after_it_was_played_and_repeats_exactly(learn_curve, fallback_model: Path) -> None:
+def test_overlap_trains_each_batch_one_version_after_it_was_played_and_repeats_exactly(
+    learn_curve, fallback_model: Path
+) -> None:
     sync = _run(learn_curve, fallback_model, overlap=False)
     assert [m["staleness_max"] for m in sync["metrics"]] == [0.0] * STEPS
     over = _run(learn_curve, fallback_model, overlap=True)
@@ -45,4 +56,6 @@ def test_overlap_trains_each_batch_one_version_after_it_was_played_and_repeats_e
     # The first batch is the synchronous loop's own (same draws, same weights, same seeds).
     assert over["metrics"][0]["loss"] == sync["metrics"][0]["loss"]
     again = _run(learn_curve, fallback_model, overlap=True)
-    assert again["curve"] == over["curve"] and [m["loss"] for m in again["metrics"]] == [m["loss"] for m in over["metrics"]]
+    assert again["curve"] == over["curve"] and [m["loss"] for m in again["metrics"]] == [
+        m["loss"] for m in over["metrics"]
+    ]

@@ -12,9 +12,9 @@ import trio
 import zmq
 
 from agentgym.config import load_config
+from agentgym.host.netutil import free_port_pair
 from agentgym.learner.bounds import MiB, SocketBounds
 from agentgym.learner.transport import open_hub
-from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Episode, Heartbeat, Rollout, WeightGone, WeightRequest, decode, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack
 
@@ -23,11 +23,19 @@ def largest_rollout(group_size: int, tokens: int) -> Rollout:
     """A group at the limits: every token its own turn, critique and segment; the longest failure text."""
     mask = np.ones(tokens, np.uint8)
     ep = Episode(
-        token_ids=pack(np.full(tokens, 7), I32), logprobs=pack(np.full(tokens, -0.5), F32), loss_mask=pack(mask, U8),
-        versions=pack(np.zeros(tokens), I32), turn_ends=pack(np.arange(1, tokens + 1), I32),
-        turn_rewards=pack(np.zeros(tokens), F32), reward=0.0, success=False, finish="token_limit", turn_limit=tokens,
-        failure="\U0001f600" * 65536, critiques=pack(np.arange(2 * tokens) // 2, I32),
-    )  # fmt: skip
+        token_ids=pack(np.full(tokens, 7), I32),
+        logprobs=pack(np.full(tokens, -0.5), F32),
+        loss_mask=pack(mask, U8),
+        versions=pack(np.zeros(tokens), I32),
+        turn_ends=pack(np.arange(1, tokens + 1), I32),
+        turn_rewards=pack(np.zeros(tokens), F32),
+        reward=0.0,
+        success=False,
+        finish="token_limit",
+        turn_limit=tokens,
+        failure="\U0001f600" * 65536,
+        critiques=pack(np.arange(2 * tokens) // 2, I32),
+    )
     return Rollout(group_id="r:0", actor_id="a", env="e", task_id=0, episodes=[ep] * group_size)
 
 
@@ -45,9 +53,10 @@ def test_default_frame_caps_follow_the_rollout_limits_and_refuse_one_byte_more()
     hwm: list[int] = []
 
     async def learner() -> None:
-        async with open_hub(addr, max_msg_bytes=b.control_frame, weights_max_bytes=b.weights_frame,
-                            inbox_size=b.inbox_messages) as hub:  # fmt: skip
-            hwm.append(hub._control.getsockopt(zmq.RCVHWM))  # type: ignore[union-attr]
+        async with open_hub(
+            addr, max_msg_bytes=b.control_frame, weights_max_bytes=b.weights_frame, inbox_size=b.inbox_messages
+        ) as hub:
+            hwm.append(hub._control.getsockopt(zmq.RCVHWM))  # type: ignore[union-attr]  # the hub is open
             ready.set()
             with trio.move_on_after(120):
                 async for _, msg in hub.inbox:

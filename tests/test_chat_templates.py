@@ -18,7 +18,16 @@ import pytest
 from agentgym.actors.conversation import Conversation
 from agentgym.models.tiny import train_tokenizer
 
-CORPUS = ["guess a number from 1 to 8", "higher", "lower", "correct", "invalid", "model", "INST", *map(str, range(1, 9))]
+CORPUS = [
+    "guess a number from 1 to 8",
+    "higher",
+    "lower",
+    "correct",
+    "invalid",
+    "model",
+    "INST",
+    *map(str, range(1, 9)),
+]
 
 # Meta-Llama-3-8B-Instruct's template.
 LLAMA3 = (
@@ -58,11 +67,18 @@ class Family:
 
 
 FAMILIES = [
-    Family("llama3", LLAMA3, "<|begin_of_text|>", "<|eot_id|>", "<|eot_id|>",
-           ("<|start_header_id|>", "<|end_header_id|>", "<|end_of_text|>"), "Answer with one number."),
+    Family(
+        "llama3",
+        LLAMA3,
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|eot_id|>",
+        ("<|start_header_id|>", "<|end_header_id|>", "<|end_of_text|>"),
+        "Answer with one number.",
+    ),
     Family("mistral", MISTRAL, "<s>", "</s>", "</s>", (), None),
     Family("gemma", GEMMA, "<bos>", "<eos>", "<end_of_turn>", ("<start_of_turn>", "<end_of_turn>"), None),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.name)
@@ -72,9 +88,13 @@ def fam(request: pytest.FixtureRequest):
     f: Family = request.param
     raw = train_tokenizer(CORPUS, vocab_size=256)
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=raw, bos_token=f.bos, eos_token=f.eos, additional_special_tokens=list(f.extra),
-        chat_template=f.template, clean_up_tokenization_spaces=False,
-    )  # fmt: skip
+        tokenizer_object=raw,
+        bos_token=f.bos,
+        eos_token=f.eos,
+        additional_special_tokens=list(f.extra),
+        chat_template=f.template,
+        clean_up_tokenization_spaces=False,
+    )
     return f, tok
 
 

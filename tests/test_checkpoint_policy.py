@@ -22,10 +22,10 @@ from learner_fixtures import make_cfg
 from test_learner_resume import BATCH, GROUP_SIZE, REPO, ScriptedActor, _learner, _stop
 
 from agentgym.config import to_toml
-from agentgym.learner.checkpoint import latest_checkpoint
-from agentgym.observe.logs import read_events
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.checkpoint import latest_checkpoint
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
+from agentgym.observe.logs import read_events
 
 
 @pytest.fixture(scope="module")
@@ -35,23 +35,31 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _config(model_dir: Path, tmp_path: Path, *extra: str) -> tuple[Path, str, object]:
     bind = f"tcp://127.0.0.1:{free_port_pair()}"
-    cfg = make_cfg(model_dir, 'run.mode="sync"', f'learner.bind="{bind}"', f"learner.batch_groups={BATCH}",
-                   f"rollout.group_size={GROUP_SIZE}", "learner.actor_timeout_s=600", *extra)  # fmt: skip
+    cfg = make_cfg(
+        model_dir,
+        'run.mode="sync"',
+        f'learner.bind="{bind}"',
+        f"learner.batch_groups={BATCH}",
+        f"rollout.group_size={GROUP_SIZE}",
+        "learner.actor_timeout_s=600",
+        *extra,
+    )
     path = tmp_path / "config.toml"
     path.write_text(to_toml(cfg))
     return path, bind, cfg
 
 
-def _events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+def _events(run_dir: Path, name: str) -> list[dict]:
     return read_events(run_dir / "logs" / "learner.jsonl", name)
 
 
 def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, tmp_path: Path) -> None:
-    config, bind, cfg = _config(model_dir, tmp_path, "run.max_steps=2", "learner.checkpoint_every=0",
-                                "learner.checkpoint_minutes=0")  # fmt: skip
+    config, bind, cfg = _config(
+        model_dir, tmp_path, "run.max_steps=2", "learner.checkpoint_every=0", "learner.checkpoint_minutes=0"
+    )
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
-    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]  # the test's config, which ScriptedActor reads
     try:
         actor.play(0, BATCH, proc)
         actor.pump(lambda: len(actor.weights) >= 2, proc)  # step 1 trained and published
@@ -71,9 +79,14 @@ def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, 
     # `agentgym train --resume`: the run's own config.toml, no local actors (the script plays).
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "ab") as f:
-        train = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "--resume", "--run-dir", str(run_dir),
-                                  "--actors", "0"], cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)  # fmt: skip
-    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+        train = subprocess.Popen(
+            [sys.executable, "-m", "agentgym.cli", "train", "--resume", "--run-dir", str(run_dir), "--actors", "0"],
+            cwd=REPO,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]  # the test's config, which ScriptedActor reads
     try:
         actor.play(BATCH, BATCH, train)
         assert train.wait(timeout=120) == 0, log.read_text()[-3000:]
@@ -92,11 +105,12 @@ def test_sigterm_saves_a_checkpoint_and_train_resume_continues(model_dir: Path, 
 
 
 def test_checkpoint_minutes_saves_without_a_step_interval(model_dir: Path, tmp_path: Path) -> None:
-    config, bind, cfg = _config(model_dir, tmp_path, "run.max_steps=3", "learner.checkpoint_every=0",
-                                "learner.checkpoint_minutes=0.001")  # fmt: skip
+    config, bind, cfg = _config(
+        model_dir, tmp_path, "run.max_steps=3", "learner.checkpoint_every=0", "learner.checkpoint_minutes=0.001"
+    )
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
-    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]  # the test's config, which ScriptedActor reads
     try:
         # The clock starts when the learner is made, before it welcomes anyone: waiting 0.2 s
         # after the Welcome puts step 1 past the 0.06 s interval however fast the step is.
@@ -105,7 +119,7 @@ def test_checkpoint_minutes_saves_without_a_step_interval(model_dir: Path, tmp_p
         actor.play(0, BATCH, proc)
         ckpts = run_dir / "checkpoints"
         actor.pump(lambda: latest_checkpoint(ckpts) is not None, proc)
-        assert latest_checkpoint(ckpts).name == "step_000001"  # type: ignore[union-attr]
+        assert latest_checkpoint(ckpts).name == "step_000001"  # type: ignore[union-attr]  # a checkpoint was written
         proc.kill()  # no chance to save anything more
         proc.wait()
     finally:
@@ -118,12 +132,18 @@ def test_checkpoint_minutes_saves_without_a_step_interval(model_dir: Path, tmp_p
 def test_a_failure_after_a_step_saves_a_checkpoint(model_dir: Path, tmp_path: Path) -> None:
     # The episode log cannot be written (its path is a directory): the train loop fails after
     # step 1 was trained and published, outside the step, where the state is consistent.
-    config, bind, cfg = _config(model_dir, tmp_path, "run.max_steps=3", "learner.checkpoint_every=0",
-                                "learner.checkpoint_minutes=0", "learner.log_episodes=2")  # fmt: skip
+    config, bind, cfg = _config(
+        model_dir,
+        tmp_path,
+        "run.max_steps=3",
+        "learner.checkpoint_every=0",
+        "learner.checkpoint_minutes=0",
+        "learner.log_episodes=2",
+    )
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     (run_dir / "episodes.jsonl").mkdir(parents=True)
     proc = _learner(["--config", str(config), "--run-dir", str(run_dir)], log)
-    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]
+    actor = ScriptedActor(bind, cfg)  # type: ignore[arg-type]  # the test's config, which ScriptedActor reads
     try:
         actor.play(0, BATCH, proc)
         code = proc.wait(timeout=120)
@@ -134,4 +154,4 @@ def test_a_failure_after_a_step_saves_a_checkpoint(model_dir: Path, tmp_path: Pa
     assert code not in (0, 130), log.read_text()[-3000:]
     assert "IsADirectoryError" in log.read_text()
     assert [e["reason"] for e in _events(run_dir, "checkpoint_saved")] == ["crash"]
-    assert latest_checkpoint(run_dir / "checkpoints").name == "step_000001"  # type: ignore[union-attr]
+    assert latest_checkpoint(run_dir / "checkpoints").name == "step_000001"  # type: ignore[union-attr]  # a checkpoint was written

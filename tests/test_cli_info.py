@@ -16,12 +16,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _agentgym(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 def test_version() -> None:
     proc = _agentgym("--version")
-    assert proc.returncode == 0 and proc.stdout == f"agentgym {version('agentgym')} (protocol {PROTOCOL_VERSION})\n", proc
+    assert proc.returncode == 0 and proc.stdout == f"agentgym {version('agentgym')} (protocol {PROTOCOL_VERSION})\n", (
+        proc
+    )
 
 
 def test_envs_describes_each_env_its_needs_and_the_test_only_ones() -> None:
@@ -30,7 +34,9 @@ def test_envs_describes_each_env_its_needs_and_the_test_only_ones() -> None:
     lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
     assert set(lines) == set(known_envs()) and set(ENV_INFO) <= set(lines)  # every built-in has its description
     assert "[test-only]" in lines["chaos"] and "[test-only]" not in lines["guess_number"]
-    assert "needs Java 17" in lines["sciworld"] and "needs Chromium" in lines["webshop"] and "wamerican" in lines["wordle"]
+    assert (
+        "needs Java 17" in lines["sciworld"] and "needs Chromium" in lines["webshop"] and "wamerican" in lines["wordle"]
+    )
     assert "needs" not in lines["maze"] and "higher/lower" in lines["guess_number"]
 
 

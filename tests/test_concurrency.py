@@ -73,8 +73,15 @@ def test_it_shrinks_when_groups_go_stale_or_requests_wait_for_memory() -> None:
 
 def test_the_scheduler_grants_each_actor_up_to_its_reported_capacity() -> None:
     # grant_start large: capacity alone limits here (earned grants: tests/test_scheduler.py)
-    s = Scheduler(envs=[EnvSpec(name="guess_number")], batch_groups=8, max_staleness=4, mode="async", run_id="r", seed=0,
-                  grant_start=100)  # fmt: skip
+    s = Scheduler(
+        envs=[EnvSpec(name="guess_number")],
+        batch_groups=8,
+        max_staleness=4,
+        mode="async",
+        run_id="r",
+        seed=0,
+        grant_start=100,
+    )
     s.register("fast", b"f", "h", max_groups=4)
     s.register("slow", b"s", "h", max_groups=4)
     first = s.fill(0)
@@ -131,9 +138,29 @@ def test_the_staleness_tally_counts_trained_tokens_per_bucket_over_the_run() -> 
     from agentgym.learner.staleness import StalenessTally
 
     t = StalenessTally(max_staleness=2)
-    t.add({"agent_tokens": 100.0, "staleness_frac_0": 0.5, "staleness_frac_1": 0.3, "staleness_frac_2": 0.2,
-           "staleness_frac_gt2": 0.0, "staleness_max": 2.0})  # fmt: skip
-    t.add({"agent_tokens": 50.0, "staleness_frac_0": 0.0, "staleness_frac_1": 0.0, "staleness_frac_2": 0.8,
-           "staleness_frac_gt2": 0.2, "staleness_max": 4.0})  # fmt: skip
-    assert t.summary() == {"max_staleness": 2, "tokens": {"0": 50, "1": 30, "2": 60, ">2": 10},
-                           "over_bound_share": round(10 / 150, 5), "max_seen": 4}  # fmt: skip
+    t.add(
+        {
+            "agent_tokens": 100.0,
+            "staleness_frac_0": 0.5,
+            "staleness_frac_1": 0.3,
+            "staleness_frac_2": 0.2,
+            "staleness_frac_gt2": 0.0,
+            "staleness_max": 2.0,
+        }
+    )
+    t.add(
+        {
+            "agent_tokens": 50.0,
+            "staleness_frac_0": 0.0,
+            "staleness_frac_1": 0.0,
+            "staleness_frac_2": 0.8,
+            "staleness_frac_gt2": 0.2,
+            "staleness_max": 4.0,
+        }
+    )
+    assert t.summary() == {
+        "max_staleness": 2,
+        "tokens": {"0": 50, "1": 30, "2": 60, ">2": 10},
+        "over_bound_share": round(10 / 150, 5),
+        "max_seen": 4,
+    }

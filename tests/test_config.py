@@ -79,6 +79,8 @@ def test_cli_help_is_instant_and_explains_every_flag() -> None:
         assert out.returncode == 0, out.stderr
         assert "--config" in out.stdout and "-o KEY=VALUE" in out.stdout
     # --help is instant: the entry points import neither torch nor vLLM before parsing
-    check = "import sys, agentgym.learner.main, agentgym.actors.main; print('torch' in sys.modules, 'vllm' in sys.modules)"
+    check = (
+        "import sys, agentgym.learner.main, agentgym.actors.main; print('torch' in sys.modules, 'vllm' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=30)
     assert out.stdout.split() == ["False", "False"]

@@ -51,9 +51,14 @@ def test_episode_prompts_grow_by_prefix_and_agent_tokens_are_exact(model_dir: Pa
             assert prompt[: len(prompts[-1])] == prompts[-1] and len(prompt) > len(prompts[-1])
         with torch.no_grad():
             out = model.generate(
-                torch.tensor([prompt]), do_sample=True, max_new_tokens=6, eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id, output_scores=True, return_dict_in_generate=True,
-            )  # fmt: skip
+                torch.tensor([prompt]),
+                do_sample=True,
+                max_new_tokens=6,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
         sampled = out.sequences[0, len(prompt) :].tolist()
         logps = [float(torch.log_softmax(s[0], -1)[t]) for s, t in zip(out.scores, sampled)]
         conv.add_agent_turn(sampled, logps, version=turn + 3)
@@ -103,9 +108,10 @@ def test_sampled_tokens_are_kept_even_where_retokenizing_differs(tok) -> None:
     # the text again gives the merged token, i.e. different ids than the model sampled.
     vocab = tok.get_vocab()
     word = next(
-        w for w, i in sorted(vocab.items(), key=lambda kv: kv[1])
+        w
+        for w, i in sorted(vocab.items(), key=lambda kv: kv[1])
         if len(w) >= 3 and w.isalpha() and all(c in vocab for c in w)
-    )  # fmt: skip
+    )
     pieces = [vocab[c] for c in word]
     sampled = [*pieces, tok.eos_token_id]
     retokenized = encode(tok, tok.decode(sampled, skip_special_tokens=False))
@@ -181,6 +187,6 @@ def test_misuse_is_reported(tok) -> None:
         conv.add_agent_turn([5, 6], [-1.0], version=0)
     conv.add_agent_turn([5], [-1.0], version=0)
     with pytest.raises(RuntimeError, match="add an observation first"):
-        conv.prompt_ids
+        _ = conv.prompt_ids
     with pytest.raises(RuntimeError, match="two agent turns in a row"):
         conv.add_agent_turn([5], [-1.0], version=0)

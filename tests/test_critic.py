@@ -26,10 +26,10 @@ from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.episode_log import segments  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
-from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import CriticSpec, Episode, Rollout, RolloutSpec, Ticket, decode, encode  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +42,18 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     return model_dir, tok, model
 
 
-def play(model_dir: Path, tok, critic_spec: CriticSpec | None, n: int, turn_limit: int, lm: bool = False,
-         split: str = "train") -> list[Episode]:  # fmt: skip
-    spec = RolloutSpec(group_size=n, max_tokens_per_turn=6, max_episode_tokens=1024, temperature=1.0, top_p=1.0,
-                       critic=critic_spec)  # fmt: skip
+def play(
+    model_dir: Path,
+    tok,
+    critic_spec: CriticSpec | None,
+    n: int,
+    turn_limit: int,
+    lm: bool = False,
+    split: str = "train",
+) -> list[Episode]:
+    spec = RolloutSpec(
+        group_size=n, max_tokens_per_turn=6, max_episode_tokens=1024, temperature=1.0, top_p=1.0, critic=critic_spec
+    )
 
     async def go():
         engine = HfEngine(model_dir, seed=0)
@@ -57,7 +65,9 @@ def play(model_dir: Path, tok, critic_spec: CriticSpec | None, n: int, turn_limi
             assert critic_spec is None or isinstance(critic, LmCritic if lm else OracleCritic)
             eps = []
             for task in range(n):  # a few at a time: the tiny model is fast, the machine is small
-                ticket = Ticket(group_id=f"g{task}", env="guess_number", task_id=task if split == "train" else 0, split=split)
+                ticket = Ticket(
+                    group_id=f"g{task}", env="guess_number", task_id=task if split == "train" else 0, split=split
+                )
                 eps.append(await play_episode(engine, tok, pool, ticket, 0, spec, turn_limit, seed=task, critic=critic))
             return eps
         finally:
@@ -158,14 +168,49 @@ def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
 
     model_dir = setup[0]
     run_dir, steps = tmp_path / "run", 3
-    args = ["train", "--config", str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"),
-            "--run-dir", str(run_dir), "--actors", "1", "--max-steps", str(steps),
-            "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"', "-o", f'model.path="{model_dir}"',
-            "-o", "model.create_tiny=false", "-o", 'actor.engine="hf"', "-o", "rollout.group_size=2",
-            "-o", "learner.batch_groups=2", "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0",
-            "-o", "critic.enabled=true", "-o", 'critic.kind="oracle"', "-o", 'critic.when="every_turn"']  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "agentgym.cli", *args], cwd=tmp_path, text=True, capture_output=True,
-                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    args = [
+        "train",
+        "--config",
+        str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"),
+        "--run-dir",
+        str(run_dir),
+        "--actors",
+        "1",
+        "--max-steps",
+        str(steps),
+        "-o",
+        f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',
+        "-o",
+        f'model.path="{model_dir}"',
+        "-o",
+        "model.create_tiny=false",
+        "-o",
+        'actor.engine="hf"',
+        "-o",
+        "rollout.group_size=2",
+        "-o",
+        "learner.batch_groups=2",
+        "-o",
+        "eval.at_start=false",
+        "-o",
+        "eval.at_end=false",
+        "-o",
+        "eval.every=0",
+        "-o",
+        "critic.enabled=true",
+        "-o",
+        'critic.kind="oracle"',
+        "-o",
+        'critic.when="every_turn"',
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", *args],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -198,5 +243,14 @@ def test_critic_config_travels_in_the_rollout_spec_and_typos_are_named() -> None
 def welcome_with(spec: RolloutSpec):
     from agentgym.protocol import Welcome
 
-    return Welcome(run_id="r", actor_index=0, weights_port=1, model_path="m", model_fingerprint="f", mode="async",
-                   heartbeat_interval_s=1.0, actor_timeout_s=1.0, rollout=spec)  # fmt: skip
+    return Welcome(
+        run_id="r",
+        actor_index=0,
+        weights_port=1,
+        model_path="m",
+        model_fingerprint="f",
+        mode="async",
+        heartbeat_interval_s=1.0,
+        actor_timeout_s=1.0,
+        rollout=spec,
+    )

@@ -40,7 +40,9 @@ def test_each_env_of_a_mix_has_its_own_step_stages_and_the_rest_follow_the_defau
 
 
 def test_threshold_advances_once_the_window_is_full_and_each_stage_starts_a_new_window() -> None:
-    cfg = schedule("schedule.envs.maze.stages=[6, 13, 20]", "schedule.envs.maze.threshold=0.5", "schedule.envs.maze.window=3")
+    cfg = schedule(
+        "schedule.envs.maze.stages=[6, 13, 20]", "schedule.envs.maze.threshold=0.5", "schedule.envs.maze.window=3"
+    )
     cur = Curriculum(cfg.schedule, ["guess_number", "maze"])
     # (successes, episodes) of maze per step; a step without maze episodes does not count.
     steps = [(8, 8), (0, 8), None, (4, 8), (0, 8), (8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (8, 8)]
@@ -56,8 +58,13 @@ def test_threshold_advances_once_the_window_is_full_and_each_stage_starts_a_new_
     ]
     assert cur.limits() == {"guess_number": 6, "maze": 20}  # the last stage stays
     m = cur.metrics({"guess_number": 6, "maze": 20})
-    assert m == {"turn_limit": 20, "env/guess_number/turn_limit": 6, "env/maze/turn_limit": 20,
-                 "env/maze/turn_stage": 2, "env/maze/stage_success": 1.0}  # fmt: skip
+    assert m == {
+        "turn_limit": 20,
+        "env/guess_number/turn_limit": 6,
+        "env/maze/turn_limit": 20,
+        "env/maze/turn_stage": 2,
+        "env/maze/stage_success": 1.0,
+    }
 
 
 def test_plateau_advances_after_patience_steps_without_a_min_delta_rise() -> None:
@@ -87,9 +94,18 @@ def test_threshold_or_plateau_whichever_comes_first() -> None:
         (["schedule.stages=[6, 13]"], r"schedule: .*never advance: set threshold and/or patience"),
         (["schedule.threshold=0.5"], r"set stages"),
         (["schedule.stages=[6, 13]", "schedule.threshold=0.5", "schedule.turn_limits=[[0, 2]]"], r"not both"),
-        (["schedule.envs.maze.stages=[1, 2]", "schedule.envs.maze.threshold=1.5"], r"schedule\.envs\.maze\.threshold: .*less than or equal to 1"),
-        (["schedule.envs.babyai.turn_limits=[[0, 2]]"], r"schedule\.envs: \['babyai'\] not among the run's environments"),
-        (["schedule.envs.maze.stages=[0, 2]", "schedule.envs.maze.patience=2"], r"schedule\.envs\.maze\.stages\.0: .*greater than or equal to 1"),
+        (
+            ["schedule.envs.maze.stages=[1, 2]", "schedule.envs.maze.threshold=1.5"],
+            r"schedule\.envs\.maze\.threshold: .*less than or equal to 1",
+        ),
+        (
+            ["schedule.envs.babyai.turn_limits=[[0, 2]]"],
+            r"schedule\.envs: \['babyai'\] not among the run's environments",
+        ),
+        (
+            ["schedule.envs.maze.stages=[0, 2]", "schedule.envs.maze.patience=2"],
+            r"schedule\.envs\.maze\.stages\.0: .*greater than or equal to 1",
+        ),
         (["schedule.envs.maze.windw=3"], r"schedule\.envs\.maze\.windw: unknown key"),
         (["schedule.window=0"], r"schedule\.window: .*greater than or equal to 1"),
     ],
@@ -102,8 +118,11 @@ def test_bad_schedules_are_named(overrides: list[str], match: str) -> None:
 def test_a_single_schedule_still_works_and_per_env_schedules_round_trip() -> None:
     plain = load_config(None, ["schedule.turn_limits=[[0, 2], [10, 4]]"])
     assert [plain.schedule.turn_limit(s) for s in (0, 9, 10)] == [2, 2, 4] and plain.schedule.final_limit == 4
-    cfg = schedule("schedule.envs.maze.stages=[3, 5]", "schedule.envs.maze.patience=4",
-                   "schedule.envs.guess_number.turn_limits=[[0, 1], [7, 2]]")  # fmt: skip
+    cfg = schedule(
+        "schedule.envs.maze.stages=[3, 5]",
+        "schedule.envs.maze.patience=4",
+        "schedule.envs.guess_number.turn_limits=[[0, 1], [7, 2]]",
+    )
     assert Config.model_validate(tomllib.loads(to_toml(cfg))) == cfg
     assert cfg.schedule.for_env("maze").final_limit == 5 and cfg.schedule.for_env("guess_number").final_limit == 2
     with pytest.raises(ValueError, match="advances by training success"):
@@ -111,8 +130,13 @@ def test_a_single_schedule_still_works_and_per_env_schedules_round_trip() -> Non
 
 
 def test_success_counts_come_from_the_batch_stats() -> None:
-    stats = {"env/maze/episodes": 8.0, "env/maze/success_rate": 0.375, "env/guess_number/episodes": 3.0,
-             "env/guess_number/success_rate": 1 / 3, "env/maze/turns_mean": 2.0}  # fmt: skip
+    stats = {
+        "env/maze/episodes": 8.0,
+        "env/maze/success_rate": 0.375,
+        "env/guess_number/episodes": 3.0,
+        "env/guess_number/success_rate": 1 / 3,
+        "env/maze/turns_mean": 2.0,
+    }
     assert success_counts(stats) == {"maze": (3, 8), "guess_number": (1, 3)}
 
 
@@ -121,20 +145,31 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("curriculum") / "m", corpus=FALLBACK_CORPUS, seed=0)
 
 
-def test_a_resume_from_a_learner_checkpoint_neither_repeats_nor_resets_a_stage(tiny_model: Path, tmp_path: Path) -> None:
+def test_a_resume_from_a_learner_checkpoint_neither_repeats_nor_resets_a_stage(
+    tiny_model: Path, tmp_path: Path
+) -> None:
     from agentgym.learner.trainer import Trainer
 
-    overrides = ("learner.batch_groups=2", "schedule.stages=[2, 3, 4, 5]", "schedule.threshold=0.6",
-                 "schedule.patience=2", "schedule.window=2", "schedule.envs.maze.turn_limits=[[0, 2], [3, 7]]", *MIX)  # fmt: skip
+    overrides = (
+        "learner.batch_groups=2",
+        "schedule.stages=[2, 3, 4, 5]",
+        "schedule.threshold=0.6",
+        "schedule.patience=2",
+        "schedule.window=2",
+        "schedule.envs.maze.turn_limits=[[0, 2], [3, 7]]",
+        *MIX,
+    )
     cfg = make_cfg(tiny_model, *overrides)
     script = [{"guess_number": (s, 4)} for s in (1, 2, 4, 1, 1, 1, 1, 2, 2, 3)]  # 10 steps of success counts
 
     straight = Curriculum(cfg.schedule, ["guess_number", "maze"])
     expected = [straight.observe(s, c) for s, c in enumerate(script, 1)]
     assert [(a.env, a.to_limit, a.step, a.reason) for x in expected for a in x] == [
-        ("guess_number", 3, 3, "threshold"), ("maze", 7, 3, "step"), ("guess_number", 4, 7, "plateau"),
+        ("guess_number", 3, 3, "threshold"),
+        ("maze", 7, 3, "step"),
+        ("guess_number", 4, 7, "plateau"),
         ("guess_number", 5, 10, "threshold"),
-    ]  # fmt: skip
+    ]
 
     trainer = Trainer.load(cfg)
     try:
@@ -179,5 +214,9 @@ def test_the_learner_reports_the_limits_a_batch_was_played_under(tiny_model: Pat
     batch = bandit_rollouts(group_size=2)
     played = ln.curriculum.limits()
     assert ln.curriculum.observe(1, success_counts(env_stats(batch))) == [Advance("maze", 2, 5, 1, "step")]
-    assert ln.curriculum.metrics(played) == {"turn_limit": 3, "env/guess_number/turn_limit": 3, "env/maze/turn_limit": 2}
+    assert ln.curriculum.metrics(played) == {
+        "turn_limit": 3,
+        "env/guess_number/turn_limit": 3,
+        "env/maze/turn_limit": 2,
+    }
     assert ln.curriculum.limits() == {"guess_number": 3, "maze": 5}

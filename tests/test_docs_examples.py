@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.envpool.pool import EnvPool
 from agentgym.envpool import registry
+from agentgym.envpool.pool import EnvPool
 from agentgym.envpool.registry import register_env
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "environments.md"
@@ -40,7 +40,7 @@ def test_the_documented_env_plays_through_the_pool(tmp_path: Path, monkeypatch: 
             for task in range(12):
                 async with pool.episode(task_id=task) as ep:
                     obs = await ep.reset()
-                    heap = int(re.search(r"There are (\d+) stones", obs).group(1))  # type: ignore[union-attr]
+                    heap = int(re.search(r"There are (\d+) stones", obs).group(1))  # type: ignore[union-attr]  # the env's observation names the heap
                     while True:
                         r = await ep.step(await ep.expert_action())
                         if r.done:

@@ -35,7 +35,10 @@ def test_referenced_test_files_and_docs_exist() -> None:
 
 
 def test_no_wording_for_insiders_nor_machine_paths() -> None:
-    bad = re.compile(r"\bissue \d+|\bthe issue\b|\bthis round\b|\bthis session\b|source documents|/work/\w+|"
-                     r"checkpoints/step_N\b|step-0\d+", re.I)  # fmt: skip
+    bad = re.compile(
+        r"\bissue \d+|\bthe issue\b|\bthis round\b|\bthis session\b|source documents|/work/\w+|"
+        r"checkpoints/step_N\b|step-0\d+",
+        re.I,
+    )
     found = [f"{p.relative_to(REPO)}: {m.group(0)!r}" for p in PAGES for m in bad.finditer(p.read_text())]
     assert not found, found

@@ -23,14 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.host.netutil import free_port_pair
 from agentgym.cli.chaos import trained_on
+from agentgym.host.netutil import free_port_pair
 from agentgym.models.tiny import FALLBACK_CORPUS, default_corpus, make_default_tiny_model, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.toml"
-
-
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +38,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_cli(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
@@ -50,11 +49,27 @@ def test_learner_and_two_actors_train_and_account_for_every_group(tiny_model: Pa
     port = free_port_pair()
     run_dir = tmp_path / "run"
     proc = run_cli(
-        ["agentgym.cli", "train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "--actors", "2",
-         "--max-steps", str(steps), "-o", f'learner.bind="tcp://127.0.0.1:{port}"',
-         "-o", f'model.path="{tiny_model}"', "-o", "model.create_tiny=false"],
-        timeout=900, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            "agentgym.cli",
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "2",
+            "--max-steps",
+            str(steps),
+            "-o",
+            f'learner.bind="tcp://127.0.0.1:{port}"',
+            "-o",
+            f'model.path="{tiny_model}"',
+            "-o",
+            "model.create_tiny=false",
+        ],
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     # Progress: one metrics record per optimizer step, versions advancing with the steps.
@@ -136,27 +151,54 @@ def test_actor_with_no_learner_exits_with_a_clear_error(tmp_path: Path) -> None:
     port = free_port_pair()  # nothing listens here
     t0 = time.monotonic()
     proc = run_cli(
-        ["agentgym.actors.main", "--config", str(QUICKSTART), "--learner", f"tcp://127.0.0.1:{port}",
-         "--connect-timeout", "3", "--run-dir", str(tmp_path / "run")],
-        timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            "agentgym.actors.main",
+            "--config",
+            str(QUICKSTART),
+            "--learner",
+            f"tcp://127.0.0.1:{port}",
+            "--connect-timeout",
+            "3",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     assert "learner_unreachable" in out and f"127.0.0.1:{port}" in out, out
     assert time.monotonic() - t0 < 100  # bounded by the connect timeout, not a hang
 
 
-def test_an_actor_with_its_own_model_starts_its_engine_while_it_waits_for_the_learner(tiny_model: Path, tmp_path: Path) -> None:
+def test_an_actor_with_its_own_model_starts_its_engine_while_it_waits_for_the_learner(
+    tiny_model: Path, tmp_path: Path
+) -> None:
     # Its engine needs nothing from the learner's Welcome (its own model directory, no LoRA): it
     # starts beside the wait for the learner, and goes with the actor when no learner answers.
     port = free_port_pair()
     run_dir = tmp_path / "run"
     proc = run_cli(
-        ["agentgym.actors.main", "--config", str(QUICKSTART), "--learner", f"tcp://127.0.0.1:{port}", "--model",
-         str(tiny_model), "-o", 'actor.engine="sim"', "--connect-timeout", "3", "--run-dir", str(run_dir),
-         "--actor-id", "early"],
-        timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            "agentgym.actors.main",
+            "--config",
+            str(QUICKSTART),
+            "--learner",
+            f"tcp://127.0.0.1:{port}",
+            "--model",
+            str(tiny_model),
+            "-o",
+            'actor.engine="sim"',
+            "--connect-timeout",
+            "3",
+            "--run-dir",
+            str(run_dir),
+            "--actor-id",
+            "early",
+        ],
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     events = [json.loads(line)["event"] for line in (run_dir / "logs" / "actor-early.jsonl").read_text().splitlines()]
     assert "engine_starting" in events and "waiting_for_learner" in events, events
@@ -172,16 +214,45 @@ def test_actor_with_another_model_is_refused(tiny_model: Path, tmp_path: Path) -
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     learner = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.learner.main", "--config", str(QUICKSTART), "--run-dir", str(run_dir),
-         "--bind", f"tcp://127.0.0.1:{port}", "-o", f'model.path="{tiny_model}"', "-o", "model.create_tiny=false"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.learner.main",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(run_dir),
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "-o",
+            f'model.path="{tiny_model}"',
+            "-o",
+            "model.create_tiny=false",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         proc = run_cli(
-            ["agentgym.actors.main", "--config", str(QUICKSTART), "--learner", f"tcp://127.0.0.1:{port}",
-             "--model", str(other), "--connect-timeout", "60", "--run-dir", str(run_dir)],
-            timeout=180, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                "agentgym.actors.main",
+                "--config",
+                str(QUICKSTART),
+                "--learner",
+                f"tcp://127.0.0.1:{port}",
+                "--model",
+                str(other),
+                "--connect-timeout",
+                "60",
+                "--run-dir",
+                str(run_dir),
+            ],
+            timeout=180,
+            cwd=tmp_path,
+        )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 2, out
         assert "actor_refused" in out and "fingerprint" in out, out
@@ -207,12 +278,33 @@ def test_a_mix_of_two_envs_trains_and_ctrl_c_stops_every_process(tiny_model: Pat
     port = free_port_pair()
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "mix.toml"),
-         "--run-dir", str(run_dir), "--actors", "2", "--max-steps", "100000",
-         "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{tiny_model}"',
-         "-o", "model.create_tiny=false", "-o", "eval.at_start=false"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cli",
+            "train",
+            "--config",
+            str(REPO / "configs" / "mix.toml"),
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "2",
+            "--max-steps",
+            "100000",
+            "-o",
+            f'learner.bind="tcp://127.0.0.1:{port}"',
+            "-o",
+            f'model.path="{tiny_model}"',
+            "-o",
+            "model.create_tiny=false",
+            "-o",
+            "eval.at_start=false",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = run_dir / "metrics.jsonl"
 
     def records() -> list[dict]:
@@ -262,16 +354,33 @@ def test_an_actor_killed_mid_run_is_replaced_and_a_late_actor_joins(tiny_model: 
     import psutil
 
     port, run_dir = free_port_pair(), tmp_path / "run"
-    common = ["--config", str(QUICKSTART), "--run-dir", str(run_dir), "-o", f'model.path="{tiny_model}"',
-              "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+    common = [
+        "--config",
+        str(QUICKSTART),
+        "--run-dir",
+        str(run_dir),
+        "-o",
+        f'model.path="{tiny_model}"',
+        "-o",
+        "eval.at_start=false",
+        "-o",
+        "eval.at_end=false",
+        "-o",
+        "eval.every=0",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     logs = tmp_path / "logs"
     logs.mkdir()
 
     def start(module: str, *args: str, name: str) -> subprocess.Popen[bytes]:
         with (logs / f"{name}.log").open("wb") as out:
-            return subprocess.Popen([sys.executable, "-m", module, *common, *args], cwd=tmp_path, env=env,
-                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            return subprocess.Popen(
+                [sys.executable, "-m", module, *common, *args],
+                cwd=tmp_path,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def steps_done() -> int:
         m = run_dir / "metrics.jsonl"
@@ -285,8 +394,16 @@ def test_an_actor_killed_mid_run_is_replaced_and_a_late_actor_joins(tiny_model: 
             time.sleep(0.5)
 
     addr = ["--learner", f"tcp://127.0.0.1:{port}"]
-    learner = start("agentgym.learner.main", "--bind", f"tcp://127.0.0.1:{port}", "--max-steps", "100000",
-                    "-o", "learner.actor_timeout_s=20", name="learner")  # fmt: skip
+    learner = start(
+        "agentgym.learner.main",
+        "--bind",
+        f"tcp://127.0.0.1:{port}",
+        "--max-steps",
+        "100000",
+        "-o",
+        "learner.actor_timeout_s=20",
+        name="learner",
+    )
     a = start("agentgym.actors.main", *addr, "--actor-id", "a", name="a")
     b = start("agentgym.actors.main", *addr, "--actor-id", "b", name="b")
     procs = [learner, a, b]

@@ -79,9 +79,13 @@ def reference_logprobs(
 
 
 def max_abs_diff(
-    model: Any, prompt: list[int], tokens: list[int], logprobs: list[float], temperature: float,
+    model: Any,
+    prompt: list[int],
+    tokens: list[int],
+    logprobs: list[float],
+    temperature: float,
     banned: torch.Tensor | None = None,
-) -> float:  # fmt: skip
+) -> float:
     if not tokens:
         return 0.0
     ref = reference_logprobs(model, prompt, tokens, temperature, banned)
@@ -119,12 +123,30 @@ def vllm_server(request: pytest.FixtureRequest, weights, tmp_path_factory: pytes
     port = _free_port()
     log_path = tmp_path_factory.mktemp("server") / "vllm.log"
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(dirs["w0"]),
-        "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(2**28),
-        "--logprobs-mode", "processed_logprobs", "--seed", "0", "--enforce-eager",
-        "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096",  # docs/engines.md: a CPU server
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(dirs["w0"]),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-memory-bytes",
+        str(2**28),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--seed",
+        "0",
+        "--enforce-eager",
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "4096",  # docs/engines.md: a CPU server
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # pause/resume/collective_rpc for weight updates
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -210,7 +232,9 @@ def test_seeded_long_prompts_beyond_one_steps_token_budget(h: Harness) -> None:
     async def many():
         specs = [SamplingSpec(max_tokens=4, temperature=1.0, seed=i) for i in range(6)]
         prompts = [[3 + (i * 7 + j) % (vocab - 10) for j in range(900)] for i in range(6)]
-        return await asyncio.gather(*(h.engine.generate(f"long-{i}", p, s) for i, (p, s) in enumerate(zip(prompts, specs))))
+        return await asyncio.gather(
+            *(h.engine.generate(f"long-{i}", p, s) for i, (p, s) in enumerate(zip(prompts, specs)))
+        )
 
     assert [len(g.token_ids) >= 1 for g in h.run(many())] == [True] * 6
 
@@ -235,7 +259,9 @@ def test_behaviour_logprobs_match_the_learner(h: Harness, temperature: float) ->
 
     async def sample():
         spec = SamplingSpec(max_tokens=48, temperature=temperature, seed=7)
-        return await asyncio.gather(*(h.engine.generate(f"lp-{temperature}-{i}", p, spec) for i, p in enumerate(PROMPTS)))
+        return await asyncio.gather(
+            *(h.engine.generate(f"lp-{temperature}-{i}", p, spec) for i, p in enumerate(PROMPTS))
+        )
 
     gens = h.run(sample())
     ours = torch.cat([torch.tensor(g.logprobs) for g in gens])
@@ -298,7 +324,9 @@ def test_top_p_logprobs_are_renormalized_over_the_nucleus(h: Harness) -> None:
         ref = torch.log_softmax(masked, -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
         diffs.append((ref - torch.tensor(g.logprobs)).abs())
     d = torch.cat(diffs)
-    print(f"\nlogprob parity {h.kind} T={T} top_p={top_p} (nucleus): max={d.max():.3g} mean={d.mean():.3g} n={d.numel()}")
+    print(
+        f"\nlogprob parity {h.kind} T={T} top_p={top_p} (nucleus): max={d.max():.3g} mean={d.mean():.3g} n={d.numel()}"
+    )
     assert d.max() < LOGPROB_TOL
 
 
@@ -399,7 +427,9 @@ def test_in_flight_update_resumes_with_the_new_weights(h: Harness, endless) -> N
         ref = HfEngine(h.dirs["w1"], seed=0, max_model_len=MAX_MODEL_LEN)
         await ref.start()
         try:
-            return await ref.generate("fresh", prompt + g.token_ids[:k], SamplingSpec(max_tokens=300 - k, temperature=0))
+            return await ref.generate(
+                "fresh", prompt + g.token_ids[:k], SamplingSpec(max_tokens=300 - k, temperature=0)
+            )
         finally:
             await ref.close()
 
@@ -427,7 +457,8 @@ def test_drain_mode_keeps_one_version_per_request(h: Harness) -> None:
         update = asyncio.create_task(e.update_weights(h.dirs["w1"], old + 1))
         while not e._gate.writers_waiting:  # the update now waits for the three to finish
             assert not update.done() and not e._gate.writing, (
-                f"the update took the gate at once: the requests in flight had ended ({e.load()})")
+                f"the update took the gate at once: the requests in flight had ended ({e.load()})"
+            )
             await asyncio.sleep(0.001)
         later = [asyncio.create_task(e.generate(f"later-{i}", PROMPTS[i], long)) for i in range(2)]
         doomed = asyncio.create_task(e.generate("doomed", PROMPTS[2], long))
@@ -506,10 +537,15 @@ def test_close_releases_everything(h: Harness) -> None:
     server_tree = {pid for pid in SERVER_PIDS if psutil.pid_exists(pid)}
     for pid in list(server_tree):
         server_tree |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-    children = [
-        p for p in psutil.Process(os.getpid()).children(recursive=True)
-        if p.pid not in server_tree and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
-    ] if h.kind == "vllm" else []  # fmt: skip
+    children = (
+        [
+            p
+            for p in psutil.Process(os.getpid()).children(recursive=True)
+            if p.pid not in server_tree and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
+        ]
+        if h.kind == "vllm"
+        else []
+    )
     if h.kind == "vllm":
         assert children, "vLLM's engine core runs in a child process"
     h.run(h.engine.close())
@@ -547,7 +583,10 @@ def test_config_chooses_the_engine(weights) -> None:
     remote = make_engine(Config(actor={"engine": "remote", "remote": {"url": "http://10.0.0.7:8000/"}}), dirs["w0"])
     assert isinstance(remote, RemoteEngine) and remote.url == "http://10.0.0.7:8000" and remote.update_mode == "resume"
     with pytest.raises(KeyError, match="AGENTGYM_NO_SUCH_KEY"):
-        make_engine(Config(actor={"engine": "remote", "remote": {"url": "http://h:1", "api_key_env": "AGENTGYM_NO_SUCH_KEY"}}), dirs["w0"])
+        make_engine(
+            Config(actor={"engine": "remote", "remote": {"url": "http://h:1", "api_key_env": "AGENTGYM_NO_SUCH_KEY"}}),
+            dirs["w0"],
+        )
     if HAVE_VLLM:
         from agentgym.actors.vllm_engine import VllmEngine
 

@@ -49,14 +49,17 @@ def test_an_openenv_environment_plays_in_a_pool_as_it_answers_itself() -> None:
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
-@pytest.mark.parametrize(("options", "match"), [
-    ({"env": "openenv_guess:NoSuch"}, r"option env: openenv_guess has no 'NoSuch'"),
-    ({"env": "no_such_module:Env"}, r"option env: cannot import 'no_such_module'"),
-    ({"env": "openenv_guess:GuessAction"}, r"not an OpenEnv Environment subclass"),
-    ({"action_field": "guesss"}, r"GuessAction has no field 'guesss'; its fields: \['guess', 'metadata'\]"),
-    ({"high": 1}, r"openenv_guess:GuessEnvironment\(high\) failed: ValueError: high must be at least 2"),
-    ({"seed": 3}, r"GuessEnvironment\(high, seed\) failed: TypeError: .*unexpected keyword argument 'seed'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"env": "openenv_guess:NoSuch"}, r"option env: openenv_guess has no 'NoSuch'"),
+        ({"env": "no_such_module:Env"}, r"option env: cannot import 'no_such_module'"),
+        ({"env": "openenv_guess:GuessAction"}, r"not an OpenEnv Environment subclass"),
+        ({"action_field": "guesss"}, r"GuessAction has no field 'guesss'; its fields: \['guess', 'metadata'\]"),
+        ({"high": 1}, r"openenv_guess:GuessEnvironment\(high\) failed: ValueError: high must be at least 2"),
+        ({"seed": 3}, r"GuessEnvironment\(high, seed\) failed: TypeError: .*unexpected keyword argument 'seed'"),
+    ],
+)
 def test_bad_options_fail_at_start_up_in_one_line(options: dict, match: str) -> None:
     with pytest.raises(EnvOptionsError, match=r"^env\.kwargs: env openenv: .*" + match) as err:
         check_env("openenv", {**OPTIONS, **options})
@@ -65,5 +68,8 @@ def test_bad_options_fail_at_start_up_in_one_line(options: dict, match: str) -> 
 
 def test_without_the_package_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "openenv.core.env_server", None)  # what `import` sees where it is absent
-    with pytest.raises(EnvOptionsError, match=r"env openenv needs the package of the 'openenv' extra: pip install 'agentgym\[openenv\]'"):
+    with pytest.raises(
+        EnvOptionsError,
+        match=r"env openenv needs the package of the 'openenv' extra: pip install 'agentgym\[openenv\]'",
+    ):
         check_env("openenv", OPTIONS)

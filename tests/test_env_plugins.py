@@ -53,7 +53,9 @@ def test_one_check_names_the_config_key_the_env_and_the_bad_option() -> None:
         check_env("maze", {"sise": 5})
     assert str(err.value).startswith("env.kwargs: env maze: unknown option(s) ['sise']; its options are [")
     assert "'size'" in str(err.value) and "\n" not in str(err.value)
-    with pytest.raises(EnvOptionsError, match=r"^env\.mix\[1\]\.kwargs: env guess_number: unknown option\(s\) \['hihg'\]"):
+    with pytest.raises(
+        EnvOptionsError, match=r"^env\.mix\[1\]\.kwargs: env guess_number: unknown option\(s\) \['hihg'\]"
+    ):
         check_env("guess_number", {"low": 1, "hihg": 8}, "env.mix[1]")
     with pytest.raises(UnknownEnvError, match=r"'mazee' \(from env\.mix\[0\]\.name\); known environments: .*maze"):
         check_env("mazee", {}, "env.mix[0]")
@@ -74,4 +76,13 @@ def test_every_shipped_config_passes_the_check(monkeypatch: pytest.MonkeyPatch) 
         for spec in cfg.env.specs:
             check_env(spec.name, spec.kwargs)
             checked.add(spec.name)
-    assert {"guess_number", "maze", "textcraft", "wordle", "reasoning_gym", "textarena", "skyrl_gym", "verifiers"} <= checked
+    assert {
+        "guess_number",
+        "maze",
+        "textcraft",
+        "wordle",
+        "reasoning_gym",
+        "textarena",
+        "skyrl_gym",
+        "verifiers",
+    } <= checked

@@ -22,8 +22,9 @@ import pytest
 pytest.importorskip("verifiers.v1")
 torch = pytest.importorskip("torch")
 
-from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from engine_fixtures import RecordingEngine  # noqa: E402
+
+from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.config.args import preflight  # noqa: E402
@@ -36,7 +37,7 @@ from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 # A taskset whose rubric pays len(reply) + 1: never 0, and a function of the exact reply text.
-LENGTH = textwrap.dedent('''
+LENGTH = textwrap.dedent("""
     import verifiers.v1 as vf
 
     __all__ = ["LengthTaskset"]
@@ -50,8 +51,8 @@ LENGTH = textwrap.dedent('''
         def load(self):
             for n in range(1, 9):
                 yield LengthTask(vf.TaskData(prompt=f"say {n}"), self.config.task)
-''')
-BROKEN = textwrap.dedent('''
+""")
+BROKEN = textwrap.dedent("""
     import verifiers.v1 as vf
 
     __all__ = ["BrokenTaskset"]
@@ -59,7 +60,7 @@ BROKEN = textwrap.dedent('''
     class BrokenTaskset(vf.Taskset[vf.Task, vf.TasksetConfig]):
         def load(self):
             raise FileNotFoundError("data/rows.jsonl is missing")
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -70,15 +71,23 @@ def tasksets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(tmp_path_factory, tasksets: Path) -> None:
+def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(
+    tmp_path_factory, tasksets: Path
+) -> None:
     from transformers import AutoTokenizer
 
     model_dir = make_default_tiny_model(tmp_path_factory.mktemp("vf") / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model_dir)
     say = {"taskset.id": "verifiers_say", "taskset.size": 16, "python_path": [str(REPO / "examples")]}
     length = {"taskset.id": "vf_length_taskset", "python_path": [str(tasksets)], "test_fraction": 0.25}
-    spec = RolloutSpec(group_size=2, max_tokens_per_turn=3, max_episode_tokens=256, temperature=1.0, top_p=1.0,
-                       env_kwargs={"verifiers": length})  # fmt: skip
+    spec = RolloutSpec(
+        group_size=2,
+        max_tokens_per_turn=3,
+        max_episode_tokens=256,
+        temperature=1.0,
+        top_p=1.0,
+        env_kwargs={"verifiers": length},
+    )
 
     async def go():
         engine = RecordingEngine(model_dir, seed=0)
@@ -90,8 +99,14 @@ def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(
             train = Ticket(group_id="g0", env="verifiers", task_id=5, split="train")
             test = Ticket(group_id="g1", env="verifiers", task_id=1, split="test")
             eps = await asyncio.gather(*(runner.play(t, i, spec, 2) for t in (train, test) for i in range(2)))
-            say_spec = RolloutSpec(group_size=1, max_tokens_per_turn=3, max_episode_tokens=256, temperature=1.0,
-                                   top_p=1.0, env_kwargs={"verifiers": say})  # fmt: skip
+            say_spec = RolloutSpec(
+                group_size=1,
+                max_tokens_per_turn=3,
+                max_episode_tokens=256,
+                temperature=1.0,
+                top_p=1.0,
+                env_kwargs={"verifiers": say},
+            )
             # A turn limit of one call: the harness ends the episode itself, whatever the reward.
             said = await runner.play(Ticket(group_id="g2", env="verifiers", task_id=0, split="train"), 0, say_spec, 1)
             return eps, said, engine.seen, stats
@@ -107,9 +122,11 @@ def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(
         # The one call: the engine was given exactly the prompt tokens and generated exactly the
         # tokens trained, with these logprobs (bitwise).
         n = int(mask.sum())
-        gen = next(g for p, g in seen if p == ids[: len(ids) - n].tolist() and g.token_ids == ids[len(ids) - n:].tolist())
-        assert (mask[len(ids) - n:] == 1).all() and not mask[: len(ids) - n].any()
-        assert np.array_equal(lps[len(ids) - n:], np.asarray(gen.logprobs, dtype=np.float32))
+        gen = next(
+            g for p, g in seen if p == ids[: len(ids) - n].tolist() and g.token_ids == ids[len(ids) - n :].tolist()
+        )
+        assert (mask[len(ids) - n :] == 1).all() and not mask[: len(ids) - n].any()
+        assert np.array_equal(lps[len(ids) - n :], np.asarray(gen.logprobs, dtype=np.float32))
         # The rubric's reward, computed by verifiers on the reply the endpoint returned.
         reply = tok.decode([t for t in gen.token_ids if t != tok.eos_token_id])
         assert ep.reward == float(len(reply.strip()) + 1) and ep.success  # last_reply is stripped
@@ -125,18 +142,26 @@ def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(
 
 def test_the_adapter_is_registered_and_lists_its_needs() -> None:
     assert "verifiers" in known_envs() and resolve_env("verifiers").name == "verifiers"
-    proc = subprocess.run([sys.executable, "-m", "agentgym.cli.main", "envs"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentgym.cli.main", "envs"], capture_output=True, text=True, timeout=60
+    )
     line = next(x for x in proc.stdout.splitlines() if x.startswith("verifiers"))
     assert "[verifiers]" in line and "agent endpoint" in line
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"taskset.id": "no_such_taskset"}, r"taskset 'no_such_taskset'.*not found"),
-    ({"taskset.id": "vf_broken_taskset"}, r"cannot load taskset 'vf_broken_taskset': FileNotFoundError: data/rows.jsonl is missing"),
-    ({"taskset.size": 3}, r"set \"taskset.id\""),
-    ({"taskset.id": "verifiers_say", "size": 3}, r"unknown option\(s\) \['size'\]"),
-    ({"taskset.id": "verifiers_say", "taskset.size": 1}, r"has 1 task\(s\): too few for a train and a test split"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"taskset.id": "no_such_taskset"}, r"taskset 'no_such_taskset'.*not found"),
+        (
+            {"taskset.id": "vf_broken_taskset"},
+            r"cannot load taskset 'vf_broken_taskset': FileNotFoundError: data/rows.jsonl is missing",
+        ),
+        ({"taskset.size": 3}, r"set \"taskset.id\""),
+        ({"taskset.id": "verifiers_say", "size": 3}, r"unknown option\(s\) \['size'\]"),
+        ({"taskset.id": "verifiers_say", "taskset.size": 1}, r"has 1 task\(s\): too few for a train and a test split"),
+    ],
+)
 def test_bad_options_fail_in_one_line_naming_what_was_wrong(tasksets: Path, options: dict, match: str) -> None:
     paths = [str(tasksets), str(REPO / "examples")]
     with pytest.raises(EnvOptionsError, match=r"^env\.kwargs: env verifiers: .*" + match) as err:
@@ -146,13 +171,21 @@ def test_bad_options_fail_in_one_line_naming_what_was_wrong(tasksets: Path, opti
 
 def test_start_up_stops_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``agentgym train``'s preflight: an unknown taskset, and a run that forgot the endpoint."""
-    base = ["model.path='models/tiny'", "model.create_tiny=true", "env.name='verifiers'",
-            "actor.agent_endpoint.enabled=true", f"actor.agent_endpoint.program='{PROGRAM}'"]  # fmt: skip
+    base = [
+        "model.path='models/tiny'",
+        "model.create_tiny=true",
+        "env.name='verifiers'",
+        "actor.agent_endpoint.enabled=true",
+        f"actor.agent_endpoint.program='{PROGRAM}'",
+    ]
     cfg = load_config(None, [*base, "env.kwargs={'taskset.id'='no_such_taskset'}"])
     with pytest.raises(SystemExit):
         preflight(cfg, env_options=True)
     err = capsys.readouterr().err
-    assert err.startswith("error: env.kwargs: env verifiers: cannot load taskset 'no_such_taskset'") and err.count("\n") == 1
+    assert (
+        err.startswith("error: env.kwargs: env verifiers: cannot load taskset 'no_such_taskset'")
+        and err.count("\n") == 1
+    )
     path = str(REPO / "examples")
     cfg = load_config(None, [*base[:3], f"env.kwargs={{'taskset.id'='verifiers_say', python_path=['{path}']}}"])
     with pytest.raises(SystemExit):
@@ -162,8 +195,10 @@ def test_start_up_stops_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_without_the_package_the_error_names_the_extra() -> None:
-    code = ("import sys; sys.modules['verifiers'] = None\n"  # how Python itself marks a module absent
-            "from agentgym.envpool.registry import check_env\n"
-            "try:\n    check_env('verifiers', {'taskset.id': 'verifiers_say'})\nexcept ValueError as e:\n    print(e)")  # fmt: skip
+    code = (
+        "import sys; sys.modules['verifiers'] = None\n"  # how Python itself marks a module absent
+        "from agentgym.envpool.registry import check_env\n"
+        "try:\n    check_env('verifiers', {'taskset.id': 'verifiers_say'})\nexcept ValueError as e:\n    print(e)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "env verifiers needs the verifiers package" in proc.stdout and "pip install -e '.[verifiers]'" in proc.stdout

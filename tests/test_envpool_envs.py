@@ -79,8 +79,14 @@ def test_guess_number_show_range_says_what_the_hints_allow() -> None:
     env.reset(5)
     assert env._target == 5
     seen = [env.step(a).observation for a in ["4", "7", "2", "x", "6", "5"]]
-    assert seen == ["higher, 5 to 8", "lower, 5 to 6", "higher, 5 to 6", "invalid, say a number from 1 to 8",
-                    "lower, 5 to 5", "correct"]  # fmt: skip
+    assert seen == [
+        "higher, 5 to 8",
+        "lower, 5 to 6",
+        "higher, 5 to 6",
+        "invalid, say a number from 1 to 8",
+        "lower, 5 to 5",
+        "correct",
+    ]
     plain = GuessNumber()
     plain.reset(5)
     assert [plain.step(a).observation for a in ["4", "7"]] == ["higher", "lower"]
@@ -96,8 +102,15 @@ def test_guess_number_shaping_rewards_narrowing_and_telescopes() -> None:
     env = GuessNumber(shaping=0.3)
     env.reset(5)
     got = [(r.observation, r.reward, r.done) for r in (env.step(a) for a in ["4", "4", "7", "2", "x", "6", "5"])]
-    assert [o for o, _, _ in got] == ["higher", "higher", "lower", "higher", "invalid, say a number from 1 to 8",
-                                      "lower", "correct"]  # fmt: skip
+    assert [o for o, _, _ in got] == [
+        "higher",
+        "higher",
+        "lower",
+        "higher",
+        "invalid, say a number from 1 to 8",
+        "lower",
+        "correct",
+    ]
     assert [r for _, r, _ in got] == pytest.approx([0.1, 0.0, 0.1, 0.0, 0.0, 0.1, 1.0])
     # A first-guess win earns the whole shaping at once; over any episode the shaping sums to
     # shaping * (bits found / bits needed), so a win is worth 1 + shaping however it was reached.
@@ -135,7 +148,9 @@ def test_guess_number_is_deterministic_in_task_id() -> None:
 def test_guess_number_latency_is_a_seeded_log_normal_wait_that_changes_nothing_else() -> None:
     slow = GuessNumber(step_latency_s=0.02, latency_sigma=1.0)
     waits = [slow.latency(task, turn) for task in range(400) for turn in (1, 2, 3)]
-    assert waits == [GuessNumber(step_latency_s=0.02, latency_sigma=1.0).latency(t, n) for t in range(400) for n in (1, 2, 3)]
+    assert waits == [
+        GuessNumber(step_latency_s=0.02, latency_sigma=1.0).latency(t, n) for t in range(400) for n in (1, 2, 3)
+    ]
     waits.sort()
     median = waits[len(waits) // 2]
     assert 0.017 < median < 0.023  # log-normal: the median is step_latency_s
@@ -156,8 +171,10 @@ def test_guess_number_latency_is_a_seeded_log_normal_wait_that_changes_nothing_e
             assert fast.step(action) == r
 
 
-@pytest.mark.parametrize("kwargs", [{"step_latency_s": -1}, {"latency_sigma": float("nan")}, {"step_latency_s": "1"},
-                                    {"latency_sigma": True}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"step_latency_s": -1}, {"latency_sigma": float("nan")}, {"step_latency_s": "1"}, {"latency_sigma": True}],
+)
 def test_guess_number_rejects_a_bad_latency(kwargs: dict) -> None:
     with pytest.raises(ValueError, match=f"guess_number: option {next(iter(kwargs))} must be a number >= 0"):
         GuessNumber(**kwargs)
@@ -205,7 +222,7 @@ def test_guess_number_rejects_bad_options() -> None:
     with pytest.raises(ValueError, match="low=9 is greater than high=2"):
         GuessNumber(low=9, high=2)
     with pytest.raises(TypeError, match="high must be an integer, got '8'"):
-        GuessNumber(high="8")  # type: ignore[arg-type]
+        GuessNumber(high="8")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 # ---------------------------------------------------------------- probe

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from envpool_fixtures import expert_episode
 import structlog
 import uvloop
+from envpool_fixtures import expert_episode
 
 from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 from agentgym.envpool.registry import UnknownEnvError
@@ -55,8 +55,11 @@ def test_episode_contract_through_the_pool() -> None:
                 assert "higher, lower or correct" in ep.instructions
                 r = await ep.step("no idea")
                 assert (r.observation, r.reward, r.done, r.info) == (
-                    "invalid, say a number from 1 to 8", 0.0, False, {"turns": 1, "valid": False},
-                )  # fmt: skip
+                    "invalid, say a number from 1 to 8",
+                    0.0,
+                    False,
+                    {"turns": 1, "valid": False},
+                )
                 with pytest.raises(RuntimeError, match="reset called twice"):
                     await ep.reset()
                 assert ep.turns == 1
@@ -281,9 +284,12 @@ def test_worker_output_goes_to_the_log_not_the_frames() -> None:
 
 def _worker(*requests: bytes) -> tuple[list[Any], int, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "agentgym.envpool.worker"], input=b"".join(requests),
-        capture_output=True, timeout=30, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "agentgym.envpool.worker"],
+        input=b"".join(requests),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     out, replies = proc.stdout, []
     while out:
         n = body_length(out[:4])
@@ -388,7 +394,7 @@ def test_an_env_that_starts_threads_at_import_is_not_forked(tmp_path, monkeypatc
         "from agentgym.envpool.envs.guess_number import GuessNumber\n"
         "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()  # a thread would not survive a fork\n"
         "class Threaded(GuessNumber):\n    pass\n"
-    )  # fmt: skip
+    )
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
     async def main() -> None:

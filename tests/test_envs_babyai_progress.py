@@ -64,8 +64,11 @@ def test_a_turn_away_costs_its_share_and_useless_actions_pay_nothing() -> None:
 
 def test_missions_without_a_distance_are_refused_by_name() -> None:
     env = BabyAI(levels="PutNextLocal", progress_reward=True)
-    with pytest.raises(ValueError, match=r"progress_reward needs GoTo or Pickup missions; level "
-                                         r"BabyAI-PutNextLocal-v0 \(task 0\) has 'put the"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"progress_reward needs GoTo or Pickup missions; level "
+        r"BabyAI-PutNextLocal-v0 \(task 0\) has 'put the",
+    ):
         env.reset(0)
     BabyAI(levels="PutNextLocal").reset(0)  # without the option the level plays as ever
     with pytest.raises(TypeError, match="progress_reward must be true or false"):

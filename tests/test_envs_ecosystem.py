@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from agentgym.envpool.base import StepResult, split_of
-from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 
 # The packages are the envs extra, which scripts/install.sh installs: no skip where they are missing
 # (CI must not pass without them); each test then fails with the adapter's error naming the extra.
 from agentgym.envpool.envs.reasoning_gym import ReasoningGym
 from agentgym.envpool.envs.skyrl_gym import SkyRLGym
 from agentgym.envpool.envs.textarena import TextArena, random_move
+from agentgym.envpool.pool import EnvFailure, EnvPool, EnvStartError
 
 DATA = Path(__file__).resolve().parents[1] / "configs" / "ecosystem" / "data"
 TRAIN, TEST = str(DATA / "skyrl_gsm8k_train.jsonl"), str(DATA / "skyrl_gsm8k_test.jsonl")
@@ -172,11 +172,27 @@ def test_skyrl_gym_env_steps_on_a_row_and_pays_its_reward() -> None:
 @pytest.mark.parametrize(
     ("env", "kwargs", "match"),
     [
-        ("reasoning_gym", {"dataset": "leg_countin"}, r"unknown dataset 'leg_countin' \(did you mean leg_counting.*the 10\d datasets: ab, acre"),
-        ("reasoning_gym", {"dataset": "leg_counting", "min_animal": 2}, r"has no option\(s\) \['min_animal'\]; its options: max_animals"),
-        ("textarena", {"game": "TicTacToe-v9"}, r"unknown game 'TicTacToe-v9' \(did you mean TicTacToe-v0.*the \d+ games: 2048-v0"),
+        (
+            "reasoning_gym",
+            {"dataset": "leg_countin"},
+            r"unknown dataset 'leg_countin' \(did you mean leg_counting.*the 10\d datasets: ab, acre",
+        ),
+        (
+            "reasoning_gym",
+            {"dataset": "leg_counting", "min_animal": 2},
+            r"has no option\(s\) \['min_animal'\]; its options: max_animals",
+        ),
+        (
+            "textarena",
+            {"game": "TicTacToe-v9"},
+            r"unknown game 'TicTacToe-v9' \(did you mean TicTacToe-v0.*the \d+ games: 2048-v0",
+        ),
         ("textarena", {"game": "TicTacToe-v0"}, r"TicTacToe-v0 is a 2-player game: set option opponent"),
-        ("skyrl_gym", {"env_id": "gsm8", "data": TRAIN}, r"unknown env id 'gsm8' \(did you mean gsm8k\?\); the \d env ids: aime, gsm8k"),
+        (
+            "skyrl_gym",
+            {"env_id": "gsm8", "data": TRAIN},
+            r"unknown env id 'gsm8' \(did you mean gsm8k\?\); the \d env ids: aime, gsm8k",
+        ),
     ],
 )
 def test_an_unknown_id_fails_the_pool_start_in_one_line_listing_what_exists(env: str, kwargs: dict, match: str) -> None:
@@ -193,15 +209,21 @@ def test_an_unknown_id_fails_the_pool_start_in_one_line_listing_what_exists(env:
 def test_an_env_raising_mid_episode_fails_that_episode_only(tmp_path: Path) -> None:
     # A real skyrl-gym env on a malformed row: AIME's scorer calls .split on its ground truth.
     rows = tmp_path / "aime.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": f"2 + {n} = ?", "reward_model": {"ground_truth": gt}}) + "\n"
-                            for n, gt in enumerate([7, "3"])))  # fmt: skip
+    rows.write_text(
+        "".join(
+            json.dumps({"prompt": f"2 + {n} = ?", "reward_model": {"ground_truth": gt}}) + "\n"
+            for n, gt in enumerate([7, "3"])
+        )
+    )
 
     async def main() -> None:
         async with EnvPool("skyrl_gym", {"env_id": "aime", "data": str(rows)}, 1) as pool:
             async with pool.episode(0) as ep:
                 pid = ep.worker_pid
                 await ep.reset()
-                with pytest.raises(EnvFailure, match=r"task 0: env_error: AttributeError: 'int' object has no attribute 'split'") as info:
+                with pytest.raises(
+                    EnvFailure, match=r"task 0: env_error: AttributeError: 'int' object has no attribute 'split'"
+                ) as info:
                     await ep.step("Answer: 2")
                 assert info.value.reason == "env_error"
             async with pool.episode(1) as ep:  # the worker is kept, as for the built-in envs
@@ -242,7 +264,9 @@ def test_a_worker_that_dies_mid_game_fails_its_episode_and_is_replaced() -> None
 )
 def test_a_missing_package_names_the_extra_to_install(cls, kwargs, module, extra, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setitem(sys.modules, module, None)  # what `import` sees where the package is not installed
-    with pytest.raises(ImportError, match=rf"needs the package of the '{extra}' extra: pip install 'agentgym\[{extra}\]'") as info:
+    with pytest.raises(
+        ImportError, match=rf"needs the package of the '{extra}' extra: pip install 'agentgym\[{extra}\]'"
+    ) as info:
         cls(**kwargs)
     assert "\n" not in str(info.value)
 
@@ -251,8 +275,24 @@ def test_agentgym_train_stops_on_an_unknown_dataset_before_any_process_starts(tm
     import subprocess
 
     config = Path(__file__).resolve().parents[1] / "configs" / "ecosystem" / "reasoning_gym.toml"
-    out = subprocess.run([sys.executable, "-m", "agentgym.cli", "train", "--config", str(config),
-                          "-o", 'env.kwargs.dataset="leg_countin"'], cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cli",
+            "train",
+            "--config",
+            str(config),
+            "-o",
+            'env.kwargs.dataset="leg_countin"',
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
-    assert out.stderr.startswith("error: env.kwargs: env reasoning_gym: unknown dataset 'leg_countin' (did you mean leg_counting")
+    assert out.stderr.startswith(
+        "error: env.kwargs: env reasoning_gym: unknown dataset 'leg_countin' (did you mean leg_counting"
+    )
     assert out.stderr.count("\n") == 1 and not list(tmp_path.iterdir())  # one line; no run directory, no model made

@@ -31,8 +31,12 @@ _ENVS: dict[str, Env] = {}
 
 
 def build(name: str) -> Env:
-    return {"babyai": lambda: BabyAI(levels=BABYAI_LEVELS), "textcraft": lambda: TextCraft(depth=3),
-            "maze": lambda: Maze(size=6), "wordle": Wordle}[name]()  # fmt: skip
+    return {
+        "babyai": lambda: BabyAI(levels=BABYAI_LEVELS),
+        "textcraft": lambda: TextCraft(depth=3),
+        "maze": lambda: Maze(size=6),
+        "wordle": Wordle,
+    }[name]()
 
 
 def _cached(name: str) -> Env:
@@ -108,10 +112,13 @@ def test_same_task_id_same_episode(name: str) -> None:
     for task in tasks:
         # The expert's episode, and a scripted one with invalid actions mixed in.
         assert play(a, task) == play(b, task)
-        scripted = lambda turn: INVALID[1] if turn % 3 == 0 else moves[turn % len(moves)]  # noqa: E731
-        moves = {"babyai": list(ACTIONS), "textcraft": ["inventory", "get 2 oak log"],
-                 "maze": ["move up", "move left", "move down", "move right"],
-                 "wordle": ["crane", "slate", "guess: pious"]}[name]  # fmt: skip
+        moves = {
+            "babyai": list(ACTIONS),
+            "textcraft": ["inventory", "get 2 oak log"],
+            "maze": ["move up", "move left", "move down", "move right"],
+            "wordle": ["crane", "slate", "guess: pious"],
+        }[name]
+        scripted = lambda turn, moves=moves: INVALID[1] if turn % 3 == 0 else moves[turn % len(moves)]  # noqa: E731
         assert play(a, task, scripted, 12) == play(b, task, scripted, 12)
     # Reusing an instance across other episodes changes nothing; task ids give different episodes.
     assert play(b, tasks[0]) == play(a, tasks[0])
@@ -227,7 +234,10 @@ def test_textcraft_feedback() -> None:
     world = make_world(7, 2, 2)
     assert first.startswith("Crafting commands:\n") and first.endswith(f"Goal: craft {world.goal}.")
     goal = world.recipes[world.goal]
-    assert env.step(f"get 1 {world.goal}").observation == f"Could not get {world.goal}: it is not a raw material; craft it."
+    assert (
+        env.step(f"get 1 {world.goal}").observation
+        == f"Could not get {world.goal}: it is not a raw material; craft it."
+    )
     assert env.step("get 3 unobtainium").observation == "Could not find unobtainium."
     assert env.step("get 0 sand").observation.startswith("Could not get 0 sand")
     missing = env.step(goal.command()).observation
@@ -255,8 +265,16 @@ def test_textcraft_progress_reward_pays_the_plan_share_and_taking_back_costs_it(
         # A distractor that spends a raw material the goal needs takes that progress back: get
         # the distractor's ingredients (enough of the goal's too: progress), then craft it.
         need = dict(world.recipes[world.goal].ingredients)
-        trap = next((r for r in world.recipes.values() if r.output != world.goal and all(i in RAW for i, _ in r.ingredients)
-                     and any(need.get(i, 1000) <= k for i, k in r.ingredients)), None)  # fmt: skip
+        trap = next(
+            (
+                r
+                for r in world.recipes.values()
+                if r.output != world.goal
+                and all(i in RAW for i, _ in r.ingredients)
+                and any(need.get(i, 1000) <= k for i, k in r.ingredients)
+            ),
+            None,
+        )
         rewards = []
         if trap is not None:
             rewards += [paid.step(f"get {k} {ing}").reward for ing, k in trap.ingredients]
@@ -366,7 +384,7 @@ def test_maze_train_sizes_give_training_tasks_the_curriculum_and_held_out_tasks_
         assert "maze of 5 by 5 cells" in maze.instructions()
     for bad in ([], [1], [3, "4"], [True], 3):
         with pytest.raises(ValueError, match="train_sizes must be a non-empty list of integers from 2 to 30"):
-            Maze(size=5, train_sizes=bad)  # type: ignore[arg-type]
+            Maze(size=5, train_sizes=bad)  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_textcraft_train_distractors_give_training_books_the_curriculum_and_held_out_books_distractors() -> None:
@@ -382,7 +400,7 @@ def test_textcraft_train_distractors_give_training_books_the_curriculum_and_held
         assert env.distractors_of(task) == 2 and env.reset(task) == TextCraft(depth=1, distractors=2).reset(task)
     for bad in ([], [21], [1, "2"], [True], 2):
         with pytest.raises(ValueError, match="train_distractors must be a non-empty list of integers from 0 to 20"):
-            TextCraft(depth=1, train_distractors=bad)  # type: ignore[arg-type]
+            TextCraft(depth=1, train_distractors=bad)  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_list_options_reach_the_env_through_the_config_and_the_pool() -> None:
@@ -528,7 +546,7 @@ def test_wordle_letters_mode_writes_and_reads_spaced_letters() -> None:
         results.append(env.step(action))
     assert results[-1].info["success"] and action.replace(" ", "") == word
     with pytest.raises(TypeError, match="option letters must be true or false"):
-        Wordle(word_list=small, letters="yes")  # type: ignore[arg-type]
+        Wordle(word_list=small, letters="yes")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_wordle_missing_word_list_names_the_package(tmp_path: Path) -> None:
@@ -548,8 +566,12 @@ def test_wordle_missing_word_list_names_the_package(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_expert_plays_through_the_env_pool(name: str) -> None:
-    kwargs = {"babyai": {"levels": ",".join(BABYAI_LEVELS)}, "textcraft": {"depth": 3}, "maze": {"size": 6},
-              "wordle": {}}[name]  # fmt: skip
+    kwargs = {
+        "babyai": {"levels": ",".join(BABYAI_LEVELS)},
+        "textcraft": {"depth": 3},
+        "maze": {"size": 6},
+        "wordle": {},
+    }[name]
     tasks = [int(resolve_env(name).tasks("test")[k]) for k in (0, 1)]
 
     async def main() -> list[list[str]]:
@@ -580,8 +602,12 @@ def test_expert_plays_through_the_env_pool(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_pool_survives_a_killed_and_a_hung_worker(name: str) -> None:
-    kwargs = {"babyai": {"levels": ",".join(BABYAI_LEVELS)}, "textcraft": {"depth": 2}, "maze": {"size": 4},
-              "wordle": {}}[name]  # fmt: skip
+    kwargs = {
+        "babyai": {"levels": ",".join(BABYAI_LEVELS)},
+        "textcraft": {"depth": 2},
+        "maze": {"size": 4},
+        "wordle": {},
+    }[name]
     task = first_train_tasks(name, 1)[0]
 
     async def main() -> None:

@@ -56,7 +56,12 @@ def test_agentgym_api_on_our_server(guess_server: EnvServer) -> None:
     assert status == 200 and reset["observation"] == "guess a number from 1 to 16" and reset["done"] is False
     assert "higher, lower or correct" in reset["instructions"]
     status, step = http(url, "POST", "/step", {"id": env_id, "action": "no idea"})
-    assert (status, step["observation"], step["reward"], step["done"]) == (200, "invalid, say a number from 1 to 16", 0.0, False)
+    assert (status, step["observation"], step["reward"], step["done"]) == (
+        200,
+        "invalid, say a number from 1 to 16",
+        0.0,
+        False,
+    )
     assert http(url, "GET", f"/observation?id={env_id}") == (200, "invalid, say a number from 1 to 16")
     status, expert = http(url, "GET", f"/expert?id={env_id}")
     assert status == 200 and expert["action"].isdigit()
@@ -235,11 +240,23 @@ def test_server_command_serves_until_ctrl_c(sigint: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.envpool.server", "guess_number", "--kwargs", '{"high": 4}', "--size", "1",
-         "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "agentgym.envpool.server",
+            "guess_number",
+            "--kwargs",
+            '{"high": 4}',
+            "--size",
+            "1",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         preexec_fn=ignore_sigint if sigint == "ignored" else None,
-    )  # fmt: skip
+    )
     try:
         line = ""
         assert proc.stdout is not None
@@ -257,7 +274,9 @@ def test_server_command_serves_until_ctrl_c(sigint: str) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
-            raise AssertionError(f"the server did not exit within 120 s of Ctrl-C; its output:\n{out[-3000:]}") from None
+            raise AssertionError(
+                f"the server did not exit within 120 s of Ctrl-C; its output:\n{out[-3000:]}"
+            ) from None
     finally:
         if proc.poll() is None:
             proc.kill()

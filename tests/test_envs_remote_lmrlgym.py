@@ -38,15 +38,27 @@ GOAL, SIZE = (4, 4), 6
 STARTS = [(r, c) for r in range(SIZE) for c in range(SIZE) if (r, c) != GOAL][:26]
 WORDS = ["shire", "panic", "felon", "frown", "crane", "slate"]
 MOVES = {"move up": (-1, 0), "move down": (1, 0), "move left": (0, -1), "move right": (0, 1)}
-SHAPES = {"reset": {"maze": {"id": int, "game": int}, "wordle": {"id": int, "seed": int}},
-          "step": {"maze": {"id": int, "action": str}, "wordle": {"id": int, "action": str}}}  # fmt: skip
+SHAPES = {
+    "reset": {"maze": {"id": int, "game": int}, "wordle": {"id": int, "seed": int}},
+    "step": {"maze": {"id": int, "action": str}, "wordle": {"id": int, "action": str}},
+}
 
 
 def maze_text(pos: tuple[int, int]) -> str:
-    walls = [w for w, (dr, dc) in (("above you", (-1, 0)), ("below you", (1, 0)), ("to your left", (0, -1)),
-                                   ("to your right", (0, 1))) if not (0 <= pos[0] + dr < SIZE and 0 <= pos[1] + dc < SIZE)]  # fmt: skip
-    return (f"The goal is at position {GOAL[0]}, {GOAL[1]}. Your current position is at position {pos[0]}, {pos[1]}. "
-            + (f"There are walls {', '.join(walls)}." if walls else "There are no walls around you."))  # fmt: skip
+    walls = [
+        w
+        for w, (dr, dc) in (
+            ("above you", (-1, 0)),
+            ("below you", (1, 0)),
+            ("to your left", (0, -1)),
+            ("to your right", (0, 1)),
+        )
+        if not (0 <= pos[0] + dr < SIZE and 0 <= pos[1] + dc < SIZE)
+    ]
+    return (
+        f"The goal is at position {GOAL[0]}, {GOAL[1]}. Your current position is at position {pos[0]}, {pos[1]}. "
+        + (f"There are walls {', '.join(walls)}." if walls else "There are no walls around you.")
+    )
 
 
 class LmrlGym:
@@ -108,9 +120,16 @@ def _shape_errors(body: Any, shape: dict[str, type]) -> list[dict[str, Any]]:
     if not isinstance(body, dict):
         return [{"type": "model_attributes_type", "loc": ["body"], "msg": "Input should be a valid dictionary"}]
     errs = [{"type": "missing", "loc": ["body", k], "msg": "Field required"} for k in shape if k not in body]
-    errs += [{"type": "extra_forbidden", "loc": ["body", k], "msg": "Extra inputs are not permitted"} for k in body if k not in shape]
-    errs += [{"type": t.__name__ + "_type", "loc": ["body", k], "msg": f"Input should be a valid {t.__name__}"}
-             for k, t in shape.items() if k in body and (type(body[k]) is not t)]  # fmt: skip
+    errs += [
+        {"type": "extra_forbidden", "loc": ["body", k], "msg": "Extra inputs are not permitted"}
+        for k in body
+        if k not in shape
+    ]
+    errs += [
+        {"type": t.__name__ + "_type", "loc": ["body", k], "msg": f"Input should be a valid {t.__name__}"}
+        for k, t in shape.items()
+        if k in body and (type(body[k]) is not t)
+    ]
     return errs
 
 
@@ -139,7 +158,9 @@ def make_handler(games: LmrlGym) -> type[BaseHTTPRequestHandler]:
                 return self.answer(404, {"detail": "Not Found"})
             ids = parse_qs(parts.query).get("id", [])
             if len(ids) != 1 or not ids[0].isdigit():
-                return self.answer(422, {"detail": [{"type": "missing", "loc": ["query", "id"], "msg": "Field required"}]})
+                return self.answer(
+                    422, {"detail": [{"type": "missing", "loc": ["query", "id"], "msg": "Field required"}]}
+                )
             with games.lock:
                 try:
                     return self.answer(200, games.env(m.group(1), int(ids[0]))["observation"])
@@ -152,14 +173,18 @@ def make_handler(games: LmrlGym) -> type[BaseHTTPRequestHandler]:
             try:
                 body = json.loads(raw) if raw else None
             except ValueError:
-                return self.answer(422, {"detail": [{"type": "json_invalid", "loc": ["body"], "msg": "JSON decode error"}]})
+                return self.answer(
+                    422, {"detail": [{"type": "json_invalid", "loc": ["body"], "msg": "JSON decode error"}]}
+                )
             games.requests.append(("POST", self.path, body))
             if m is None:
                 return self.answer(404, {"detail": "Not Found"})
             game, route = m.groups()
             if route == "create":
                 if raw:
-                    return self.answer(422, {"detail": [{"type": "extra_forbidden", "loc": ["body"], "msg": "create takes no body"}]})
+                    return self.answer(
+                        422, {"detail": [{"type": "extra_forbidden", "loc": ["body"], "msg": "create takes no body"}]}
+                    )
                 with games.lock:
                     return self.answer(200, games.create(game))
             errs = _shape_errors(body, SHAPES[route][game])
@@ -260,7 +285,9 @@ def test_the_server_refuses_other_shapes_and_so_would_the_real_one(lmrl: tuple[s
     games.create("maze")
     from agentgym.envpool.envs.remote import request
 
-    with pytest.raises(RemoteEnvError, match=r"POST /maze/reset: HTTP 422: .*'loc': \['body', 'game'\], 'msg': 'Field required'"):
+    with pytest.raises(
+        RemoteEnvError, match=r"POST /maze/reset: HTTP 422: .*'loc': \['body', 'game'\], 'msg': 'Field required'"
+    ):
         request(url, "POST", "/maze/reset", {"id": 0, "data_idx": 3}, 5)
     with pytest.raises(RemoteEnvError, match=r"POST /wordle/reset: HTTP 422: .*'loc': \['body', 'seed'\]"):
         request(url, "POST", "/wordle/reset", {"id": 0, "game": 3}, 5)

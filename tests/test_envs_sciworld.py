@@ -60,14 +60,19 @@ def test_contract_invalid_actions_and_determinism(env: SciWorld) -> None:
     first = env.reset(tid)
     assert "is called the" in first.split(".")[0]
     assert "Your task is to find a(n) animal" in env.instructions() and "focus on OBJ" in env.instructions()
-    moves = [env.step(a) for a in ("dance with the moon", "", "look around", "Thought: the door.\nAction: open door to kitchen")]
+    moves = [
+        env.step(a)
+        for a in ("dance with the moon", "", "look around", "Thought: the door.\nAction: open door to kitchen")
+    ]
     assert moves[0].observation == "No known action matches that input." and moves[0].reward == 0.0
     assert not any(m.done for m in moves) and moves[1].observation == "No known action matches that input."
     assert moves[2].observation == first
     assert moves[3].observation == "The door is now open."  # the command after "Action:"
     again = env.reset(tid)
     assert again == first
-    assert [env.step(a).observation for a in ("dance with the moon", "", "look around")] == [m.observation for m in moves[:3]]
+    assert [env.step(a).observation for a in ("dance with the moon", "", "look around")] == [
+        m.observation for m in moves[:3]
+    ]
     assert env.reset(task_id("find-animal", 4)) != first or env.instructions() != ""
 
 

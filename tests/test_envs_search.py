@@ -174,7 +174,6 @@ def test_through_the_pool_and_a_killed_worker(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-
 FORKED_BUILDERS = """
 import os, sys
 from agentgym.envpool.envs.deepsearch import Index
@@ -198,8 +197,9 @@ def test_forked_builders_of_one_cache_do_not_collide(tmp_path: Path) -> None:
     # must write its own temporary copy before the atomic rename (a name made from id() once
     # collided). Forked as the zygote forks: from a fresh single-threaded process.
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", FORKED_BUILDERS, str(tmp_path)], env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED_BUILDERS, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0 and out.stdout.strip() == str([0] * 6), out.stdout + out.stderr[-3000:]
     assert [p.name for p in tmp_path.iterdir()] == [f"factbook-bm25-{len(factbook.passages())}-t3-stem"]  # no leftovers
     assert Index(str(tmp_path)).search("capital of Chad", 3)

@@ -43,7 +43,9 @@ def test_wordle_progress_is_the_share_of_information_and_success_stays_the_word(
     paid.reset(0)
     assert paid.step("zzzzz").reward == 0.0  # not a word: nothing learnt, nothing paid
     for bad in (1, "consistant"):
-        with pytest.raises(ValueError, match='progress_reward must be false, true, "information", "consistent" or "marks"'):
+        with pytest.raises(
+            ValueError, match='progress_reward must be false, true, "information", "consistent" or "marks"'
+        ):
             Wordle(word_list=SMALL, progress_reward=bad)
 
 

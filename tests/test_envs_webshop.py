@@ -113,7 +113,9 @@ def test_catalogue_splits_goals_and_reward() -> None:
 
     # Everything is a function of (num_products, seed, task id), also in a fresh instance.
     a, b = catalogue(300, 0), Catalogue(300, 0)
-    assert a.products == b.products and [a.goal(t) for t in range(0, 2400, 37)] == [b.goal(t) for t in range(0, 2400, 37)]
+    assert a.products == b.products and [a.goal(t) for t in range(0, 2400, 37)] == [
+        b.goal(t) for t in range(0, 2400, 37)
+    ]
     assert Catalogue(300, 1).products != a.products
     goal = a.goal(1234)
     p = a.products[goal.pid]
@@ -152,10 +154,10 @@ def test_action_grammar() -> None:
     assert parse_action("scroll down") == Scroll(True) and parse_action("SCROLL up") == Scroll(False)
     assert parse_action("go back") == GoBack()
     assert parse_action("click [3]\ntype [2] x") == Type(2, "x", False)  # the last action line counts
-    assert "no action found in 'buy it'" in parse_action("buy it")  # type: ignore[operator]
-    assert "cannot read 'click the red one'" in parse_action("click the red one")  # type: ignore[operator]
-    assert f"at most {MAX_TYPED}" in parse_action("type [2] " + "x" * 500)  # type: ignore[operator]
-    assert "actions are: click [ID]" in parse_action("")  # type: ignore[operator]
+    assert "no action found in 'buy it'" in parse_action("buy it")  # type: ignore[operator]  # an invalid action returns the message
+    assert "cannot read 'click the red one'" in parse_action("click the red one")  # type: ignore[operator]  # an invalid action returns the message
+    assert f"at most {MAX_TYPED}" in parse_action("type [2] " + "x" * 500)  # type: ignore[operator]  # an invalid action returns the message
+    assert "actions are: click [ID]" in parse_action("")  # type: ignore[operator]  # an invalid action returns the message
 
 
 def test_shop_server_over_http() -> None:
@@ -201,7 +203,10 @@ def test_shop_server_over_http() -> None:
 
 
 def test_missing_chromium_and_bad_options_are_named() -> None:
-    with pytest.raises(FileNotFoundError, match=r"chromium='/nonexistent/chromium' is not an executable Chromium.*apt-get install chromium"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"chromium='/nonexistent/chromium' is not an executable Chromium.*apt-get install chromium",
+    ):
         WebShop(chromium="/nonexistent/chromium")
     with pytest.raises(FileNotFoundError, match="chromium=''"):
         find_chromium("")
@@ -253,7 +258,7 @@ def test_contract_and_invalid_actions(env: WebShop) -> None:
         assert why in r.observation and (r.reward, r.done, r.info["turns"]) == (0.0, False, turns), (action, r)
         assert home in r.observation  # the page is shown again, unchanged
     r = env.step(f"Search first.\nAction: type [{box}] hoodie [enter]")
-    assert r.observation.startswith('Results - Agentshop') and 'value="hoodie"' in r.observation
+    assert r.observation.startswith("Results - Agentshop") and 'value="hoodie"' in r.observation
     assert "(more below: scroll down)" in r.observation
     down = env.step("scroll down").observation
     assert "(more above: scroll up)" in down and down != r.observation
@@ -282,7 +287,7 @@ def test_contract_and_invalid_actions(env: WebShop) -> None:
 def test_same_task_same_episode_and_expert_solves_a_sample(env: WebShop) -> None:
     tasks = [WebShop.tasks("test")[0], WebShop.tasks("test")[77], WebShop.tasks("train")[500]]
     played = {t: play_expert(env, t) for t in tasks}
-    for t, (first, moves) in played.items():
+    for t, (_first, moves) in played.items():
         observation, reward, done, info = moves[-1][1]
         assert (reward, done, info["success"]) == (1.0, True, True), (t, moves)
         assert "Order placed" in observation and len(moves) <= 12
@@ -312,8 +317,12 @@ def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: W
             return err.value, pid, below
 
     def browser_of(below: list[int]) -> int:
-        return next(p for p in below if psutil.Process(p).name() == "chromium"
-                    and not any(a.startswith("--type=") for a in psutil.Process(p).cmdline()))  # fmt: skip
+        return next(
+            p
+            for p in below
+            if psutil.Process(p).name() == "chromium"
+            and not any(a.startswith("--type=") for a in psutil.Process(p).cmdline())
+        )
 
     task = WebShop.tasks("test")[3]
     in_process = play_expert(env, task)
@@ -338,7 +347,9 @@ def test_pool_survives_a_killed_worker_a_hung_worker_and_a_killed_browser(env: W
             assert wait_gone([pid, *below]) == []
 
             # A browser killed under a live worker: the env names it, the worker stays and relaunches.
-            err, pid, below = await failing_episode(pool, 13, lambda _, below: os.kill(browser_of(below), signal.SIGKILL))
+            err, pid, below = await failing_episode(
+                pool, 13, lambda _, below: os.kill(browser_of(below), signal.SIGKILL)
+            )
             assert err.reason == "env_error" and "webshop: browser failed during" in str(err)
             _, _, reward = await expert_episode(pool, 14, 20)
             async with pool.episode(15) as ep:

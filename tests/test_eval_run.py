@@ -36,8 +36,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 def _cli(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +47,41 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("tensorboard")
     root = tmp_path_factory.mktemp("evalrun")
     run_dir = root / "run"
-    proc = _cli(["train", "--config", str(REPO / "configs" / "quickstart.toml"), "--run-dir", str(run_dir),
-                 "--actors", "1", "--max-steps", str(STEPS),
-                 "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"', "-o", f'model.path="{root / "model"}"',
-                 "-o", 'actor.engine="hf"', "-o", "actor.max_groups=4", "-o", "learner.batch_groups=4",
-                 "-o", "eval.every=3", "-o", "eval.at_start=false", "-o", "model.pretrain_steps=100",
-                 "-o", "learner.lr=1e-4",
-                 "-o", 'metrics.sinks=["jsonl", "tensorboard", "wandb"]'], root, timeout=2000)  # fmt: skip
+    proc = _cli(
+        [
+            "train",
+            "--config",
+            str(REPO / "configs" / "quickstart.toml"),
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "1",
+            "--max-steps",
+            str(STEPS),
+            "-o",
+            f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',
+            "-o",
+            f'model.path="{root / "model"}"',
+            "-o",
+            'actor.engine="hf"',
+            "-o",
+            "actor.max_groups=4",
+            "-o",
+            "learner.batch_groups=4",
+            "-o",
+            "eval.every=3",
+            "-o",
+            "eval.at_start=false",
+            "-o",
+            "model.pretrain_steps=100",
+            "-o",
+            "learner.lr=1e-4",
+            "-o",
+            'metrics.sinks=["jsonl", "tensorboard", "wandb"]',
+        ],
+        root,
+        timeout=2000,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir
 
@@ -75,14 +104,16 @@ def test_the_readme_eval_example_reproduces_the_runs_final_eval(run: Path) -> No
     assert f"settings from {run / 'config.toml'}" in proc.stderr and "warning" not in proc.stderr, proc.stderr
     report = json.loads(out.read_text())
     k = report["k"]
-    (env, row), = report["envs"].items()
+    ((env, row),) = report["envs"].items()
     ours, n_ours = row[f"avg@{k}"], row["samples"]
     theirs, n_theirs = final["success_rate"], final["episodes"]
     assert theirs >= 0.2, f"the run's final success {theirs:.3f}: too low for the comparison to mean anything"
     # Two estimates of one success probability: within 3 standard errors of their difference.
     p = (ours * n_ours + theirs * n_theirs) / (n_ours + n_theirs)
     noise = 3 * math.sqrt(max(p * (1 - p), 0.02) * (1 / n_ours + 1 / n_theirs))
-    assert abs(ours - theirs) <= noise, f"eval avg@{k} {ours:.3f} ({n_ours} episodes) vs the run's {theirs:.3f} ({n_theirs})"
+    assert abs(ours - theirs) <= noise, (
+        f"eval avg@{k} {ours:.3f} ({n_ours} episodes) vs the run's {theirs:.3f} ({n_theirs})"
+    )
     # the limit the run played at its last step (the quickstart's schedule: 4 turns before step 40)
     assert report["turn_limit"] == load_config(run / "config.toml").schedule.turn_limit(STEPS) == 4
 
@@ -98,7 +129,9 @@ def test_flags_that_change_how_the_model_plays_are_warned_about(run: Path) -> No
     cfg = load_config(run / "config.toml", ["rollout.max_tokens_per_turn=8", "env.kwargs={low = 1, high = 100}"])
     diffs = trained_differences(cfg, trained, ["guess_number"], 0.0, 6, STEPS)
     assert any(d.startswith("rollout.max_tokens_per_turn = 8 (trained with 1)") for d in diffs), diffs
-    assert any("temperature 0.0" in d for d in diffs) and any("turn limit 6 on guess_number (trained with 4 turns)" in d for d in diffs), diffs
+    assert any("temperature 0.0" in d for d in diffs) and any(
+        "turn limit 6 on guess_number (trained with 4 turns)" in d for d in diffs
+    ), diffs
     assert any("'high': 100" in d for d in diffs), diffs
 
 
@@ -117,8 +150,15 @@ def test_wandb_history_holds_every_train_and_eval_point(run: Path) -> None:
         for rec in records:
             for key, value in rec.items():
                 if isinstance(value, (int, float)) and key not in ("step", "time") and math.isfinite(value):
-                    assert logged[rec["step"]][f"{prefix}/{key}"] == pytest.approx(float(value)), (prefix, rec["step"], key)
-    assert {m.glob_name: m.step_metric for m in metrics if m.glob_name} == {"train/*": "train/step", "eval/*": "eval/step"}
+                    assert logged[rec["step"]][f"{prefix}/{key}"] == pytest.approx(float(value)), (
+                        prefix,
+                        rec["step"],
+                        key,
+                    )
+    assert {m.glob_name: m.step_metric for m in metrics if m.glob_name} == {
+        "train/*": "train/step",
+        "eval/*": "eval/step",
+    }
     assert config["rollout"]["max_tokens_per_turn"] == 1 and config["run"]["max_steps"] == STEPS
     assert config["wandb"]["mode"] == "offline" and config["wandb"]["name"] == run.name
 

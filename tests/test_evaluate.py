@@ -53,8 +53,28 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _eval(model: Path, out: Path, *extra: str) -> dict:
     from agentgym.cli.main import main
 
-    rc = main(["eval", "--model", str(model), "--engine", "hf", "--env", "guess_number", "--tasks", "2", "-k", "3",
-               "--turn-limit", "3", "-o", "rollout.max_tokens_per_turn=3", "--out", str(out), *extra])  # fmt: skip
+    rc = main(
+        [
+            "eval",
+            "--model",
+            str(model),
+            "--engine",
+            "hf",
+            "--env",
+            "guess_number",
+            "--tasks",
+            "2",
+            "-k",
+            "3",
+            "--turn-limit",
+            "3",
+            "-o",
+            "rollout.max_tokens_per_turn=3",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     assert rc == 0
     return json.loads(out.read_text())
 

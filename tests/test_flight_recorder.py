@@ -88,7 +88,10 @@ def test_the_learner_refuses_rollouts_sampled_with_misserved_weights(model_dir: 
     eps = [episode(PROMPTS[i], [[GOOD]], [float(i)], version=3, behav=[-0.7]) for i in range(2)]
     ln.control.on_rollout(b"a", Rollout(group_id="g", actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
     assert [m.statuses for _, m in ln.hub.sent if isinstance(m, Ack)] == [["invalid"]]
-    assert ln.control.guard.invalid == {"weights_digest_mismatch": 1} and ln.flight.metrics()["weights_digest_mismatch"] == 1
+    assert (
+        ln.control.guard.invalid == {"weights_digest_mismatch": 1}
+        and ln.flight.metrics()["weights_digest_mismatch"] == 1
+    )
 
 
 def test_an_actor_reporting_forged_logprobs_is_flagged_and_honest_ones_are_not(model_dir: Path) -> None:
@@ -99,10 +102,14 @@ def test_an_actor_reporting_forged_logprobs_is_flagged_and_honest_ones_are_not(m
     from agentgym.learner.trainer import Trainer
 
     tr = Trainer.load(make_cfg(model_dir))
-    honest = [msgspec.structs.replace(r, actor_id=f"h{i}", group_id=f"h{i}")
-              for i, r in enumerate(bandit_rollouts(tr.model, version=tr.version))]  # fmt: skip
+    honest = [
+        msgspec.structs.replace(r, actor_id=f"h{i}", group_id=f"h{i}")
+        for i, r in enumerate(bandit_rollouts(tr.model, version=tr.version))
+    ]
     # the forger claims every token had probability 1 (logprob 0): not what the weights give
-    forged = [msgspec.structs.replace(r, actor_id="forger", group_id=f"f{i}") for i, r in enumerate(bandit_rollouts(None))]
+    forged = [
+        msgspec.structs.replace(r, actor_id="forger", group_id=f"f{i}") for i, r in enumerate(bandit_rollouts(None))
+    ]
     batch = honest + forged
     stats = tr.train_step(batch)
     kl = stats["group_mismatch_kl"]
@@ -110,7 +117,9 @@ def test_an_actor_reporting_forged_logprobs_is_flagged_and_honest_ones_are_not(m
     agree = LogprobAgreement(threshold=0.05)
     assert agree.observe(1, [(r.actor_id, 0, k) for r, k in zip(batch, kl)]) == ["forger"]
     s = agree.summary()
-    assert s["forger"]["flagged_steps"] == 1 and s["h0"]["flagged_steps"] == 0 and agree.metrics()["logprob_outliers"] == 1
+    assert (
+        s["forger"]["flagged_steps"] == 1 and s["h0"]["flagged_steps"] == 0 and agree.metrics()["logprob_outliers"] == 1
+    )
     assert agree.observe(2, [("h0", 1, 0.001), ("h1", 1, 0.002)]) == []  # a healthy step raises nothing
 
 

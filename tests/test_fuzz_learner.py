@@ -25,8 +25,8 @@ import zmq
 import zmq.auth
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
-from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.auth.keys import ClientKeys, apply_client, write_keys
+from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Leave, Reject, Rollout, Ticket, WeightsReady, decode, encode
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION
@@ -48,7 +48,7 @@ class Peer:
         self.sock.connect(addr)
         self.got: list[object] = []
 
-    def send(self, frames: list) -> None:  # type: ignore[type-arg]
+    def send(self, frames: list) -> None:
         self.sock.send_multipart(frames)
 
     def read(self, wait_ms: int = 0) -> None:
@@ -59,7 +59,7 @@ class Peer:
 
 def group(t: object, actor: str, version: int, token: int = GOOD) -> Rollout:
     eps = [episode(PROMPTS[i % 2], [[token]], [float(i % 2)], version=version, behav=[-0.7]) for i in range(GROUP)]
-    return Rollout(group_id=t.group_id, actor_id=actor, env=t.env, task_id=t.task_id, episodes=eps)  # type: ignore[attr-defined]
+    return Rollout(group_id=t.group_id, actor_id=actor, env=t.env, task_id=t.task_id, episodes=eps)  # type: ignore[attr-defined]  # a Ticket
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,15 @@ def model_dir(fallback_model: Path) -> Path:
 def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(model_dir: Path, tmp_path: Path) -> None:
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
-    cfg: Config = make_cfg(model_dir, f"run.max_steps={STEPS}", f'learner.bind="{addr}"', f"learner.batch_groups={BATCH}",
-                           f"rollout.group_size={GROUP}", "learner.actor_timeout_s=600", "learner.log_episodes=0")  # fmt: skip
+    cfg: Config = make_cfg(
+        model_dir,
+        f"run.max_steps={STEPS}",
+        f'learner.bind="{addr}"',
+        f"learner.batch_groups={BATCH}",
+        f"rollout.group_size={GROUP}",
+        "learner.actor_timeout_s=600",
+        "learner.log_episodes=0",
+    )
     (tmp_path / "config.toml").write_text(to_toml(cfg))
     run_dir = tmp_path / "run"
     log = (tmp_path / "learner.log").open("wb")
@@ -80,31 +87,50 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     k = tmp_path / "keys"
     write_keys(k, ["honest", "evil", "ghost"])
     zmq.auth.create_certificates(tmp_path, "stranger")
-    proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", "--config",
-                             str(tmp_path / "config.toml"), "--run-dir", str(run_dir), "--secret-key", str(k / "learner.key_secret"),
-                             "--authorized-keys", str(k / "authorized")], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentgym.learner.main",
+            "--log-level",
+            "warning",
+            "--config",
+            str(tmp_path / "config.toml"),
+            "--run-dir",
+            str(run_dir),
+            "--secret-key",
+            str(k / "learner.key_secret"),
+            "--authorized-keys",
+            str(k / "authorized"),
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     ctx = zmq.Context()
     fp = model_fingerprint(cfg.model.path)
     honest, evil, ghost = (
-        Peer(ctx, addr, name, ClientKeys.load(k / "actors" / f"{name}.key_secret", k / "learner.key"))  # type: ignore[arg-type]
+        Peer(ctx, addr, name, ClientKeys.load(k / "actors" / f"{name}.key_secret", k / "learner.key"))  # type: ignore[arg-type]  # the keys exist: made above
         for name in ("honest", "evil", "ghost")
     )
-    stranger = Peer(ctx, addr, "stranger", ClientKeys.load(tmp_path / "stranger.key_secret", k / "learner.key"))  # type: ignore[arg-type]
+    stranger = Peer(ctx, addr, "stranger", ClientKeys.load(tmp_path / "stranger.key_secret", k / "learner.key"))  # type: ignore[arg-type]  # the keys exist: made above
     rng = np.random.default_rng(0)
     sent = {"bad": 0, "version": 0, "unexpected_kind": 0, "actor_id_not_sender": 0, "unknown_actor": 0, "replays": 0}
     invalid_sent = {"not_this_actors_ticket": 0, "unknown_ticket": 0, "token_out_of_vocab": 0, "too_many_tokens": 0}
     rss: list[int] = []
     st = {"version": 0}
-    tickets: list = []  # type: ignore[type-arg]
-    evil_tickets: list = []  # type: ignore[type-arg]
+    tickets: list = []
+    evil_tickets: list = []
     played: list[Rollout] = []
     acked: set[str] = set()
     honest_acks: list[Ack] = []
     forged = iter(range(10**9))
     hdr = MAGIC + bytes((PROTOCOL_VERSION, Hello.KIND))
 
-    def hello(name: str) -> list:  # type: ignore[type-arg]
-        return encode(Hello(actor_id=name, hostname="h", pid=os.getpid(), model_fingerprint=fp, engine="script", max_groups=1))
+    def hello(name: str) -> list:
+        return encode(
+            Hello(actor_id=name, hostname="h", pid=os.getpid(), model_fingerprint=fp, engine="script", max_groups=1)
+        )
 
     def pump(wait_ms: int = 100) -> None:
         """Read what the learner sent to honest and evil."""
@@ -134,11 +160,20 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     def burst() -> None:
         """About 100 hostile frames of every kind from the three hostile peers."""
         junk = [
-            [b"x"], [hdr], [rng.bytes(50)], [b"AG", b"body"], [MAGIC + bytes((PROTOCOL_VERSION, 200)), b"\x80"],
-            [hdr, rng.bytes(200)], [MAGIC + bytes((PROTOCOL_VERSION, Rollout.KIND)), b"\x81\xa8group_id\xc4\x03abc"],
-            [hdr, encode(Hello(actor_id="evil", hostname="h", pid=1, model_fingerprint=fp, engine="x", max_groups=1))[1], b"extra"],
+            [b"x"],
+            [hdr],
+            [rng.bytes(50)],
+            [b"AG", b"body"],
+            [MAGIC + bytes((PROTOCOL_VERSION, 200)), b"\x80"],
+            [hdr, rng.bytes(200)],
+            [MAGIC + bytes((PROTOCOL_VERSION, Rollout.KIND)), b"\x81\xa8group_id\xc4\x03abc"],
+            [
+                hdr,
+                encode(Hello(actor_id="evil", hostname="h", pid=1, model_fingerprint=fp, engine="x", max_groups=1))[1],
+                b"extra",
+            ],
             [hdr, b"\x81\xa8actor_id\xa2\xff\xfe"],  # a string that is not UTF-8
-        ] * 5 + [[hdr, rng.bytes(int(rng.integers(1, 900_000)))], [hdr, b"\x00" * (MiB + 10)]]  # fmt: skip
+        ] * 5 + [[hdr, rng.bytes(int(rng.integers(1, 900_000)))], [hdr, b"\x00" * (MiB + 10)]]
         for f in junk:
             evil.send(f)
         sent["bad"] += len(junk)
@@ -149,8 +184,12 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
             evil.send(encode(m))
             sent["unexpected_kind"] += 1
         if played:  # impostor: messages naming the honest actor, from evil's socket
-            for m in (played[-1], Heartbeat(actor_id="honest"), Leave(actor_id="honest", reason="bye"),
-                      Hello(actor_id="honest", hostname="h", pid=1, model_fingerprint=fp, engine="x", max_groups=9)):  # fmt: skip
+            for m in (
+                played[-1],
+                Heartbeat(actor_id="honest"),
+                Leave(actor_id="honest", reason="bye"),
+                Hello(actor_id="honest", hostname="h", pid=1, model_fingerprint=fp, engine="x", max_groups=9),
+            ):
                 evil.send(encode(m))
                 sent["actor_id_not_sender"] += 1
         for _ in range(20):  # an actor that never said hello
@@ -188,7 +227,9 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
         # Phase 1: train under fire.
         n = 0
         while st["version"] < STEPS - 2:
-            assert proc.poll() is None, f"the learner exited under fire:\n{(tmp_path / 'learner.log').read_text()[-3000:]}"
+            assert proc.poll() is None, (
+                f"the learner exited under fire:\n{(tmp_path / 'learner.log').read_text()[-3000:]}"
+            )
             assert time.monotonic() < deadline, "training did not progress under fire"
             pump()
             if st["version"] >= 1:  # the learner is up and training: fire
@@ -225,7 +266,9 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     bursts = len(rss)
     assert bursts >= 3, bursts  # the fire lasted several training steps
     total = sum(sent.values()) + sum(invalid_sent.values())
-    print(f"hostile frames sent: {total} {sent} {invalid_sent}; learner RSS MiB first/max {rss[0] // MiB}/{max(rss) // MiB}")
+    print(
+        f"hostile frames sent: {total} {sent} {invalid_sent}; learner RSS MiB first/max {rss[0] // MiB}/{max(rss) // MiB}"
+    )
     assert total >= 1000, total
     # replayed rollouts are duplicates, never trained twice; a stolen ticket is invalid, or a
     # duplicate when honest's own answer happened to be read first
@@ -235,7 +278,9 @@ def test_live_learner_keeps_training_under_hostile_frames_and_counts_every_one(m
     # every bad frame, counted where it belongs
     assert summary["bad_messages"] == sent["bad"] + sent["version"]
     assert sum(isinstance(m, Reject) and m.field == "protocol_version" for m in evil.got) == sent["version"]
-    assert summary["dropped_messages"] == {k: sent[k] for k in ("unexpected_kind", "actor_id_not_sender", "unknown_actor")}
+    assert summary["dropped_messages"] == {
+        k: sent[k] for k in ("unexpected_kind", "actor_id_not_sender", "unknown_actor")
+    }
     assert sum(isinstance(m, Heartbeat) and m.weight_version == -1 for m in ghost.got) == sent["unknown_actor"]
     assert summary["invalid_reasons"] == {k: v for k, v in invalid_sent.items() if v}
     assert summary["groups"]["invalid"] == sum(invalid_sent.values())

@@ -24,13 +24,12 @@ torch = pytest.importorskip("torch")
 from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.rollout import Interrupted, play_episode  # noqa: E402
+from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.envpool.registry import known_envs, resolve_env  # noqa: E402
-from agentgym.config import load_config  # noqa: E402
-from agentgym.protocol import PartialEpisode, RolloutSpec, Ticket, decode, encode  # noqa: E402
-from agentgym.protocol import Leave, Handover  # noqa: E402
-from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
+from agentgym.protocol import Handover, Leave, PartialEpisode, RolloutSpec, Ticket, decode, encode  # noqa: E402
+from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
 
 SPEC = RolloutSpec(group_size=1, max_tokens_per_turn=6, max_episode_tokens=2048, temperature=1.0, top_p=1.0)
 TICKET = Ticket(group_id="g0", env="guess_number", task_id=5)
@@ -60,7 +59,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_default_tiny_model(tmp_path_factory.mktemp("handover") / "tiny", seed=0)
 
 
-async def _with(engine: HfEngine, pool: EnvPool, coro_fn):  # type: ignore[no-untyped-def]
+async def _with(engine: HfEngine, pool: EnvPool, coro_fn):
     await engine.start()
     await pool.start()
     try:
@@ -92,15 +91,23 @@ def test_an_episode_stopped_and_finished_elsewhere_is_the_prefix_then_the_contin
 
     partial = asyncio.run(asyncio.wait_for(run_first(), 240))
     # It travels to the learner in a Leave and on to the next actor in its ticket.
-    leave, _ = decode(encode(Leave(actor_id="a", reason="got SIGTERM", handovers=[
-        Handover(group_id="g0", actor_id="a", partial=[partial])])))  # fmt: skip
+    leave, _ = decode(
+        encode(
+            Leave(
+                actor_id="a", reason="got SIGTERM", handovers=[Handover(group_id="g0", actor_id="a", partial=[partial])]
+            )
+        )
+    )
     partial = leave.handovers[0].partial[0]
     assert len(partial.actions) == 3 and partial.turn_limit == turns
 
     b = StoppingEngine(model_dir, seed=1)
     pool_b = EnvPool("guess_number", {}, 1)
-    ep = asyncio.run(asyncio.wait_for(
-        _with(b, pool_b, lambda: play_episode(b, tok, pool_b, TICKET, 0, SPEC, turns, resume=partial)), 240))  # fmt: skip
+    ep = asyncio.run(
+        asyncio.wait_for(
+            _with(b, pool_b, lambda: play_episode(b, tok, pool_b, TICKET, 0, SPEC, turns, resume=partial)), 240
+        )
+    )
 
     n = len(partial.token_ids) // 4
     assert ep.resumed_at == n > 0
@@ -181,9 +188,20 @@ def test_a_replay_that_reaches_another_observation_plays_the_episode_again(model
     tok = AutoTokenizer.from_pretrained(model_dir)
     b = StoppingEngine(model_dir, seed=1)
     pool = EnvPool("guess_number", {}, 1)
-    wrong = PartialEpisode(token_ids=b"\x01\x00\x00\x00", logprobs=b"\x00" * 4, loss_mask=b"\x00", versions=b"\xff" * 4,
-                           turn_ends=b"", turn_rewards=b"", actions=[], observation_sha256="0" * 64, turn_limit=3)  # fmt: skip
-    ep = asyncio.run(asyncio.wait_for(_with(b, pool, lambda: play_episode(b, tok, pool, TICKET, 0, SPEC, 3, resume=wrong)), 240))
+    wrong = PartialEpisode(
+        token_ids=b"\x01\x00\x00\x00",
+        logprobs=b"\x00" * 4,
+        loss_mask=b"\x00",
+        versions=b"\xff" * 4,
+        turn_ends=b"",
+        turn_rewards=b"",
+        actions=[],
+        observation_sha256="0" * 64,
+        turn_limit=3,
+    )
+    ep = asyncio.run(
+        asyncio.wait_for(_with(b, pool, lambda: play_episode(b, tok, pool, TICKET, 0, SPEC, 3, resume=wrong)), 240)
+    )
     # Played from its first turn: the first request is turn 0's, its prompt the env's first observation.
     assert ep.resumed_at == 0 and ep.num_turns >= 1 and min(b.prompts) == "g0/0/0"
     assert b.prompts["g0/0/0"] == unpack(ep.token_ids, I32)[: len(b.prompts["g0/0/0"])].tolist()

@@ -22,9 +22,12 @@ from agentgym.cli.chaos import FAST, Scenario
 from agentgym.models.tiny import make_default_tiny_model
 
 LONG = [
-    "env.kwargs={low=1, high=1000}", "schedule.turn_limits=[[0, 12]]", "rollout.max_episode_tokens=512",
-    "learner.batch_groups=2", "learner.max_staleness=4",
-]  # fmt: skip
+    "env.kwargs={low=1, high=1000}",
+    "schedule.turn_limits=[[0, 12]]",
+    "rollout.max_episode_tokens=512",
+    "learner.batch_groups=2",
+    "learner.max_staleness=4",
+]
 """Episodes of 12 turns (a number in 1..1000 is rarely guessed): an actor that always plays has
 episodes mid-play whenever it is stopped."""
 
@@ -40,8 +43,8 @@ def test_a_sigtermed_actors_episodes_are_finished_by_another(tmp_path: Path) -> 
         sc.actors[a1].send_signal(15)
         assert sc.actors[a1].wait(timeout=120) == 0, sc.tail(a1)
         a2 = sc.start_actor("a2")
-        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]
-        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]
+        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]  # the learner was started
+        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]  # the learner was started
         assert sc.actors[a2].wait(timeout=60) == 0, sc.tail(a2)
 
     received = sc.events("handover_received")

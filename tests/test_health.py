@@ -39,7 +39,9 @@ def test_no_signal_warns_once_and_a_settled_policy_is_a_collapse() -> None:
     assert h.observe(7, [group([GOOD, BAD, BAD, BAD], [1, 0, 0, 0])], entropy=0.5) is None
     assert h.metrics()["health/signal_free_steps"] == 0
     with structlog.testing.capture_logs() as logs:
-        verdicts = [h.observe(s, [group([BAD] * 8, [0.0] * 8, gi) for gi in range(2)], entropy=0.05) for s in (8, 9, 10)]
+        verdicts = [
+            h.observe(s, [group([BAD] * 8, [0.0] * 8, gi) for gi in range(2)], entropy=0.05) for s in (8, 9, 10)
+        ]
     assert verdicts[:2] == [None, None] and verdicts[2] is not None
     c = verdicts[2]
     assert c.step == 10 and c.action == "bad" and c.share >= COLLAPSE_SHARE and c.entropy == 0.05
@@ -58,16 +60,15 @@ def test_the_trainers_advantage_decides_when_given() -> None:
     assert h.observe(2, [group([BAD] * 4, [0.0] * 4)], entropy=0.0, advantage_abs_mean=0.0) is not None
 
 
-def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(fallback_model, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_live_learner_stops_a_collapsed_run_with_exit_code_3(fallback_model, tmp_path, monkeypatch) -> None:
     """A real learner process fed, over its real sockets, groups that all play BAD for reward 0:
     after run.health_window steps it says which action, stops, and exits 3 with the reason."""
     import json
 
+    import scripted_actor as sa
     import zmq
 
-    import scripted_actor as sa
-
-    def settled(t, actor, version, group_size, logprob=-0.7):  # type: ignore[no-untyped-def]
+    def settled(t, actor, version, group_size, logprob=-0.7):
         eps = [episode(PROMPTS[0], [[BAD]], [0.0], version=version, behav=[logprob]) for _ in range(group_size)]
         return Rollout(group_id=t.group_id, actor_id=actor, env=t.env, task_id=t.task_id, episodes=eps)
 

@@ -20,8 +20,8 @@ import zmq
 import zmq.asyncio
 
 from agentgym.actors.transport import ControlLink
-from agentgym.learner.transport import open_hub
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.transport import open_hub
 from agentgym.protocol import Heartbeat, decode, encode
 
 
@@ -35,9 +35,18 @@ def test_a_learner_that_does_not_read_pushes_back_on_the_actor_and_loses_nothing
     from agentgym.protocol.arrays import F32, I32, U8, pack
 
     n, t = 400, 25_000  # 400 rollouts of ~325 KB: more than the HWMs and loopback TCP buffers hold
-    ep = Episode(token_ids=pack(range(t), I32), logprobs=pack([0.0] * t, F32), loss_mask=pack([1] * t, U8),
-                 versions=pack([0] * t, I32), turn_ends=pack([t], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+    ep = Episode(
+        token_ids=pack(range(t), I32),
+        logprobs=pack([0.0] * t, F32),
+        loss_mask=pack([1] * t, U8),
+        versions=pack([0] * t, I32),
+        turn_ends=pack([t], I32),
+        turn_rewards=pack([1.0], F32),
+        reward=1.0,
+        success=True,
+        finish="done",
+        turn_limit=2,
+    )
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
     pushed_back = threading.Event()
@@ -70,7 +79,7 @@ def test_a_learner_that_does_not_read_pushes_back_on_the_actor_and_loses_nothing
             assert await trio.to_thread.run_sync(pushed_back.wait, 30), "the actor was never pushed back"
             with trio.fail_after(30):  # a deadlock guard, not a timing
                 async for _, msg in hub.inbox:
-                    got.append(int(msg.group_id))  # type: ignore[attr-defined]
+                    got.append(int(msg.group_id))  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
                     if len(got) == n:
                         break
             await trio.to_thread.run_sync(thread.join, 10)
@@ -90,9 +99,18 @@ def test_a_burst_of_rollouts_is_all_acked_in_order_while_the_learner_falls_behin
     n, window = 300, 32
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
-    ep = Episode(token_ids=pack(range(64), I32), logprobs=pack([0.0] * 64, F32), loss_mask=pack([1] * 64, U8),
-                 versions=pack([0] * 64, I32), turn_ends=pack([64], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+    ep = Episode(
+        token_ids=pack(range(64), I32),
+        logprobs=pack([0.0] * 64, F32),
+        loss_mask=pack([1] * 64, U8),
+        versions=pack([0] * 64, I32),
+        turn_ends=pack([64], I32),
+        turn_rewards=pack([1.0], F32),
+        reward=1.0,
+        success=True,
+        finish="done",
+        turn_limit=2,
+    )
     got: list[str] = []
     ready = threading.Event()
 
@@ -123,7 +141,7 @@ def test_a_burst_of_rollouts_is_all_acked_in_order_while_the_learner_falls_behin
                 assert isinstance(msg, Ack) and msg.statuses == ["accepted"]
                 acked += msg.group_ids
         while len(acked) < n:
-            acked += (await asyncio.wait_for(link.recv(), 10)).group_ids  # type: ignore[attr-defined]
+            acked += (await asyncio.wait_for(link.recv(), 10)).group_ids  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
         link.close()
         ctx.term()
         return acked
@@ -145,9 +163,18 @@ def test_acks_to_a_burst_are_coalesced_in_order_and_never_overtaken_by_another_m
     n = 200
     port = free_port_pair()
     addr = f"tcp://127.0.0.1:{port}"
-    ep = Episode(token_ids=pack(range(64), I32), logprobs=pack([0.0] * 64, F32), loss_mask=pack([1] * 64, U8),
-                 versions=pack([0] * 64, I32), turn_ends=pack([64], I32), turn_rewards=pack([1.0], F32),
-                 reward=1.0, success=True, finish="done", turn_limit=2)  # fmt: skip
+    ep = Episode(
+        token_ids=pack(range(64), I32),
+        logprobs=pack([0.0] * 64, F32),
+        loss_mask=pack([1] * 64, U8),
+        versions=pack([0] * 64, I32),
+        turn_ends=pack([64], I32),
+        turn_rewards=pack([1.0], F32),
+        reward=1.0,
+        success=True,
+        finish="done",
+        turn_limit=2,
+    )
     ready = threading.Event()
 
     async def learner() -> None:
@@ -156,7 +183,7 @@ def test_acks_to_a_burst_are_coalesced_in_order_and_never_overtaken_by_another_m
             got = 0
             async for peer, msg in hub.inbox:
                 got += 1
-                hub.ack(peer, msg.group_id, "accepted")  # type: ignore[attr-defined]
+                hub.ack(peer, msg.group_id, "accepted")  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
                 if got % 25 == 0:
                     hub.send(peer, Heartbeat(weight_version=got))
                 if got == n:
@@ -177,7 +204,7 @@ def test_acks_to_a_burst_are_coalesced_in_order_and_never_overtaken_by_another_m
         while acked < n:
             msg = await asyncio.wait_for(link.recv(), 10)
             received.append(msg)
-            acked += len(msg.group_ids) if isinstance(msg, Ack) else 0  # type: ignore[attr-defined]
+            acked += len(msg.group_ids) if isinstance(msg, Ack) else 0
         link.close()
         ctx.term()
         return received
@@ -239,7 +266,7 @@ def test_a_burst_that_lands_while_trio_is_busy_and_a_send_takes_its_signal_is_al
             thread.start()
             it = aiter(hub.inbox)
             peer, first = await anext(it)
-            assert first.weight_version == -1  # type: ignore[attr-defined]
+            assert first.weight_version == -1  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
             hub.send(peer, Heartbeat(weight_version=0))
 
             async def busy_then_send() -> None:
@@ -252,8 +279,8 @@ def test_a_burst_that_lands_while_trio_is_busy_and_a_send_takes_its_signal_is_al
             nursery.start_soon(busy_then_send)
             with trio.fail_after(20):  # a deadlock guard, not a timing
                 async for p, msg in it:
-                    got.append(msg.weight_version)  # type: ignore[attr-defined]
-                    hub.send(p, Ack(group_ids=[str(msg.weight_version)], statuses=["accepted"]))  # type: ignore[attr-defined]
+                    got.append(msg.weight_version)  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
+                    hub.send(p, Ack(group_ids=[str(msg.weight_version)], statuses=["accepted"]))  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
                     if len(got) == n:
                         break
             await trio.to_thread.run_sync(thread.join, 20)

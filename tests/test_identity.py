@@ -23,7 +23,7 @@ def model_dir(fallback_model: Path) -> Path:
     return fallback_model  # tests/conftest.py
 
 
-def until(actor: ScriptedActor, ok, timeout_s: float = 180) -> None:  # type: ignore[no-untyped-def]
+def until(actor: ScriptedActor, ok, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while not ok():
         assert time.monotonic() < deadline, actor.got[-5:]
@@ -36,12 +36,16 @@ def test_an_actor_id_is_its_keys_and_future_versions_are_invalid(model_dir: Path
     key = {n: ClientKeys.load(k / "actors" / f"{n}.key_secret", k / "learner.key") for n in ("one", "two")}
     with LiveLearner(model_dir, tmp_path, 2, keys=k) as ln:
         ctx = zmq.Context()
-        first = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["one"])
+        first = ScriptedActor(
+            ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["one"]
+        )
         until(first, lambda: first.granted)
         held = list(first.granted)
         first.close()  # gone from ZeroMQ, still registered with the learner: its id is free to connect under
         time.sleep(1.0)
-        thief = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["two"])
+        thief = ScriptedActor(
+            ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["two"]
+        )
         until(thief, lambda: any(isinstance(m, Reject) for m in thief.got))
         (rej,) = [m for m in thief.got if isinstance(m, Reject)]
         assert rej.field == "actor_id" and "another CURVE key" in rej.reason
@@ -52,7 +56,9 @@ def test_an_actor_id_is_its_keys_and_future_versions_are_invalid(model_dir: Path
         thief.close()
         time.sleep(1.0)  # the learner's side of the refused connection ends first (see the test below)
         # The owner's key gets its id, and its tickets, back; a group from the future is invalid.
-        back = ScriptedActor(ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["one"])
+        back = ScriptedActor(
+            ctx, ln.addr, "a", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, keys=key["one"]
+        )
         until(back, lambda: back.welcomed and back.granted)
         assert held[0].group_id in {t.group_id for t in back.granted}
         future = play(back.granted[0], "a", 10**6, GROUP)
@@ -72,14 +78,18 @@ def test_an_actor_id_is_its_keys_and_future_versions_are_invalid(model_dir: Path
 def test_without_keys_a_live_id_is_refused_to_another_process(model_dir: Path, tmp_path: Path) -> None:
     with LiveLearner(model_dir, tmp_path, 2) as ln:
         ctx = zmq.Context()
-        first = ScriptedActor(ctx, ln.addr, "b", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, session="s1")
+        first = ScriptedActor(
+            ctx, ln.addr, "b", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, session="s1"
+        )
         until(first, lambda: first.granted)
         held = {t.group_id for t in first.granted}
         first.close()
         # ZeroMQ ignores a connection under a routing id it still holds: let the learner's side of
         # the closed one end first (a second process starts later than this anyway).
         time.sleep(1.0)
-        other = ScriptedActor(ctx, ln.addr, "b", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, session="s2")
+        other = ScriptedActor(
+            ctx, ln.addr, "b", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, session="s2"
+        )
         until(other, lambda: any(isinstance(m, Reject) for m in other.got))
         assert [m.field for m in other.got if isinstance(m, Reject)] == ["actor_id"]
         assert not other.granted

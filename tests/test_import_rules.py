@@ -11,8 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_import_contract_is_kept() -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "lint_imports.py")], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "lint_imports.py")], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout and "KEPT" in proc.stdout, proc.stdout[-2000:]
 
@@ -29,8 +30,13 @@ def test_a_broken_rule_is_reported(tmp_path: Path) -> None:
     with (tmp_path / "agentgym" / "learner" / "staleness.py").open("a") as f:
         f.write("\nfrom agentgym.models.base import ensure_model  # noqa\n")
     lint = Path(sys.executable).with_name("lint-imports")
-    proc = subprocess.run([str(lint), str(REPO / "pyproject.toml"), "--no-cache"], cwd=tmp_path,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [str(lint), str(REPO / "pyproject.toml"), "--no-cache"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "agentgym.learner.staleness -> agentgym.models.base" in proc.stdout, proc.stdout[-3000:]

@@ -17,9 +17,16 @@ def test_skip_system_packages_goes_on_without_apt(tmp_path: Path) -> None:
     shutil.copy(REPO / "scripts" / "install.sh", tmp_path / "scripts" / "install.sh")
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     (tmp_path / "scripts" / "system-packages.txt").write_text("agentgym-no-such-package  # a comment\n")
-    env = {**os.environ, "AGENTGYM_SKIP_SYSTEM_PACKAGES": "1", "PYTHON": "false", "AGENTGYM_VENV": str(tmp_path / "venv"),
-           "AGENTGYM_DEVICE": "cpu"}  # fmt: skip
-    proc = subprocess.run(["bash", "scripts/install.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "AGENTGYM_SKIP_SYSTEM_PACKAGES": "1",
+        "PYTHON": "false",
+        "AGENTGYM_VENV": str(tmp_path / "venv"),
+        "AGENTGYM_DEVICE": "cpu",
+    }
+    proc = subprocess.run(
+        ["bash", "scripts/install.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert "AGENTGYM_SKIP_SYSTEM_PACKAGES=1, not installing agentgym-no-such-package" in proc.stderr, proc.stderr
     assert "apt-get install" not in proc.stdout and "installing into" in proc.stdout, proc.stdout  # went on to the venv
     assert proc.returncode != 0 and not (tmp_path / "venv").exists()  # `false -m venv` stopped it there

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.config import Config
 from agentgym.cli.launch import BIND, _spawn, actor_cores
+from agentgym.config import Config
 
 
 @pytest.mark.parametrize("nice", [0, 7])

@@ -16,10 +16,27 @@ from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 # Every path that crosses ranks: the no-grad pass (π_prox, values, π_ref summed over ranks),
 # several minibatches, gradient accumulation, the value head, KL and entropy terms, and an
 # uneven split (3 rows per minibatch over 2 ranks: one rank gets 2 rows, the other 1).
-COMMON = ("learner.algorithm=ppo", "learner.minibatches=2", "learner.micro_batch_tokens=16", "learner.kl_coef=0.05",
-          "learner.entropy_coef=0.01", "learner.lr=3e-3", "learner.dist_timeout_s=300")  # fmt: skip
-METRICS = ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "clip_frac", "approx_kl",
-           "is_weight_mean", "explained_variance")  # fmt: skip
+COMMON = (
+    "learner.algorithm=ppo",
+    "learner.minibatches=2",
+    "learner.micro_batch_tokens=16",
+    "learner.kl_coef=0.05",
+    "learner.entropy_coef=0.01",
+    "learner.lr=3e-3",
+    "learner.dist_timeout_s=300",
+)
+METRICS = (
+    "loss",
+    "pg_loss",
+    "value_loss",
+    "kl_ref",
+    "entropy",
+    "grad_norm",
+    "clip_frac",
+    "approx_kl",
+    "is_weight_mean",
+    "explained_variance",
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +97,9 @@ def test_two_gloo_ranks_train_a_separate_critic_like_one_rank(model_dir: Path) -
 
 
 def _exported(tr: Trainer) -> dict[str, torch.Tensor]:
-    return {t.name: torch.frombuffer(bytearray(t.data), dtype=torch.float32).reshape(t.shape) for t in tr.export_weights()}
+    return {
+        t.name: torch.frombuffer(bytearray(t.data), dtype=torch.float32).reshape(t.shape) for t in tr.export_weights()
+    }
 
 
 def _assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -123,7 +142,11 @@ def test_fsdp_ranks_hold_shards_train_like_one_rank_and_share_its_checkpoints(mo
     assert two.dp.procs is not None and all(p.exitcode == 0 for p in two.dp.procs)
 
     for a, b in zip(m_one, m_two, strict=True):
-        assert (a["trained_tokens"], a["optimizer_steps"], a["micro_batches"]) == (b["trained_tokens"], b["optimizer_steps"], b["micro_batches"])
+        assert (a["trained_tokens"], a["optimizer_steps"], a["micro_batches"]) == (
+            b["trained_tokens"],
+            b["optimizer_steps"],
+            b["micro_batches"],
+        )
         for k in METRICS:
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
     _assert_weights_close(_exported(one), after_two)
@@ -148,8 +171,15 @@ def test_fsdp_ranks_with_a_reference_model_and_no_value_head_train_like_one_rank
     # GRPO with the KL to the reference as a loss term: the no-grad pass runs the sharded
     # reference only (no proximal pass with one minibatch), and the rank with fewer micro-batches
     # (one group of 3 rows: 2 on one rank, 1 on the other) must run exactly those forwards idle.
-    cfg = ("learner.algorithm=grpo", "learner.kl_coef=0.1", 'learner.kl_mode="loss"', 'learner.kl_estimator="k3"',
-           "learner.micro_batch_tokens=16", "learner.lr=3e-3", "learner.dist_timeout_s=120")  # fmt: skip
+    cfg = (
+        "learner.algorithm=grpo",
+        "learner.kl_coef=0.1",
+        'learner.kl_mode="loss"',
+        'learner.kl_estimator="k3"',
+        "learner.micro_batch_tokens=16",
+        "learner.lr=3e-3",
+        "learner.dist_timeout_s=120",
+    )
     one = Trainer.load(make_cfg(model_dir, *cfg))
     m_one = [one.train_step(bandit_rollouts(version=one.version, group_size=3)[:1]) for _ in range(2)]
     two = Trainer.load(make_cfg(model_dir, *cfg, "learner.dp_size=2", 'learner.dp_mode="fsdp"'))

@@ -26,9 +26,27 @@ from agentgym.learner.lora import adapter_state
 from agentgym.learner.trainer import Trainer
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
-COMMON = ("learner.algorithm=ppo", "learner.minibatches=2", "learner.micro_batch_tokens=16", "learner.kl_coef=0.05",
-          "learner.entropy_coef=0.01", "learner.lr=3e-3", "learner.dist_timeout_s=120", "learner.lora.rank=4")  # fmt: skip
-METRICS = ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "clip_frac", "approx_kl", "is_weight_mean")
+COMMON = (
+    "learner.algorithm=ppo",
+    "learner.minibatches=2",
+    "learner.micro_batch_tokens=16",
+    "learner.kl_coef=0.05",
+    "learner.entropy_coef=0.01",
+    "learner.lr=3e-3",
+    "learner.dist_timeout_s=120",
+    "learner.lora.rank=4",
+)
+METRICS = (
+    "loss",
+    "pg_loss",
+    "value_loss",
+    "kl_ref",
+    "entropy",
+    "grad_norm",
+    "clip_frac",
+    "approx_kl",
+    "is_weight_mean",
+)
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 HERE = Path(__file__).resolve().parent
 NO_NETNS = netns_unavailable()
@@ -51,10 +69,21 @@ def test_two_ranks_started_the_torchrun_way_train_like_one(tmp_path: Path, monke
     (tmp_path / "config.toml").write_text(to_toml(cfg))
     env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "PYTHONUNBUFFERED": "1"}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.learner.main", "--config", str(tmp_path / "config.toml"),
-         "--run-dir", str(tmp_path / "rank1")],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.learner.main",
+            "--config",
+            str(tmp_path / "config.toml"),
+            "--run-dir",
+            str(tmp_path / "rank1"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         monkeypatch.setenv("RANK", "0")
         monkeypatch.setenv("WORLD_SIZE", "2")
@@ -139,10 +168,28 @@ def test_two_ranks_on_two_hosts_train_like_one(tmp_path: Path, monkeypatch: pyte
         (tmp_path / "config.toml").write_text(to_toml(cfg))
         base = {**os.environ, "WORLD_SIZE": "2", "LOCAL_RANK": "0", "PYTHONUNBUFFERED": "1"}
         out = tmp_path / "rank0"
-        r0 = net.spawn("r0", [sys.executable, "-c", RANK0, str(tmp_path / "config.toml"), str(out), str(HERE)],
-                       tmp_path, tmp_path / "r0.log", {**base, "RANK": "0"})  # fmt: skip
-        r1 = net.spawn("r1", [sys.executable, "-m", "agentgym.learner.main", "--config", str(tmp_path / "config.toml"),
-                              "--run-dir", str(tmp_path / "rank1")], tmp_path, tmp_path / "r1.log", {**base, "RANK": "1"})  # fmt: skip
+        r0 = net.spawn(
+            "r0",
+            [sys.executable, "-c", RANK0, str(tmp_path / "config.toml"), str(out), str(HERE)],
+            tmp_path,
+            tmp_path / "r0.log",
+            {**base, "RANK": "0"},
+        )
+        r1 = net.spawn(
+            "r1",
+            [
+                sys.executable,
+                "-m",
+                "agentgym.learner.main",
+                "--config",
+                str(tmp_path / "config.toml"),
+                "--run-dir",
+                str(tmp_path / "rank1"),
+            ],
+            tmp_path,
+            tmp_path / "r1.log",
+            {**base, "RANK": "1"},
+        )
         for p, name in ((r0, "r0"), (r1, "r1")):
             try:
                 p.wait(timeout=300)

@@ -29,7 +29,16 @@ def test_turn_rewards_go_on_each_turns_last_agent_token_and_the_rest_on_the_last
     out = credit_rewards(mask, np.array([4, 7]), np.array([0.5, 0.0], dtype=np.float32), reward=2.0)
     assert out.tolist() == [0, 0, 0, 0.5, 0, 0, 1.5, 0]
     # no turn rewards at all (outcome only): everything on the last agent token
-    assert credit_rewards(mask, np.zeros(0), np.zeros(0, dtype=np.float32), reward=1.0).tolist() == [0, 0, 0, 0, 0, 0, 1.0, 0]
+    assert credit_rewards(mask, np.zeros(0), np.zeros(0, dtype=np.float32), reward=1.0).tolist() == [
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1.0,
+        0,
+    ]
     # a turn without agent tokens passes its reward on to the next turn
     out = credit_rewards(mask, np.array([1, 4, 7]), np.array([3.0, 0.5, 0.0], dtype=np.float32), reward=3.5)
     assert out.tolist() == [0, 0, 0, 3.5, 0, 0, 0, 0]
@@ -37,10 +46,12 @@ def test_turn_rewards_go_on_each_turns_last_agent_token_and_the_rest_on_the_last
     assert not credit_rewards(np.zeros(3, dtype=np.float32), np.zeros(0), np.zeros(0, dtype=np.float32), 1.0).any()
 
 
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.floats(-5, 5, width=32)), min_size=1, max_size=6),
-       st.integers(0, 4))  # fmt: skip
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.floats(-5, 5, width=32)), min_size=1, max_size=6),
+    st.integers(0, 4),
+)
 @settings(max_examples=80, deadline=None)
-def test_credited_rewards_sit_on_agent_tokens_and_sum_to_the_episode_reward(turns, prompt_len) -> None:  # type: ignore[no-untyped-def]
+def test_credited_rewards_sit_on_agent_tokens_and_sum_to_the_episode_reward(turns, prompt_len) -> None:
     """Every turn: n agent tokens then m environment tokens, reward r."""
     mask, ends, rs = [0] * prompt_len, [], []
     for n, m, r in turns:
@@ -70,7 +81,9 @@ def test_collate_pads_right_and_keeps_behaviour_versions_and_credit() -> None:
     assert b.truncated.tolist() == [1.0, 0.0] and b.turns.tolist() == [2.0, 1.0]
     # A token-budget cut is terminal (nothing can follow within the budget): no bootstrap.
     e2 = episode([1, 2], [[BAD]], [0.0], finish="token_limit")
-    assert collate([Rollout(group_id="h", actor_id="a", env="e", task_id=0, episodes=[e2])], pad_id=0).truncated.tolist() == [0.0]
+    assert collate(
+        [Rollout(group_id="h", actor_id="a", env="e", task_id=0, episodes=[e2])], pad_id=0
+    ).truncated.tolist() == [0.0]
 
 
 @given(st.lists(st.integers(1, 40), min_size=0, max_size=30), st.integers(1, 100))
@@ -98,12 +111,16 @@ def test_shard_rows_gives_every_row_to_exactly_one_rank(lens: list[int], world: 
 
 
 def test_lr_factor_by_hand() -> None:
-    f = lambda s, sched, **kw: lr_factor(s, warmup_steps=kw.get("w", 4), total_steps=12, schedule=sched, min_ratio=kw.get("m", 0.0))  # noqa: E731
+    def f(s, sched, **kw):
+        return lr_factor(s, warmup_steps=kw.get("w", 4), total_steps=12, schedule=sched, min_ratio=kw.get("m", 0.0))
+
     assert [f(s, "constant") for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     # after warm-up, progress p = (s - 4) / 8
     assert f(8, "linear") == pytest.approx(0.5) and f(12, "linear") == 0.0 and f(50, "linear") == 0.0
     assert f(8, "linear", m=0.2) == pytest.approx(0.6)
-    assert f(4, "cosine") == 1.0 and f(8, "cosine") == pytest.approx(0.5) and f(12, "cosine", m=0.1) == pytest.approx(0.1)
+    assert (
+        f(4, "cosine") == 1.0 and f(8, "cosine") == pytest.approx(0.5) and f(12, "cosine", m=0.1) == pytest.approx(0.1)
+    )
     assert f(6, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
     assert f(0, "constant", w=0) == 1.0
 
@@ -120,8 +137,13 @@ def test_explained_variance_by_hand() -> None:
 
 def _two_rows() -> Rollout:
     # row 0: prompt 2, agent token, env 2 -> agent at t=2; row 1 likewise, rewards 1 and 0
-    return Rollout(group_id="g", actor_id="a", env="e", task_id=0,
-                   episodes=[episode([1, 2], [[GOOD]], [1.0]), episode([1, 2], [[BAD]], [0.0])])  # fmt: skip
+    return Rollout(
+        group_id="g",
+        actor_id="a",
+        env="e",
+        task_id=0,
+        episodes=[episode([1, 2], [[GOOD]], [1.0]), episode([1, 2], [[BAD]], [0.0])],
+    )
 
 
 def test_kl_in_the_reward_by_hand() -> None:
@@ -135,15 +157,27 @@ def test_kl_in_the_reward_by_hand() -> None:
     adv, _ = compute_advantages("reinforce_pp", b, kl=kl, kl_coef=0.1)
     assert adv[:, 2].tolist() == pytest.approx([1.0, -1.0], abs=1e-6)
     # grpo without std: ±0.525; kl_coef = 0 ignores kl
-    assert compute_advantages("grpo", b, kl=kl, kl_coef=0.1, std_normalize=False)[0][:, 2].tolist() == pytest.approx([0.525, -0.525])
-    assert compute_advantages("grpo", b, kl=kl, kl_coef=0.0, std_normalize=False)[0][:, 2].tolist() == pytest.approx([0.5, -0.5])
+    assert compute_advantages("grpo", b, kl=kl, kl_coef=0.1, std_normalize=False)[0][:, 2].tolist() == pytest.approx(
+        [0.525, -0.525]
+    )
+    assert compute_advantages("grpo", b, kl=kl, kl_coef=0.0, std_normalize=False)[0][:, 2].tolist() == pytest.approx(
+        [0.5, -0.5]
+    )
 
 
 def test_the_baseline_per_turn_through_a_collated_batch() -> None:
     # Three episodes of one group: solved at turn 0; failed after 2 turns; solved at turn 1.
-    r = Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=[
-        episode([1, 2], [[GOOD]], [1.0]), episode([1, 2], [[BAD], [BAD]], [0.0, 0.0]),
-        episode([1, 2], [[BAD], [GOOD]], [0.0, 1.0])])  # fmt: skip
+    r = Rollout(
+        group_id="g",
+        actor_id="a",
+        env="e",
+        task_id=0,
+        episodes=[
+            episode([1, 2], [[GOOD]], [1.0]),
+            episode([1, 2], [[BAD], [BAD]], [0.0, 0.0]),
+            episode([1, 2], [[BAD], [GOOD]], [0.0, 1.0]),
+        ],
+    )
     b = collate([r], pad_id=0)
     turn, _ = compute_advantages("rloo", b, baseline="turn")
     episode_, _ = compute_advantages("rloo", b, baseline="episode")
@@ -156,7 +190,7 @@ def test_the_baseline_per_turn_through_a_collated_batch() -> None:
     assert turn[1, second[0]].item() == pytest.approx(-1.0) and turn[2, second[1]].item() == pytest.approx(1.0)
     assert (turn[~agent] == 0).all()
     with pytest.raises(ValueError, match="baseline must be 'episode' or 'turn'"):
-        compute_advantages("grpo", b, baseline="state")  # type: ignore[arg-type]
+        compute_advantages("grpo", b, baseline="state")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_ppo_advantages_bootstrap_only_truncated_rows() -> None:
@@ -180,8 +214,16 @@ def test_value_head_reads_the_state_before_each_token_and_after_the_last() -> No
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=1, num_key_value_heads=1)).eval()  # fmt: skip
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=50,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+        )
+    ).eval()
     head = ValueHead(32)
     assert head(torch.randn(3, 32)).abs().sum() == 0  # zero-initialised
     torch.nn.init.normal_(head.linear.weight)
@@ -193,7 +235,9 @@ def test_value_head_reads_the_state_before_each_token_and_after_the_last() -> No
         v = head(h)
     assert f.values is not None and f.last_value is not None
     torch.testing.assert_close(f.values[0], torch.cat([torch.zeros(1), v[0, :3]]))
-    torch.testing.assert_close(f.values[1], torch.stack([torch.tensor(0.0), v[1, 0], torch.tensor(0.0), torch.tensor(0.0)]))
+    torch.testing.assert_close(
+        f.values[1], torch.stack([torch.tensor(0.0), v[1, 0], torch.tensor(0.0), torch.tensor(0.0)])
+    )
     torch.testing.assert_close(f.last_value, torch.stack([v[0, 3], v[1, 1]]))
 
 
@@ -205,10 +249,15 @@ def test_rng_state_round_trip() -> None:
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
 
 
-@given(st.integers(0, 10_000), st.integers(1, 7), st.integers(1, 9), st.lists(st.integers(1, 4), min_size=1, max_size=7),
-       st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]))  # fmt: skip
+@given(
+    st.integers(0, 10_000),
+    st.integers(1, 7),
+    st.integers(1, 9),
+    st.lists(st.integers(1, 4), min_size=1, max_size=7),
+    st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]),
+)
 @settings(max_examples=80, deadline=None)
-def test_micro_batch_shares_of_the_normaliser_add_up_to_the_whole_loss(seed, B, T, cuts, agg) -> None:  # type: ignore[no-untyped-def]
+def test_micro_batch_shares_of_the_normaliser_add_up_to_the_whole_loss(seed, B, T, cuts, agg) -> None:
     """The trainer's accumulation rule: each micro-batch's aggregated loss times its share of the
     minibatch's normaliser (tokens, or episodes with tokens) sums to the loss of the whole."""
     g = torch.Generator().manual_seed(seed)
@@ -223,15 +272,25 @@ def test_micro_batch_shares_of_the_normaliser_add_up_to_the_whole_loss(seed, B, 
         start += rows.numel()
         if rows.numel() == 0:
             break
-        share = (keep[rows].sum().double() / keep.sum().clamp(min=1) if agg == "token_mean"
-                 else keep[rows].any(-1).sum().double() / keep.any(-1).sum().clamp(min=1))  # fmt: skip
+        share = (
+            keep[rows].sum().double() / keep.sum().clamp(min=1)
+            if agg == "token_mean"
+            else keep[rows].any(-1).sum().double() / keep.any(-1).sum().clamp(min=1)
+        )
         total += aggregate(per_token[rows], weights[rows], agg, norm_const=5.0) * share
     assert float(total) == pytest.approx(float(whole), rel=1e-9, abs=1e-12)
 
 
-@given(st.integers(0, 10_000), st.sampled_from(["grpo", "rloo", "reinforce_pp", "ppo"]), st.integers(1, 3), st.integers(1, 4))
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["grpo", "rloo", "reinforce_pp", "ppo"]),
+    st.integers(1, 3),
+    st.integers(1, 4),
+)
 @settings(max_examples=60, deadline=None)
-def test_every_algorithms_advantages_live_on_agent_tokens_only(seed: int, algorithm: str, groups: int, size: int) -> None:
+def test_every_algorithms_advantages_live_on_agent_tokens_only(
+    seed: int, algorithm: str, groups: int, size: int
+) -> None:
     """Whatever the episodes look like (turns, environment tokens, padding), advantages are finite
     and exactly 0 on every prompt, environment and padding token; group advantages sum to 0."""
     rnd = random.Random(seed)
@@ -247,7 +306,7 @@ def test_every_algorithms_advantages_live_on_agent_tokens_only(seed: int, algori
     g = torch.Generator().manual_seed(seed)
     values = torch.randn(b.input_ids.shape, generator=g)
     boot = bootstrap_values(torch.randn(b.size, generator=g), b.truncated)
-    adv, ret = compute_advantages(algorithm, b, values=values, bootstrap=boot)  # type: ignore[arg-type]
+    adv, ret = compute_advantages(algorithm, b, values=values, bootstrap=boot)
     agent = b.loss_mask != 0
     assert torch.isfinite(adv).all() and not adv[~agent].any()
     assert (ret is not None) == (algorithm == "ppo")

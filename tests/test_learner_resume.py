@@ -24,20 +24,31 @@ import zmq
 from learner_fixtures import BAD, GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.config import Config, model_fingerprint, to_toml
+from agentgym.host.netutil import free_port_pair
 from agentgym.learner.checkpoint import STATE_FILE, latest_checkpoint, read_model_weights
 from agentgym.learner.trainer import Trainer
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.observe.logs import read_metrics
-from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import Ack, Grant, Hello, Rollout, WeightsReady, Welcome
 from agentgym.protocol.wire import decode, encode, max_frame_bytes
-from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP_SIZE, BATCH = 4, 2
-COMPARED = ("loss", "pg_loss", "value_loss", "kl_ref", "entropy", "grad_norm", "lr", "clip_frac", "approx_kl",
-            "is_weight_mean", "is_weight_max", "explained_variance", "staleness_mean")  # fmt: skip
-
-
+COMPARED = (
+    "loss",
+    "pg_loss",
+    "value_loss",
+    "kl_ref",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "clip_frac",
+    "approx_kl",
+    "is_weight_mean",
+    "is_weight_max",
+    "explained_variance",
+    "staleness_mean",
+)
 
 
 def group(k: int, version: int, group_id: str) -> Rollout:
@@ -62,17 +73,25 @@ class ScriptedActor:
         self.sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(bind)
-        self.tickets: list = []  # type: ignore[type-arg]
+        self.tickets: list = []
         self.weights: list[WeightsReady] = []
         self.acks: dict[str, str] = {}
         self.welcome: Welcome | None = None
-        self.send(Hello(actor_id="scripted", hostname="test", pid=os.getpid(),
-                        model_fingerprint=model_fingerprint(cfg.model.path), engine="script", max_groups=BATCH))  # fmt: skip
+        self.send(
+            Hello(
+                actor_id="scripted",
+                hostname="test",
+                pid=os.getpid(),
+                model_fingerprint=model_fingerprint(cfg.model.path),
+                engine="script",
+                max_groups=BATCH,
+            )
+        )
 
     def send(self, msg: object) -> None:
-        self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]
+        self.sock.send_multipart(encode(msg))  # type: ignore[arg-type]  # encode's frames, which pyzmq sends
 
-    def pump(self, until, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:  # type: ignore[no-untyped-def,type-arg]
+    def pump(self, until, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
         """Read messages until ``until()`` holds; fail if the learner exits or time runs out."""
         deadline = time.monotonic() + timeout_s
         while not until():
@@ -98,8 +117,7 @@ class ScriptedActor:
         elif isinstance(msg, Ack):
             self.acks.update(zip(msg.group_ids, msg.statuses, strict=True))
 
-
-    def play(self, first: int, n: int, proc: subprocess.Popen) -> list[Rollout]:  # type: ignore[type-arg]
+    def play(self, first: int, n: int, proc: subprocess.Popen) -> list[Rollout]:
         """Play groups first..first+n-1 on the tickets as they are granted; each waits for its ack."""
         sent = []
         for k in range(first, first + n):
@@ -117,15 +135,19 @@ class ScriptedActor:
         self.ctx.term()
 
 
-def _learner(args: list[str], log: Path) -> subprocess.Popen:  # type: ignore[type-arg]
+def _learner(args: list[str], log: Path) -> subprocess.Popen:
     with open(log, "ab") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", *args],
-                                cwd=REPO, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
-    proc.log_path = log  # type: ignore[attr-defined]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentgym.learner.main", "--log-level", "warning", *args],
+            cwd=REPO,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    proc.log_path = log  # type: ignore[attr-defined]  # a note on the process object for the test's report
     return proc
 
 
-def _stacks(proc: subprocess.Popen) -> str:  # type: ignore[type-arg]
+def _stacks(proc: subprocess.Popen) -> str:
     """The tail of a live learner's log after it printed its threads' stacks (SIGUSR1)."""
     log = getattr(proc, "log_path", None)
     if log is None:
@@ -135,7 +157,7 @@ def _stacks(proc: subprocess.Popen) -> str:  # type: ignore[type-arg]
     return log.read_text()[-8000:]
 
 
-def _stop(proc: subprocess.Popen, sig: int | None, log: Path) -> int:  # type: ignore[type-arg]
+def _stop(proc: subprocess.Popen, sig: int | None, log: Path) -> int:
     if sig is not None:
         proc.send_signal(sig)
     try:
@@ -169,19 +191,36 @@ def _equal_trees(a: object, b: object, where: str = "") -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dp", ["one_rank", "fsdp_two_ranks"])
-def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_dir: Path, tmp_path: Path, dp: str) -> None:
+def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(
+    model_dir: Path, tmp_path: Path, dp: str
+) -> None:
     # fsdp_two_ranks: the learner process and its second rank hold one shard each of the weights
     # and AdamW state; exporting, checkpointing and resuming gather and re-shard them.
-    ranks = ("learner.dp_size=2", 'learner.dp_mode="fsdp"', "learner.dist_timeout_s=300") if dp == "fsdp_two_ranks" else ()
+    ranks = (
+        ("learner.dp_size=2", 'learner.dp_mode="fsdp"', "learner.dist_timeout_s=300") if dp == "fsdp_two_ranks" else ()
+    )
     port = free_port_pair()
     bind = f"tcp://127.0.0.1:{port}"
     cfg = make_cfg(
-        model_dir, 'run.mode="sync"', "run.max_steps=4", f'learner.bind="{bind}"', f"learner.batch_groups={BATCH}",
-        f"rollout.group_size={GROUP_SIZE}", "learner.checkpoint_every=2", "learner.actor_timeout_s=600",
-        "learner.algorithm=ppo", "learner.kl_coef=0.05", "learner.entropy_coef=0.01", "learner.minibatches=2",
-        "learner.warmup_steps=1", "learner.lr_schedule=cosine", "learner.tis_cap=2.0", "learner.lr=3e-3",
-        "schedule.turn_limits=[[0, 4], [3, 6]]", *ranks,
-    )  # fmt: skip
+        model_dir,
+        'run.mode="sync"',
+        "run.max_steps=4",
+        f'learner.bind="{bind}"',
+        f"learner.batch_groups={BATCH}",
+        f"rollout.group_size={GROUP_SIZE}",
+        "learner.checkpoint_every=2",
+        "learner.actor_timeout_s=600",
+        "learner.algorithm=ppo",
+        "learner.kl_coef=0.05",
+        "learner.entropy_coef=0.01",
+        "learner.minibatches=2",
+        "learner.warmup_steps=1",
+        "learner.lr_schedule=cosine",
+        "learner.tis_cap=2.0",
+        "learner.lr=3e-3",
+        "schedule.turn_limits=[[0, 4], [3, 6]]",
+        *ranks,
+    )
     config = tmp_path / "config.toml"
     config.write_text(to_toml(cfg))
     run_dir, log = tmp_path / "run", tmp_path / "learner.log"
@@ -238,7 +277,9 @@ def test_learner_resumed_from_its_run_dir_equals_an_uninterrupted_learner(model_
     assert final is not None and final.name == "step_000004"
     # its checkpoint equals the resumed learner's: weights, value head, AdamW state, step, version
     _equal_trees(read_model_weights(final), read_model_weights(tmp_path / "straight" / "step_000004"), "weights")
-    s_res, s_straight = (torch.load(d / STATE_FILE, weights_only=True) for d in (final, tmp_path / "straight" / "step_000004"))
+    s_res, s_straight = (
+        torch.load(d / STATE_FILE, weights_only=True) for d in (final, tmp_path / "straight" / "step_000004")
+    )
     assert (s_res["step"], s_res["version"]) == (s_straight["step"], s_straight["version"]) == (4, 4)
     _equal_trees(s_res["value_head"], s_straight["value_head"], "value_head")
     _equal_trees(s_res["optimizer"], s_straight["optimizer"], "optimizer")

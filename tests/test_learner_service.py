@@ -9,8 +9,8 @@ from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.learner.control import version_span
 from agentgym.learner.service import Learner
-from agentgym.protocol import Rollout, Ticket
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
+from agentgym.protocol import Rollout, Ticket
 
 
 @pytest.fixture(scope="module")

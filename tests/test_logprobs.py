@@ -74,8 +74,15 @@ def tiny_qwen2() -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -191,7 +198,7 @@ class _Fixed(torch.nn.Module):
         super().__init__()
         self.logits = logits
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):  # type: ignore[no-untyped-def]
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         return type("Out", (), {"logits": self.logits})()
 
 
@@ -200,15 +207,18 @@ def test_right_padded_rows_run_without_a_mask_and_give_the_same_logprobs(tmp_pat
     mask in a causal LM, so sequence_logprobs runs them without one (the fused causal kernel);
     their logprobs and gradients are those of the masked forward. A row padded on the left is
     not right-padded and keeps its mask."""
-    from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
     from transformers import AutoModelForCausalLM
+
+    from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "m", corpus=FALLBACK_CORPUS, seed=0))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 150, (3, 12), generator=g)
     mask = torch.tensor([[1] * 12, [1] * 7 + [0] * 5, [1] * 3 + [0] * 9])
     assert lp_mod.right_padded(mask) and lp_mod.right_padded(torch.ones(2, 4))
-    assert not lp_mod.right_padded(torch.tensor([[0, 1, 1], [1, 1, 1]])) and not lp_mod.right_padded(torch.tensor([[1, 0, 1]]))
+    assert not lp_mod.right_padded(torch.tensor([[0, 1, 1], [1, 1, 1]])) and not lp_mod.right_padded(
+        torch.tensor([[1, 0, 1]])
+    )
     ours = sequence_logprobs(model, ids, mask, 1.0)
     ours.sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]

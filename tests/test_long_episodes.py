@@ -15,9 +15,9 @@ from agentgym.actors.engines import context_length, make_engine  # noqa: E402
 from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import I32, U8, unpack  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,9 @@ def test_a_huge_observation_ends_the_episode_as_a_token_limit_truncation(model_d
         await pool.start()
         try:
             ticket = Ticket(group_id="g0", env="chaos", task_id=1)
-            return await asyncio.gather(*(play_episode(engine, tok, pool, ticket, i, spec, 20, seed=i) for i in range(2)))
+            return await asyncio.gather(
+                *(play_episode(engine, tok, pool, ticket, i, spec, 20, seed=i) for i in range(2))
+            )
         finally:
             await pool.close()
             await engine.close()

@@ -28,18 +28,56 @@ def test_a_lora_run_ships_adapters_to_a_real_actor(tmp_path: Path) -> None:
     model = make_default_tiny_model(tmp_path / "tiny", seed=0)
     steps, port, run_dir = 3, free_port_pair(), tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
-         "--run-dir", str(run_dir), "--actors", "1", "--max-steps", str(steps),
-         "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{model}"', "-o", "model.create_tiny=false",
-         "-o", f"learner.lora.rank={RANK}", "-o", f"learner.lora.target_modules={list(TARGETS)!r}".replace("'", '"'),
-         "-o", "learner.lr=2e-2", "-o", 'actor.engine="hf"', "-o", "eval.at_start=false", "-o", "eval.at_end=false",
-         "-o", "learner.batch_groups=1", "-o", "rollout.group_size=4", "-o", "actor.max_groups=1",
-         "-o", "schedule.turn_limits=[[0, 2]]",
-         # sync: each step's groups are played with the previous step's weights, so the actor
-         # must fetch and serve versions 1 and 2 (async could finish on version 0's weights)
-         "-o", 'run.mode="sync"'],
-        cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cli",
+            "train",
+            "--config",
+            str(REPO / "configs" / "quickstart.toml"),
+            "--run-dir",
+            str(run_dir),
+            "--actors",
+            "1",
+            "--max-steps",
+            str(steps),
+            "-o",
+            f'learner.bind="tcp://127.0.0.1:{port}"',
+            "-o",
+            f'model.path="{model}"',
+            "-o",
+            "model.create_tiny=false",
+            "-o",
+            f"learner.lora.rank={RANK}",
+            "-o",
+            f"learner.lora.target_modules={list(TARGETS)!r}".replace("'", '"'),
+            "-o",
+            "learner.lr=2e-2",
+            "-o",
+            'actor.engine="hf"',
+            "-o",
+            "eval.at_start=false",
+            "-o",
+            "eval.at_end=false",
+            "-o",
+            "learner.batch_groups=1",
+            "-o",
+            "rollout.group_size=4",
+            "-o",
+            "actor.max_groups=1",
+            "-o",
+            "schedule.turn_limits=[[0, 2]]",
+            # sync: each step's groups are played with the previous step's weights, so the actor
+            # must fetch and serve versions 1 and 2 (async could finish on version 0's weights)
+            "-o",
+            'run.mode="sync"',
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        text=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -74,20 +112,71 @@ def test_an_actor_whose_config_has_no_lora_serves_the_learners_adapters(tmp_path
     # Welcome asks for them, so it starts an adapter-serving engine instead and plays with that.
     model = make_default_tiny_model(tmp_path / "tiny", seed=0)
     port, run_dir = free_port_pair(), tmp_path / "run"
-    common = ["--config", str(REPO / "configs" / "quickstart.toml"), "-o", f'model.path="{model}"', "-o", "model.create_tiny=false",
-              "-o", 'actor.engine="hf"', "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "learner.batch_groups=1",
-              "-o", "rollout.group_size=4", "-o", "actor.max_groups=1", "-o", "schedule.turn_limits=[[0, 2]]",
-              "-o", 'run.mode="sync"', "--run-dir", str(run_dir)]  # fmt: skip
+    common = [
+        "--config",
+        str(REPO / "configs" / "quickstart.toml"),
+        "-o",
+        f'model.path="{model}"',
+        "-o",
+        "model.create_tiny=false",
+        "-o",
+        'actor.engine="hf"',
+        "-o",
+        "eval.at_start=false",
+        "-o",
+        "eval.at_end=false",
+        "-o",
+        "learner.batch_groups=1",
+        "-o",
+        "rollout.group_size=4",
+        "-o",
+        "actor.max_groups=1",
+        "-o",
+        "schedule.turn_limits=[[0, 2]]",
+        "-o",
+        'run.mode="sync"',
+        "--run-dir",
+        str(run_dir),
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     learner = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.learner.main", *common, "--bind", f"tcp://127.0.0.1:{port}", "--max-steps", "2",
-         "-o", f"learner.lora.rank={RANK}", "-o", f"learner.lora.target_modules={list(TARGETS)!r}".replace("'", '"')],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.learner.main",
+            *common,
+            "--bind",
+            f"tcp://127.0.0.1:{port}",
+            "--max-steps",
+            "2",
+            "-o",
+            f"learner.lora.rank={RANK}",
+            "-o",
+            f"learner.lora.target_modules={list(TARGETS)!r}".replace("'", '"'),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     actor = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.actors.main", *common, "--learner", f"tcp://127.0.0.1:{port}", "--actor-id", "a"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.actors.main",
+            *common,
+            "--learner",
+            f"tcp://127.0.0.1:{port}",
+            "--actor-id",
+            "a",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lout, _ = learner.communicate(timeout=600)
         aout, _ = actor.communicate(timeout=120)

@@ -45,7 +45,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, list[dic
     return model_dir, peft_model, adapters
 
 
-def reference(peft_model: Any, adapter: dict[str, torch.Tensor], prompt: list[int], tokens: list[int], t: float) -> torch.Tensor:
+def reference(
+    peft_model: Any, adapter: dict[str, torch.Tensor], prompt: list[int], tokens: list[int], t: float
+) -> torch.Tensor:
     from peft import set_peft_model_state_dict
 
     set_peft_model_state_dict(peft_model, adapter)
@@ -60,8 +62,16 @@ def test_engine_logprobs_under_the_adapter_match_the_learner(setup, kind: str) -
     from agentgym.config import load_config
 
     model_dir, peft_model, adapters = setup
-    spec = lora_spec(load_config(None, ["learner.lora.rank=4", "learner.lora.alpha=8",
-                                        'learner.lora.target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]']))  # fmt: skip
+    spec = lora_spec(
+        load_config(
+            None,
+            [
+                "learner.lora.rank=4",
+                "learner.lora.alpha=8",
+                'learner.lora.target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]',
+            ],
+        )
+    )
     assert spec is not None
     if kind == "hf":
         engine: Any = HfLoraEngine(model_dir, lora=spec, seed=0)
@@ -82,7 +92,9 @@ def test_engine_logprobs_under_the_adapter_match_the_learner(setup, kind: str) -
             assert g.versions == sorted(g.versions) and len(g.versions) == len(g.token_ids)
             for v in set(g.versions):
                 idx = [i for i, x in enumerate(g.versions) if x == v]
-                ref = reference(peft_model, by_version[v], p + g.token_ids[: idx[0]], g.token_ids[idx[0] : idx[-1] + 1], t)
+                ref = reference(
+                    peft_model, by_version[v], p + g.token_ids[: idx[0]], g.token_ids[idx[0] : idx[-1] + 1], t
+                )
                 d = (ref - torch.tensor(g.logprobs[idx[0] : idx[-1] + 1])).abs().max()
                 print(f"\n{kind} lora logprob parity T={t} version={v}: max={float(d):.3g} n={len(idx)}")
                 assert d < TOL

@@ -44,7 +44,9 @@ def test_masked_whiten_by_hand() -> None:
     s = math.sqrt(2 / 3)
     assert torch.allclose(masked_whiten(x, m), torch.tensor([-1 / s, 0.0, 1 / s, 0.0]), atol=1e-6)
     # shift_mean=False keeps the mean: (x - 2) / s + 2
-    assert torch.allclose(masked_whiten(x, m, shift_mean=False), torch.tensor([2 - 1 / s, 2.0, 2 + 1 / s, 0.0]), atol=1e-6)
+    assert torch.allclose(
+        masked_whiten(x, m, shift_mean=False), torch.tensor([2 - 1 / s, 2.0, 2 + 1 / s, 0.0]), atol=1e-6
+    )
     assert torch.equal(masked_whiten(torch.full((3,), 4.0), torch.ones(3)), torch.zeros(3))
 
 
@@ -165,7 +167,7 @@ def test_decoupled_ppo_clip_higher_rejection_and_aggregations_by_hand() -> None:
     with pytest.raises(ValueError, match="norm_const"):
         decoupled_ppo_loss(logp, prox, behav, adv, mask, agg="seq_mean_token_sum_norm")
     with pytest.raises(ValueError, match="agg must be one of"):
-        decoupled_ppo_loss(logp, prox, behav, adv, mask, agg="sum")  # type: ignore[arg-type]
+        decoupled_ppo_loss(logp, prox, behav, adv, mask, agg="sum")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
     # a fractional mask entry is a weight; the normaliser still counts the token once
     half = mask.clone()
     half[1, 1] = 0.5
@@ -184,7 +186,7 @@ def _random_batch(seed: int, B: int = 4, T: int = 7) -> tuple[torch.Tensor, ...]
     return logp, prox, behav, adv, mask
 
 
-def _plain_ppo_clip(logp, old, adv, mask, eps_low, eps_high):  # type: ignore[no-untyped-def]
+def _plain_ppo_clip(logp, old, adv, mask, eps_low, eps_high):
     r = torch.exp(logp - old)
     per_token = -torch.min(r * adv, r.clamp(1 - eps_low, 1 + eps_high) * adv)
     return (per_token * mask).sum() / mask.sum()
@@ -224,15 +226,21 @@ def test_policy_gradient_loss_gradient_is_minus_truncated_weight_times_advantage
     assert m["is_truncated_frac"].item() > 0 and m["clip_frac"].item() == 0.0
 
 
-@given(seed=st.integers(0, 10_000), garbage=st.sampled_from([NAN, torch.inf, -torch.inf, 1e30, 0.0]),
-       pad=st.integers(1, 5), agg=st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]))  # fmt: skip
+@given(
+    seed=st.integers(0, 10_000),
+    garbage=st.sampled_from([NAN, torch.inf, -torch.inf, 1e30, 0.0]),
+    pad=st.integers(1, 5),
+    agg=st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]),
+)
 @settings(max_examples=60, deadline=None)
-def test_masked_and_padding_tokens_never_change_the_loss_or_its_gradient(seed: int, garbage: float, pad: int, agg: str) -> None:
+def test_masked_and_padding_tokens_never_change_the_loss_or_its_gradient(
+    seed: int, garbage: float, pad: int, agg: str
+) -> None:
     logp, prox, behav, adv, mask = _random_batch(seed)
     off = mask == 0
     kw = dict(agg=agg, norm_const=16.0)
 
-    def run(lp, px, bh, ad, mk):  # type: ignore[no-untyped-def]
+    def run(lp, px, bh, ad, mk):
         lp = lp.clone().requires_grad_()
         loss, metrics = decoupled_ppo_loss(lp, px, bh, ad, mk, **kw)
         loss.backward()
@@ -245,10 +253,12 @@ def test_masked_and_padding_tokens_never_change_the_loss_or_its_gradient(seed: i
     assert torch.equal(base, loss2) and torch.equal(grad[~off], grad2[~off])
     assert torch.equal(grad2[off], torch.zeros_like(grad2[off]))
     assert all(torch.equal(metrics[k], metrics2[k]) for k in metrics)
+
     # extra padding columns and an all-padding row: the same loss (summation order may differ)
-    def widen(t: torch.Tensor, fill: float) -> torch.Tensor:  # fmt: skip
+    def widen(t: torch.Tensor, fill: float) -> torch.Tensor:
         t = torch.cat([t, torch.full((t.shape[0], pad), fill)], dim=1)
         return torch.cat([t, torch.full((1, t.shape[1]), fill)], dim=0)
+
     loss3, grad3, _ = run(*(widen(t, garbage) for t in (logp, prox, behav, adv)), widen(mask, 0.0))
     assert torch.allclose(base, loss3, rtol=1e-6, atol=1e-7)
     assert torch.allclose(grad, grad3[:-1, : grad.shape[1]], rtol=1e-6, atol=1e-9)
@@ -270,7 +280,7 @@ def test_kl_penalty_estimators_by_hand_and_the_k3_clamp() -> None:
     kl_penalty(lp, ref, "k3").sum().backward()
     assert lp.grad.item() == pytest.approx(1 - 0.5)
     with pytest.raises(ValueError, match="'k4'"):
-        kl_penalty(logp, ref, "k4")  # type: ignore[arg-type]
+        kl_penalty(logp, ref, "k4")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
 
 
 def test_value_loss_clipping_by_hand() -> None:
@@ -310,7 +320,7 @@ def test_staleness_weights_drop_and_downweight_by_hand() -> None:
     with pytest.raises(ValueError, match="token version 5 is newer than current_version 4"):
         staleness_weights(versions, 4, 2, "drop")
     with pytest.raises(ValueError, match="'keep'"):
-        staleness_weights(versions, 5, 2, "keep")  # type: ignore[arg-type]
+        staleness_weights(versions, 5, 2, "keep")  # type: ignore[arg-type]  # a wrong value on purpose: the error is what is tested
     with pytest.raises(ValueError, match="decay"):
         staleness_weights(versions, 5, 2, "downweight", decay=1.5)
 

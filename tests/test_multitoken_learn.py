@@ -40,9 +40,18 @@ STEPS, TURN_LIMIT = 10, 6
 PRETRAIN_STEPS = 150
 HELD_OUT_TASKS, HELD_OUT_EPISODES = 32, 4
 MIN_RISE = 0.08
-MEASURED_WITH = ("learner.lr=1e-3", "learner.warmup_steps=5", 'learner.lr_schedule="constant"', 'learner.loss_agg="token_mean"',
-                 "learner.batch_groups=32", "rollout.group_size=4", "learner.step_advantage_weight=1.0",
-                 "learner.turn_discount=0.9", "rollout.max_tokens_per_turn=4", 'env.kwargs={size=3, layout=0}')  # fmt: skip
+MEASURED_WITH = (
+    "learner.lr=1e-3",
+    "learner.warmup_steps=5",
+    'learner.lr_schedule="constant"',
+    'learner.loss_agg="token_mean"',
+    "learner.batch_groups=32",
+    "rollout.group_size=4",
+    "learner.step_advantage_weight=1.0",
+    "learner.turn_discount=0.9",
+    "rollout.max_tokens_per_turn=4",
+    "env.kwargs={size=3, layout=0}",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,21 +60,34 @@ def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     raw = make_agent_model(root / "random", "agent-tiny", seed=0)
     cfg = load_config(ROW, list(MEASURED_WITH))
     env = cfg.env.specs[0]
-    pretrain_on_play(raw, root / "base", env.name, dict(env.kwargs), steps=PRETRAIN_STEPS, seed=0, turns=cfg.model.pretrain_turns)
+    pretrain_on_play(
+        raw, root / "base", env.name, dict(env.kwargs), steps=PRETRAIN_STEPS, seed=0, turns=cfg.model.pretrain_turns
+    )
     return root / "base"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # the base model's pretraining is part of it
 def test_maze_on_a_map_learns_from_its_base_model(base_model: Path) -> None:
-    cfg = load_config(ROW, [f'model.path="{base_model}"', "model.create_tiny=false", 'learner.device="cpu"',
-                            f"run.max_steps={STEPS}", f"schedule.turn_limits=[[0, {TURN_LIMIT}]]", "run.seed=0",
-                            *MEASURED_WITH])  # fmt: skip
+    cfg = load_config(
+        ROW,
+        [
+            f'model.path="{base_model}"',
+            "model.create_tiny=false",
+            'learner.device="cpu"',
+            f"run.max_steps={STEPS}",
+            f"schedule.turn_limits=[[0, {TURN_LIMIT}]]",
+            "run.seed=0",
+            *MEASURED_WITH,
+        ],
+    )
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(base_model)
     assert all(len(tok.encode(f"move {d}", add_special_tokens=False)) >= 2 for d in ("up", "down", "left", "right"))
-    before, after, metrics = asyncio.run(asyncio.wait_for(train_and_evaluate(cfg, HELD_OUT_TASKS, HELD_OUT_EPISODES), 900))
+    before, after, metrics = asyncio.run(
+        asyncio.wait_for(train_and_evaluate(cfg, HELD_OUT_TASKS, HELD_OUT_EPISODES), 900)
+    )
     train = [round(m["success_rate"], 2) for m in metrics]
     print(f"\nmaze3-map: held-out success {before:.3f} -> {after:.3f}; training success per step {train}")
     # Every batch was played by the weights it trains.

@@ -16,15 +16,14 @@ import zmq.asyncio  # noqa: E402
 from test_transport import HubThread  # noqa: E402
 
 from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.actors.weight_fetch import to_torch  # noqa: E402
-from agentgym.actors.weight_fetch import fetch_weights  # noqa: E402
+from agentgym.actors.weight_fetch import fetch_weights, to_torch  # noqa: E402
 from agentgym.cli.make_model import make_model  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
+from agentgym.host.netutil import free_port_pair  # noqa: E402
 from agentgym.learner.distributed import DataParallel  # noqa: E402
 from agentgym.learner.trainer import Trainer  # noqa: E402
 from agentgym.learner.transport import WeightSnapshot  # noqa: E402
 from agentgym.learner.weight_export import WeightExporter  # noqa: E402
-from agentgym.host.netutil import free_port_pair  # noqa: E402
 from agentgym.protocol import WeightsReady  # noqa: E402
 
 
@@ -49,8 +48,14 @@ def test_a_half_billion_parameter_update_reaches_the_engine_exactly(tmp_path: Pa
         ctx = zmq.asyncio.Context()
         try:
             await asyncio.sleep(0.5)  # the hub thread publishes first
-            ready = WeightsReady(version=1, step=1, turn_limit=3, num_chunks=len(snap.frames),
-                                 total_bytes=snap.total_bytes, chunk_versions=chunk_versions)  # fmt: skip
+            ready = WeightsReady(
+                version=1,
+                step=1,
+                turn_limit=3,
+                num_chunks=len(snap.frames),
+                total_bytes=snap.total_bytes,
+                chunk_versions=chunk_versions,
+            )
             version, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready)
             assert version == 1
             engine = HfEngine(model_dir, seed=0, dtype="bfloat16")

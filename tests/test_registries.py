@@ -59,4 +59,6 @@ def test_the_policy_and_a_critic_build_engines_through_one_factory(tmp_path: Pat
     policy = make_engine(Config(actor={"engine": "hf"}), tmp_path)  # the actor's: its [actor] settings
     assert isinstance(policy, HfEngine) and policy.device == "auto"
     with pytest.raises(ValueError, match="cannot serve the learner's LoRA adapters .* use the vllm or hf engine"):
-        make_engine(Config(actor={"engine": "sim"}), tmp_path, lora=LoraSpec(rank=4, alpha=8.0, target_modules=["q_proj"]))
+        make_engine(
+            Config(actor={"engine": "sim"}), tmp_path, lora=LoraSpec(rank=4, alpha=8.0, target_modules=["q_proj"])
+        )

@@ -51,25 +51,128 @@ def test_relay_tree_survives_a_relay_killed_mid_transfer(tmp_path: Path) -> None
     with Cluster(["learner", "h1", "h2"]) as net:
         L, H1 = net.addr("learner"), net.addr("h1")
         # Relay -> local actor traffic on h1 goes over its loopback: slow it, so a kill lands mid-version.
-        subprocess.run(["ip", "netns", "exec", net.ns("h1"), "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
-                        "rate", "24mbit", "burst", "256kb", "latency", "2s"], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                net.ns("h1"),
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "lo",
+                "root",
+                "tbf",
+                "rate",
+                "24mbit",
+                "burst",
+                "256kb",
+                "latency",
+                "2s",
+            ],
+            check=True,
+        )
         logs = {n: tmp_path / f"{n}.log" for n in ("source", "r1", "r2", "f1", "f2")}
         js = {n: tmp_path / f"{n}.jsonl" for n in logs}
         out = tmp_path / "result.json"
-        source = net.spawn("learner", [py, "-m", "agentgym.cluster.fleet", "--log-json", str(js["source"]), "source",
-                           "--bind", f"tcp://{L}:5555", "--actors", "4", "--versions", "3", "--mib", "8",
-                           "--chunk-kib", "128", "--gap", "1", "--timeout", "240", "--out", str(out)], ROOT, logs["source"])  # fmt: skip
+        source = net.spawn(
+            "learner",
+            [
+                py,
+                "-m",
+                "agentgym.cluster.fleet",
+                "--log-json",
+                str(js["source"]),
+                "source",
+                "--bind",
+                f"tcp://{L}:5555",
+                "--actors",
+                "4",
+                "--versions",
+                "3",
+                "--mib",
+                "8",
+                "--chunk-kib",
+                "128",
+                "--gap",
+                "1",
+                "--timeout",
+                "240",
+                "--out",
+                str(out),
+            ],
+            ROOT,
+            logs["source"],
+        )
         r1_stats = tmp_path / "r1.json"
-        r1 = net.spawn("h1", [py, "-m", "agentgym.cluster.relay", "--bind", f"tcp://{H1}:5560", "--insecure",
-                       "--upstream", f"tcp://{L}:5556", "--stats", str(r1_stats), "--stats-every", "0.05",
-                       "--log-json", str(js["r1"])], ROOT, logs["r1"])  # fmt: skip
-        net.spawn("h2", [py, "-m", "agentgym.cluster.relay", "--bind", "tcp://127.0.0.1:5560", "--upstream", f"tcp://{H1}:5560",
-                  "--upstream", f"tcp://{L}:5556", "--stall", "1.5", "--log-json", str(js["r2"])], ROOT, logs["r2"])  # fmt: skip
+        r1 = net.spawn(
+            "h1",
+            [
+                py,
+                "-m",
+                "agentgym.cluster.relay",
+                "--bind",
+                f"tcp://{H1}:5560",
+                "--insecure",
+                "--upstream",
+                f"tcp://{L}:5556",
+                "--stats",
+                str(r1_stats),
+                "--stats-every",
+                "0.05",
+                "--log-json",
+                str(js["r1"]),
+            ],
+            ROOT,
+            logs["r1"],
+        )
+        net.spawn(
+            "h2",
+            [
+                py,
+                "-m",
+                "agentgym.cluster.relay",
+                "--bind",
+                "tcp://127.0.0.1:5560",
+                "--upstream",
+                f"tcp://{H1}:5560",
+                "--upstream",
+                f"tcp://{L}:5556",
+                "--stall",
+                "1.5",
+                "--log-json",
+                str(js["r2"]),
+            ],
+            ROOT,
+            logs["r2"],
+        )
         fleets = [
-            net.spawn(host, [py, "-m", "agentgym.cluster.fleet", "--log-json", str(js[f]), "actors", "--learner", f"tcp://{L}:5555",
-                      "--count", "2", "--prefix", host, "--relay", relay, "--stall", "4"], ROOT, logs[f])
+            net.spawn(
+                host,
+                [
+                    py,
+                    "-m",
+                    "agentgym.cluster.fleet",
+                    "--log-json",
+                    str(js[f]),
+                    "actors",
+                    "--learner",
+                    f"tcp://{L}:5555",
+                    "--count",
+                    "2",
+                    "--prefix",
+                    host,
+                    "--relay",
+                    relay,
+                    "--stall",
+                    "4",
+                ],
+                ROOT,
+                logs[f],
+            )
             for host, f, relay in (("h1", "f1", f"tcp://{H1}:5560"), ("h2", "f2", "tcp://127.0.0.1:5560"))
-        ]  # fmt: skip
+        ]
         all_logs = list(logs.values())
 
         def r1_out() -> dict:
@@ -80,8 +183,12 @@ def test_relay_tree_survives_a_relay_killed_mid_transfer(tmp_path: Path) -> None
 
         # Version 1 goes through the tree whole: r1 serves its 2 actors and r2, CHUNKS each; then
         # r2 (fast link) and r1's actors (slow loopback) get version 2 chunks from it.
-        wait(lambda: r1_out().get("newest") == 2 and r1_out().get("chunks_out", 0) >= 3 * CHUNKS + 32,
-             120, "r1 to serve part of version 2", all_logs)  # fmt: skip
+        wait(
+            lambda: r1_out().get("newest") == 2 and r1_out().get("chunks_out", 0) >= 3 * CHUNKS + 32,
+            120,
+            "r1 to serve part of version 2",
+            all_logs,
+        )
         os.killpg(r1.pid, signal.SIGKILL)  # `ip netns exec` execs the relay: its own process group
         killed_at = r1_out()
         wait(lambda: source.poll() is not None, 300, "the source to see every version served", all_logs)
@@ -102,8 +209,11 @@ def test_relay_tree_survives_a_relay_killed_mid_transfer(tmp_path: Path) -> None
     # r2 moved to the learner when r1 went away (at version 2 or 3, whichever it still needed): on
     # the dropped connection (relay_upstream_dropped, ZeroMQ's monitor) or, where no drop is seen,
     # on the silence (relay_upstream_stalled).
-    moved = [e for e in read_events(js["r2"], "relay_upstream_stalled") + read_events(js["r2"], "relay_upstream_dropped")
-             if e["upstream"].endswith(":5560")]  # fmt: skip
+    moved = [
+        e
+        for e in read_events(js["r2"], "relay_upstream_stalled") + read_events(js["r2"], "relay_upstream_dropped")
+        if e["upstream"].endswith(":5560")
+    ]
     assert moved, logs["r2"].read_text()[-2000:]
     # The learner sent fewer copies than actors even with a relay dead: r2 still fans out on h2.
     assert v2["egress_chunks"] < 4 * CHUNKS and v3["egress_chunks"] <= 3 * CHUNKS
@@ -131,9 +241,9 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
     import zmq.asyncio
 
     from agentgym.actors.weight_fetch import fetch_weights
-    from agentgym.cluster.fleet import make_version
     from agentgym.auth.keys import ClientKeys, load_keypair, load_public, write_keys
     from agentgym.auth.server import ServerKeys
+    from agentgym.cluster.fleet import make_version
     from agentgym.learner.transport import WeightSnapshot, open_hub
     from agentgym.protocol import WeightsReady
     from agentgym.protocol.weights import RawTensor, make_chunks
@@ -146,7 +256,9 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
 
     raw = make_version(1, 1.0)
     chunks = make_chunks(1, [RawTensor(n, "bfloat16", (len(d) // 2,), d) for n, d in raw], 128 * 1024)
-    ready = WeightsReady(version=1, step=1, turn_limit=1, num_chunks=len(chunks), total_bytes=sum(len(d) for _, d in chunks))
+    ready = WeightsReady(
+        version=1, step=1, turn_limit=1, num_chunks=len(chunks), total_bytes=sum(len(d) for _, d in chunks)
+    )
     control = _free_port()
     while _free_port() == control + 1:  # the weights port is control + 1: it must be free too
         control = _free_port()
@@ -155,7 +267,9 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
     started, done = threading.Event(), threading.Event()
 
     async def learner() -> None:
-        async with open_hub(f"tcp://127.0.0.1:{control}", keys=ServerKeys.load(keys / "learner.key_secret", keys / "authorized")) as hub:
+        async with open_hub(
+            f"tcp://127.0.0.1:{control}", keys=ServerKeys.load(keys / "learner.key_secret", keys / "authorized")
+        ) as hub:
             hub.publish_weights(WeightSnapshot.build(1, chunks))
             hub_box["hub"] = hub
             started.set()
@@ -168,10 +282,28 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
     hub = hub_box["hub"]
     relay_port = _free_port()
     relay_addr = f"tcp://127.0.0.1:{relay_port}"
-    relay = subprocess.Popen([sys.executable, "-m", "agentgym.cluster.relay", "--bind", relay_addr, "--upstream", learner_addr,
-                              "--upstream-key", str(keys / "learner.key"), "--secret-key", str(keys / "actors" / "relay.key_secret"),
-                              "--authorized-keys", str(relay_allow), "--log-json", str(tmp_path / "relay.jsonl")],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+    relay = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cluster.relay",
+            "--bind",
+            relay_addr,
+            "--upstream",
+            learner_addr,
+            "--upstream-key",
+            str(keys / "learner.key"),
+            "--secret-key",
+            str(keys / "actors" / "relay.key_secret"),
+            "--authorized-keys",
+            str(relay_allow),
+            "--log-json",
+            str(tmp_path / "relay.jsonl"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     relay_pub = load_public(keys / "authorized" / "relay.key")
     learner_pub = load_public(keys / "learner.key")
 
@@ -182,8 +314,14 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
     async def fetch(name: str) -> dict[str, int]:
         ctx = zmq.asyncio.Context()
         try:
-            _, got = await fetch_weights(ctx, [relay_addr, learner_addr], ready, keys=[client(name, relay_pub), client(name, learner_pub)],
-                                         stall_s=3.0, timeout_s=60)  # fmt: skip
+            _, got = await fetch_weights(
+                ctx,
+                [relay_addr, learner_addr],
+                ready,
+                keys=[client(name, relay_pub), client(name, learner_pub)],
+                stall_s=3.0,
+                timeout_s=60,
+            )
         finally:
             ctx.term()
         return {t.name: zlib.crc32(t.data) for t in got}
@@ -195,8 +333,13 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
         assert asyncio.run(fetch("actor-1")) == want
         assert hub.weight_chunks_served == 2 * len(chunks)  # refused by the relay: straight from the learner
         assert read_events(tmp_path / "relay.jsonl", "peer_refused_unknown_key")
-        open_bind = subprocess.run([sys.executable, "-m", "agentgym.cluster.relay", "--bind", "tcp://0.0.0.0:1", "--upstream", learner_addr],
-                                   cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+        open_bind = subprocess.run(
+            [sys.executable, "-m", "agentgym.cluster.relay", "--bind", "tcp://0.0.0.0:1", "--upstream", learner_addr],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert open_bind.returncode == 2 and "--insecure" in open_bind.stderr
     finally:
         relay.terminate()
@@ -209,19 +352,31 @@ def test_an_actor_fetches_from_its_relay_first_and_the_learner_last(tmp_path: Pa
     """actor.weights_relay puts the relay before the learner's weights port; actor.relay_key
     needs the actor's own key pair (the relay admits actors by it)."""
     from agentgym.actors.runtime import Actor
-    from agentgym.config import Config
     from agentgym.auth.keys import KeyFileError, write_keys
+    from agentgym.config import Config
 
     plain = Actor(Config.model_validate({"actor": {"learner": "tcp://10.0.0.1:7000"}}))
     assert plain.weights.sources(7001) == (["tcp://10.0.0.1:7001"], [None])
-    relayed = Actor(Config.model_validate({"actor": {"learner": "tcp://10.0.0.1:7000", "weights_relay": "tcp://127.0.0.1:5560"}}))
+    relayed = Actor(
+        Config.model_validate({"actor": {"learner": "tcp://10.0.0.1:7000", "weights_relay": "tcp://127.0.0.1:5560"}})
+    )
     assert relayed.weights.sources(7001) == (["tcp://127.0.0.1:5560", "tcp://10.0.0.1:7001"], [None, None])
     write_keys(tmp_path, ["relay", "a"])
     with pytest.raises(KeyFileError, match="actor.relay_key needs actor.secret_key"):
         Actor(Config.model_validate({"actor": {"relay_key": str(tmp_path / "authorized" / "relay.key")}}))
-    keyed = Actor(Config.model_validate({"actor": {
-        "learner": "tcp://10.0.0.1:7000", "weights_relay": "tcp://127.0.0.1:5560", "relay_key": str(tmp_path / "authorized" / "relay.key"),
-        "secret_key": str(tmp_path / "actors" / "a.key_secret"), "learner_key": str(tmp_path / "learner.key")}}))  # fmt: skip
+    keyed = Actor(
+        Config.model_validate(
+            {
+                "actor": {
+                    "learner": "tcp://10.0.0.1:7000",
+                    "weights_relay": "tcp://127.0.0.1:5560",
+                    "relay_key": str(tmp_path / "authorized" / "relay.key"),
+                    "secret_key": str(tmp_path / "actors" / "a.key_secret"),
+                    "learner_key": str(tmp_path / "learner.key"),
+                }
+            }
+        )
+    )
     _, (relay_keys, learner_keys) = keyed.weights.sources(7001)
     assert relay_keys.server != learner_keys.server and relay_keys.public == learner_keys.public
     for a in (plain, relayed, keyed):

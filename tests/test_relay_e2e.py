@@ -26,21 +26,65 @@ def test_actors_train_through_a_relay_and_the_learner_sends_each_version_once(tm
     port, relay_port = free_port_pair(), free_port_pair()
     stats = tmp_path / "relay.json"
     relay = subprocess.Popen(
-        [sys.executable, "-m", "agentgym.cluster.relay", "--bind", f"tcp://127.0.0.1:{relay_port}",
-         "--upstream", f"tcp://127.0.0.1:{port + 1}", "--stats", str(stats), "--stats-every", "1"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cluster.relay",
+            "--bind",
+            f"tcp://127.0.0.1:{relay_port}",
+            "--upstream",
+            f"tcp://127.0.0.1:{port + 1}",
+            "--stats",
+            str(stats),
+            "--stats-every",
+            "1",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         run = tmp_path / "run"
         proc = subprocess.run(
-            [sys.executable, "-m", "agentgym.cli", "train", "--config", str(ROOT / "configs" / "quickstart.toml"),
-             "--run-dir", str(run), "--actors", "2", "--max-steps", str(STEPS),
-             "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{tmp_path / "tiny"}"',
-             "-o", 'actor.engine="sim"', "-o", "actor.env_workers=2", "-o", "actor.sim.tokens_per_s=2000",
-             "-o", f'actor.weights_relay="tcp://127.0.0.1:{relay_port}"',
-             "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=540, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "agentgym.cli",
+                "train",
+                "--config",
+                str(ROOT / "configs" / "quickstart.toml"),
+                "--run-dir",
+                str(run),
+                "--actors",
+                "2",
+                "--max-steps",
+                str(STEPS),
+                "-o",
+                f'learner.bind="tcp://127.0.0.1:{port}"',
+                "-o",
+                f'model.path="{tmp_path / "tiny"}"',
+                "-o",
+                'actor.engine="sim"',
+                "-o",
+                "actor.env_workers=2",
+                "-o",
+                "actor.sim.tokens_per_s=2000",
+                "-o",
+                f'actor.weights_relay="tcp://127.0.0.1:{relay_port}"',
+                "-o",
+                "eval.at_start=false",
+                "-o",
+                "eval.at_end=false",
+                "-o",
+                "eval.every=0",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=540,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     finally:
         os.killpg(relay.pid, signal.SIGTERM)

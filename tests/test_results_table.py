@@ -29,15 +29,22 @@ def _row(folder: Path, finals: list[float]) -> None:
     (folder / "arms.json").write_text(json.dumps({"random": arm, "expert": {**arm, "success": 1.0}}))
     for seed, final in enumerate(finals):
         metrics = [{"success_rate": 0.2 + i / 100, "entropy": 0.5, "pg_loss": 0.1, "tokens": 99} for i in range(4)]
-        run = {"curve": [[0, 0.2], [4, final]], "metrics": metrics, "plays": [["a long transcript"] * 50],
-               "wall_s": 100.0 + seed, "seed": seed}
+        run = {
+            "curve": [[0, 0.2], [4, final]],
+            "metrics": metrics,
+            "plays": [["a long transcript"] * 50],
+            "wall_s": 100.0 + seed,
+            "seed": seed,
+        }
         (folder / f"seed{seed}.json").write_text(json.dumps(run))
 
 
 def test_the_record_rebuilds_the_same_table_and_keeps_rows_it_has_not(results, tmp_path: Path) -> None:
     out, record, page = tmp_path / "runs", tmp_path / "record", tmp_path / "results.md"
     _row(out / "maze5", [0.5, 0.6, 0.7])
-    page.write_text(f"intro\n{results.BEGIN}\n| env | a |\n|---|---|\n| wordle | 0.17 | old line |\n| textcraft2 | 0.00 | not judged (0 of 3 seeds) |\n{results.END}\nafter\n")
+    page.write_text(
+        f"intro\n{results.BEGIN}\n| env | a |\n|---|---|\n| wordle | 0.17 | old line |\n| textcraft2 | 0.00 | not judged (0 of 3 seeds) |\n{results.END}\nafter\n"
+    )
     kept = results.page_lines(page)
     assert list(kept) == ["wordle", "textcraft2"]
     from_runs = results.table(out, ["maze5", "wordle", "textcraft2", "babyai"], record, kept)
@@ -60,7 +67,9 @@ def test_the_record_rebuilds_the_same_table_and_keeps_rows_it_has_not(results, t
     assert text.startswith("intro\n") and text.endswith("after\n") and text.count(results.BEGIN) == 1
 
 
-def test_mix_curves_draw_each_env_of_a_mix_run_from_its_record(results, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_mix_curves_draw_each_env_of_a_mix_run_from_its_record(
+    results, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The committed record of configs/envs/mix.toml's run (docs/results-data/mix-games): one
     held-out curve and one training curve per env, with the values the run wrote."""
     record = Path(__file__).parents[1] / "docs" / "results-data" / "mix-games"
@@ -97,6 +106,7 @@ def test_a_verdict_within_the_noise_of_the_bar_is_borderline(results) -> None:
     """maze3's figures (32 tasks x 4 x 3 seeds an arm): +0.305 over the base meets base + 0.3 by
     0.005, inside the ±0.07 that two such evaluations differ by; a clear margin is "yes", a clear
     miss "no"."""
+
     def row(base: list[float], final: list[float]) -> dict:
         return {"base": base, "final": final, "eval_tasks": 32, "expert": {"success": 1.0, "episodes": 32}}
 
@@ -106,7 +116,9 @@ def test_a_verdict_within_the_noise_of_the_bar_is_borderline(results) -> None:
     assert results.verdict(row([0.3] * 3, [0.45] * 3)) == "no"
     assert results.verdict(row([0.3] * 3, [0.59] * 3)).startswith("borderline (-0.010 of base + 0.3")
     assert results.verdict(row([0.3] * 3, [0.7] * 3)) == "yes (>= base + 0.3)"
-    assert results.verdict(row([0.6] * 3, [0.95] * 3)) == "yes (>= 0.8 expert)"  # +0.05 over base + 0.3 is within its noise
+    assert (
+        results.verdict(row([0.6] * 3, [0.95] * 3)) == "yes (>= 0.8 expert)"
+    )  # +0.05 over base + 0.3 is within its noise
     assert results.verdict(row([0.7] * 3, [0.9] * 3)) == "yes (>= 0.8 expert)"
     assert results.verdict(row([0.7] * 3, [0.82] * 3)).startswith("borderline (+0.020 of 0.8 expert")
 
@@ -131,7 +143,12 @@ def test_replayed_draws_find_the_held_out_tasks_a_run_trained_on(results) -> Non
     # targets, so 80 draws hold every test task's; 1-10^6 holds none.
     quick = Path(__file__).parents[1] / "configs" / "quickstart.toml"
     assert task_overlap.overlap(load_config(quick, []), steps=10, eval_tasks=16)["overlap"] == 16
-    assert task_overlap.overlap(load_config(quick, ["env.kwargs={low=1,high=1000000}"]), steps=10, eval_tasks=16)["overlap"] == 0
+    assert (
+        task_overlap.overlap(load_config(quick, ["env.kwargs={low=1,high=1000000}"]), steps=10, eval_tasks=16)[
+            "overlap"
+        ]
+        == 0
+    )
     cfg = results.config("maze3", 1, [])
     draw = random.Random(1)
     steps = [task_overlap.train_task_ids(cfg.env.specs[0], cfg.learner.batch_groups, draw) for _ in range(3)]

@@ -22,10 +22,10 @@ from agentgym.actors.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.rollout import play_episode  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
-from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
+from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
+from agentgym.protocol.vocab import banned_action_ids  # noqa: E402
 
 
 class RecordingEngine(HfEngine):
@@ -59,7 +59,9 @@ def play(model_dir: Path, tok, spec: RolloutSpec, n: int, turn_limit: int):
         await pool.start()
         try:
             ticket = Ticket(group_id="g0", env="guess_number", task_id=3)
-            eps = await asyncio.gather(*(play_episode(engine, tok, pool, ticket, i, spec, turn_limit, seed=i) for i in range(n)))
+            eps = await asyncio.gather(
+                *(play_episode(engine, tok, pool, ticket, i, spec, turn_limit, seed=i) for i in range(n))
+            )
             return eps, engine.seen
         finally:
             await pool.close()
@@ -69,8 +71,13 @@ def play(model_dir: Path, tok, spec: RolloutSpec, n: int, turn_limit: int):
 
 
 def arrays(ep):
-    return (unpack(ep.token_ids, I32), unpack(ep.logprobs, F32), unpack(ep.loss_mask, U8), unpack(ep.versions, I32),
-            unpack(ep.turn_ends, I32))  # fmt: skip
+    return (
+        unpack(ep.token_ids, I32),
+        unpack(ep.logprobs, F32),
+        unpack(ep.loss_mask, U8),
+        unpack(ep.versions, I32),
+        unpack(ep.turn_ends, I32),
+    )
 
 
 def test_episode_tokens_are_the_sampled_ones_and_the_learner_agrees(setup) -> None:
@@ -119,10 +126,10 @@ def test_token_budgets_truncate_with_a_reason(setup) -> None:
     # its bootstrap value.
     msgs = [{"role": "user", "content": "x"}]
     with_prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    gen_prompt = tok.encode(with_prompt[len(tok.apply_chat_template(msgs, tokenize=False)):], add_special_tokens=False)
+    gen_prompt = tok.encode(with_prompt[len(tok.apply_chat_template(msgs, tokenize=False)) :], add_special_tokens=False)
     cut = [(i, ep) for i, ep in enumerate(episodes) if ep.finish == "turn_limit"]
     assert cut, "a random tiny model guesses the number within 3 turns: no turn-limit episode to check"
-    for i, ep in cut:
+    for _, ep in cut:
         ids, _, mask, _, turn_ends = arrays(ep)
         tail = ids[turn_ends[-1] :]
         assert not mask[turn_ends[-1] :].any() and tail[-len(gen_prompt) :].tolist() == gen_prompt
@@ -130,7 +137,9 @@ def test_token_budgets_truncate_with_a_reason(setup) -> None:
         assert any(w in text.lower() for w in ("higher", "lower", "invalid", "not a")), text
 
     budget = 120
-    per_episode = RolloutSpec(group_size=2, max_tokens_per_turn=16, max_episode_tokens=budget, temperature=1.0, top_p=1.0)
+    per_episode = RolloutSpec(
+        group_size=2, max_tokens_per_turn=16, max_episode_tokens=budget, temperature=1.0, top_p=1.0
+    )
     episodes, _ = play(model_dir, tok, per_episode, 2, turn_limit=50)
     for ep in episodes:
         if ep.finish == "done":  # guessed right before the budget ran out: nothing to check

@@ -11,12 +11,26 @@ from agentgym.learner.scheduler import Scheduler
 from agentgym.protocol import Ticket
 
 
-def make(mode: str = "async", batch: int = 4, staleness: int = 1, envs: list[EnvSpec] | None = None,
-         grant_start: int = 10**6, **kw: float) -> Scheduler:  # fmt: skip
+def make(
+    mode: str = "async",
+    batch: int = 4,
+    staleness: int = 1,
+    envs: list[EnvSpec] | None = None,
+    grant_start: int = 10**6,
+    **kw: float,
+) -> Scheduler:
     """A scheduler; ``grant_start`` large: capacity alone limits grants unless a test says otherwise."""
     envs = envs or [EnvSpec(name="guess_number", task_start=100, task_count=50)]
-    return Scheduler(envs=envs, batch_groups=batch, max_staleness=staleness, mode=mode, run_id="r", seed=0,
-                     grant_start=grant_start, **kw)  # type: ignore[arg-type]  # fmt: skip
+    return Scheduler(
+        envs=envs,
+        batch_groups=batch,
+        max_staleness=staleness,
+        mode=mode,
+        run_id="r",
+        seed=0,
+        grant_start=grant_start,
+        **kw,
+    )  # type: ignore[arg-type]  # the test's keywords, Scheduler's own
 
 
 def test_async_admission_bounds_tickets_by_version_and_staleness() -> None:
@@ -113,7 +127,9 @@ def test_tickets_draw_environments_by_weight_and_tasks_from_each_range() -> None
 
 def test_scheduler_needs_an_environment() -> None:
     with pytest.raises(ValueError, match="no environment"):
-        make(envs=[]) if False else Scheduler(envs=[], batch_groups=1, max_staleness=0, mode="async", run_id="r", seed=0)
+        make(envs=[]) if False else Scheduler(
+            envs=[], batch_groups=1, max_staleness=0, mode="async", run_id="r", seed=0
+        )
 
 
 def test_eval_tickets_go_first_outside_the_staleness_rule_and_name_split_indexes() -> None:
@@ -123,9 +139,13 @@ def test_eval_tickets_go_first_outside_the_staleness_rule_and_name_split_indexes
     assert len(s.fill(version=0)["x"]) == 2  # training tickets up to the admission bound
     made = s.eval_round(version=0, split="test", tasks=3)
     assert [(t.env, t.task_id, t.split, t.min_version) for t in made] == [
-        ("a", 0, "test", 0), ("a", 1, "test", 0), ("a", 2, "test", 0),
-        ("b", 0, "test", 0), ("b", 1, "test", 0), ("b", 2, "test", 0),
-    ]  # fmt: skip
+        ("a", 0, "test", 0),
+        ("a", 1, "test", 0),
+        ("a", 2, "test", 0),
+        ("b", 0, "test", 0),
+        ("b", 1, "test", 0),
+        ("b", 2, "test", 0),
+    ]
     got = s.fill(version=0)["x"]
     assert [t.group_id for t in got] == [made[0].group_id]  # capacity 3: one slot was free
     assert s.in_flight == 3 + 5

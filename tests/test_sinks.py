@@ -14,7 +14,10 @@ from agentgym.observe.sinks import SinkError, SinkWriter, check_sinks, scalars, 
 
 
 def test_scalars_keep_numbers_only() -> None:
-    assert scalars({"step": 3, "time": 1.0, "loss": 0.5, "ok": True, "split": "test", "v": [0, 1]}) == {"loss": 0.5, "ok": 1.0}
+    assert scalars({"step": 3, "time": 1.0, "loss": 0.5, "ok": True, "split": "test", "v": [0, 1]}) == {
+        "loss": 0.5,
+        "ok": 1.0,
+    }
 
 
 def test_tensorboard_event_files_hold_the_scalars(tmp_path: Path) -> None:

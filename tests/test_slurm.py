@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,8 +31,8 @@ import pytest
 from slurm_cluster import SlurmCluster, SlurmUnavailable, slurm_unavailable
 
 from agentgym.cli.chaos import FAST
-from agentgym.observe.logs import read_events
 from agentgym.models.tiny import make_default_tiny_model
+from agentgym.observe.logs import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 NO_SLURM = slurm_unavailable()
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(NO_SLURM is not None, reason=f"no Slurm here: {N
 
 
 @pytest.fixture
-def slurm(tmp_path: Path):  # type: ignore[no-untyped-def]
+def slurm(tmp_path: Path):
     try:
         cluster = SlurmCluster(tmp_path, nodes=3, gpus=1).__enter__()
     except SlurmUnavailable as exc:
@@ -54,16 +54,34 @@ def slurm(tmp_path: Path):  # type: ignore[no-untyped-def]
 def submit(slurm: SlurmCluster, tmp_path: Path, steps: int) -> tuple[str, Path]:
     model = make_default_tiny_model(tmp_path / "shared" / "tiny", seed=0)
     run_dir = tmp_path / "run"
-    overrides = [*FAST, f"run.max_steps={steps}", f'model.path="{model.resolve()}"', "model.create_tiny=false",
-                 "learner.insecure=true", 'actor.engine="hf"', "actor.env_workers=4", "launch.slurm_learner_gpus=1"]  # fmt: skip
+    overrides = [
+        *FAST,
+        f"run.max_steps={steps}",
+        f'model.path="{model.resolve()}"',
+        "model.create_tiny=false",
+        "learner.insecure=true",
+        'actor.engine="hf"',
+        "actor.env_workers=4",
+        "launch.slurm_learner_gpus=1",
+    ]
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PYTHONUNBUFFERED": "1",
     }
-    args = ["-N", "3", "--gres=gpu:1", "--output", str(tmp_path / "job-%j.out"), str(REPO / "scripts/slurm/agentgym.sbatch"),
-            "--run-dir", str(run_dir), "--config", str(REPO / "configs/quickstart.toml"),
-            *[a for o in overrides for a in ("-o", o)]]  # fmt: skip
+    args = [
+        "-N",
+        "3",
+        "--gres=gpu:1",
+        "--output",
+        str(tmp_path / "job-%j.out"),
+        str(REPO / "scripts/slurm/agentgym.sbatch"),
+        "--run-dir",
+        str(run_dir),
+        "--config",
+        str(REPO / "configs/quickstart.toml"),
+        *[a for o in overrides for a in ("-o", o)],
+    ]
     return slurm.sbatch(args, env, cwd=tmp_path), run_dir
 
 
@@ -118,7 +136,7 @@ def finished(slurm: SlurmCluster, job: str) -> bool:
     )
 
 
-def accounted(tickets: dict) -> None:  # type: ignore[type-arg]
+def accounted(tickets: dict) -> None:
     parts = (
         "trained",
         "expired",
@@ -144,10 +162,14 @@ def test_a_slurm_job_with_a_cancelled_actor_step_and_a_requeue_trains_to_the_end
 
     # The learner's step holds the GPU it asked for; the actors' steps ask for none.
     steps_now = slurm.steps(job)
-    assert step_tres(slurm, steps_now["agentgym-learner"]) == "gres:gpu:1", slurm.run("scontrol", "show", "step", steps_now["agentgym-learner"]).stdout
+    assert step_tres(slurm, steps_now["agentgym-learner"]) == "gres:gpu:1", slurm.run(
+        "scontrol", "show", "step", steps_now["agentgym-learner"]
+    ).stdout
     assert "gpu" not in step_tres(slurm, steps_now["agentgym-actors-n2"])
     env = process_env(str(run_dir), "agentgym.learner.main")
-    assert env.get("SLURM_STEP_GPUS") == "0" and env.get("CUDA_VISIBLE_DEVICES") == "0", {k: v for k, v in env.items() if "GPU" in k or "CUDA" in k}
+    assert env.get("SLURM_STEP_GPUS") == "0" and env.get("CUDA_VISIBLE_DEVICES") == "0", {
+        k: v for k, v in env.items() if "GPU" in k or "CUDA" in k
+    }
 
     # One node's actor step cancelled (docs/operations.md, "On Slurm"): it is started again.
     # (Slurm 22.05's scancel signals the step, then reports "Invalid job id specified" for it:

@@ -3,8 +3,8 @@ step asks for, from the config. tests/test_slurm.py runs them against a real Slu
 
 from __future__ import annotations
 
-from agentgym.config import load_config
 from agentgym.cli.slurm import Job, step_gpus
+from agentgym.config import load_config
 
 
 def gpus(*overrides: str) -> tuple[int, int]:
@@ -24,8 +24,15 @@ def test_a_cpu_run_asks_for_no_gpu_and_a_cuda_run_for_one_per_rank_and_actor() -
 def test_the_gpu_flag_goes_on_the_step_that_asks_and_only_there() -> None:
     argv = ["python", "-m", "agentgym.learner.main"]
     learner = Job.srun_argv("agentgym-learner", ["n1"], 1, argv, gpus_per_task=2)
-    assert learner[:7] == ["srun", "--job-name=agentgym-learner", "--nodes=1", "--ntasks=1", "--nodelist=n1",
-                           "--gpus-per-task=2", "--overlap"]  # fmt: skip
+    assert learner[:7] == [
+        "srun",
+        "--job-name=agentgym-learner",
+        "--nodes=1",
+        "--ntasks=1",
+        "--nodelist=n1",
+        "--gpus-per-task=2",
+        "--overlap",
+    ]
     assert learner[-3:] == argv
     actors = Job.srun_argv("agentgym-actors-n2", ["n2"], 3, ["sh"], gpus_per_task=0)
     assert "--ntasks=3" in actors and not any(a.startswith("--gpus") for a in actors)

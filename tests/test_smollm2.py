@@ -27,10 +27,12 @@ torch = pytest.importorskip("torch")
 NAME = "smollm2-135m-instruct"
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You play a guessing game. Reply with one number."},
-     {"role": "user", "content": "Guess a number from 1 to 100."}],
+    [
+        {"role": "system", "content": "You play a guessing game. Reply with one number."},
+        {"role": "user", "content": "Guess a number from 1 to 100."},
+    ],
     [{"role": "user", "content": "Write a haiku about the sea."}],
-]  # fmt: skip
+]
 MAX_NEW = 32
 EOS = 2  # <|im_end|>
 
@@ -49,8 +51,9 @@ def _ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 
 def _greedy(model: Any, prompt: list[int]) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS,
-                             pad_token_id=EOS)  # fmt: skip
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=EOS, pad_token_id=EOS
+        )
     return out[0, len(prompt) :].tolist()
 
 
@@ -127,7 +130,9 @@ def test_the_vllm_engine_greedy_is_the_gguf_models(smollm2_model: Path, referenc
         engine = VllmEngine(smollm2_model, seed=0, dtype="float32", kv_cache_gib=0.25, max_model_len=1024)
         await engine.start()
         try:
-            gens = await asyncio.gather(*(engine.generate(f"p{i}", p, spec) for i, p in enumerate(reference["prompts"])))
+            gens = await asyncio.gather(
+                *(engine.generate(f"p{i}", p, spec) for i, p in enumerate(reference["prompts"]))
+            )
         finally:
             await engine.close()
         return [g.token_ids for g in gens]

@@ -35,7 +35,7 @@ from agentgym.host.netutil import free_port_pair
 from agentgym.learner.transport import WeightSnapshot
 from agentgym.observe.logs import read_events
 from agentgym.protocol import WeightChunk, WeightRequest, decode, encode
-from agentgym.protocol.limits import MiB, REQUEST_FRAME, agent_request_bytes, chunk_frame
+from agentgym.protocol.limits import REQUEST_FRAME, MiB, agent_request_bytes, chunk_frame
 from agentgym.protocol.weights import RawTensor, make_chunks
 
 
@@ -44,7 +44,7 @@ def _recv(sock: zmq.Socket, timeout_s: float = 30) -> list[bytes]:
     return sock.recv_multipart()
 
 
-def _wait_event(path: Path, name: str, relay: subprocess.Popen, timeout_s: float = 30) -> dict:  # type: ignore[type-arg]
+def _wait_event(path: Path, name: str, relay: subprocess.Popen, timeout_s: float = 30) -> dict:
     deadline = time.monotonic() + timeout_s
     while not (events := read_events(path, name)):
         assert relay.poll() is None, f"the relay exited ({relay.returncode})"
@@ -60,9 +60,23 @@ def test_a_relay_refuses_oversized_frames_both_ways_and_serves_on(tmp_path: Path
     upstream.setsockopt(zmq.LINGER, 0)
     upstream.bind(f"tcp://127.0.0.1:{up_port}")
     log = tmp_path / "relay.jsonl"
-    relay = subprocess.Popen([sys.executable, "-m", "agentgym.cluster.relay", "--bind", f"tcp://127.0.0.1:{relay_port}",
-                              "--upstream", f"tcp://127.0.0.1:{up_port}", "--chunk-mib", "1", "--stall", "60",
-                              "--log-json", str(log)])  # fmt: skip
+    relay = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cluster.relay",
+            "--bind",
+            f"tcp://127.0.0.1:{relay_port}",
+            "--upstream",
+            f"tcp://127.0.0.1:{up_port}",
+            "--chunk-mib",
+            "1",
+            "--stall",
+            "60",
+            "--log-json",
+            str(log),
+        ]
+    )
     actor = ctx.socket(zmq.DEALER)
     actor.setsockopt(zmq.LINGER, 0)
     try:
@@ -108,15 +122,18 @@ def test_the_agent_endpoint_refuses_a_body_over_the_rollout_limits(fallback_mode
     tokenizer = AutoTokenizer.from_pretrained(fallback_model)
     cap = agent_request_bytes(max_episode_tokens=256)
 
-    async def main() -> tuple[int, dict, int]:  # type: ignore[type-arg]
+    async def main() -> tuple[int, dict, int]:
         endpoint = AgentEndpoint(SimEngine(vocab_size=64), tokenizer, max_request_bytes=cap)
         await endpoint.start()
         try:
             s = endpoint.open(AgentTrace(tokenizer, 256), SamplingSpec(max_tokens=4), turn_limit=4, max_tokens=4)
             big = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "a" * (cap + 1)}]})
             async with aiohttp.ClientSession() as http:
-                async with http.post(f"{endpoint.url}/c/{s.key}/v1/chat/completions", data=big,
-                                     headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                async with http.post(
+                    f"{endpoint.url}/c/{s.key}/v1/chat/completions",
+                    data=big,
+                    headers={"Content-Type": "application/json"},
+                ) as r:
                     refused, body = r.status, await r.json()
                 async with http.get(f"{endpoint.url}/v1/models") as r:
                     after = r.status

@@ -23,8 +23,12 @@ print("ran on", flush=True)
 
 
 def test_sigusr1_prints_every_threads_stack_and_the_process_runs_on() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.replace("range(600)", "range(30)")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT.replace("range(600)", "range(30)")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(0.3)

@@ -35,9 +35,20 @@ def ep(*parts: int | str) -> list[tuple[int, bool]]:
 def one_group(ids: torch.Tensor, mask: torch.Tensor, rew: torch.Tensor) -> Batch:
     """A training batch of these rows, all of one group."""
     n = ids.shape[0]
-    return Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask, behav_logp=torch.zeros_like(mask),
-                 versions=torch.zeros_like(ids), token_rewards=rew, rewards=rew.sum(-1), group_index=torch.zeros(n, dtype=torch.long),
-                 success=rew.sum(-1), turns=torch.ones(n), truncated=torch.zeros(n), lengths=torch.full((n,), ids.shape[1]))  # fmt: skip
+    return Batch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        loss_mask=mask,
+        behav_logp=torch.zeros_like(mask),
+        versions=torch.zeros_like(ids),
+        token_rewards=rew,
+        rewards=rew.sum(-1),
+        group_index=torch.zeros(n, dtype=torch.long),
+        success=rew.sum(-1),
+        turns=torch.ones(n),
+        truncated=torch.zeros(n),
+        lengths=torch.full((n,), ids.shape[1]),
+    )
 
 
 def test_agent_runs_are_the_turns() -> None:

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -56,7 +56,7 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in m.read_text().splitlines()] if m.exists() else []
 
 
-def _learner_events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+def _learner_events(run_dir: Path, name: str) -> list[dict]:
     return read_events(run_dir / "logs" / "learner.jsonl", name)
 
 
@@ -88,17 +88,46 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     port = free_port_pair()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    args = ["--run-dir", str(run_dir), "--actors", "2", "--max-steps", "1000",
-            "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{fallback_model}"',
-            "-o", "model.create_tiny=false", "-o", 'actor.engine="sim"', "-o", "learner.micro_batch_tokens=64",
-            "-o", "learner.checkpoint_every=0", "-o", "learner.checkpoint_minutes=0",
-            "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+    args = [
+        "--run-dir",
+        str(run_dir),
+        "--actors",
+        "2",
+        "--max-steps",
+        "1000",
+        "-o",
+        f'learner.bind="tcp://127.0.0.1:{port}"',
+        "-o",
+        f'model.path="{fallback_model}"',
+        "-o",
+        "model.create_tiny=false",
+        "-o",
+        'actor.engine="sim"',
+        "-o",
+        "learner.micro_batch_tokens=64",
+        "-o",
+        "learner.checkpoint_every=0",
+        "-o",
+        "learner.checkpoint_minutes=0",
+        "-o",
+        "eval.at_start=false",
+        "-o",
+        "eval.at_end=false",
+        "-o",
+        "eval.every=0",
+    ]
     train = [sys.executable, "-m", "agentgym.cli", "train"]
 
     # 1. Slurm: the job's process group gets SIGTERM, and again while the learner stops.
     with log.open("ab") as out:
-        job = subprocess.Popen([*train, "--config", str(REPO / "configs" / "quickstart.toml"), *args], cwd=tmp_path,
-                               env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        job = subprocess.Popen(
+            [*train, "--config", str(REPO / "configs" / "quickstart.toml"), *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait(_mid_step(run_dir, after=2), "step 3 to start", [job], log)
         family = _family(job.pid)
@@ -117,7 +146,10 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     # A learner still running at the second signal logs it (one that had already finished, as
     # can happen when its step ends within the 0.3 s, ignores it: the exit code above says so).
     finished = _learner_events(run_dir, "learner_finished")
-    if not finished or datetime.fromisoformat(finished[0]["timestamp"].replace("Z", "+00:00")).timestamp() > second + 0.05:
+    if (
+        not finished
+        or datetime.fromisoformat(finished[0]["timestamp"].replace("Z", "+00:00")).timestamp() > second + 0.05
+    ):
         assert _learner_events(run_dir, "learner_signal_repeated"), "the second SIGTERM was not seen"
     abandoned = _learner_events(run_dir, "train_step_abandoned")
     first = _check_stopped(run_dir, "learner got SIGTERM")
@@ -135,8 +167,14 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     # process group; a SIGINT to the learner alone on top.
     assert shutil.which("timeout"), "coreutils' timeout is needed"
     with log.open("ab") as out:
-        job = subprocess.Popen(["timeout", "600", *train, "--resume", *args], cwd=tmp_path, env=env, stdout=out,
-                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        job = subprocess.Popen(
+            ["timeout", "600", *train, "--resume", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait(_mid_step(run_dir, after=first + 2), "two steps after the resume", [job], log)
         family = _family(job.pid)
@@ -161,15 +199,57 @@ def test_a_stop_signal_to_any_learner_rank_stops_every_rank_cleanly(fallback_mod
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     port = free_port_pair()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    args = ["--run-dir", str(run_dir), "--actors", "1", "--max-steps", "1000",
-            "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f'model.path="{fallback_model}"',
-            "-o", "model.create_tiny=false", "-o", 'actor.engine="sim"', "-o", "learner.micro_batch_tokens=64",
-            "-o", "learner.dp_size=2", "-o", 'learner.dp_mode="fsdp"', "-o", "learner.dist_timeout_s=300",
-            "-o", "learner.checkpoint_every=0", "-o", "learner.checkpoint_minutes=0",
-            "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+    args = [
+        "--run-dir",
+        str(run_dir),
+        "--actors",
+        "1",
+        "--max-steps",
+        "1000",
+        "-o",
+        f'learner.bind="tcp://127.0.0.1:{port}"',
+        "-o",
+        f'model.path="{fallback_model}"',
+        "-o",
+        "model.create_tiny=false",
+        "-o",
+        'actor.engine="sim"',
+        "-o",
+        "learner.micro_batch_tokens=64",
+        "-o",
+        "learner.dp_size=2",
+        "-o",
+        'learner.dp_mode="fsdp"',
+        "-o",
+        "learner.dist_timeout_s=300",
+        "-o",
+        "learner.checkpoint_every=0",
+        "-o",
+        "learner.checkpoint_minutes=0",
+        "-o",
+        "eval.at_start=false",
+        "-o",
+        "eval.at_end=false",
+        "-o",
+        "eval.every=0",
+    ]
     with log.open("ab") as out:
-        job = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
-                                *args], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentgym.cli",
+                "train",
+                "--config",
+                str(REPO / "configs" / "quickstart.toml"),
+                *args,
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait(_mid_step(run_dir, after=1), "step 2 to start", [job], log)
         family = _family(job.pid)
@@ -201,13 +281,43 @@ def _launcher_events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[ty
 
 def test_a_stop_signal_ends_the_launchers_wait_for_a_stuck_actor(fallback_model: Path, tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
-    args = ["--run-dir", str(run_dir), "--actors", "1", "-o", f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',
-            "-o", f'model.path="{fallback_model}"', "-o", "model.create_tiny=false", "-o", 'actor.engine="sim"',
-            "-o", "eval.at_start=false", "-o", "eval.at_end=false", "-o", "eval.every=0"]  # fmt: skip
+    args = [
+        "--run-dir",
+        str(run_dir),
+        "--actors",
+        "1",
+        "-o",
+        f'learner.bind="tcp://127.0.0.1:{free_port_pair()}"',
+        "-o",
+        f'model.path="{fallback_model}"',
+        "-o",
+        "model.create_tiny=false",
+        "-o",
+        'actor.engine="sim"',
+        "-o",
+        "eval.at_start=false",
+        "-o",
+        "eval.at_end=false",
+        "-o",
+        "eval.every=0",
+    ]
     with log.open("ab") as out:
-        job = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "--config", str(REPO / "configs" / "quickstart.toml"),
-                                *args], cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out,
-                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentgym.cli",
+                "train",
+                "--config",
+                str(REPO / "configs" / "quickstart.toml"),
+                *args,
+            ],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait(lambda: bool(_launcher_events(run_dir, "launched")), "the launch", [job], log)
         (actor,) = _launcher_events(run_dir, "launched")[0]["actor_pids"]

@@ -12,7 +12,6 @@ import pytest
 import zmq
 from scripted_actor import LiveLearner, ScriptedActor
 
-
 GROUP = 2
 
 
@@ -30,12 +29,20 @@ def test_a_heartbeating_hoarder_never_stalls_training(model_dir: Path, tmp_path:
     steps = 8
     # max_staleness 0: the staleness rule admits one batch (2 tickets) at a time, so the hoarder's
     # tickets are the whole pipeline: without deadlines not one step would be trained.
-    with LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.5",
-                     "learner.ticket_deadline_max_s=2") as ln:  # fmt: skip
+    with LiveLearner(
+        model_dir,
+        tmp_path,
+        steps,
+        "learner.max_staleness=0",
+        "learner.ticket_deadline_min_s=0.5",
+        "learner.ticket_deadline_max_s=2",
+    ) as ln:
         ctx = zmq.Context()
         # The hoarder comes first and asks for everything: before anyone has answered, it gets
         # grant_start tickets with the cap as deadline, and never any more.
-        hoarder = ScriptedActor(ctx, ln.addr, "hoarder", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, max_groups=64)
+        hoarder = ScriptedActor(
+            ctx, ln.addr, "hoarder", delay_s=None, fingerprint=ln.fingerprint, group_size=GROUP, max_groups=64
+        )
         while not hoarder.welcomed:
             hoarder.step(50)
         honest = ScriptedActor(ctx, ln.addr, "honest", delay_s=0.02, fingerprint=ln.fingerprint, group_size=GROUP)
@@ -54,18 +61,30 @@ def test_a_heartbeating_hoarder_never_stalls_training(model_dir: Path, tmp_path:
         assert "ticket_overdue" in ln.text()
 
 
-def test_an_actor_ten_times_slower_is_counted_not_lost_and_training_keeps_stepping(model_dir: Path, tmp_path: Path) -> None:
+def test_an_actor_ten_times_slower_is_counted_not_lost_and_training_keeps_stepping(
+    model_dir: Path, tmp_path: Path
+) -> None:
     steps = 12
     # max_staleness 0: each step waits for its own two tickets, so a ticket the slow actor holds
     # holds up the step until its deadline passes.
-    with LiveLearner(model_dir, tmp_path, steps, "learner.max_staleness=0", "learner.ticket_deadline_min_s=0.3",
-                     "learner.ticket_deadline_max_s=5", "learner.ticket_deadline_factor=2") as ln:  # fmt: skip
+    with LiveLearner(
+        model_dir,
+        tmp_path,
+        steps,
+        "learner.max_staleness=0",
+        "learner.ticket_deadline_min_s=0.3",
+        "learner.ticket_deadline_max_s=5",
+        "learner.ticket_deadline_factor=2",
+    ) as ln:
         ctx = zmq.Context()
         # 0.3 s and 3 s a group: the learner times a fast actor's turnaround as its delay plus the
         # learner's and the poll loop's latency, which a loaded machine stretches, and the slow
         # actor's first deadline is twice the fast ones' turnaround. Against 0.1 s and 1 s that
         # latency alone could let the slow actor's first answers arrive in time (none overdue).
-        fast = [ScriptedActor(ctx, ln.addr, f"fast{i}", delay_s=0.3, fingerprint=ln.fingerprint, group_size=GROUP) for i in range(2)]
+        fast = [
+            ScriptedActor(ctx, ln.addr, f"fast{i}", delay_s=0.3, fingerprint=ln.fingerprint, group_size=GROUP)
+            for i in range(2)
+        ]
         made: list[ScriptedActor] = []
 
         def slow() -> ScriptedActor:  # joins once the fast ones have answered: its first deadline is theirs

@@ -28,5 +28,7 @@ def test_groups_keep_modules_together_and_split_the_listed_ones() -> None:
     assert _group_of("tests/test_chat_templates.py::test_a[x]") == _group_of("tests/test_chat_templates.py::test_b")
     one, two = "tests/test_e2e.py::test_a", "tests/test_e2e.py::test_b"
     assert _group_of(one) != _group_of(two)
-    assert _rank("tests/test_e2e.py::test_an_actor_killed_mid_run_is_replaced") < _rank("tests/test_chat_templates.py::test_a")
+    assert _rank("tests/test_e2e.py::test_an_actor_killed_mid_run_is_replaced") < _rank(
+        "tests/test_chat_templates.py::test_a"
+    )
     assert _rank("tests/test_slurm.py::test_y") == 0

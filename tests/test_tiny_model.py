@@ -63,7 +63,10 @@ def test_tokenizer_special_tokens_and_chat_template(tok) -> None:
     assert tok.eos_token == IM_END and tok.pad_token == ENDOFTEXT
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "guess a number"}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nguess a number<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text
+        == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nguess a number<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tok.encode(text, add_special_tokens=False)
     assert ids.count(1) == 3 and ids.count(2) == 2  # markers are single special tokens
 
@@ -95,8 +98,10 @@ def test_cli_writes_the_default_model(tmp_path: Path) -> None:
     out = tmp_path / "cli"
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--out", str(out), "--seed", "0"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert digests(out) == digests(make_default_tiny_model(tmp_path / "fn", seed=0))
 

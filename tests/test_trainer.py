@@ -17,9 +17,9 @@ from agentgym.learner.batch import collate
 from agentgym.learner.checkpoint import latest_checkpoint
 from agentgym.learner.logprobs import sequence_logprobs
 from agentgym.learner.trainer import Trainer
+from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.protocol import Rollout
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
-from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +62,15 @@ def _own_behaviour(tr: Trainer, rollouts: list[Rollout]) -> list[Rollout]:
 def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_dir: Path) -> None:
     """TIS cap, rejection and down-weighting switched on; with π_prox = μ bit for bit and no
     staleness they must change nothing: the weights equal a hand-written REINFORCE step's."""
-    cfg = make_cfg(model_dir, "learner.tis_cap=2.0", "learner.tis_reject_above=3.0",
-                   "learner.staleness_mode=downweight", "learner.max_staleness=0",
-                   "learner.adam_eps=1e-4",  # not torch's default: the step must use it
-                   "learner.shared_prefix=false")  # fmt: skip  # bit for bit: the unpacked forward on both sides
+    cfg = make_cfg(
+        model_dir,
+        "learner.tis_cap=2.0",
+        "learner.tis_reject_above=3.0",
+        "learner.staleness_mode=downweight",
+        "learner.max_staleness=0",
+        "learner.adam_eps=1e-4",  # not torch's default: the step must use it
+        "learner.shared_prefix=false",
+    )  # bit for bit: the unpacked forward on both sides
     tr = Trainer.load(cfg)
     ref = copy.deepcopy(tr.model)
     rollouts = _own_behaviour(tr, bandit_rollouts())
@@ -89,14 +94,23 @@ def test_zero_staleness_corrected_step_equals_the_on_policy_step_exactly(model_d
 
 @pytest.mark.parametrize("mode", ["downweight", "drop"])
 def test_stale_tokens_are_weighted_per_token(model_dir: Path, mode: str) -> None:
-    cfg = make_cfg(model_dir, f"learner.staleness_mode={mode}", "learner.max_staleness=1",
-                   "learner.staleness_decay=0.5", "learner.std_normalize=false", "learner.tis_cap=2.0",
-                   "learner.importance_baseline=false")  # fmt: skip
+    cfg = make_cfg(
+        model_dir,
+        f"learner.staleness_mode={mode}",
+        "learner.max_staleness=1",
+        "learner.staleness_decay=0.5",
+        "learner.std_normalize=false",
+        "learner.tis_cap=2.0",
+        "learner.importance_baseline=false",
+    )
     tr = Trainer.load(cfg)
     tr.step = 3
     prompt = PROMPTS[0]
     # rewards 1, 1, 0, 0 -> A = +0.5, +0.5, -0.5, -0.5 (no std); versions 3, 3, 0, 0 -> staleness 0, 0, 3, 3
-    eps = [episode(prompt, [[t]], [r], version=v) for t, r, v in ((GOOD, 1.0, 3), (GOOD, 1.0, 3), (BAD, 0.0, 0), (BAD, 0.0, 0))]
+    eps = [
+        episode(prompt, [[t]], [r], version=v)
+        for t, r, v in ((GOOD, 1.0, 3), (GOOD, 1.0, 3), (BAD, 0.0, 0), (BAD, 0.0, 0))
+    ]
     rollouts = _own_behaviour(tr, [Rollout(group_id="g", actor_id="a", env="e", task_id=0, episodes=eps)])
     # _own_behaviour stamps every token with the current version: put the stale ones back
     for e in rollouts[0].episodes[2:]:
@@ -116,7 +130,12 @@ def test_stale_groups_are_recentred_on_the_importance_weighted_baseline(model_di
     """A group sampled two versions ago whose rewarded answer has grown since (μ gave it less
     than π_prox does): with learner.importance_baseline the weighted advantages sum to 0, so at
     r = 1 the policy loss is 0 (no net push on the sampled tokens); without, the push is upwards."""
-    cfg = make_cfg(model_dir, "learner.std_normalize=false", "learner.tis_cap=2.0", f"learner.importance_baseline={str(on).lower()}")
+    cfg = make_cfg(
+        model_dir,
+        "learner.std_normalize=false",
+        "learner.tis_cap=2.0",
+        f"learner.importance_baseline={str(on).lower()}",
+    )
     tr = Trainer.load(cfg)
     tr.step = 2
     eps = [episode(PROMPTS[0], [[t]], [r], version=0) for t, r in ((GOOD, 1.0), (BAD, 0.0), (BAD, 0.0), (BAD, 0.0))]
@@ -131,15 +150,21 @@ def test_stale_groups_are_recentred_on_the_importance_weighted_baseline(model_di
     assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
 
 
-def _run(cfg, steps: int, model_dir: Path) -> tuple[Trainer, list[dict[str, float]]]:  # type: ignore[no-untyped-def]
+def _run(cfg, steps: int, model_dir: Path) -> tuple[Trainer, list[dict[str, float]]]:
     tr = Trainer.load(cfg)
     return tr, [tr.train_step(bandit_rollouts(version=tr.version)) for _ in range(steps)]
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_micro_batches_add_up_to_one_pass(model_dir: Path, agg: str) -> None:
-    common = ("learner.algorithm=ppo", "learner.kl_coef=0.1", "learner.entropy_coef=0.01", "learner.lr=1e-3",
-              f"learner.loss_agg={agg}", "learner.minibatches=2")  # fmt: skip
+    common = (
+        "learner.algorithm=ppo",
+        "learner.kl_coef=0.1",
+        "learner.entropy_coef=0.01",
+        "learner.lr=1e-3",
+        f"learner.loss_agg={agg}",
+        "learner.minibatches=2",
+    )
     one, m1 = _run(make_cfg(model_dir, *common), 2, model_dir)
     acc, m2 = _run(make_cfg(model_dir, *common, "learner.micro_batch_tokens=12"), 2, model_dir)
     # each minibatch is one group of equally long rows (11 and 13 tokens): the budget of 12 puts every row alone
@@ -178,9 +203,18 @@ def test_epochs_pass_over_the_batch_again_against_the_batch_start(model_dir: Pat
     assert not params_equal(one.model, two.model)
 
 
-RESUME = ("learner.algorithm=ppo", "learner.kl_coef=0.05", "learner.entropy_coef=0.01", "learner.minibatches=2",
-          "learner.micro_batch_tokens=24", "learner.warmup_steps=2", "learner.lr_schedule=cosine",
-          "learner.staleness_mode=downweight", "learner.keep_checkpoints=2", "run.max_steps=4")  # fmt: skip
+RESUME = (
+    "learner.algorithm=ppo",
+    "learner.kl_coef=0.05",
+    "learner.entropy_coef=0.01",
+    "learner.minibatches=2",
+    "learner.micro_batch_tokens=24",
+    "learner.warmup_steps=2",
+    "learner.lr_schedule=cosine",
+    "learner.staleness_mode=downweight",
+    "learner.keep_checkpoints=2",
+    "run.max_steps=4",
+)
 
 
 def test_resume_is_bit_exact(model_dir: Path, tmp_path: Path) -> None:
@@ -231,7 +265,9 @@ def test_bf16_autocast_runs_the_model_in_bfloat16_and_keeps_float32_state(model_
     # The path GPUs take, run on the CPU: forward passes in bfloat16, weights, gradients, AdamW
     # state and logprobs in float32; the step points where the float32 step points.
     fp32 = Trainer.load(make_cfg(model_dir, "learner.lr=1e-3", "learner.entropy_coef=0.01"))
-    bf16 = Trainer.load(make_cfg(model_dir, "learner.lr=1e-3", "learner.entropy_coef=0.01", "learner.bf16_autocast=true"))
+    bf16 = Trainer.load(
+        make_cfg(model_dir, "learner.lr=1e-3", "learner.entropy_coef=0.01", "learner.bf16_autocast=true")
+    )
     ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
         with bf16._autocast():
@@ -262,7 +298,9 @@ def test_ppo_turn_limit_cut_is_bootstrapped_or_terminal_by_config(model_dir: Pat
     def rollouts(finish: str) -> list[Rollout]:
         out = []
         for gi, prompt in enumerate(PROMPTS):
-            eps = [episode(prompt, [[GOOD if i % 2 == 0 else BAD]], [float(i % 2 == 0)], finish=finish) for i in range(4)]
+            eps = [
+                episode(prompt, [[GOOD if i % 2 == 0 else BAD]], [float(i % 2 == 0)], finish=finish) for i in range(4)
+            ]
             out.append(Rollout(group_id=f"g{gi}", actor_id="a", env="bandit", task_id=gi, episodes=eps))
         return out
 
@@ -278,8 +316,14 @@ def test_ppo_turn_limit_cut_is_bootstrapped_or_terminal_by_config(model_dir: Pat
 
 
 def test_the_value_head_learns_at_its_own_rate_on_the_same_schedule(model_dir: Path) -> None:
-    cfg = make_cfg(model_dir, "learner.algorithm=ppo", "learner.lr=1e-3", "learner.value_lr=1e-2",
-                   "learner.warmup_steps=2", "run.max_steps=10")  # fmt: skip
+    cfg = make_cfg(
+        model_dir,
+        "learner.algorithm=ppo",
+        "learner.lr=1e-3",
+        "learner.value_lr=1e-2",
+        "learner.warmup_steps=2",
+        "run.max_steps=10",
+    )
     tr = Trainer.load(cfg)
     head = {id(p) for p in tr.value_head.parameters()}
     policy_group, head_group = tr.optimizer.param_groups
@@ -303,9 +347,16 @@ def test_a_batch_without_gradient_leaves_the_weights_alone(model_dir: Path) -> N
     tr = Trainer.load(make_cfg(model_dir, "learner.lr=3e-3"))
     tr.train_step(bandit_rollouts(tr.model, version=tr.version))
     weights, adam = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict())
-    flat = [Rollout(group_id=f"f{gi}", actor_id="a", env="bandit", task_id=gi,
-                    episodes=[episode(p, [[tok]], [1.0], version=tr.version) for tok in (GOOD, BAD, GOOD, BAD)])
-            for gi, p in enumerate(PROMPTS)]  # fmt: skip
+    flat = [
+        Rollout(
+            group_id=f"f{gi}",
+            actor_id="a",
+            env="bandit",
+            task_id=gi,
+            episodes=[episode(p, [[tok]], [1.0], version=tr.version) for tok in (GOOD, BAD, GOOD, BAD)],
+        )
+        for gi, p in enumerate(PROMPTS)
+    ]
     m = tr.train_step(flat)
     assert (m["grad_norm"], m["optimizer_steps"], m["trained_tokens"]) == (0.0, 0.0, 8.0)
     assert tr.version == 2  # a learner step all the same: the version counts steps, not updates
@@ -321,7 +372,6 @@ def test_a_batch_without_gradient_leaves_the_weights_alone(model_dir: Path) -> N
     assert not all(torch.equal(v, weights[k]) for k, v in tr.model.state_dict().items())
 
 
-
 def test_negative_advantage_scale_zero_trains_only_what_beat_its_baseline(model_dir: Path) -> None:
     """learner.negative_advantage_scale = 0: tokens below their baseline get no gradient. Each
     group answers BAD four times with rewards (0, 0, -1, -1): two advantages above the mean, two
@@ -329,9 +379,16 @@ def test_negative_advantage_scale_zero_trains_only_what_beat_its_baseline(model_
     with 0, only the two above the mean are trained and BAD's probability rises."""
 
     def batch() -> list[Rollout]:
-        return [Rollout(group_id=f"n{gi}", actor_id="a", env="bandit", task_id=gi,
-                        episodes=[episode(p, [[BAD]], [r], version=0) for r in (0.0, 0.0, -1.0, -1.0)])
-                for gi, p in enumerate(PROMPTS)]  # fmt: skip
+        return [
+            Rollout(
+                group_id=f"n{gi}",
+                actor_id="a",
+                env="bandit",
+                task_id=gi,
+                episodes=[episode(p, [[BAD]], [r], version=0) for r in (0.0, 0.0, -1.0, -1.0)],
+            )
+            for gi, p in enumerate(PROMPTS)
+        ]
 
     two_sided = Trainer.load(make_cfg(model_dir))
     before = [good_logprob(two_sided.model, p, BAD) for p in PROMPTS]
@@ -366,7 +423,9 @@ def test_a_bfloat16_model_trains_float32_master_weights_by_default(model_dir: Pa
     # model.dtype bfloat16 is the engines' and the wire's dtype; the learner keeps float32 master
     # weights and runs the passes under bfloat16 autocast (learner.param_dtype = "float32"), or
     # holds bfloat16 throughout when asked ("model").
-    tr = Trainer.load(make_cfg(model_dir, 'model.dtype="bfloat16"', f'learner.param_dtype="{param_dtype}"', "learner.lr=1e-3"))
+    tr = Trainer.load(
+        make_cfg(model_dir, 'model.dtype="bfloat16"', f'learner.param_dtype="{param_dtype}"', "learner.lr=1e-3")
+    )
     want = torch.float32 if param_dtype == "float32" else torch.bfloat16
     assert {p.dtype for p in tr.params} == {want}
     assert tr.compute_dtype == (torch.bfloat16 if param_dtype == "float32" else None)

@@ -18,12 +18,10 @@ import zmq.asyncio
 
 from agentgym.actors.transport import ActorRejected, ControlLink, LearnerUnreachable
 from agentgym.actors.weight_fetch import fetch_weights
-from agentgym.learner.transport import WeightSnapshot, open_hub
 from agentgym.host.netutil import free_port_pair
-from agentgym.protocol import Heartbeat, Hello, Reject, WeightsReady, Welcome, RolloutSpec, encode
+from agentgym.learner.transport import WeightSnapshot, open_hub
+from agentgym.protocol import Heartbeat, Hello, Reject, RolloutSpec, WeightsReady, Welcome, encode
 from agentgym.protocol.weights import RawTensor, make_chunks
-
-
 
 
 class HubThread:
@@ -76,8 +74,17 @@ def hello(actor_id: str = "a1") -> Hello:
 
 def welcome(port: int) -> Welcome:
     spec = RolloutSpec(group_size=2, max_tokens_per_turn=4, max_episode_tokens=64, temperature=1.0, top_p=1.0)
-    return Welcome(run_id="r", actor_index=0, weights_port=port + 1, model_path="/m", model_fingerprint="fp",
-                   mode="async", heartbeat_interval_s=1, actor_timeout_s=10, rollout=spec)  # fmt: skip
+    return Welcome(
+        run_id="r",
+        actor_index=0,
+        weights_port=port + 1,
+        model_path="/m",
+        model_fingerprint="fp",
+        mode="async",
+        heartbeat_interval_s=1,
+        actor_timeout_s=10,
+        rollout=spec,
+    )
 
 
 def test_handshake_messages_and_malformed_frames_over_real_sockets() -> None:
@@ -136,7 +143,7 @@ def test_a_hello_under_an_id_the_hub_still_holds_gets_through_once_the_old_conne
         old = ctx.socket(zmq.DEALER)
         old.setsockopt(zmq.ROUTING_ID, b"a4")
         old.connect(addr)
-        old.send_multipart(encode(Heartbeat(actor_id="a4")))  # type: ignore[arg-type]
+        old.send_multipart(encode(Heartbeat(actor_id="a4")))
         assert ht.received.get(True, 10)[0] == b"a4"  # the hub holds a4's old connection
 
         async def client() -> None:
@@ -162,7 +169,9 @@ def test_no_learner_gives_a_clear_error_not_a_hang() -> None:
     async def client() -> None:
         ctx = zmq.asyncio.Context()
         link = ControlLink(ctx, f"tcp://127.0.0.1:{port}", "a3")
-        with pytest.raises(LearnerUnreachable, match=f"no agentgym learner answered at tcp://127.0.0.1:{port} within 3 s"):
+        with pytest.raises(
+            LearnerUnreachable, match=f"no agentgym learner answered at tcp://127.0.0.1:{port} within 3 s"
+        ):
             await link.handshake(hello("a3"), timeout_s=3)
         link.close()
         ctx.term()
@@ -247,9 +256,9 @@ def test_the_actor_link_receives_beside_a_send_and_takes_queued_replies_in_order
         await asyncio.wait_for(sending, 10)
         for v in range(5):
             learner.send_multipart([peer, *encode(Heartbeat(weight_version=v))])
-        assert (await asyncio.wait_for(receiving, 10)).weight_version == 0  # type: ignore[attr-defined]
+        assert (await asyncio.wait_for(receiving, 10)).weight_version == 0  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
         await asyncio.sleep(0.2)  # the rest are waiting now: taken without a blocking receive
-        assert [(await link.recv()).weight_version for _ in range(4)] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+        assert [(await link.recv()).weight_version for _ in range(4)] == [1, 2, 3, 4]  # type: ignore[attr-defined]  # the decoded message is of the kind the test sent
         learner.close(0)
         link.close()
         ctx.term()

@@ -45,7 +45,7 @@ class Acks:
         self.sent.append((peer, msg))
 
     def ack(self, peer: bytes, group_id: str, status: str) -> None:
-        self.sent.append((peer, Ack(group_ids=[group_id], statuses=[status])))  # type: ignore[list-item]
+        self.sent.append((peer, Ack(group_ids=[group_id], statuses=[status])))  # type: ignore[list-item]  # the recording stand-in's own list
 
     def last_status(self) -> str:
         msg = self.sent[-1][1]
@@ -77,8 +77,11 @@ valid_header = st.builds(lambda k: MAGIC + bytes((PROTOCOL_VERSION, k)), st.inte
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(frame, header, valid_header), max_size=4) | st.tuples(valid_header, frame).map(list)
-       | st.tuples(valid_header, frame, frame).map(list))  # fmt: skip
+@given(
+    st.lists(st.one_of(frame, header, valid_header), max_size=4)
+    | st.tuples(valid_header, frame).map(list)
+    | st.tuples(valid_header, frame, frame).map(list)
+)
 def test_decode_raises_only_protocol_errors_on_arbitrary_frames(frames: list[bytes]) -> None:
     try:
         decode(frames)
@@ -128,44 +131,50 @@ def mutation(draw: st.DrawFn) -> tuple[str, object]:
         return kind, (name, pack(np.array(vals), DTYPE[name]))
     if kind == "value":  # one item of one array, same length
         name = draw(st.sampled_from(F))
-        v = draw(odd_floats if DTYPE[name] is F32 else st.integers(0, 255) if DTYPE[name] is U8 else st.integers(-5, 400))
+        v = draw(
+            odd_floats if DTYPE[name] is F32 else st.integers(0, 255) if DTYPE[name] is U8 else st.integers(-5, 400)
+        )
         return kind, (name, draw(st.integers(0, 20)), v)
     if kind == "scalar":
-        return kind, (draw(st.sampled_from(["reward", "turn_limit", "finish", "success"])),
-                      draw(odd_floats | st.integers(-2, 3) | st.sampled_from(["done", "aborted", "x"]) | st.booleans()))  # fmt: skip
+        return kind, (
+            draw(st.sampled_from(["reward", "turn_limit", "finish", "success"])),
+            draw(odd_floats | st.integers(-2, 3) | st.sampled_from(["done", "aborted", "x"]) | st.booleans()),
+        )
     if kind == "meta":
-        return kind, (draw(st.sampled_from(["env", "task_id", "actor_id", "group_id"])),
-                      draw(st.sampled_from(["maze", "b", "", "t0"]) | st.integers(0, 9)))  # fmt: skip
+        return kind, (
+            draw(st.sampled_from(["env", "task_id", "actor_id", "group_id"])),
+            draw(st.sampled_from(["maze", "b", "", "t0"]) | st.integers(0, 9)),
+        )
     return kind, draw(st.sampled_from(["drop", "dup", "empty"]))
 
 
-def apply(d: dict, m: tuple[str, object], ep: int) -> None:  # type: ignore[type-arg]
+def apply(d: dict, m: tuple[str, object], ep: int) -> None:
     kind, arg = m
     e = d["episodes"][ep % len(d["episodes"])] if d["episodes"] else None
     if kind == "array" and e is not None:
-        name, data = arg  # type: ignore[misc]
+        name, data = arg  # type: ignore[misc]  # arg is a tuple of this case's shape
         e[name] = data
     elif kind == "value" and e is not None:
-        name, i, v = arg  # type: ignore[misc]
+        name, i, v = arg  # type: ignore[misc]  # arg is a tuple of this case's shape
         a = unpack(e[name], DTYPE[name]).copy()
         if a.size:
             a[i % a.size] = v
             e[name] = pack(a, DTYPE[name])
     elif kind == "scalar" and e is not None:
-        name, v = arg  # type: ignore[misc]
+        name, v = arg  # type: ignore[misc]  # arg is a tuple of this case's shape
         e[name] = v
     elif kind == "meta":
-        name, v = arg  # type: ignore[misc]
+        name, v = arg  # type: ignore[misc]  # arg is a tuple of this case's shape
         d[name] = v
     elif kind == "episodes":
-        d["episodes"] = {"drop": d["episodes"][1:], "dup": d["episodes"] * 2, "empty": []}[arg]  # type: ignore[index]
+        d["episodes"] = {"drop": d["episodes"][1:], "dup": d["episodes"] * 2, "empty": []}[arg]  # type: ignore[index]  # arg is one of these keys
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(muts=st.lists(st.tuples(mutation(), st.integers(0, 3)), min_size=1, max_size=4))
 def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
     tiny_model: Path, tmp_path: Path, muts: list
-) -> None:  # type: ignore[type-arg]
+) -> None:
     ln = make_learner(tiny_model, tmp_path)
     t = ticket()
     ln.control.guard.issue("a", [t])
@@ -185,7 +194,7 @@ def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
     elif status == "accepted":
         vocab = vocab_size(tiny_model)
         assert vocab is not None
-        for e in r.episodes:  # type: ignore[attr-defined]
+        for e in r.episodes:  # type: ignore[attr-defined]  # a Rollout the test built
             tok, mask = unpack(e.token_ids, I32), unpack(e.loss_mask, U8)
             assert tok.size == 0 or (tok.min() >= 0 and tok.max() < vocab)
             assert set(np.unique(mask).tolist()) <= {0, 1}
@@ -199,10 +208,12 @@ def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
 # ---------------------------------------------------------------- tickets: the legitimate cases
 
 
-def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_its_reason(tiny_model: Path, tmp_path: Path) -> None:
+def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_its_reason(
+    tiny_model: Path, tmp_path: Path
+) -> None:
     ln = make_learner(tiny_model, tmp_path)
 
-    def send(mutate, actor: str = "a", issue_to: str = "a") -> str:  # type: ignore[no-untyped-def]
+    def send(mutate, actor: str = "a", issue_to: str = "a") -> str:
         t = ticket()
         ln.control.guard.issue(issue_to, [t])
         r = rollout_for(t, actor)
@@ -221,14 +232,19 @@ def test_a_valid_rollout_is_accepted_and_every_kind_of_bad_one_is_invalid_with_i
         "task_mismatch": lambda r, t: msgspec.structs.replace(r, task_id=t.task_id + 1),
         "group_size": lambda r, t: msgspec.structs.replace(r, episodes=r.episodes[:1]),
         "token_out_of_vocab": lambda r, t: ep0(r, token_ids=pack([*range(10), ln.control.guard.vocab_size], I32)),
-        "too_many_tokens": lambda r, t: ep0(r, token_ids=pack([1] * 65, I32), logprobs=pack([0.0] * 65, F32),
-                                            loss_mask=pack([0] * 65, U8), versions=pack([-1] * 65, I32)),
+        "too_many_tokens": lambda r, t: ep0(
+            r,
+            token_ids=pack([1] * 65, I32),
+            logprobs=pack([0.0] * 65, F32),
+            loss_mask=pack([0] * 65, U8),
+            versions=pack([-1] * 65, I32),
+        ),
         "loss_mask_not_0_1": lambda r, t: ep0(r, loss_mask=pack([0] * 8 + [2] + [0] * 2, U8)),
         "versions_inconsistent_with_mask": lambda r, t: ep0(r, versions=pack([0] * n, I32)),
         "logprob_not_finite_or_positive": lambda r, t: ep0(r, logprobs=pack([0.0] * 8 + [0.7] + [0.0] * 2, F32)),
         "reward_not_finite": lambda r, t: ep0(r, reward=math.nan),
         "turn_ends_out_of_order_or_range": lambda r, t: ep0(r, turn_ends=pack([n + 1], I32)),
-    }  # fmt: skip
+    }
     for reason, mutate in cases.items():
         assert send(mutate) == "invalid", reason
         assert ln.control.guard.invalid[reason] == 1, (reason, dict(ln.control.guard.invalid))
@@ -290,8 +306,13 @@ def test_an_eval_ticket_with_bad_content_completes_its_round_without_episodes(ti
 def filtering_learner(model: Path, run_dir: Path, mode: str, batch_groups: int):
     """A learner with ``learner.filter_groups = mode`` and a ``send(rewards)`` that plays one of its
     tickets with those rewards (a positive reward is a success) and returns the ack's status."""
-    cfg = make_cfg(model, f"rollout.group_size={GROUP}", "learner.max_staleness=8", f'learner.filter_groups="{mode}"',
-                   f"learner.batch_groups={batch_groups}")  # fmt: skip
+    cfg = make_cfg(
+        model,
+        f"rollout.group_size={GROUP}",
+        "learner.max_staleness=8",
+        f'learner.filter_groups="{mode}"',
+        f"learner.batch_groups={batch_groups}",
+    )
     ln = Learner(cfg, run_dir, trainer=None, hub=Acks())
     ln.step = ln.curriculum.step = 3
     n = itertools.count()
@@ -301,13 +322,17 @@ def filtering_learner(model: Path, run_dir: Path, mode: str, batch_groups: int):
         ln.ledger.issued([t])
         ln.control.guard.issue("a", [t])
         eps = [episode(PROMPTS[i % 2], [[GOOD]], [rw], version=3, behav=[-0.5]) for i, rw in enumerate(rewards)]
-        ln.control.on_rollout(b"a", Rollout(group_id=t.group_id, actor_id="a", env=t.env, task_id=t.task_id, episodes=eps))
+        ln.control.on_rollout(
+            b"a", Rollout(group_id=t.group_id, actor_id="a", env=t.env, task_id=t.task_id, episodes=eps)
+        )
         return ln.hub.last_status()
 
     return ln, send
 
 
-def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_place(tiny_model: Path, tmp_path: Path) -> None:
+def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_place(
+    tiny_model: Path, tmp_path: Path
+) -> None:
     from agentgym.learner.group_filter import STREAK_LIMIT
 
     B = 2
@@ -331,7 +356,9 @@ def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_p
     assert plain.hub.last_status() == "accepted"
 
 
-def test_filter_groups_solved_filters_all_solved_groups_and_trains_all_failed_ones(tiny_model: Path, tmp_path: Path) -> None:
+def test_filter_groups_solved_filters_all_solved_groups_and_trains_all_failed_ones(
+    tiny_model: Path, tmp_path: Path
+) -> None:
     ln, send = filtering_learner(tiny_model, tmp_path, "solved", 2)
     assert send([0.0, 0.0]) == "accepted"  # all failed: advantage 0, but its KL term still pulls
     assert send([1.0, 1.0]) == "filtered"
@@ -346,6 +373,9 @@ def test_filter_groups_with_an_estimator_that_is_not_group_relative_is_refused_b
         with pytest.raises(ConfigError, match=f"learner.filter_groups needs .* not '{algo}'"):
             make_cfg(tiny_model, 'learner.filter_groups="solved"', f'learner.algorithm="{algo}"')
         assert make_cfg(tiny_model, f'learner.algorithm="{algo}"').learner.filter_groups == "off"  # the default
-    assert make_cfg(tiny_model, 'learner.filter_groups="equal"', 'learner.algorithm="rloo"').learner.filter_groups == "equal"
+    assert (
+        make_cfg(tiny_model, 'learner.filter_groups="equal"', 'learner.algorithm="rloo"').learner.filter_groups
+        == "equal"
+    )
     with pytest.raises(ConfigError, match="filter_groups"):
         make_cfg(tiny_model, "learner.filter_groups=true")  # the mode is named, not a switch

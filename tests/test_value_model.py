@@ -14,8 +14,8 @@ from agentgym.learner.batch import collate
 from agentgym.learner.policy import forward_tokens
 from agentgym.learner.trainer import Trainer
 from agentgym.learner.value_model import SeparateValueModel, ValueHead
-from agentgym.protocol import Rollout
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
+from agentgym.protocol import Rollout
 
 SEPARATE = ("learner.algorithm=ppo", 'learner.value_model="separate"')
 

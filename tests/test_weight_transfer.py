@@ -15,9 +15,9 @@ import zmq.asyncio
 from test_transport import HubThread
 
 from agentgym.actors.weight_fetch import fetch_weights
+from agentgym.host.netutil import free_port_pair
 from agentgym.learner.transport import WeightSnapshot
 from agentgym.learner.weight_export import WeightExporter
-from agentgym.host.netutil import free_port_pair
 from agentgym.protocol import ProtocolError, WeightsReady, decode, encode
 from agentgym.protocol.weights import Assembler, RawTensor, make_chunks, verify_chunk
 from agentgym.protocol.wire import MAX_WEIGHT_DATA
@@ -25,7 +25,9 @@ from agentgym.protocol.wire import MAX_WEIGHT_DATA
 
 def raw(name: str, t: torch.Tensor) -> RawTensor:
     ints = {4: torch.int32, 2: torch.int16}[t.element_size()]
-    return RawTensor(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), t.contiguous().view(ints).numpy().tobytes())
+    return RawTensor(
+        name, str(t.dtype).removeprefix("torch."), tuple(t.shape), t.contiguous().view(ints).numpy().tobytes()
+    )
 
 
 def back(t: RawTensor) -> torch.Tensor:
@@ -107,8 +109,14 @@ def test_only_tensors_changed_since_the_actors_version_travel() -> None:
         chunks, chunk_versions = exporter.build(version, tensors)
         snap = WeightSnapshot.build(version, chunks)
         ht.commands.put(lambda hub: hub.publish_weights(snap))
-        return WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(chunks),
-                            total_bytes=snap.total_bytes, chunk_versions=chunk_versions)  # fmt: skip
+        return WeightsReady(
+            version=version,
+            step=version,
+            turn_limit=3,
+            num_chunks=len(chunks),
+            total_bytes=snap.total_bytes,
+            chunk_versions=chunk_versions,
+        )
 
     with HubThread(f"tcp://127.0.0.1:{port}") as ht:
 
@@ -237,8 +245,14 @@ def test_tensors_written_into_their_chunks_by_the_trainer_make_the_same_chunks(t
 def test_a_tensor_whole_in_one_chunk_is_not_copied_and_a_split_one_is_copied_once() -> None:
     whole = np.arange(100, dtype=np.float32)  # 400 bytes: fits the first chunk
     split = np.arange(300, dtype=np.float32)  # 1200 bytes: spans the rest
-    chunks = make_chunks(5, [RawTensor("whole", "float32", (100,), whole.tobytes()),
-                             RawTensor("split", "float32", (300,), split.tobytes())], 1000)  # fmt: skip
+    chunks = make_chunks(
+        5,
+        [
+            RawTensor("whole", "float32", (100,), whole.tobytes()),
+            RawTensor("split", "float32", (300,), split.tobytes()),
+        ],
+        1000,
+    )
     frames = [bytearray(d) for _, d in chunks]  # stand-ins for received frames
     asm = Assembler()
     for (msg, _), frame in zip(chunks, frames, strict=True):
@@ -307,8 +321,10 @@ def test_versions_exported_into_kept_buffers_arrive_exact_while_older_ones_are_s
     exporter = WeightExporter(chunk_bytes=16_000)
 
     def tensors(version: int) -> dict[str, np.ndarray]:
-        return {f"layer{i}.weight": np.full((50, 30), version * 10 + i, np.float32) + rng.random((50, 30), np.float32)
-                for i in range(6)}  # fmt: skip
+        return {
+            f"layer{i}.weight": np.full((50, 30), version * 10 + i, np.float32) + rng.random((50, 30), np.float32)
+            for i in range(6)
+        }
 
     with HubThread(f"tcp://127.0.0.1:{port}") as ht:
 
@@ -317,7 +333,9 @@ def test_versions_exported_into_kept_buffers_arrive_exact_while_older_ones_are_s
             held = []  # the learner side's snapshots stay alive here too, as a slow actor's sends would
             for version in range(1, 5):
                 arrays = tensors(version)
-                chunks, cv = exporter.build(version, [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()])
+                chunks, cv = exporter.build(
+                    version, [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()]
+                )
                 snap = WeightSnapshot.build(version, chunks)
                 if version == 2:
                     held.append(snap)  # version 2's buffers stay in use: never written by 3 or 4
@@ -325,18 +343,24 @@ def test_versions_exported_into_kept_buffers_arrive_exact_while_older_ones_are_s
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
                 del snap
                 await asyncio.sleep(0.2)
-                ready = WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(cv), total_bytes=0, chunk_versions=cv)
+                ready = WeightsReady(
+                    version=version, step=version, turn_limit=3, num_chunks=len(cv), total_bytes=0, chunk_versions=cv
+                )
                 got, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready)
                 assert got == version
-                assert all(np.array_equal(np.frombuffer(t.data, np.float32).reshape(t.shape), arrays[t.name]) for t in raw)
+                assert all(
+                    np.array_equal(np.frombuffer(t.data, np.float32).reshape(t.shape), arrays[t.name]) for t in raw
+                )
             # version 2 as it was, though two versions were exported after it
             asm = Assembler()
             for frames in held[0].frames:
                 msg, data = decode(frames)
                 verify_chunk(msg, data[0])
                 asm.add(msg, data[0])
-            assert all(np.frombuffer(t.data, np.float32).min() >= 20 and np.frombuffer(t.data, np.float32).max() < 27
-                       for t in asm.finish())  # fmt: skip
+            assert all(
+                np.frombuffer(t.data, np.float32).min() >= 20 and np.frombuffer(t.data, np.float32).max() < 27
+                for t in asm.finish()
+            )
             assert exporter.buffers.reused > 0  # versions 3 and 4 wrote into buffers kept from 1 (and 3's)
             ctx.term()
 
@@ -350,8 +374,14 @@ def test_an_actors_fetches_land_in_buffers_it_keeps_and_no_frame_outlives_its_ch
 
     whole = np.arange(100, dtype=np.float32)
     split = np.arange(300, dtype=np.float32)
-    chunks = make_chunks(5, [RawTensor("whole", "float32", (100,), whole.tobytes()),
-                             RawTensor("split", "float32", (300,), split.tobytes())], 1000)  # fmt: skip
+    chunks = make_chunks(
+        5,
+        [
+            RawTensor("whole", "float32", (100,), whole.tobytes()),
+            RawTensor("split", "float32", (300,), split.tobytes()),
+        ],
+        1000,
+    )
     kept = WeightBuffers()
     frames = [bytearray(d) for _, d in chunks]
     asm = Assembler(into=kept)
@@ -375,14 +405,19 @@ def test_an_actors_fetches_land_in_buffers_it_keeps_and_no_frame_outlives_its_ch
             for version in (1, 2, 3):
                 for i, a in enumerate(arrays.values()):
                     a[:] = version * 100 + i
-                chunks = make_chunks(version, [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()], 20_000)
+                chunks = make_chunks(
+                    version, [RawTensor(k, "float32", v.shape, v.tobytes()) for k, v in arrays.items()], 20_000
+                )
                 snap = WeightSnapshot.build(version, chunks)
                 ht.commands.put(lambda hub, s=snap: hub.publish_weights(s))
                 await asyncio.sleep(0.2)
-                ready = WeightsReady(version=version, step=version, turn_limit=3, num_chunks=len(chunks), total_bytes=snap.total_bytes)
+                ready = WeightsReady(
+                    version=version, step=version, turn_limit=3, num_chunks=len(chunks), total_bytes=snap.total_bytes
+                )
                 _, raw = await fetch_weights(ctx, f"tcp://127.0.0.1:{port + 1}", ready, into=kept)
                 assert {t.name: np.frombuffer(t.data, np.float32).reshape(t.shape)[0, 0] for t in raw} == {
-                    k: version * 100 + i for i, k in enumerate(arrays)}  # fmt: skip
+                    k: version * 100 + i for i, k in enumerate(arrays)
+                }
                 here = {t.name: _address(t.data) for t in raw}
                 assert where is None or here == where  # no new memory after the first fetch
                 where = here

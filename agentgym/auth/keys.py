@@ -71,7 +71,9 @@ class ClientKeys:
         if secret_key is None and learner_key is None:
             return None
         if secret_key is None or learner_key is None:
-            raise KeyFileError("actor.secret_key and actor.learner_key go together: set both (CURVE) or neither (plain TCP)")
+            raise KeyFileError(
+                "actor.secret_key and actor.learner_key go together: set both (CURVE) or neither (plain TCP)"
+            )
         public, secret = load_keypair(secret_key)
         return cls(public, secret, load_public(learner_key))
 

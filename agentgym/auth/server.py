@@ -47,7 +47,9 @@ class ServerKeys:
         if secret_key is None and authorized is None:
             return None
         if secret_key is None or authorized is None:
-            raise KeyFileError("learner.secret_key and learner.authorized_keys go together: set both (CURVE) or neither")
+            raise KeyFileError(
+                "learner.secret_key and learner.authorized_keys go together: set both (CURVE) or neither"
+            )
         if not Path(authorized).is_dir():
             raise KeyFileError(f"learner.authorized_keys {authorized} is not a directory of actors' public .key files")
         public, secret = load_keypair(secret_key)
@@ -79,8 +81,8 @@ def check_bind(bind: str, keys: ServerKeys | None, insecure: bool) -> None:
 def check_server_config(lc: object) -> str | None:
     """What is wrong with a learner config's keys or bind (None: nothing), for a clean exit."""
     try:
-        keys = ServerKeys.load(lc.secret_key, lc.authorized_keys)  # type: ignore[attr-defined]
-        check_bind(lc.bind, keys, lc.insecure)  # type: ignore[attr-defined]
+        keys = ServerKeys.load(lc.secret_key, lc.authorized_keys)  # type: ignore[attr-defined]  # lc: a LearnerConfig, typed object here
+        check_bind(lc.bind, keys, lc.insecure)  # type: ignore[attr-defined]  # lc: a LearnerConfig, typed object here
     except (KeyFileError, InsecureBind) as exc:
         return str(exc)
     return None

@@ -34,9 +34,10 @@ MODES = ("sync", "async")
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
-        "bench", help="sync baseline vs async on one config: ratio table, comparison.json, plot",
+        "bench",
+        help="sync baseline vs async on one config: ratio table, comparison.json, plot",
         description=" ".join(__doc__.split("\n\n")[i].replace("\n", " ") for i in (2, 3)),
-    )  # fmt: skip
+    )
     b.add_argument("--config", type=Path, default=None, help="TOML config (default: configs/quickstart.toml)")
     b.add_argument("--steps", type=int, default=40, help="optimizer steps per run (default: 40)")
     b.add_argument("--actors", type=int, default=2, help="local actor processes per run (default: 2)")
@@ -45,10 +46,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--modes", default="sync,async", help="which modes to run (default: sync,async)")
     b.add_argument("--out", type=Path, default=None, help="where the runs go (default: a new temp dir)")
     b.add_argument("--port", type=int, default=0, help="learner port (default: a free one per run)")
-    b.add_argument("--eval-at-start", action="store_true",
-                   help="also evaluate version 0 (same for both modes; minutes with an env that waits)")
-    b.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config override for every run (repeatable), e.g. -o actor.max_groups=8")
+    b.add_argument(
+        "--eval-at-start",
+        action="store_true",
+        help="also evaluate version 0 (same for both modes; minutes with an env that waits)",
+    )
+    b.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every run (repeatable), e.g. -o actor.max_groups=8",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,12 +87,20 @@ def run(args: argparse.Namespace) -> int:
             runs[mode].append(one_run(mode, config, args, seeds[i], out / f"{mode}-{i}"))
     means = {m: {k: statistics.fmean(r["figures"][k] for r in rs) for k in rs[0]["figures"]} for m, rs in runs.items()}
     record = {
-        "config": str(config), "steps": args.steps, "actors": args.actors, "repeats": args.repeats,
-        "seeds": seeds[: args.repeats], "overrides": args.override, "mean": means,
-        "ratio": ({k: (means["async"][k] / means["sync"][k] if means["sync"][k] else None) for k in means["sync"]}
-                  if set(modes) == set(MODES) else {}),
+        "config": str(config),
+        "steps": args.steps,
+        "actors": args.actors,
+        "repeats": args.repeats,
+        "seeds": seeds[: args.repeats],
+        "overrides": args.override,
+        "mean": means,
+        "ratio": (
+            {k: (means["async"][k] / means["sync"][k] if means["sync"][k] else None) for k in means["sync"]}
+            if set(modes) == set(MODES)
+            else {}
+        ),
         "runs": {m: [r["figures"] for r in rs] for m, rs in runs.items()},
-    }  # fmt: skip
+    }
     (out / "comparison.json").write_text(json.dumps(record, indent=1) + "\n")
     print_table(record, config, out)
     plot(runs, out / "comparison.png")
@@ -94,11 +112,33 @@ def one_run(mode: str, config: Path, args: argparse.Namespace, seed: int, run_di
     from agentgym.host.netutil import free_port_pair
 
     port = args.port or free_port_pair()
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--config", str(config), "--mode", mode,
-           "--max-steps", str(args.steps), "--actors", str(args.actors), "--run-dir", str(run_dir),
-           "-o", f'learner.bind="tcp://127.0.0.1:{port}"', "-o", f"run.seed={seed}", "-o", "eval.at_end=true",
-           "-o", f"eval.at_start={str(args.eval_at_start).lower()}",
-           "-o", "eval.every=0", *[a for o in args.override for a in ("-o", o)]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--config",
+        str(config),
+        "--mode",
+        mode,
+        "--max-steps",
+        str(args.steps),
+        "--actors",
+        str(args.actors),
+        "--run-dir",
+        str(run_dir),
+        "-o",
+        f'learner.bind="tcp://127.0.0.1:{port}"',
+        "-o",
+        f"run.seed={seed}",
+        "-o",
+        "eval.at_end=true",
+        "-o",
+        f"eval.at_start={str(args.eval_at_start).lower()}",
+        "-o",
+        "eval.every=0",
+        *[a for o in args.override for a in ("-o", o)],
+    ]
     print(f"[{mode} seed={seed}] agentgym {' '.join(cmd[3:])}", flush=True)
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -116,7 +156,9 @@ def figures_of(recs: list[dict], evals: list[dict], summary: dict, t0: float) ->
     span = max(recs[-1]["time"] - recs[0]["time"], 1e-9)
     later = recs[1:]  # rates over the training span: the first step's batch was played during start-up
     groups, expired = summary["groups"], summary["expired"]["groups"]
-    played = groups["accepted"] + groups["stale"] + groups.get("filtered", 0)  # filtered: played on purpose, never trained
+    played = (
+        groups["accepted"] + groups["stale"] + groups.get("filtered", 0)
+    )  # filtered: played on purpose, never trained
     lt = summary.get("learner_time", {})
     mix = summary.get("episode_mix", {})
     return {
@@ -133,11 +175,14 @@ def figures_of(recs: list[dict], evals: list[dict], summary: dict, t0: float) ->
         "filtered_frac": groups.get("filtered", 0) / max(played, 1),
         # Tokens past the bound in the groups that were trained (weight 0 under "drop"): the
         # partial loss that keeps whole groups from being lost (ADR 0013).
-        "tokens_past_bound_frac": sum(r.get(gt, 0.0) * r["agent_tokens"] for r in recs) / max(sum(r["agent_tokens"] for r in recs), 1)
-        if (gt := next((k for k in recs[0] if k.startswith("staleness_frac_gt")), None)) else float("nan"),
+        "tokens_past_bound_frac": sum(r.get(gt, 0.0) * r["agent_tokens"] for r in recs)
+        / max(sum(r["agent_tokens"] for r in recs), 1)
+        if (gt := next((k for k in recs[0] if k.startswith("staleness_frac_gt")), None))
+        else float("nan"),
         # What those tokens lost: 1 - the mean staleness weight over the agent tokens of trained
         # groups (equal to tokens_past_bound_frac under "drop", less under "downweight").
-        "token_weight_lost_frac": 1 - sum(r.get("staleness_weight_mean", 1.0) * r["agent_tokens"] for r in recs)
+        "token_weight_lost_frac": 1
+        - sum(r.get("staleness_weight_mean", 1.0) * r["agent_tokens"] for r in recs)
         / max(sum(r["agent_tokens"] for r in recs), 1),
         "turns_mean_ratio": mix.get("turns_mean_ratio", float("nan")),
         "final_eval_success": evals[-1]["success_rate"] if evals else float("nan"),
@@ -147,8 +192,10 @@ def figures_of(recs: list[dict], evals: list[dict], summary: dict, t0: float) ->
 def print_table(record: dict, config: Path, out: Path) -> None:
     means, ratio = record["mean"], record["ratio"]
     extra = f", {' '.join(record['overrides'])}" if record["overrides"] else ""
-    print(f"\n{record['steps']} steps, {record['actors']} actors, {record['repeats']} run(s) per mode "
-          f"(means), config {config.name}{extra}, runs in {out}\n")  # fmt: skip
+    print(
+        f"\n{record['steps']} steps, {record['actors']} actors, {record['repeats']} run(s) per mode "
+        f"(means), config {config.name}{extra}, runs in {out}\n"
+    )
     modes = list(means)
     print("| metric | " + " | ".join(modes) + (" | async/sync |" if ratio else " |"))
     print("|---" * (len(modes) + 1 + bool(ratio)) + "|")
@@ -176,10 +223,18 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
             axes[1].plot(t, _smooth([m.get("learner_utilisation", float("nan")) for m in r["metrics"]]), **kw)
             axes[2].plot(t, _smooth([m["success_rate"] for m in r["metrics"]]), linestyle=":", **{**kw, "label": None})
             if r["evals"]:
-                axes[2].plot([e["time"] - r["t0"] for e in r["evals"]], [e["success_rate"] for e in r["evals"]],
-                             marker="o", **kw)  # fmt: skip
-    for ax, title in zip(axes, ("trained trajectories/s (10 s window)", "learner utilisation (5-step mean)",
-                                "held-out success (dots: training, 5-step mean)"), strict=True):  # fmt: skip
+                axes[2].plot(
+                    [e["time"] - r["t0"] for e in r["evals"]], [e["success_rate"] for e in r["evals"]], marker="o", **kw
+                )
+    for ax, title in zip(
+        axes,
+        (
+            "trained trajectories/s (10 s window)",
+            "learner utilisation (5-step mean)",
+            "held-out success (dots: training, 5-step mean)",
+        ),
+        strict=True,
+    ):
         ax.set_title(title)
         ax.set_xlabel("wall time since launch (s)")
         ax.grid(alpha=0.3)

@@ -31,17 +31,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agentgym.observe.logs import read_events
 from agentgym.cluster.netns import Cluster, Loopback, netns_unavailable
+from agentgym.observe.logs import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 5555
 
 FAST = [
-    "learner.heartbeat_interval_s=0.5", "learner.actor_timeout_s=6.0", "learner.checkpoint_every=4",
-    "learner.checkpoint_minutes=0", "learner.batch_groups=4", "rollout.group_size=4", "eval.at_start=false",
-    "eval.at_end=false", "eval.every=0", "learner.log_episodes=0",
-]  # fmt: skip
+    "learner.heartbeat_interval_s=0.5",
+    "learner.actor_timeout_s=6.0",
+    "learner.checkpoint_every=4",
+    "learner.checkpoint_minutes=0",
+    "learner.batch_groups=4",
+    "rollout.group_size=4",
+    "eval.at_start=false",
+    "eval.at_end=false",
+    "eval.every=0",
+    "learner.log_episodes=0",
+]
 """Small timeouts and batches: failures are detected in seconds and steps come quickly."""
 
 
@@ -54,8 +61,15 @@ def trained_on(run_dir: Path, actor_id: str) -> bool:
 class Scenario:
     """One learner host and actor hosts, real processes, driven step by step."""
 
-    def __init__(self, net: Cluster, work: Path, model: Path, overrides: list[str], config: Path | None = None,
-                 engine: str = "hf") -> None:  # fmt: skip
+    def __init__(
+        self,
+        net: Cluster,
+        work: Path,
+        model: Path,
+        overrides: list[str],
+        config: Path | None = None,
+        engine: str = "hf",
+    ) -> None:
         self.net, self.work, self.model, self.engine = net, work, model, engine
         self.config = config or REPO / "configs" / "quickstart.toml"
         self.overrides = overrides
@@ -69,8 +83,8 @@ class Scenario:
             from agentgym.host.netutil import free_port_pair
 
             self.port = free_port_pair()
-        self.learner: subprocess.Popen | None = None  # type: ignore[type-arg]
-        self.actors: dict[str, subprocess.Popen] = {}  # type: ignore[type-arg]
+        self.learner: subprocess.Popen | None = None
+        self.actors: dict[str, subprocess.Popen] = {}
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.started = 0
 
@@ -84,24 +98,55 @@ class Scenario:
         if resume:
             argv = [*py, "--resume", str(self.run_dir), *[a for o in extra for a in ("-o", o)]]
         else:
-            argv = [*py, "--config", str(self.config), "--run-dir", str(self.run_dir), "--bind", self.address,
-                    "-o", f'model.path="{self.model}"', "-o", "model.create_tiny=false", "-o", "learner.insecure=true",
-                    *[a for o in [*self.overrides, *extra] for a in ("-o", o)]]  # fmt: skip
-        self.learner = self.net.spawn("learner", argv, self.learner_home, self.work / "consoles" / "learner.log", self.env)
+            argv = [
+                *py,
+                "--config",
+                str(self.config),
+                "--run-dir",
+                str(self.run_dir),
+                "--bind",
+                self.address,
+                "-o",
+                f'model.path="{self.model}"',
+                "-o",
+                "model.create_tiny=false",
+                "-o",
+                "learner.insecure=true",
+                *[a for o in [*self.overrides, *extra] for a in ("-o", o)],
+            ]
+        self.learner = self.net.spawn(
+            "learner", argv, self.learner_home, self.work / "consoles" / "learner.log", self.env
+        )
 
     def start_actor(self, host: str, extra: list[str] = [], actor_id: str | None = None) -> str:  # noqa: B006
         """A new actor process on ``host`` (a new id, or ``actor_id``); returns its id. ``extra``: more
         ``-o`` overrides (never mutated)."""
         self.started += 1
         actor_id = actor_id or f"{host}-{self.started}"
-        argv = [sys.executable, "-m", "agentgym.actors.main", "--learner", self.address, "--actor-id", actor_id,
-                "--run-dir", str(self.actor_home / host), "-o", f'actor.engine="{self.engine}"',
-                "-o", "actor.env_workers=4",  # 4 processes, not 16: an actor starts faster on 2 cores
-                "--connect-timeout", "120", *[a for o in extra for a in ("-o", o)]]  # fmt: skip
-        self.actors[actor_id] = self.net.spawn(host, argv, self.actor_home, self.work / "consoles" / f"{actor_id}.log", self.env)
+        argv = [
+            sys.executable,
+            "-m",
+            "agentgym.actors.main",
+            "--learner",
+            self.address,
+            "--actor-id",
+            actor_id,
+            "--run-dir",
+            str(self.actor_home / host),
+            "-o",
+            f'actor.engine="{self.engine}"',
+            "-o",
+            "actor.env_workers=4",  # 4 processes, not 16: an actor starts faster on 2 cores
+            "--connect-timeout",
+            "120",
+            *[a for o in extra for a in ("-o", o)],
+        ]
+        self.actors[actor_id] = self.net.spawn(
+            host, argv, self.actor_home, self.work / "consoles" / f"{actor_id}.log", self.env
+        )
         return actor_id
 
-    def kill(self, p: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    def kill(self, p: subprocess.Popen) -> None:
         if p.poll() is None:
             try:
                 os.killpg(p.pid, signal.SIGKILL)  # with its engine's children
@@ -122,20 +167,24 @@ class Scenario:
                 continue
         return 0
 
-    def events(self, name: str) -> list[dict]:  # type: ignore[type-arg]
+    def events(self, name: str) -> list[dict]:
         return read_events(self.run_dir / "logs" / "learner.jsonl", name)
 
     def trained_on(self, actor_id: str) -> bool:
         return trained_on(self.run_dir, actor_id)
 
     def checkpoints(self) -> list[int]:
-        return sorted(int(p.parent.parent.name.split("_")[1]) for p in self.run_dir.glob("checkpoints/step_*/trainer/state.pt"))
+        return sorted(
+            int(p.parent.parent.name.split("_")[1]) for p in self.run_dir.glob("checkpoints/step_*/trainer/state.pt")
+        )
 
     def wait(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not cond():
             if self.learner is not None and self.learner.poll() is not None and self.learner.returncode != 0:
-                raise RuntimeError(f"the learner exited with {self.learner.returncode} while waiting for {what}:\n{self.tail('learner')}")
+                raise RuntimeError(
+                    f"the learner exited with {self.learner.returncode} while waiting for {what}:\n{self.tail('learner')}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {what} within {timeout_s:.0f} s (step {self.step()}):\n{self.tail('learner')}")
             time.sleep(0.3)
@@ -146,7 +195,7 @@ class Scenario:
         except OSError:
             return ""
 
-    def summary(self) -> dict:  # type: ignore[type-arg]
+    def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
 
 
@@ -188,15 +237,20 @@ def _chaos(sc: Scenario, minutes: float, seed: int, every: float, timeout_s: flo
     return done
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    c = sub.add_parser("chaos", help="train under random kills and link cuts; print the ticket accounting",
-                       description=__doc__.split("\n\n")[2])  # fmt: skip
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser(
+        "chaos",
+        help="train under random kills and link cuts; print the ticket accounting",
+        description=__doc__.split("\n\n")[2],
+    )
     c.add_argument("--minutes", type=float, default=5.0, help="how long to inflict failures (default: 5)")
     c.add_argument("--seed", type=int, default=0, help="seed of the failure sequence")
     c.add_argument("--every", type=float, default=20.0, help="mean seconds between failures (default: 20)")
     c.add_argument("--work", type=Path, help="where the run and consoles go (default: a temporary directory, kept)")
     c.add_argument("--loopback", action="store_true", help="processes on 127.0.0.1 even when namespaces are possible")
-    c.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="actors' engine (default: hf, starts in a second)")
+    c.add_argument(
+        "--engine", default="hf", choices=["hf", "vllm"], help="actors' engine (default: hf, starts in a second)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

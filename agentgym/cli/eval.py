@@ -37,33 +37,47 @@ from agentgym.observe.eval_metrics import episode_seed, summarize
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser(
-        "eval", help="evaluate a checkpoint or model on held-out tasks (avg@k, pass@k)",
+        "eval",
+        help="evaluate a checkpoint or model on held-out tasks (avg@k, pass@k)",
         description="Play TASKS held-out tasks of each env K times with one engine (no learner) and report "
         "avg@k and pass@k per env. Greedy with --temperature 0. Seeded per request: the same command gives "
         "the same numbers. Env options, token budgets and the engine come from the config: the run's own "
         "config.toml when --model is a run (or one of its checkpoints), else --config or the defaults.",
-    )  # fmt: skip
+    )
     add_config_args(e)
-    e.add_argument("--model", type=Path, required=True,
-                   help="HF model directory, a checkpoint directory, or a run directory (its latest checkpoint, and "
-                   "its config.toml unless --config is given); a hub id ORG/NAME in the local Hugging Face cache; "
-                   "with --engine remote: the tokenizer's directory")  # fmt: skip
+    e.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="HF model directory, a checkpoint directory, or a run directory (its latest checkpoint, and "
+        "its config.toml unless --config is given); a hub id ORG/NAME in the local Hugging Face cache; "
+        "with --engine remote: the tokenizer's directory",
+    )
     e.add_argument("--engine", choices=["hf", "vllm", "remote"], help="overrides actor.engine")
     e.add_argument("--url", help="OpenAI-compatible server (with --engine remote)")
     e.add_argument("--served-model", default="", help="model name the remote server serves")
-    e.add_argument("--env", action="append", default=[], help="env to evaluate, repeatable (default: the config's envs)")
+    e.add_argument(
+        "--env", action="append", default=[], help="env to evaluate, repeatable (default: the config's envs)"
+    )
     e.add_argument("--split", choices=["test", "dev"], help="held-out split (default: eval.split)")
     e.add_argument("--tasks", type=int, help="tasks per env (default: eval.tasks)")
     e.add_argument("-k", type=int, default=1, help="samples per task (pass@k, avg@k)")
     e.add_argument("--temperature", type=float, help="0: greedy (default: rollout.temperature)")
     e.add_argument("--seed", type=int, help="base seed of every request (default: run.seed)")
-    e.add_argument("--turn-limit", type=int, help="turns per episode (default: the schedule's limit at the "
-                   "checkpoint's step, as the run's own evaluation played it; for other models its last limit)")
+    e.add_argument(
+        "--turn-limit",
+        type=int,
+        help="turns per episode (default: the schedule's limit at the "
+        "checkpoint's step, as the run's own evaluation played it; for other models its last limit)",
+    )
     e.add_argument("--concurrency", type=int, default=8, help="episodes played at once")
     e.add_argument("--out", type=Path, help="write the JSON report here")
-    e.add_argument("--critic", action="store_true",
-                   help="play with the config's [critic] (kind, when, max_revisions; set them with -o critic.KEY=...) "
-                   "on every episode; without it the agent plays alone")  # fmt: skip
+    e.add_argument(
+        "--critic",
+        action="store_true",
+        help="play with the config's [critic] (kind, when, max_revisions; set them with -o critic.KEY=...) "
+        "on every episode; without it the agent plays alone",
+    )
 
 
 def resolve_model(path: Path) -> Path:
@@ -72,8 +86,8 @@ def resolve_model(path: Path) -> Path:
     agentgym/config/model_path.py), whose ``ModelNotFound`` says how to download the model."""
     if (path / "config.json").is_file():
         return path
-    from agentgym.learner.checkpoint import latest_checkpoint
     from agentgym.config.model_path import ModelNotFound, find_model
+    from agentgym.learner.checkpoint import latest_checkpoint
 
     for root in (path, path / "checkpoints"):
         if root.is_dir():
@@ -81,7 +95,9 @@ def resolve_model(path: Path) -> Path:
             if found is not None:
                 return found
     if path.is_dir():
-        raise ModelNotFound(f"--model {path}: no config.json there and no checkpoint under it or {path / 'checkpoints'}")
+        raise ModelNotFound(
+            f"--model {path}: no config.json there and no checkpoint under it or {path / 'checkpoints'}"
+        )
     return find_model(path, "--model")
 
 
@@ -109,12 +125,16 @@ def turn_limit_at(cfg, env: str, step: int | None) -> int:
     return sch.turn_limit(step) if step is not None and not sch.by_success else sch.final_limit
 
 
-def trained_differences(cfg, trained, envs: list[str], temperature: float, turn_limit: int,
-                        step: int | None = None) -> list[str]:  # fmt: skip
+def trained_differences(
+    cfg, trained, envs: list[str], temperature: float, turn_limit: int, step: int | None = None
+) -> list[str]:
     """What this evaluation plays differently from how the model was trained (``trained``, up to
     ``step``): the rollout settings, the sampling temperature, the turn limit, the envs' options."""
-    out = [f"rollout.{k} = {v!r} (trained with {getattr(trained.rollout, k)!r})"
-           for k, v in cfg.rollout.model_dump().items() if k != "temperature" and v != getattr(trained.rollout, k)]  # fmt: skip
+    out = [
+        f"rollout.{k} = {v!r} (trained with {getattr(trained.rollout, k)!r})"
+        for k, v in cfg.rollout.model_dump().items()
+        if k != "temperature" and v != getattr(trained.rollout, k)
+    ]
     if temperature != trained.rollout.temperature:
         out.append(f"temperature {temperature} (trained with rollout.temperature = {trained.rollout.temperature})")
     ours = {e.name: e.kwargs for e in cfg.env.specs}
@@ -145,14 +165,21 @@ def run(args: argparse.Namespace) -> int:
     k = args.k
     tasks = args.tasks if args.tasks is not None else cfg.eval.tasks
     temperature = args.temperature if args.temperature is not None else cfg.rollout.temperature
-    problems = [m for ok, m in ((k >= 1, f"-k must be >= 1, got {k}"), (tasks >= 1, f"--tasks must be >= 1, got {tasks}"),
-                                (temperature >= 0, f"--temperature must be >= 0, got {temperature}"),
-                                (args.concurrency >= 1, f"--concurrency must be >= 1, got {args.concurrency}")) if not ok]  # fmt: skip
+    problems = [
+        m
+        for ok, m in (
+            (k >= 1, f"-k must be >= 1, got {k}"),
+            (tasks >= 1, f"--tasks must be >= 1, got {tasks}"),
+            (temperature >= 0, f"--temperature must be >= 0, got {temperature}"),
+            (args.concurrency >= 1, f"--concurrency must be >= 1, got {args.concurrency}"),
+        )
+        if not ok
+    ]
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
-    from agentgym.envpool.registry import UnknownEnvError, env_target
     from agentgym.config.model_path import ModelNotFound
+    from agentgym.envpool.registry import UnknownEnvError, env_target
 
     envs = args.env or [e.name for e in cfg.env.specs]
     try:
@@ -184,8 +211,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float,
-               turn_limit: int) -> dict:  # fmt: skip
+async def _run(
+    cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float, turn_limit: int
+) -> dict:
     from agentgym.actors.engines import load_tokenizer, make_engine
 
     seed = args.seed if args.seed is not None else cfg.run.seed
@@ -195,9 +223,20 @@ async def _run(cfg, model: Path, envs: list[str], args: argparse.Namespace, task
     await engine.start()
     print(f"eval: engine ready; {len(envs)} env(s) x {tasks} tasks x k={k}", file=sys.stderr, flush=True)
     try:
-        return await evaluate(engine, tokenizer, cfg, envs, split=args.split or cfg.eval.split, tasks=tasks, k=k,
-                              temperature=temperature, seed=seed, turn_limit=turn_limit,
-                              concurrency=args.concurrency, critic=args.critic)  # fmt: skip
+        return await evaluate(
+            engine,
+            tokenizer,
+            cfg,
+            envs,
+            split=args.split or cfg.eval.split,
+            tasks=tasks,
+            k=k,
+            temperature=temperature,
+            seed=seed,
+            turn_limit=turn_limit,
+            concurrency=args.concurrency,
+            critic=args.critic,
+        )
     finally:
         await engine.close()
 
@@ -250,21 +289,39 @@ async def evaluate(
         nonlocal done
         async with gate:
             ticket = Ticket(group_id=f"eval:{env}:{task}", env=env, task_id=task, min_version=0, split=split)
-            ep = await play_episode(engine, tokenizer, pool, ticket, sample, spec, turn_limit,
-                                    seed=episode_seed(seed, env, task, sample), critic=judge)  # fmt: skip
+            ep = await play_episode(
+                engine,
+                tokenizer,
+                pool,
+                ticket,
+                sample,
+                spec,
+                turn_limit,
+                seed=episode_seed(seed, env, task, sample),
+                critic=judge,
+            )
         results[env][task][sample] = bool(ep.success)
         failures[env] += ep.finish == "env_failure"
-        episodes.append({"env": env, "task": task, "sample": sample, "success": bool(ep.success),
-                         "reward": float(ep.reward), "finish": ep.finish,
-                         "critiques": int(unpack(ep.critiques, I32).size // 2)})  # fmt: skip
+        episodes.append(
+            {
+                "env": env,
+                "task": task,
+                "sample": sample,
+                "success": bool(ep.success),
+                "reward": float(ep.reward),
+                "finish": ep.finish,
+                "critiques": int(unpack(ep.critiques, I32).size // 2),
+            }
+        )
         done += 1
         if progress and (done == total or done % max(1, total // 20) == 0):
             rate = done / max(time.monotonic() - t0, 1e-9)
             print(f"eval: {done}/{total} episodes, {(total - done) / rate:.0f}s left", file=sys.stderr, flush=True)
 
     for env in envs:
-        pool = EnvPool(env, kwargs.get(env, {}), max(1, min(concurrency, tasks * k)),
-                       step_timeout_s=cfg.actor.step_timeout_s)  # fmt: skip
+        pool = EnvPool(
+            env, kwargs.get(env, {}), max(1, min(concurrency, tasks * k)), step_timeout_s=cfg.actor.step_timeout_s
+        )
         async with pool:
             await asyncio.gather(*(one(pool, env, t, s) for t in range(tasks) for s in range(k)))
     per_env = summarize(results, k)
@@ -272,11 +329,17 @@ async def evaluate(
         row["env_failures"] = failures[env]
     episodes.sort(key=lambda e: (e["env"], e["task"], e["sample"]))
     return {
-        "split": split, "tasks": tasks, "k": k, "temperature": temperature, "seed": seed,
-        "turn_limit": turn_limit, "envs": per_env, "episodes": episodes,
+        "split": split,
+        "tasks": tasks,
+        "k": k,
+        "temperature": temperature,
+        "seed": seed,
+        "turn_limit": turn_limit,
+        "envs": per_env,
+        "episodes": episodes,
         "critic": f"{spec.critic.kind} {spec.critic.when}" if spec.critic else None,
         "seconds": round(time.monotonic() - t0, 2),
-    }  # fmt: skip
+    }
 
 
 def table(report: dict[str, Any]) -> str:
@@ -285,8 +348,10 @@ def table(report: dict[str, Any]) -> str:
     head = f"{'env':<20} {'tasks':>6} {'samples':>8} {f'avg@{k}':>8} {f'pass@{k}':>8} {'env_fail':>8}"
     rows = [head, "-" * len(head)]
     for env, r in report["envs"].items():
-        rows.append(f"{env:<20} {r['tasks']:>6} {r['samples']:>8} {r[f'avg@{k}']:>8.3f} "
-                    f"{r[f'pass@{k}']:>8.3f} {r['env_failures']:>8}")  # fmt: skip
+        rows.append(
+            f"{env:<20} {r['tasks']:>6} {r['samples']:>8} {r[f'avg@{k}']:>8.3f} "
+            f"{r[f'pass@{k}']:>8.3f} {r['env_failures']:>8}"
+        )
     if report.get("critic"):
         n = sum(e.get("critiques", 0) for e in report["episodes"])
         rows.append(f"with the critic ({report['critic']}): {n} critiques over {len(report['episodes'])} episodes")

@@ -29,11 +29,13 @@ def _type_name(tp: object, bounds: list[object] | None = None) -> str:
     member's bounds go to ``bounds`` (shown beside the default), a nested one's inline (``int>=1``)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
-        inner, cons = _type_name(args[0]), _constraints(list(tp.__metadata__))  # type: ignore[attr-defined]
+        inner, cons = _type_name(args[0]), _constraints(list(tp.__metadata__))  # type: ignore[attr-defined]  # an Annotated type's, which typing does not declare
         if bounds is not None:
             bounds.extend(cons)
             return inner
-        return inner + "".join(f"{sym}{getattr(c, attr)}" for c in cons for cls, attr, sym in _OPS if isinstance(c, cls))
+        return inner + "".join(
+            f"{sym}{getattr(c, attr)}" for c in cons for cls, attr, sym in _OPS if isinstance(c, cls)
+        )
     if origin in (typing.Union, types.UnionType):
         return " | ".join("None" if a is type(None) else _type_name(a, bounds) for a in args)
     if origin is not None and origin is not typing.Literal and args:
@@ -61,5 +63,9 @@ def explain(model: type[BaseModel], prefix: str = "") -> str:
         nested: list[object] = []
         line = f"{key}: {_type_name(tp, nested)} = {default}"
         b = _bounds([*f.metadata, *nested])
-        out.append(line + (f"   ({b})" if b else "") + ("\n" + textwrap.indent(textwrap.dedent(f.description).strip(), "    ") if f.description else ""))
+        out.append(
+            line
+            + (f"   ({b})" if b else "")
+            + ("\n" + textwrap.indent(textwrap.dedent(f.description).strip(), "    ") if f.description else "")
+        )
     return "\n".join(x for x in out if x)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import structlog
 
-from agentgym.models.base import ensure_model
 from agentgym.config import Config
+from agentgym.models.base import ensure_model
 
 log = structlog.get_logger(__name__)
 
@@ -41,8 +41,9 @@ BIND = "VLLM_CPU_OMP_THREADS_BIND"
 """vLLM's CPU cores for its worker's threads (a GPU engine ignores it)."""
 
 
-def _spawn(module: str, args: list[str], console: Path | None = None, nice: int = 0,
-           env: dict[str, str] | None = None) -> subprocess.Popen:  # fmt: skip
+def _spawn(
+    module: str, args: list[str], console: Path | None = None, nice: int = 0, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Start ``python -m module``; with ``console``, its stdout and stderr go to that file; ``nice``
     is added to the child's niceness (inherited by everything it starts); ``env`` is added to the
     environment the child inherits."""
@@ -80,8 +81,15 @@ def _tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
-def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir: Path, actors: int,
-           actor_log_level: str = "warning", resume: bool = False) -> int:
+def launch(
+    cfg: Config,
+    config_path: Path | None,
+    overrides: list[str],
+    run_dir: Path,
+    actors: int,
+    actor_log_level: str = "warning",
+    resume: bool = False,
+) -> int:
     """Start the learner and ``actors`` actors; return the learner's exit code. ``resume``: the
     learner continues ``run_dir`` from its newest checkpoint (``agentgym train --resume``)."""
     ensure_model(cfg)  # model.create_tiny (and model.pretrain_steps): the demo's model, made once
@@ -101,11 +109,33 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
     split = cfg.launch.actor_cores == "split" and cfg.actor.engine == "vllm" and BIND not in os.environ and actors > 1
     binds = actor_cores(actors, sorted(os.sched_getaffinity(0))) if split else []
     for i in range(actors):
-        procs.append(_spawn("agentgym.actors.main", [*common, "--learner", learner_addr, "--run-dir", str(run_dir), "--log-level",
-                                                     actor_log_level, "--actor-id", f"local-{i}"], consoles[i],
-                            nice=cfg.launch.actor_nice, env={BIND: binds[i]} if binds else None))
-    log.info("launched", learner_pid=learner.pid, actor_pids=[p.pid for p in procs[1:]], run_dir=str(run_dir),
-             actor_consoles=str(run_dir / "logs"), actor_cores=binds or None)  # fmt: skip
+        procs.append(
+            _spawn(
+                "agentgym.actors.main",
+                [
+                    *common,
+                    "--learner",
+                    learner_addr,
+                    "--run-dir",
+                    str(run_dir),
+                    "--log-level",
+                    actor_log_level,
+                    "--actor-id",
+                    f"local-{i}",
+                ],
+                consoles[i],
+                nice=cfg.launch.actor_nice,
+                env={BIND: binds[i]} if binds else None,
+            )
+        )
+    log.info(
+        "launched",
+        learner_pid=learner.pid,
+        actor_pids=[p.pid for p in procs[1:]],
+        run_dir=str(run_dir),
+        actor_consoles=str(run_dir / "logs"),
+        actor_cores=binds or None,
+    )
     reported: set[int] = set()
     late_signal: list[float] = []  # when a stop signal came after the learner had exited
 
@@ -113,8 +143,13 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
         for i, p in enumerate(procs[1:]):
             if p.returncode not in (None, 0, 130) and i not in reported:
                 reported.add(i)
-                log.error("actor_failed", actor_id=f"local-{i}", code=p.returncode, console=str(consoles[i]),
-                          tail=_tail(consoles[i]))  # fmt: skip
+                log.error(
+                    "actor_failed",
+                    actor_id=f"local-{i}",
+                    code=p.returncode,
+                    console=str(consoles[i]),
+                    tail=_tail(consoles[i]),
+                )
 
     def forward(sig: int, _frame: object) -> None:
         if learner.poll() is not None and not late_signal:
@@ -149,8 +184,12 @@ def launch(cfg: Config, config_path: Path | None, overrides: list[str], run_dir:
                 deadline = min(deadline, late_signal[0] + SIGNAL_GRACE_S)
             if time.monotonic() >= deadline:
                 for i in waiting:
-                    log.warning("actor_kill", actor_id=f"local-{i}", pid=procs[1 + i].pid,
-                                reason="signal" if late_signal else "timeout")  # fmt: skip
+                    log.warning(
+                        "actor_kill",
+                        actor_id=f"local-{i}",
+                        pid=procs[1 + i].pid,
+                        reason="signal" if late_signal else "timeout",
+                    )
                     procs[1 + i].kill()
                     procs[1 + i].wait()
                     reported.add(i)  # killed here, not failed on its own

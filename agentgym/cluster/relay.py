@@ -42,14 +42,14 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 import zmq
-
-from agentgym.auth.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
 from zmq.utils.monitor import recv_monitor_message
 
+from agentgym.auth.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
 from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode
 from agentgym.protocol.limits import DEFAULT_CHUNK_MIB, REQUEST_FRAME, chunk_frame
 from agentgym.protocol.weights import verify_chunk
@@ -62,10 +62,17 @@ class Relay:
     """One thread, two sockets: a ROUTER for actors (or child relays), a DEALER upstream."""
 
     def __init__(
-        self, bind: str, upstreams: list[str], *, upstream_keys: list[ClientKeys | None] | None = None,
-        server_keys: object | None = None, stall_s: float = 5.0, keep: int = 2, max_in_flight: int = 64,
+        self,
+        bind: str,
+        upstreams: list[str],
+        *,
+        upstream_keys: list[ClientKeys | None] | None = None,
+        server_keys: object | None = None,
+        stall_s: float = 5.0,
+        keep: int = 2,
+        max_in_flight: int = 64,
         chunk_mib: int = DEFAULT_CHUNK_MIB,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not upstreams:
             raise ValueError("relay: at least one --upstream address is needed")
         self.upstreams = upstreams
@@ -83,8 +90,8 @@ class Relay:
         if server_keys is not None:
             from agentgym.auth.server import make_server, start_authenticator
 
-            self.auth, self.allow = start_authenticator(self.ctx, server_keys)  # type: ignore[arg-type]
-            make_server(self.down, server_keys)  # type: ignore[arg-type]
+            self.auth, self.allow = start_authenticator(self.ctx, server_keys)  # type: ignore[arg-type]  # a ServerKeys, typed object here
+            make_server(self.down, server_keys)  # type: ignore[arg-type]  # a ServerKeys, typed object here
         self.down_events = self.down.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.down.bind(bind)
         self.at = 0
@@ -96,9 +103,20 @@ class Relay:
         self.gone: dict[int, int] = {}  # version -> the upstream's latest, for versions it no longer serves
         self.newest = -1
         self.last_heard = time.monotonic()
-        self.stats = {"requests": 0, "hits": 0, "chunks_in": 0, "bytes_in": 0, "chunks_out": 0, "bytes_out": 0,
-                      "bad_chunks": 0, "bad_requests": 0, "upstream_switches": 0, "gone": 0,
-                      "peers_dropped": 0, "upstream_dropped": 0}  # fmt: skip
+        self.stats = {
+            "requests": 0,
+            "hits": 0,
+            "chunks_in": 0,
+            "bytes_in": 0,
+            "chunks_out": 0,
+            "bytes_out": 0,
+            "bad_chunks": 0,
+            "bad_requests": 0,
+            "upstream_switches": 0,
+            "gone": 0,
+            "peers_dropped": 0,
+            "upstream_dropped": 0,
+        }
         self.running = True
 
     def _connect_up(self) -> zmq.Socket:
@@ -130,14 +148,14 @@ class Relay:
             self._send(peer, self.cache[key])
         elif req.version in self.gone:
             self.stats["gone"] += 1
-            self._send(peer, encode(WeightGone(version=req.version, latest=self.gone[req.version])))  # type: ignore[arg-type]
+            self._send(peer, encode(WeightGone(version=req.version, latest=self.gone[req.version])))
         else:
             waiters = self.waiting.setdefault(key, [])
             waiters.append(peer)
             if len(waiters) == 1:  # the first to want it: ask upstream once for all of them
                 self.backlog.append(key)
 
-    def _send(self, peer: bytes, frames: list[bytes]) -> None:
+    def _send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
         try:
             self.down.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -183,7 +201,7 @@ class Relay:
             for key in [k for k in self.waiting if k[0] == msg.version]:
                 self.asked.pop(key, None)
                 for peer in self.waiting.pop(key):
-                    self._send(peer, encode(msg))  # type: ignore[arg-type]
+                    self._send(peer, encode(msg))
 
     def _evict(self, version: int) -> None:
         self.newest = version
@@ -222,7 +240,7 @@ class Relay:
         self.up_events.close(linger=0)
         self.up.close(linger=0)
 
-    def _check_drops(self, events: dict) -> None:  # type: ignore[type-arg]
+    def _check_drops(self, events: dict) -> None:
         """Log connections ZeroMQ dropped: a frame over the socket's cap (refused unread) or a peer
         gone. Upstream, ZeroMQ does not connect again after a refused frame: the relay does."""
         while self.down_events in events:
@@ -231,8 +249,12 @@ class Relay:
             except zmq.Again:
                 break
             self.stats["peers_dropped"] += 1
-            log.info("relay_peer_dropped", peer=ev["endpoint"].decode(errors="replace"), frame_cap_bytes=REQUEST_FRAME,
-                     why="a frame over frame_cap_bytes (refused unread), or the peer left")  # fmt: skip
+            log.info(
+                "relay_peer_dropped",
+                peer=ev["endpoint"].decode(errors="replace"),
+                frame_cap_bytes=REQUEST_FRAME,
+                why="a frame over frame_cap_bytes (refused unread), or the peer left",
+            )
         dropped = False
         while self.up_events in events:
             try:
@@ -243,9 +265,15 @@ class Relay:
         if dropped:
             self.stats["upstream_dropped"] += 1
             old = self._switch_up()
-            log.warning("relay_upstream_dropped", upstream=old, next=self.upstreams[self.at], frame_cap_bytes=self.up_frame,
-                        outstanding=len(self.asked), why="a frame over frame_cap_bytes (refused unread; "
-                        "--chunk-mib below the learner's learner.weight_chunk_mib?), or the upstream went away")  # fmt: skip
+            log.warning(
+                "relay_upstream_dropped",
+                upstream=old,
+                next=self.upstreams[self.at],
+                frame_cap_bytes=self.up_frame,
+                outstanding=len(self.asked),
+                why="a frame over frame_cap_bytes (refused unread; "
+                "--chunk-mib below the learner's learner.weight_chunk_mib?), or the upstream went away",
+            )
             self._reask_all()
             self.last_heard = time.monotonic()
 
@@ -305,18 +333,35 @@ class Relay:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="agentgym-relay", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("--bind", default="tcp://127.0.0.1:5560", help="where actors (or child relays) connect")
-    p.add_argument("--upstream", action="append", required=True,
-                   help="the learner's weights address tcp://HOST:PORT+1, or another relay's; repeat for fallbacks, in order")
-    p.add_argument("--upstream-key", action="append", type=Path, default=[],
-                   help="CURVE: each upstream's public key file, in the order of --upstream")
-    p.add_argument("--secret-key", type=Path, help="CURVE: this relay's key pair file (an actor pair: see `agentgym keys`)")
+    p.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        help="the learner's weights address tcp://HOST:PORT+1, or another relay's; repeat for fallbacks, in order",
+    )
+    p.add_argument(
+        "--upstream-key",
+        action="append",
+        type=Path,
+        default=[],
+        help="CURVE: each upstream's public key file, in the order of --upstream",
+    )
+    p.add_argument(
+        "--secret-key", type=Path, help="CURVE: this relay's key pair file (an actor pair: see `agentgym keys`)"
+    )
     p.add_argument("--authorized-keys", type=Path, help="CURVE: directory of the public keys this relay serves")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without CURVE keys")
     p.add_argument("--stall", type=float, default=5.0, help="seconds of upstream silence before the next upstream")
     p.add_argument("--keep", type=int, default=2, help="versions kept in the cache")
-    p.add_argument("--chunk-mib", type=int, default=DEFAULT_CHUNK_MIB,
-                   help="the learner's learner.weight_chunk_mib: frames from upstream are refused past it (plus 1 MiB)")
-    p.add_argument("--stats", type=Path, help="write the relay's counters here (JSON) every --stats-every s and on exit")
+    p.add_argument(
+        "--chunk-mib",
+        type=int,
+        default=DEFAULT_CHUNK_MIB,
+        help="the learner's learner.weight_chunk_mib: frames from upstream are refused past it (plus 1 MiB)",
+    )
+    p.add_argument(
+        "--stats", type=Path, help="write the relay's counters here (JSON) every --stats-every s and on exit"
+    )
     p.add_argument("--stats-every", type=float, default=10.0, help="seconds between counter writes (and debug logs)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-json", type=Path, help="JSON log file")
@@ -331,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentgym-relay: {exc}", file=sys.stderr)
         return 2
 
-    from agentgym.host.allocator import keep_freed_memory
     from agentgym.auth.server import InsecureBind, ServerKeys, check_bind
+    from agentgym.host.allocator import keep_freed_memory
     from agentgym.observe.logs import setup_logging
 
     keep_freed_memory()  # weight frames of one version freed are reused for the next's, as in actors
@@ -351,9 +396,17 @@ def main(argv: list[str] | None = None) -> int:
             raise InsecureBind(
                 f"--bind {args.bind} is reachable from other hosts but the relay has no CURVE keys: anyone who "
                 "reaches it could download the weights. Give it --secret-key and --authorized-keys, or accept the "
-                "risk with --insecure") from None
-        relay = Relay(args.bind, args.upstream, upstream_keys=up_keys, server_keys=server,
-                      stall_s=args.stall, keep=args.keep, chunk_mib=args.chunk_mib)  # fmt: skip
+                "risk with --insecure"
+            ) from None
+        relay = Relay(
+            args.bind,
+            args.upstream,
+            upstream_keys=up_keys,
+            server_keys=server,
+            stall_s=args.stall,
+            keep=args.keep,
+            chunk_mib=args.chunk_mib,
+        )
     except (KeyFileError, InsecureBind, ValueError, zmq.ZMQError) as exc:
         print(f"agentgym-relay: {exc}", file=sys.stderr)
         return 2

@@ -15,19 +15,28 @@ import json
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError, model_validator
 
-from agentgym.config.learner import LearnerConfig, LoraConfig  # noqa: F401
 # Every section is imported from here (the sections live in three modules to keep each under 400 lines).
-from agentgym.config.actor import (  # noqa: F401
-    ActorConfig, AgentEndpointConfig, RemoteEngineConfig, SimEngineConfig
-)
+from agentgym.config.actor import ActorConfig, AgentEndpointConfig, RemoteEngineConfig, SimEngineConfig  # noqa: F401
+from agentgym.config.learner import LearnerConfig, LoraConfig  # noqa: F401
 from agentgym.config.sections import (  # noqa: F401
-    CriticConfig, EnvConfig, EnvSpec, EvalConfig, LaunchConfig, MetricsConfig, ModelConfig,
-    RolloutConfig, RunConfig, ScheduleConfig, Section, TurnSchedule
+    CriticConfig,
+    EnvConfig,
+    EnvSpec,
+    EvalConfig,
+    LaunchConfig,
+    MetricsConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    ScheduleConfig,
+    Section,
+    TurnSchedule,
 )
 
 
@@ -124,7 +133,7 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     return f"invalid config ({source}): {len(problems)} problems: " + "; ".join(problems)
 
 
-def load_config(path: Path | None = None, overrides: list[str] = ()) -> Config:
+def load_config(path: Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load ``path`` (or the defaults), apply dotted overrides, validate the whole tree."""
     data: dict[str, Any] = {}
     source = "defaults"

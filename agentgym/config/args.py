@@ -14,12 +14,26 @@ from agentgym.config import Config, ConfigError, load_config
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=None,
-                   help="TOML config file (see configs/); defaults are used for what it leaves out")
-    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted override in TOML syntax, repeatable, e.g. -o learner.lr=3e-4 -o run.mode=sync")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="console log level (the JSON log in the run directory gets everything)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML config file (see configs/); defaults are used for what it leaves out",
+    )
+    p.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override in TOML syntax, repeatable, e.g. -o learner.lr=3e-4 -o run.mode=sync",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="console log level (the JSON log in the run directory gets everything)",
+    )
 
 
 def resolve_config(args: argparse.Namespace, flag_overrides: list[str]) -> Config:
@@ -47,8 +61,9 @@ def preflight(cfg: Config, model_key: str = "model.path", env_options: bool = Fa
     ``registry.check_env``, the one check of a config's env (its class's ``check_options``), and an
     env played by an agent program (``Env.agent_program``) needs the actor's agent endpoint set
     to it. Returns ``cfg`` with ``model.path`` resolved; exits with one line on a problem."""
-    from agentgym.envpool.registry import UnknownEnvError, check_env, env_target
+
     from agentgym.config.model_path import ModelNotFound, with_model_found
+    from agentgym.envpool.registry import UnknownEnvError, check_env, env_target
     from agentgym.observe.sinks import SinkError, check_sinks
 
     try:
@@ -59,9 +74,13 @@ def preflight(cfg: Config, model_key: str = "model.path", env_options: bool = Fa
                 continue
             program = check_env(spec.name, spec.kwargs, where).agent_program
             agent = cfg.actor.agent_endpoint
-            if program and not (agent.enabled and agent.program == program and (not agent.envs or spec.name in agent.envs)):
-                raise ValueError(f"{where}.name: env {spec.name} is played by its agent program through the agent "
-                                 f"endpoint: set actor.agent_endpoint.enabled = true and program = {program!r}")  # fmt: skip
+            if program and not (
+                agent.enabled and agent.program == program and (not agent.envs or spec.name in agent.envs)
+            ):
+                raise ValueError(
+                    f"{where}.name: env {spec.name} is played by its agent program through the agent "
+                    f"endpoint: set actor.agent_endpoint.enabled = true and program = {program!r}"
+                )
         check_sinks(cfg.metrics.sinks)
         return with_model_found(cfg, model_key)
     except (UnknownEnvError, SinkError, ModelNotFound, ImportError, ValueError, TypeError) as exc:

@@ -12,7 +12,6 @@ from agentgym.config.registries import ALGORITHMS
 from agentgym.config.sections import Section, check_tcp
 from agentgym.protocol.limits import DEFAULT_CHUNK_MIB
 
-
 # The estimators the step-relative term (learner.step_advantage_weight) may be added to: the
 # group-relative ones, and reinforce_pp, whose per-token return has no baseline of its state (the
 # term supplies one: the other turns of the group that acted on the same observation). PPO's
@@ -34,8 +33,14 @@ class LoraConfig(Section):
     """Dropout on the adapters' input while training. Anything above 0 makes the learner's
     forwards stochastic, so pi_prox and the importance weights see noise: keep 0 for RL."""
     target_modules: Annotated[list[str], Field(min_length=1)] = [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-    ]  # fmt: skip
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
     """Names of the linear layers that get adapters (peft's target_modules; vLLM serves
     adapters on the attention and MLP projections of the usual decoder architectures)."""
 
@@ -289,17 +294,25 @@ class LearnerConfig(Section):
     @model_validator(mode="after")
     def _lora_and_ranks(self) -> LearnerConfig:
         if self.filter_groups != "off" and self.algorithm not in GROUP_RELATIVE_ALGORITHMS:
-            raise ValueError(f"learner.filter_groups needs learner.algorithm in {GROUP_RELATIVE_ALGORITHMS}, not {self.algorithm!r} "
-                             "(its advantages are not relative to the group, so an all-equal group still carries a signal)")  # fmt: skip
+            raise ValueError(
+                f"learner.filter_groups needs learner.algorithm in {GROUP_RELATIVE_ALGORITHMS}, not {self.algorithm!r} "
+                "(its advantages are not relative to the group, so an all-equal group still carries a signal)"
+            )
         if self.step_advantage_weight > 0 and self.algorithm not in STEP_TERM_ALGORITHMS:
-            raise ValueError(f"learner.step_advantage_weight needs learner.algorithm in {STEP_TERM_ALGORITHMS}, not "
-                             f"{self.algorithm!r} (ppo's critic is a baseline of each state already)")  # fmt: skip
+            raise ValueError(
+                f"learner.step_advantage_weight needs learner.algorithm in {STEP_TERM_ALGORITHMS}, not "
+                f"{self.algorithm!r} (ppo's critic is a baseline of each state already)"
+            )
         if ALGORITHMS.get(self.algorithm).critic and self.value_model == "separate" and self.dp_mode == "fsdp":
-            raise ValueError("learner.value_model = 'separate' needs learner.dp_mode = 'replicate' "
-                             "(sharding the separate critic with fsdp is not supported)")  # fmt: skip
+            raise ValueError(
+                "learner.value_model = 'separate' needs learner.dp_mode = 'replicate' "
+                "(sharding the separate critic with fsdp is not supported)"
+            )
         if self.lora.rank > 0 and self.dp_mode == "fsdp":
-            raise ValueError("learner.lora needs learner.dp_mode = 'replicate' (the adapters are small; "
-                             "sharding them is not supported)")  # fmt: skip
+            raise ValueError(
+                "learner.lora needs learner.dp_mode = 'replicate' (the adapters are small; "
+                "sharding them is not supported)"
+            )
         a = self.dist_init_addr
         if a is not None and (not a.startswith("tcp://") or not a.rsplit(":", 1)[-1].isdigit()):
             raise ValueError(f"learner.dist_init_addr must be tcp://HOST:PORT, got {a!r}")
@@ -308,8 +321,10 @@ class LearnerConfig(Section):
     @model_validator(mode="after")
     def _deadlines(self) -> LearnerConfig:
         if self.ticket_deadline_min_s > self.ticket_deadline_max_s:
-            raise ValueError(f"learner.ticket_deadline_min_s ({self.ticket_deadline_min_s}) must not exceed "
-                             f"learner.ticket_deadline_max_s ({self.ticket_deadline_max_s})")  # fmt: skip
+            raise ValueError(
+                f"learner.ticket_deadline_min_s ({self.ticket_deadline_min_s}) must not exceed "
+                f"learner.ticket_deadline_max_s ({self.ticket_deadline_max_s})"
+            )
         return self
 
     @model_validator(mode="after")

@@ -42,12 +42,16 @@ def find_model(value: str | Path, key: str) -> Path:
         if snapshot is not None:
             return snapshot
     if not _HUB_ID.match(text):
-        raise ModelNotFound(f"{key} {text}: no such directory; expected a local Hugging Face model directory "
-                            "(with config.json) or a hub id ORG/NAME already in the local Hugging Face cache")
+        raise ModelNotFound(
+            f"{key} {text}: no such directory; expected a local Hugging Face model directory "
+            "(with config.json) or a hub id ORG/NAME already in the local Hugging Face cache"
+        )
     name = text.rsplit("/", 1)[-1]
-    raise ModelNotFound(f"{key} {text}: no model directory there and no hub model {text!r} in the local Hugging Face "
-                        f"cache; download it first: hf download {text} --local-dir models/{name} "
-                        f"(then {key} models/{name})")  # fmt: skip
+    raise ModelNotFound(
+        f"{key} {text}: no model directory there and no hub model {text!r} in the local Hugging Face "
+        f"cache; download it first: hf download {text} --local-dir models/{name} "
+        f"(then {key} models/{name})"
+    )
 
 
 def _cached_snapshot(repo_id: str) -> Path | None:

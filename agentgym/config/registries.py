@@ -16,8 +16,9 @@ loads it only when asked: the config stays free of torch and vLLM, and never imp
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 E = TypeVar("E")
@@ -55,7 +56,7 @@ class Registry(Generic[E]):
     """Entries by name, in registration order; ``field`` is the config key that chooses one."""
 
     field: str
-    entries: dict[str, E] = field(default_factory=dict)
+    entries: dict[str, E] = dataclasses.field(default_factory=dict)  # `field` is the attribute above
 
     def register(self, entry: E) -> E:
         name = entry.name  # type: ignore[attr-defined]  # every entry type has a name
@@ -79,7 +80,7 @@ class Registry(Generic[E]):
 
     def load(self, name: str) -> Any:
         """The entry's code: its module imported now, the attribute returned."""
-        module, _, attr = self.get(name).target.partition(":")  # type: ignore[attr-defined]
+        module, _, attr = self.get(name).target.partition(":")  # type: ignore[attr-defined]  # every entry type has a target
         return getattr(importlib.import_module(module), attr)
 
 

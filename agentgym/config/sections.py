@@ -125,12 +125,12 @@ class EnvSpec(Section):
 class EnvConfig(EnvSpec):
     """The environment of a run, or with ``mix`` several, each with a weight:
 
-        [[env.mix]]
-        name = "guess_number"
-        weight = 3
-        [[env.mix]]
-        name = "maze"
-        kwargs = { size = 5 }
+    [[env.mix]]
+    name = "guess_number"
+    weight = 3
+    [[env.mix]]
+    name = "maze"
+    kwargs = { size = 5 }
     """
 
     mix: list[EnvSpec] = []
@@ -232,22 +232,24 @@ class TurnSchedule(Section):
     def turn_limit(self, step: int) -> int:
         """The step-driven limit at ``step`` (success-driven stages: learner/curriculum.py)."""
         if self.stages:
-            raise ValueError("this schedule advances by training success, not by step: the learner's "
-                             "curriculum (learner/curriculum.py) knows its stage")  # fmt: skip
+            raise ValueError(
+                "this schedule advances by training success, not by step: the learner's "
+                "curriculum (learner/curriculum.py) knows its stage"
+            )
         return [t for s, t in self.turn_limits if s <= step][-1]
 
 
 class ScheduleConfig(TurnSchedule):
     """The turn-limit schedule of every env of the run; ``envs`` gives an env of a mix its own:
 
-        [schedule]
-        turn_limits = [[0, 4], [40, 6]]      # every env without an entry below
-        [schedule.envs.babyai]
-        turn_limits = [[0, 6], [100, 13], [200, 20]]
-        [schedule.envs.sciworld]
-        stages = [10, 20, 30]                # advance on success
-        threshold = 0.6
-        patience = 50
+    [schedule]
+    turn_limits = [[0, 4], [40, 6]]      # every env without an entry below
+    [schedule.envs.babyai]
+    turn_limits = [[0, 6], [100, 13], [200, 20]]
+    [schedule.envs.sciworld]
+    stages = [10, 20, 30]                # advance on success
+    threshold = 0.6
+    patience = 50
     """
 
     envs: dict[str, TurnSchedule] = {}

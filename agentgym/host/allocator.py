@@ -50,5 +50,7 @@ def keep_freed_memory() -> bool:
     mallopt.restype = ctypes.c_int
     ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     if not ok:
-        log.warning("allocator_settings_refused", mmap_threshold=MMAP_THRESHOLD_BYTES, trim_threshold=TRIM_THRESHOLD_BYTES)
+        log.warning(
+            "allocator_settings_refused", mmap_threshold=MMAP_THRESHOLD_BYTES, trim_threshold=TRIM_THRESHOLD_BYTES
+        )
     return ok

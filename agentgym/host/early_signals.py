@@ -39,4 +39,3 @@ def ignore_from_now() -> None:
     that stopped cleanly with -15, which its launcher reports as a failure."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-

@@ -28,10 +28,22 @@ def start_guardian(pid: int | None = None, *, interval_s: float = 1.0, grace_s: 
     """Start a guardian for ``pid`` (default: this process); returns its handle."""
     pid = os.getpid() if pid is None else pid
     return subprocess.Popen(
-        [sys.executable, "-m", "agentgym.host.guardian", str(pid), "--interval", str(interval_s), "--grace", str(grace_s)],
-        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "agentgym.host.guardian",
+            str(pid),
+            "--interval",
+            str(interval_s),
+            "--grace",
+            str(grace_s),
+        ],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         close_fds=True,
-    )  # fmt: skip
+    )
 
 
 def guard(pid: int, interval_s: float, grace_s: float) -> int:

@@ -62,11 +62,11 @@ def _play_texts(env: object, episodes: int, turns: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     texts: list[str] = []
     for i in range(episodes):
-        texts.append(env.reset(i))  # type: ignore[attr-defined]
-        texts.append(env.instructions())  # type: ignore[attr-defined]
+        texts.append(env.reset(i))  # type: ignore[attr-defined]  # env: an Env, typed object here
+        texts.append(env.instructions())  # type: ignore[attr-defined]  # env: an Env, typed object here
         for _ in range(turns):
-            action = env.expert_action() if rng.random() < 0.5 else env.random_action(rng)  # type: ignore[attr-defined]
-            result = env.step(action)  # type: ignore[attr-defined]
+            action = env.expert_action() if rng.random() < 0.5 else env.random_action(rng)  # type: ignore[attr-defined]  # env: an Env, typed object here
+            result = env.step(action)  # type: ignore[attr-defined]  # env: an Env, typed object here
             texts += [action, result.observation]
             if result.done:
                 break
@@ -98,9 +98,9 @@ def agent_corpus() -> list[str]:
     # SciWorld and WebShop are not played here (a JVM, a browser): their action forms, filled with
     # things they show, stand in for play, repeated as often as a played env's actions appear.
     things = ("thermometer", "door to kitchen", "door to hallway", "stove", "sink", "pot", "water",
-              "ice", "seed jar", "flower pot", "orange", "table", "agent", "kitchen", "hallway", "outside")  # fmt: skip
+              "ice", "seed jar", "flower pot", "orange", "table", "agent", "kitchen", "hallway", "outside")
     sci = [f.replace("OBJ to OBJ", f"{a} to {b}").replace("OBJ into OBJ", f"{a} into {b}").replace("[on OBJ]", f"on {b}")
-           .replace("OBJ", a).replace("LOC", b) for f in sciworld.ACTION_FORMS for a, b in zip(things, things[1:] + things[:1])]  # fmt: skip
+           .replace("OBJ", a).replace("LOC", b) for f in sciworld.ACTION_FORMS for a, b in zip(things, things[1:] + things[:1])]
     texts += [*sciworld.SPLITS, "No known action matches that input.", "Action: look around", *(sci * 3)]
     cat = catalogue.catalogue(300, seed=0)
     texts += [shop_instructions(cat.goal(t)) for t in range(0, 2400, 37)]
@@ -119,4 +119,4 @@ def make_agent_model(out_dir: Path, arch: str = "agent-tiny", *, seed: int = 0, 
     if arch not in SIZES:
         raise ValueError(f"make_agent_model: unknown arch {arch!r}; the family has {', '.join(SIZES)}")
     return make_tiny_model(out_dir, corpus=corpus if corpus is not None else agent_corpus(), seed=seed,
-                           vocab_size=VOCAB_SIZE, **SIZES[arch])  # fmt: skip
+                           vocab_size=VOCAB_SIZE, **SIZES[arch])

@@ -50,7 +50,7 @@ class ArchShape:
             num_key_value_heads=self.num_kv_heads, max_position_embeddings=self.max_position_embeddings,
             rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps,
             tie_word_embeddings=self.tie_word_embeddings, bos_token_id=None, eos_token_id=eos, pad_token_id=pad,
-        )  # fmt: skip
+        )
         if self.model_type == "qwen2":
             cfg = Qwen2Config(**common, use_sliding_window=False, max_window_layers=self.num_layers)
             cfg.architectures = ["Qwen2ForCausalLM"]
@@ -82,6 +82,6 @@ SHAPES: dict[str, ArchShape] = {
             "llama-3.2-1b", "llama", 2048, 16, 32, 8, 8192, 128256, True, 131072, 5e5, 1e-5,
             rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        ),  # fmt: skip
+        ),
     )
 }

@@ -68,7 +68,7 @@ def train_tokenizer(corpus: list[str], vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
         byte_level,
-    ])  # fmt: skip
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from math import comb
 
 
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``n`` samples of which ``c`` succeeded: 1 - C(n-c, k) / C(n, k)."""
     if not 0 <= c <= n or not 1 <= k <= n:

@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,7 +32,7 @@ class _Tee:
         self._console = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
         self._level = console_level
 
-    def __call__(self, _logger: Any, method: str, event: dict[str, Any]) -> str:
+    def __call__(self, _logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
         if self._json is not None:
             self._json.write(json.dumps(event, default=str) + "\n")
             self._json.flush()
@@ -85,7 +86,7 @@ def setup_logging(role: str, json_path: Path | None = None, level: str = "info")
     if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
         for stream in (sys.stderr, sys.__stderr__):  # a replaced stderr (captured) may have no descriptor
             try:
-                faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
+                faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)  # type: ignore[arg-type]  # None: the except takes it
                 break
             except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both of the last two
                 continue

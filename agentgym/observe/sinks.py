@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import numbers
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ class SinkError(RuntimeError):
     """A configured sink cannot start (its library is not installed)."""
 
 
-def check_sinks(sinks: list[str]) -> None:
+def check_sinks(sinks: Sequence[str]) -> None:
     """``SinkError`` (one line, with the install command) for a chosen sink whose library cannot
     be imported; a command checks it before anything starts (only chosen libraries are imported)."""
     for sink in sinks:
@@ -46,13 +47,14 @@ def check_sinks(sinks: list[str]) -> None:
         try:
             importlib.import_module(lib)
         except ImportError:
-            raise SinkError(f"metrics.sinks has {sink!r} but {lib} is not installed: pip install 'agentgym[{sink}]'") from None
+            raise SinkError(
+                f"metrics.sinks has {sink!r} but {lib} is not installed: pip install 'agentgym[{sink}]'"
+            ) from None
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The numeric fields of a record (booleans as 0/1), without ``step`` and ``time``."""
-    return {k: float(v) for k, v in record.items()
-            if isinstance(v, numbers.Real) and k not in ("step", "time")}  # fmt: skip
+    return {k: float(v) for k, v in record.items() if isinstance(v, numbers.Real) and k not in ("step", "time")}
 
 
 def wandb_settings(cfg: Any, run_dir: Path) -> dict[str, str | None]:
@@ -73,7 +75,9 @@ class _TensorBoard:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
-            raise SinkError("metrics.sinks has 'tensorboard' but it is not installed: pip install 'agentgym[tensorboard]'") from exc
+            raise SinkError(
+                "metrics.sinks has 'tensorboard' but it is not installed: pip install 'agentgym[tensorboard]'"
+            ) from exc
         self.w = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         if cfg is not None:
             from agentgym.config import to_toml
@@ -96,12 +100,13 @@ class _Wandb:
             import wandb
         except ImportError as exc:
             raise SinkError("metrics.sinks has 'wandb' but it is not installed: pip install 'agentgym[wandb]'") from exc
-        settings = wandb_settings(cfg, run_dir)
+        settings: dict[str, Any] = wandb_settings(cfg, run_dir)  # wandb.init's options by name
         config = cfg.model_dump(mode="json") if cfg is not None else {}
         config["wandb"] = settings  # what was used, whichever of config, WANDB_* or default gave it
         # console="off": the learner's own console and JSON logs stay as they are (no capture).
-        self.run = wandb.init(dir=str(run_dir), config=config, reinit="create_new",
-                              settings=wandb.Settings(console="off"), **settings)  # fmt: skip
+        self.run = wandb.init(
+            dir=str(run_dir), config=config, reinit="create_new", settings=wandb.Settings(console="off"), **settings
+        )
         for prefix in ("train", "eval"):
             self.run.define_metric(f"{prefix}/step")
             self.run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
@@ -150,8 +155,9 @@ class SinkWriter:
         self.keys = []
 
 
-def with_sinks(jsonl: MetricsWriter, sinks: list[str], run_dir: Path, prefix: str,
-               cfg: Any = None) -> MetricsWriter | SinkWriter:  # fmt: skip
+def with_sinks(
+    jsonl: MetricsWriter, sinks: list[str], run_dir: Path, prefix: str, cfg: Any = None
+) -> MetricsWriter | SinkWriter:
     """``jsonl`` itself when only JSONL is configured, else a writer that feeds the sinks too;
     ``cfg``: the run's resolved config, logged to each sink (and [metrics.wandb] for W&B)."""
     return jsonl if all(s == "jsonl" for s in sinks) else SinkWriter(jsonl, list(sinks), run_dir, prefix, cfg)

@@ -28,11 +28,34 @@ from pathlib import Path
 from typing import Any
 
 # The keys the page's charts draw (viewer_charts.js, chartSpecs); the rest of a record stays out of the page.
-METRIC_KEYS = ("step", "success_rate", "reward_mean", "turn_limit", "staleness_mean", "trajectories_per_s",
-               "tokens_per_s", "loss", "grad_norm", "lr", "clip_frac", "approx_kl", "entropy", "kl_ref", "kl_penalty",
-               "is_weight_mean", "is_weight_max", "is_truncated_frac", "is_rejected_frac", "learner_utilisation",
-               "learner_export_s", "weights_digest_mismatch", "logprob_mismatch_kl_max", "logprob_outliers",
-               "tickets_deadline_reissued", "late_answers")  # fmt: skip
+METRIC_KEYS = (
+    "step",
+    "success_rate",
+    "reward_mean",
+    "turn_limit",
+    "staleness_mean",
+    "trajectories_per_s",
+    "tokens_per_s",
+    "loss",
+    "grad_norm",
+    "lr",
+    "clip_frac",
+    "approx_kl",
+    "entropy",
+    "kl_ref",
+    "kl_penalty",
+    "is_weight_mean",
+    "is_weight_max",
+    "is_truncated_frac",
+    "is_rejected_frac",
+    "learner_utilisation",
+    "learner_export_s",
+    "weights_digest_mismatch",
+    "logprob_mismatch_kl_max",
+    "logprob_outliers",
+    "tickets_deadline_reissued",
+    "late_answers",
+)
 EVAL_KEYS = ("step", "version", "success_rate", "reward_mean", "split", "episodes", "pinned")
 METRIC_PATTERN = re.compile(r"env/[^/]+/(success_rate|turn_limit)")  # per-env curves
 EVAL_PATTERN = re.compile(r"(avg|pass)@\d+|env/[^/]+/success_rate")  # avg@k, pass@k (k = group size), per env
@@ -41,8 +64,11 @@ CHARTS_JS = Path(__file__).with_name("viewer_charts.js")
 
 def _pick(rec: dict[str, Any], keys: tuple[str, ...], pattern: re.Pattern[str]) -> dict[str, Any]:
     """The keys the page draws; NaN and infinities become null (JSON.parse takes no NaN)."""
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v
-            for k, v in rec.items() if k in keys or pattern.fullmatch(k)}  # fmt: skip
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in rec.items()
+        if k in keys or pattern.fullmatch(k)
+    }
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -70,16 +96,24 @@ def run_data(run_dir: Path, limit: int = 2000) -> dict[str, Any]:
         raise FileNotFoundError(f"agentgym view: {run_dir} is not a directory")
     files = [run_dir / n for n in ("episodes.jsonl", "metrics.jsonl", "eval.jsonl")]
     if not any(f.exists() for f in files):
-        raise FileNotFoundError(f"agentgym view: {run_dir} has none of episodes.jsonl, metrics.jsonl, eval.jsonl "
-                                "(not a run directory, or the run has not trained a step yet)")  # fmt: skip
+        raise FileNotFoundError(
+            f"agentgym view: {run_dir} has none of episodes.jsonl, metrics.jsonl, eval.jsonl "
+            "(not a run directory, or the run has not trained a step yet)"
+        )
     episodes = _jsonl(files[0])
     total = len(episodes)
     episodes = episodes[-limit:] if limit > 0 else []
     metrics = [_pick(r, METRIC_KEYS, METRIC_PATTERN) for r in _jsonl(files[1])]
     evals = [_pick(r, EVAL_KEYS, EVAL_PATTERN) for r in _jsonl(files[2])]
     config = (run_dir / "config.toml").read_text() if (run_dir / "config.toml").exists() else ""
-    return {"run": run_dir.resolve().name, "episodes": episodes, "episodes_total": total, "metrics": metrics,
-            "evals": evals, "config": config}  # fmt: skip
+    return {
+        "run": run_dir.resolve().name,
+        "episodes": episodes,
+        "episodes_total": total,
+        "metrics": metrics,
+        "evals": evals,
+        "config": config,
+    }
 
 
 def build_page(run_dir: Path, limit: int = 2000) -> str:

@@ -42,10 +42,26 @@ from agentgym.envpool.base import Env, StepResult
 from agentgym.envpool.envs import babyai_progress
 
 PAPER_LEVELS = (
-    "GoToObj", "GoToRedBallGrey", "GoToRedBall", "GoToLocal", "PutNextLocal", "PickupLoc",
-    "GoToObjMaze", "GoTo", "Pickup", "UnblockPickup", "Open", "Unlock", "PutNextS7N4", "Synth",
-    "SynthLoc", "GoToSeq", "SynthSeq", "GoToImpUnlock", "BossLevel",
-)  # fmt: skip
+    "GoToObj",
+    "GoToRedBallGrey",
+    "GoToRedBall",
+    "GoToLocal",
+    "PutNextLocal",
+    "PickupLoc",
+    "GoToObjMaze",
+    "GoTo",
+    "Pickup",
+    "UnblockPickup",
+    "Open",
+    "Unlock",
+    "PutNextS7N4",
+    "Synth",
+    "SynthLoc",
+    "GoToSeq",
+    "SynthSeq",
+    "GoToImpUnlock",
+    "BossLevel",
+)
 """Default levels: Chevalier-Boisvert et al. 2019, Table 1 (PutNext is minigrid's PutNextS7N4)."""
 
 ACTIONS = ("turn left", "turn right", "go forward", "pick up", "drop", "toggle")
@@ -121,8 +137,9 @@ def describe_view(env: Any) -> str:
 class BabyAI(Env):
     name = "babyai"
 
-    def __init__(self, levels: str | list[str] | tuple[str, ...] | None = None, progress_reward: bool = False,
-                 **kwargs: object) -> None:  # fmt: skip
+    def __init__(
+        self, levels: str | list[str] | tuple[str, ...] | None = None, progress_reward: bool = False, **kwargs: object
+    ) -> None:
         super().__init__(**kwargs)
         if not isinstance(progress_reward, bool):
             raise TypeError(f"babyai: option progress_reward must be true or false, got {progress_reward!r}")
@@ -142,7 +159,7 @@ class BabyAI(Env):
         known = {k for k in gymnasium.registry if k.startswith("BabyAI-")}
         for name in levels:
             if not isinstance(name, str) or level_id(name) not in known:
-                short = sorted(k[len("BabyAI-"):].rsplit("-", 1)[0] for k in known)
+                short = sorted(k[len("BabyAI-") :].rsplit("-", 1)[0] for k in known)
                 raise ValueError(f"babyai: option levels: unknown level {name!r}; known levels: {', '.join(short)}")
         self.levels = [level_id(n) for n in levels]
         self._make = gymnasium.make
@@ -177,8 +194,10 @@ class BabyAI(Env):
         self._taken = self._suggestion = None
         if self.progress_reward:
             if not babyai_progress.supported(self._env):
-                raise ValueError(f"babyai: option progress_reward needs GoTo or Pickup missions; level {level} "
-                                 f"(task {task_id}) has {self._env.mission!r}")  # fmt: skip
+                raise ValueError(
+                    f"babyai: option progress_reward needs GoTo or Pickup missions; level {level} "
+                    f"(task {task_id}) has {self._env.mission!r}"
+                )
             self._to_go = babyai_progress.actions_to_go(self._env)
             self._start_to_go = max(1, self._to_go or 1)
         return f"Your mission: {self._env.mission}.\n{describe_view(self._env)}"
@@ -224,8 +243,9 @@ class BabyAI(Env):
             return self._finish(f"{feedback} Mission failed.", 0.0, terminated=True)
         return self._finish(f"{feedback}\n{describe_view(env)}", self._progress(), terminated=False)
 
-    def _finish(self, text: str, reward: float, *, terminated: bool, success: bool = False,
-                valid: bool = True) -> StepResult:  # fmt: skip
+    def _finish(
+        self, text: str, reward: float, *, terminated: bool, success: bool = False, valid: bool = True
+    ) -> StepResult:
         info: dict[str, str | int | float | bool] = {"turns": self._turns}
         if not valid:
             info["valid"] = False
@@ -246,7 +266,11 @@ class BabyAI(Env):
         if a in (0, 1):
             return f"You turned {'left' if a == 0 else 'right'}."
         if a == 2:
-            return "You moved forward." if tuple(env.agent_pos) != pos else f"You cannot move: {front or 'something'} ahead."
+            return (
+                "You moved forward."
+                if tuple(env.agent_pos) != pos
+                else f"You cannot move: {front or 'something'} ahead."
+            )
         if a == 3:
             if env.carrying is not None and carrying is None:
                 return f"You picked up the {_name(env.carrying)}."
@@ -258,7 +282,10 @@ class BabyAI(Env):
         after = self._front_state()
         if front is None or front == after:
             return f"Nothing happens: the {front} stays as it is." if front else "There is nothing to toggle."
-        return f"The {front} is now {after.split(' ', 1)[0]}." if front.endswith("door") else f"You opened the {front}."
+        if front.endswith("door"):
+            assert after is not None  # a door in front is still in front once toggled
+            return f"The {front} is now {after.split(' ', 1)[0]}."
+        return f"You opened the {front}."
 
     def _follow(self, a: int) -> None:
         """Tell the bot that action ``a`` is taken now (before the env steps)."""

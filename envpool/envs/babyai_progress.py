@@ -44,8 +44,9 @@ def actions_to_go(env: Any) -> int | None:
     (or, for Pickup, while the agent carries something: it must drop it first, not modelled)."""
     kind = _instr_kind(env)
     if kind is None:
-        raise ValueError(f"babyai: progress_reward has no distance for the mission {env.mission!r} "
-                         "(only GoTo and Pickup missions)")  # fmt: skip
+        raise ValueError(
+            f"babyai: progress_reward has no distance for the mission {env.mission!r} (only GoTo and Pickup missions)"
+        )
     if kind == "pickup" and env.carrying is not None:
         return None
     targets = _targets(env)

@@ -139,7 +139,7 @@ class DeepSearch(Env):
             raise ValueError(f"deepsearch: task id {task_id} out of range: questions are 0..{len(qs) - 1}")
         self._question = qs[task_id]
         self._shown = set()
-        self._tries: dict[str, int] = {}
+        self._tries = {}
         self._done = False
         self._last = self._question.text
         return f"Question: {self._question.text}"

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 
+# Kept packed by hand (not formatted): (section, field) pairs read as one block, not a pair a line.
 FIELDS = (
     ("Introduction", "Background"), ("Geography", "Location"), ("Geography", "Area"),
     ("Geography", "Land boundaries"), ("Geography", "Coastline"), ("Geography", "Climate"),
@@ -140,8 +141,9 @@ def _code(data: dict) -> str:
 
 
 def _prefix(data: dict) -> str:
-    text = clean(data.get("Transportation", {}).get("Civil aircraft registration country code prefix", {})
-                 .get("text", ""))  # fmt: skip
+    text = clean(
+        data.get("Transportation", {}).get("Civil aircraft registration country code prefix", {}).get("text", "")
+    )
     return text if re.fullmatch(r"[A-Z0-9]{1,3}", text) else ""
 
 
@@ -161,11 +163,14 @@ def _independence(data: dict) -> str:
 FACTS = {  # fact -> (extractor, passage field, question about a country)
     "capital": (_capital, "Capital", "What is the capital of {}?"),
     "code": (_code, "Internet country code", "What is the internet country code of {}?"),
-    "prefix": (_prefix, "Civil aircraft registration country code prefix",
-               "What is the civil aircraft registration country code prefix of {}?"),
+    "prefix": (
+        _prefix,
+        "Civil aircraft registration country code prefix",
+        "What is the civil aircraft registration country code prefix of {}?",
+    ),
     "highest": (_highest, "Elevation", "What is the highest point of {}?"),
     "independence": (_independence, "Independence", "In what year did {} become independent?"),
-}  # fmt: skip
+}
 
 BRIDGES = {  # bridge fact -> how a question names the country by it
     "capital": "the country whose capital is {}",
@@ -196,9 +201,9 @@ def questions() -> tuple[Question, ...]:
             subject = BRIDGES[bridge].format(fact[bridge])
             for kind in targets:
                 if fact[kind]:
-                    text = FACTS[kind][2].format(subject)
+                    asked = FACTS[kind][2].format(subject)
                     hops = (f"{code}/{FACTS[bridge][1]}", f"{code}/{FACTS[kind][1]}")
-                    out.append(Question(text, fact[kind], hops, f"{bridge}->{kind}"))
+                    out.append(Question(asked, fact[kind], hops, f"{bridge}->{kind}"))
     order = {"train": 0, "dev": 1, "test": 2}
     return tuple(sorted(out, key=lambda q: order[split_of(q.text)]))  # stable: country order kept
 

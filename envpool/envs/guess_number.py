@@ -94,8 +94,16 @@ def parse_number(action: str) -> int | None:
 class GuessNumber(Env):
     name = "guess_number"
 
-    def __init__(self, low: int = 1, high: int = 8, step_latency_s: float = 0.0, latency_sigma: float = 0.0,
-                 show_range: bool = False, shaping: float = 0.0, **kwargs: object) -> None:
+    def __init__(
+        self,
+        low: int = 1,
+        high: int = 8,
+        step_latency_s: float = 0.0,
+        latency_sigma: float = 0.0,
+        show_range: bool = False,
+        shaping: float = 0.0,
+        **kwargs: object,
+    ) -> None:
         super().__init__(**kwargs)
         if not isinstance(show_range, bool):
             raise TypeError(f"guess_number: option show_range must be true or false, got {show_range!r}")
@@ -108,9 +116,9 @@ class GuessNumber(Env):
                 raise TypeError(f"guess_number: option {key} must be an integer, got {value!r}")
         if low > high:
             raise ValueError(f"guess_number: low={low} is greater than high={high}")
-        for key, value in (("step_latency_s", step_latency_s), ("latency_sigma", latency_sigma)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
-                raise ValueError(f"guess_number: option {key} must be a number >= 0, got {value!r}")
+        for key, seconds in (("step_latency_s", step_latency_s), ("latency_sigma", latency_sigma)):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds < math.inf:
+                raise ValueError(f"guess_number: option {key} must be a number >= 0, got {seconds!r}")
         self.low, self.high = low, high
         self.step_latency_s, self.latency_sigma = float(step_latency_s), float(latency_sigma)
         self._task_id = 0
@@ -144,7 +152,9 @@ class GuessNumber(Env):
         before = self._potential()
         if guess == self._target:
             self._done = True
-            return StepResult(CORRECT, 1.0 + self.shaping * (0.0 - before), True, {"turns": self._turns, "success": True})
+            return StepResult(
+                CORRECT, 1.0 + self.shaping * (0.0 - before), True, {"turns": self._turns, "success": True}
+            )
         if guess < self._target:
             self._lo = max(self._lo, guess + 1)
             word = HIGHER

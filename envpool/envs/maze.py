@@ -112,8 +112,15 @@ def draw(opened: dict[Cell, set[str]], size: int, me: Cell, goal: Cell) -> str:
 class Maze(Env):
     name = "maze"
 
-    def __init__(self, size: int = 5, show_map: bool = False, layout: int | None = None, progress_reward: bool | str = False,
-                 train_sizes: list[int] | None = None, **kwargs: object) -> None:  # fmt: skip
+    def __init__(
+        self,
+        size: int = 5,
+        show_map: bool = False,
+        layout: int | None = None,
+        progress_reward: bool | str = False,
+        train_sizes: list[int] | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(**kwargs)
         if not int_in(size, 2, 30):
             raise ValueError(f"maze: option size must be an integer from 2 to 30, got {size!r}")

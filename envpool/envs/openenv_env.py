@@ -64,8 +64,16 @@ class OpenEnv(Env):
     name = NAME
     preload = ("openenv.core.env_server",)  # imported once by the pool's zygote (seconds: fastapi, pydantic)
 
-    def __init__(self, env: str = "", action: str = "", action_field: str = "", observation_field: str = "",
-                 instructions: str = "", python_path: list[str] | None = None, **env_kwargs: object) -> None:  # fmt: skip
+    def __init__(
+        self,
+        env: str = "",
+        action: str = "",
+        action_field: str = "",
+        observation_field: str = "",
+        instructions: str = "",
+        python_path: list[str] | None = None,
+        **env_kwargs: object,
+    ) -> None:
         super().__init__()
         server = require("openenv.core.env_server", EXTRA, NAME)
         for path in reversed(list(python_path or [])):
@@ -77,21 +85,26 @@ class OpenEnv(Env):
         cls = _load(env, "env")
         if not (isinstance(cls, type) and issubclass(cls, server.Environment)):
             raise ValueError(f"env {NAME}: option env: {env} is {cls!r}, not an OpenEnv Environment subclass")
-        self.action_cls = _load(action, "action") if action else self._step_annotation(cls, env)
-        if not (isinstance(self.action_cls, type) and issubclass(self.action_cls, server.Action)):
-            raise ValueError(f"env {NAME}: option action: {self.action_cls!r} is not an OpenEnv Action model")
+        # a pydantic model class of the env's package, known only at run time
+        action_cls = _load(action, "action") if action else self._step_annotation(cls, env)
+        if not (isinstance(action_cls, type) and issubclass(action_cls, server.Action)):
+            raise ValueError(f"env {NAME}: option action: {action_cls!r} is not an OpenEnv Action model")
+        self.action_cls: Any = typing.cast(Any, action_cls)  # a type narrowed above would hide its pydantic fields
         required = [n for n, f in self.action_cls.model_fields.items() if f.is_required()]
         if action_field and action_field not in self.action_cls.model_fields:
-            raise ValueError(f"env {NAME}: option action_field: {self.action_cls.__name__} has no field {action_field!r}; "
-                             f"its fields: {sorted(self.action_cls.model_fields)}")  # fmt: skip
+            raise ValueError(
+                f"env {NAME}: option action_field: {self.action_cls.__name__} has no field {action_field!r}; "
+                f"its fields: {sorted(self.action_cls.model_fields)}"
+            )
         self.action_field = action_field or (required[0] if len(required) == 1 else "")
         self.observation_field = observation_field
         self._instructions = instructions
         try:
             self.env = cls(**env_kwargs)
         except Exception as exc:  # noqa: BLE001 - whatever the constructor raised, as one line naming the class
-            raise ValueError(f"env {NAME}: {env}({', '.join(sorted(env_kwargs))}) failed: "
-                             f"{type(exc).__name__}: {one_line(exc)}") from None  # fmt: skip
+            raise ValueError(
+                f"env {NAME}: {env}({', '.join(sorted(env_kwargs))}) failed: {type(exc).__name__}: {one_line(exc)}"
+            ) from None
         params = inspect.signature(self.env.reset).parameters
         self._seeded = "seed" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
         self._done = True
@@ -100,17 +113,19 @@ class OpenEnv(Env):
     @staticmethod
     def _step_annotation(cls: type, env: str) -> Any:
         try:
-            hints = typing.get_type_hints(cls.step)
+            hints = typing.get_type_hints(cls.step)  # type: ignore[attr-defined]  # an Environment subclass, checked by the caller
         except Exception:  # noqa: BLE001 - an annotation that does not resolve: ask for the option
             hints = {}
         found = hints.get("action")
         if not isinstance(found, type):
-            raise ValueError(f"env {NAME}: {env}.step does not annotate its action with an Action class: set the option action")
+            raise ValueError(
+                f"env {NAME}: {env}.step does not annotate its action with an Action class: set the option action"
+            )
         return found
 
     @classmethod
     def check_options(cls, **options: object) -> None:
-        cls(**options).close()  # imports the env and builds it: a wrong class or field is named at start-up
+        cls(**options).close()  # type: ignore[arg-type]  # the constructor checks the values; imports the env and builds it: a wrong class or field is named at start-up
 
     def instructions(self) -> str:
         return self._instructions
@@ -140,7 +155,11 @@ class OpenEnv(Env):
         try:
             act = self._action(action)
         except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError; so is bad JSON
-            want = f"its {self.action_field!r}" if self.action_field else f"a JSON object of {sorted(self.action_cls.model_fields)}"
+            want = (
+                f"its {self.action_field!r}"
+                if self.action_field
+                else f"a JSON object of {sorted(self.action_cls.model_fields)}"
+            )
             text = f"Invalid action {action[:60]!r} for {self.action_cls.__name__} ({want}): {one_line(exc, 200)}"
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False})
         obs = self.env.step(act)

@@ -55,10 +55,22 @@ def _int(key: str, value: object, lo: int) -> int:
 
 class ReasoningGym(Env):
     name = NAME
-    preload = ("reasoning_gym", "reasoning_gym.utils")  # imported once by the pool's zygote, shared by every forked worker
+    preload = (
+        "reasoning_gym",
+        "reasoning_gym.utils",
+    )  # imported once by the pool's zygote, shared by every forked worker
 
-    def __init__(self, dataset: str = "", size: int = 1000, seed: int = 0, test_size: int = 100,
-                 test_seed: int | None = None, max_tries: int = 1, answer: str = "tag", **config: Any) -> None:
+    def __init__(
+        self,
+        dataset: str = "",
+        size: int = 1000,
+        seed: int = 0,
+        test_size: int = 100,
+        test_seed: int | None = None,
+        max_tries: int = 1,
+        answer: str = "tag",
+        **config: Any,
+    ) -> None:
         super().__init__()
         rg = require("reasoning_gym", EXTRA, NAME)
         datasets = rg.factory.DATASETS
@@ -71,7 +83,8 @@ class ReasoningGym(Env):
             raise ValueError(
                 f"env {NAME}: test seeds {self.test_seed}..{self.test_seed + self.test_size - 1} overlap the training "
                 f"seeds {self.seed}..{self.seed + self.size - 1} (item i of seed s is generated from s + i); "
-                f"use test_seed >= {self.seed + self.size} or leave it unset")
+                f"use test_seed >= {self.seed + self.size} or leave it unset"
+            )
         self.max_tries = _int("max_tries", max_tries, 1)
         if answer not in ("tag", "raw"):
             raise ValueError(f"env {NAME}: option answer must be 'tag' or 'raw', got {answer!r}")
@@ -80,8 +93,10 @@ class ReasoningGym(Env):
         known = {f.name for f in fields} - {"seed", "size"}
         bad = sorted(set(config) - known)
         if bad:
-            raise ValueError(f"env {NAME}: dataset {dataset!r} has no option(s) {bad}; its options: "
-                             f"{', '.join(sorted(known))} (and the adapter's: {', '.join(_OWN)})")
+            raise ValueError(
+                f"env {NAME}: dataset {dataset!r} has no option(s) {bad}; its options: "
+                f"{', '.join(sorted(known))} (and the adapter's: {', '.join(_OWN)})"
+            )
         # TOML gives lists; a config field whose default is a tuple (a range) wants a tuple.
         tuples = {f.name for f in fields if isinstance(f.default, tuple)}
         self.config = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in config.items()}
@@ -97,21 +112,23 @@ class ReasoningGym(Env):
         try:
             return self._rg.create_dataset(self.dataset, seed=seed, size=size, **self.config)
         except (TypeError, ValueError, AssertionError) as exc:
-            raise ValueError(f"env {NAME}: dataset {self.dataset!r} rejects its options {self.config}: "
-                             f"{type(exc).__name__}: {one_line(exc)}") from None
+            raise ValueError(
+                f"env {NAME}: dataset {self.dataset!r} rejects its options {self.config}: "
+                f"{type(exc).__name__}: {one_line(exc)}"
+            ) from None
 
     @classmethod
     def check_options(cls, **options: object) -> None:
-        cls(**options)  # cheap: the dataset generates its items on demand
+        cls(**options)  # type: ignore[arg-type]  # the constructor checks them; cheap: the dataset generates its items on demand
 
     @classmethod
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:
         if split not in SPLITS:
             raise ValueError(f"env {NAME}: unknown split {split!r}; splits are {list(SPLITS)}")
         if split == "train":
-            return range(0, int(options.get("size", 1000)))  # type: ignore[call-overload]
+            return range(0, int(options.get("size", 1000)))  # type: ignore[call-overload]  # an int option, as the constructor checks
         if split == "test":
-            return range(TEST_START, TEST_START + int(options.get("test_size", 100)))  # type: ignore[call-overload]
+            return range(TEST_START, TEST_START + int(options.get("test_size", 100)))  # type: ignore[call-overload]  # an int option, as the constructor checks
         return range(0)
 
     def reset(self, task_id: int) -> str:

@@ -48,11 +48,10 @@ from __future__ import annotations
 import http.client
 import json
 import select
-import socket
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from agentgym.envpool.base import SPLITS, Env, StepResult
 
@@ -83,19 +82,27 @@ DIALECTS = {
     "searchqa": Dialect("env_idx", "id", create_body={"id": 0}),
     "webarena": Dialect("env_idx", "idx", reset_extra={"seed": 0}),
     "lmrlgym_maze": Dialect(
-        "id", "game", create_body=None, prefix="/maze", server_routes=False,
-        instructions='Reach the goal of the maze. Each observation gives the goal\'s position, yours and the '
-                     'walls around you; moving down adds 1 to your first coordinate, moving right to your '
-                     'second. Answer with one action: "move up", "move down", "move left" or "move right".',
+        "id",
+        "game",
+        create_body=None,
+        prefix="/maze",
+        server_routes=False,
+        instructions="Reach the goal of the maze. Each observation gives the goal's position, yours and the "
+        "walls around you; moving down adds 1 to your first coordinate, moving right to your "
+        'second. Answer with one action: "move up", "move down", "move left" or "move right".',
     ),
     "lmrlgym_wordle": Dialect(
-        "id", "seed", create_body=None, prefix="/wordle", server_routes=False,
-        instructions='Guess the hidden five-letter word in at most 6 guesses. Write each guess as five '
-                     'space-separated letters, e.g. "s h i r e". The feedback has one letter per position: '
-                     '"g" right letter in the right place, "y" in the word but elsewhere, "b" not in the word; '
-                     'a word outside the game\'s vocabulary gets "invalid word".',
+        "id",
+        "seed",
+        create_body=None,
+        prefix="/wordle",
+        server_routes=False,
+        instructions="Guess the hidden five-letter word in at most 6 guesses. Write each guess as five "
+        'space-separated letters, e.g. "s h i r e". The feedback has one letter per position: '
+        '"g" right letter in the right place, "y" in the word but elsewhere, "b" not in the word; '
+        'a word outside the game\'s vocabulary gets "invalid word".',
     ),
-}  # fmt: skip
+}
 
 
 def base_url(url: str, dialect: Dialect) -> str:
@@ -126,7 +133,9 @@ class Connection:
                 conn = None
         if conn is None:
             cls = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-            conn = self._conn = cls(self._parts.hostname, self._parts.port, timeout=timeout)
+            conn = self._conn = cls(
+                cast(str, self._parts.hostname), self._parts.port, timeout=timeout
+            )  # checked in __init__
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
@@ -153,7 +162,7 @@ class Connection:
         except ConnectionRefusedError as exc:
             self.close()
             raise RemoteEnvError(f"{where}: cannot reach the server: {exc}") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             self.close()
             raise RemoteEnvError(f"{where}: no answer within {timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
@@ -256,12 +265,14 @@ class Remote(Env):
             return spans[split]
         dialect = DIALECTS.get(str(options.get("dialect", "agentgym")))
         if dialect is not None and not dialect.server_routes:
-            raise ValueError(f"env remote: dialect {options.get('dialect')!r}: the server has no GET /tasks; set "
-                             "option splits, e.g. 'train=0:26,test=0:26'")  # fmt: skip
+            raise ValueError(
+                f"env remote: dialect {options.get('dialect')!r}: the server has no GET /tasks; set "
+                "option splits, e.g. 'train=0:26,test=0:26'"
+            )
         url = str(options.get("url", "")).rstrip("/")
         # Called by the actor's pool once per split (then cached), outside the env workers: keep
         # the wait short; the ``splits`` option avoids the call.
-        timeout = min(float(options.get("timeout_s", 60)), 10.0)  # type: ignore[arg-type]
+        timeout = min(float(options.get("timeout_s", 60)), 10.0)  # type: ignore[arg-type]  # a number option, as the constructor checks
         reply = request(url, "GET", f"/tasks?split={split}", None, timeout)
         try:
             ranges = [range(int(a), int(b)) for a, b in reply["ranges"]]

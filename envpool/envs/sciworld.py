@@ -52,6 +52,7 @@ from agentgym.envpool.base import SPLITS as SPLIT_NAMES
 from agentgym.envpool.base import Env, StepResult
 
 SPLITS_VERSION = "1.2.3"
+# Kept packed by hand (not formatted): a table reads as one block, not a task a line.
 SPLITS: dict[str, tuple[int, int, int]] = {
     # task name: (end of train, end of dev, number of variations); train = [0, a), dev = [a, b), test = [b, n)
     "boil": (14, 21, 30), "melt": (14, 21, 30), "freeze": (14, 21, 30),
@@ -71,6 +72,7 @@ SPLITS: dict[str, tuple[int, int, int]] = {
     "mendelian-genetics-unknown-plant": (240, 360, 480),
 }  # fmt: skip
 
+# Kept packed by hand (not formatted): a word list reads as one block, not a word a line.
 ACTION_FORMS = (
     "look around", "look at OBJ", "look in OBJ", "read OBJ", "open OBJ", "close OBJ", "activate OBJ",
     "deactivate OBJ", "connect OBJ to OBJ", "disconnect OBJ", "use OBJ [on OBJ]", "pick up OBJ",
@@ -131,9 +133,12 @@ def split_table() -> dict[str, tuple[int, int, int]]:
 
     if __version__ == SPLITS_VERSION:
         return SPLITS
-    cache = Path(os.environ.get("AGENTGYM_CACHE", Path.home() / ".cache" / "agentgym")) / f"sciworld-splits-{__version__}.json"
+    cache = (
+        Path(os.environ.get("AGENTGYM_CACHE", Path.home() / ".cache" / "agentgym"))
+        / f"sciworld-splits-{__version__}.json"
+    )
     if cache.exists():
-        return {k: tuple(v) for k, v in json.loads(cache.read_text()).items()}  # type: ignore[misc]
+        return {k: tuple(v) for k, v in json.loads(cache.read_text()).items()}
     table = read_splits_from_jvm()
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".{os.getpid()}.tmp")
@@ -152,11 +157,15 @@ def read_splits_from_jvm(names: Sequence[str] | None = None, server: Any = None)
     try:
         for name in names or task_order():
             server.load(name, 0, "", False)
-            train, dev, test = (list(f()) for f in (server.getVariationsTrain, server.getVariationsDev,
-                                                    server.getVariationsTest))  # fmt: skip
+            train, dev, test = (
+                list(f()) for f in (server.getVariationsTrain, server.getVariationsDev, server.getVariationsTest)
+            )
             n = int(server.getTaskMaxVariations(name))
-            if train != list(range(len(train))) or dev != list(range(len(train), len(train) + len(dev))) or \
-                    test != list(range(len(train) + len(dev), n)):  # fmt: skip
+            if (
+                train != list(range(len(train)))
+                or dev != list(range(len(train), len(train) + len(dev)))
+                or test != list(range(len(train) + len(dev), n))
+            ):
                 raise RuntimeError(f"sciworld: task {name}: splits are not consecutive ranges; cannot number them")
             table[name] = (len(train), len(train) + len(dev), n)
     finally:

@@ -95,7 +95,7 @@ class SkyRLGym(Env):
 
     @classmethod
     def check_options(cls, **options: object) -> None:
-        cls(**options)  # reads the rows: a missing file or a bad line is named at start-up
+        cls(**options)  # type: ignore[arg-type]  # the constructor checks them; reads the rows: a missing file or a bad line is named at start-up
 
     @classmethod
     def tasks(cls, split: str = "train", **options: object) -> Sequence[int]:
@@ -130,8 +130,9 @@ class SkyRLGym(Env):
         reward, done = float(out["reward"]), bool(out["done"])
         info: dict[str, str | int | float | bool] = {
             k: v if not isinstance(v, str) else one_line(v, 200)
-            for k, v in (out.get("metadata") or {}).items() if isinstance(v, (str, int, float, bool))
-        }  # fmt: skip
+            for k, v in (out.get("metadata") or {}).items()
+            if isinstance(v, (str, int, float, bool))
+        }
         if done:
             self._done = True
             info["success"] = reward >= 1.0

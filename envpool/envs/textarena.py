@@ -90,8 +90,15 @@ class TextArena(Env):
     name = NAME
     preload = ("textarena",)  # imported once by the pool's zygote, shared by every forked worker
 
-    def __init__(self, game: str = "", players: int = 0, seat: int = 0, opponent: str = "",
-                 observation: str = "new", **kwargs: object) -> None:
+    def __init__(
+        self,
+        game: str = "",
+        players: int = 0,
+        seat: int = 0,
+        opponent: str = "",
+        observation: str = "new",
+        **kwargs: object,
+    ) -> None:
         super().__init__(**kwargs)
         self._ta = require("textarena", EXTRA, NAME)
         registry = self._ta.envs.registration.ENV_REGISTRY
@@ -109,9 +116,12 @@ class TextArena(Env):
             raise ValueError(f"env {NAME}: option seat must be a player id from 0 to {self.players - 1}, got {seat!r}")
         self.seat = seat
         if self.players > 1 and not opponent:
-            raise ValueError(f"env {NAME}: {game} is a {self.players}-player game: set option opponent "
-                             "('random', 'hf:PATH' or 'module:Class')")
-        self.opponent = _opponent(opponent) if self.players > 1 else None
+            raise ValueError(
+                f"env {NAME}: {game} is a {self.players}-player game: set option opponent "
+                "('random', 'hf:PATH' or 'module:Class')"
+            )
+        # A textarena agent (called on the observation; _others runs it only with players > 1), or None.
+        self.opponent: Any = _opponent(opponent) if self.players > 1 else None
         self._env: Any = None
         self._core: Any = None
         self._history: dict[int, list[str]] = {}
@@ -125,16 +135,19 @@ class TextArena(Env):
             from pathlib import Path
 
             if not (Path(opponent[3:]) / "config.json").is_file():
-                raise ValueError(f"env {NAME}: opponent {opponent!r}: no Hugging Face checkpoint (config.json) at {opponent[3:]!r}")
+                raise ValueError(
+                    f"env {NAME}: opponent {opponent!r}: no Hugging Face checkpoint (config.json) at {opponent[3:]!r}"
+                )
             options = {**options, "opponent": "random"}
-        cls(**options)
+        cls(**options)  # type: ignore[arg-type]  # the constructor checks the options it is given
 
     def _make(self) -> Any:
         try:
             return self._ta.make(self.game)
         except Exception as exc:  # noqa: BLE001 - e.g. NLTK data it cannot download: one line
-            raise ValueError(f"env {NAME}: game {self.game!r} cannot be made here: "
-                             f"{type(exc).__name__}: {one_line(exc)}") from None
+            raise ValueError(
+                f"env {NAME}: game {self.game!r} cannot be made here: {type(exc).__name__}: {one_line(exc)}"
+            ) from None
 
     def _players(self) -> int:
         """The fewest players the game accepts (textarena's games assert their count at reset)."""
@@ -146,8 +159,10 @@ class TextArena(Env):
                 return n
             except Exception as exc:  # noqa: BLE001 - a count the game refuses, or a reset that fails
                 errors.append(f"{n}: {type(exc).__name__}: {one_line(exc, 120)}")
-        raise ValueError(f"env {NAME}: {self.game} took no player count from 1 to 8 at reset "
-                         f"({'; '.join(errors[:2])} ...); set option players")
+        raise ValueError(
+            f"env {NAME}: {self.game} took no player count from 1 to 8 at reset "
+            f"({'; '.join(errors[:2])} ...); set option players"
+        )
 
     def _say(self, pid: int) -> str:
         """The current player's new messages, also kept in its history; own moves left out."""
@@ -158,8 +173,11 @@ class TextArena(Env):
 
     def _lines(self, messages: list[Any], pid: int) -> list[str]:
         roles = self._core.state.role_mapping
-        return [f"[{'GAME' if sender == GAME_ID else roles.get(sender, f'Player {sender}')}] {text}"
-                for sender, text, kind in messages if not (sender == pid and kind.name == "PLAYER_ACTION")]
+        return [
+            f"[{'GAME' if sender == GAME_ID else roles.get(sender, f'Player {sender}')}] {text}"
+            for sender, text, kind in messages
+            if not (sender == pid and kind.name == "PLAYER_ACTION")
+        ]
 
     def _others(self) -> tuple[bool, str]:
         """Opponents move until it is the agent's turn or the game ends: (done, the agent's text)."""

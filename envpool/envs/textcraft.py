@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from agentgym.envpool.base import Env, StepResult, curriculum_option, for_task, int_in
 
+# Kept packed by hand (not formatted), as the two lists below: a word list reads as one block, not a word a line.
 RAW = (
     "oak log", "birch log", "spruce log", "cobblestone", "iron ore", "gold ore", "copper ore",
     "sand", "clay", "coal", "flint", "string", "feather", "leather", "wool", "reed", "quartz",
@@ -124,8 +125,14 @@ def _count(text: str) -> int | None:
 class TextCraft(Env):
     name = "textcraft"
 
-    def __init__(self, depth: int = 2, distractors: int = 4, progress_reward: bool = False,
-                 train_distractors: list[int] | None = None, **kwargs: object) -> None:  # fmt: skip
+    def __init__(
+        self,
+        depth: int = 2,
+        distractors: int = 4,
+        progress_reward: bool = False,
+        train_distractors: list[int] | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(**kwargs)
         for key, value, lo, hi in (("depth", depth, 1, 5), ("distractors", distractors, 0, 20)):
             if not int_in(value, lo, hi):
@@ -221,7 +228,7 @@ class TextCraft(Env):
         if n is None:
             return f"Could not get {count} {item}: the count must be from 1 to {MAX_COUNT}."
         if item not in RAW:
-            if item in self._world.recipes:  # type: ignore[union-attr]
+            if item in self._world.recipes:  # type: ignore[union-attr]  # reset() made the world
                 return f"Could not get {item}: it is not a raw material; craft it."
             return f"Could not find {item}."
         self._inv[item] += n
@@ -239,8 +246,9 @@ class TextCraft(Env):
             m = _PART.match(part.strip())
             k = _count(m.group(1)) if m else None
             if m is None or k is None or m.group(2) in parts:
-                return self._reply(f"Could not understand the ingredient {part.strip()!r}: say N ITEM, N ITEM.",
-                                   valid=False)  # fmt: skip
+                return self._reply(
+                    f"Could not understand the ingredient {part.strip()!r}: say N ITEM, N ITEM.", valid=False
+                )
             parts[m.group(2)] = k
         if n is None or n % recipe.count:
             return self._reply(f"Could not craft {count} {item}: it is crafted in batches of {recipe.count}.")
@@ -286,7 +294,7 @@ class TextCraft(Env):
             return None
         if item in RAW:
             return f"get {missing} {item}"
-        recipe = self._world.recipes[item]  # type: ignore[union-attr]
+        recipe = self._world.recipes[item]  # type: ignore[union-attr]  # reset() made the world
         times = math.ceil(missing / recipe.count)
         for ing, k in recipe.ingredients:
             action = self._plan(ing, k * times)

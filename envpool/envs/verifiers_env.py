@@ -37,8 +37,9 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agentgym.envpool.base import SPLITS, Env, StepResult
 
@@ -66,8 +67,10 @@ def env_config(options: dict[str, Any]) -> dict[str, Any]:
     """verifiers' env config (nested) from the dotted options, with the adapter's defaults."""
     unknown = sorted(k for k in options if "." not in k and k not in _OWN and k != "id")
     if unknown:
-        raise VerifiersError(f"env verifiers: unknown option(s) {unknown}: verifiers' own are dotted "
-                             f"(\"taskset.id\", \"agent.harness.id\"), the adapter's are {sorted(_OWN)}")  # fmt: skip
+        raise VerifiersError(
+            f"env verifiers: unknown option(s) {unknown}: verifiers' own are dotted "
+            f'("taskset.id", "agent.harness.id"), the adapter\'s are {sorted(_OWN)}'
+        )
     out: dict[str, Any] = json.loads(json.dumps(_DEFAULTS))
     for key, value in options.items():
         if key in _OWN:
@@ -80,7 +83,7 @@ def env_config(options: dict[str, Any]) -> dict[str, Any]:
                 raise VerifiersError(f"env verifiers: option {key!r} puts a field under {part!r}, which is a value")
         node[last] = value
     if not isinstance(out.get("taskset"), dict) or not out["taskset"].get("id"):
-        raise VerifiersError("env verifiers: set \"taskset.id\" (the taskset module's name) in env.kwargs")
+        raise VerifiersError('env verifiers: set "taskset.id" (the taskset module\'s name) in env.kwargs')
     return out
 
 
@@ -122,8 +125,10 @@ class Loaded:
         self.splits = {"train": [i for i in ids if i % k != k - 1], "test": [i for i in ids if i % k == k - 1]}
         self.splits["dev"] = self.splits["test"]
         if not self.splits["train"] or not self.splits["test"]:
-            raise VerifiersError(f"env verifiers: taskset {taskset_id!r} has {len(self.tasks)} task(s): "
-                                 f"too few for a train and a test split at test_fraction {fraction}")  # fmt: skip
+            raise VerifiersError(
+                f"env verifiers: taskset {taskset_id!r} has {len(self.tasks)} task(s): "
+                f"too few for a train and a test split at test_fraction {fraction}"
+            )
         self.vf = vf
         self.served = False
 
@@ -185,14 +190,20 @@ async def _episode(env: Loaded, loop: _Loop, index: int, root: str, key: str, mo
             env.served = True
     # One client config for every episode (the interception keeps one HTTP client per config);
     # the conversation rides in a body field the endpoint routes on.
-    ctx = vf.ModelContext(model=model, client=vf.EvalClientConfig(base_url=f"{root}/v1", api_key_var=_KEY_VAR),
-                          sampling=vf.SamplingConfig(agentgym_conversation=key))  # fmt: skip
+    ctx = vf.ModelContext(
+        model=model,
+        client=vf.EvalClientConfig(base_url=f"{root}/v1", api_key_var=_KEY_VAR),
+        sampling=vf.SamplingConfig(agentgym_conversation=key),
+    )
     task = env.tasks[index]
     episode = await env.env.run_slot(env.env.slots(task, 1)[0], ctx)
     if not episode.ok:
         errors = [e for t in episode.traces for e in t.errors] + list(episode.errors)
-        raise RuntimeError(f"verifiers episode failed: {errors[-1].type}: {' '.join(errors[-1].message.split())[:800]}"
-                           if errors else "verifiers episode failed")  # fmt: skip
+        raise RuntimeError(
+            f"verifiers episode failed: {errors[-1].type}: {' '.join(errors[-1].message.split())[:800]}"
+            if errors
+            else "verifiers episode failed"
+        )
     reward = float(sum(t.reward for t in episode.traces))
     # done: the harness ended the episode (a call refused at a limit never gets here: it fails the
     # harness, and the runner keeps the limit's truncation)
@@ -222,8 +233,10 @@ class Verifiers(Env):
     agent_program = PROGRAM
 
     def __init__(self, **kwargs: object) -> None:
-        raise RuntimeError("env verifiers is played by verifiers' harness through the agent endpoint: set "
-                           f"actor.agent_endpoint.enabled = true and program = {PROGRAM!r}")  # fmt: skip
+        raise RuntimeError(
+            "env verifiers is played by verifiers' harness through the agent endpoint: set "
+            f"actor.agent_endpoint.enabled = true and program = {PROGRAM!r}"
+        )
 
     @classmethod
     def check_options(cls, **options: object) -> None:

@@ -129,7 +129,9 @@ def feedback(guess: str, answer: str) -> tuple[str, ...]:
     return tuple(marks)
 
 
-def _options(length: object, max_guesses: object, word_list: object, held_out: object = "words") -> tuple[int, int, str]:
+def _options(
+    length: object, max_guesses: object, word_list: object, held_out: object = "words"
+) -> tuple[int, int, str]:
     if held_out not in HELD_OUT:
         raise ValueError(f"wordle: option held_out must be one of {list(HELD_OUT)}, got {held_out!r}")
     for key, value, lo, hi in (("length", length, 4, 7), ("max_guesses", max_guesses, 1, 20)):
@@ -137,15 +139,22 @@ def _options(length: object, max_guesses: object, word_list: object, held_out: o
             raise ValueError(f"wordle: option {key} must be an integer from {lo} to {hi}, got {value!r}")
     if not isinstance(word_list, str) or not word_list:
         raise TypeError(f"wordle: option word_list must be a file path, got {word_list!r}")
-    return length, max_guesses, word_list  # type: ignore[return-value]
+    return length, max_guesses, word_list  # type: ignore[return-value]  # checked above; mypy cannot narrow through the loop
 
 
 class Wordle(Env):
     name = "wordle"
 
-    def __init__(self, length: int = 5, max_guesses: int = 6, word_list: str = WORD_LIST,
-                 progress_reward: bool | str = False, letters: bool = False, held_out: str = "words",
-                 **kwargs: object) -> None:  # fmt: skip
+    def __init__(
+        self,
+        length: int = 5,
+        max_guesses: int = 6,
+        word_list: str = WORD_LIST,
+        progress_reward: bool | str = False,
+        letters: bool = False,
+        held_out: str = "words",
+        **kwargs: object,
+    ) -> None:
         super().__init__(**kwargs)
         self.length, self.max_guesses, self.word_list = _options(length, max_guesses, word_list, held_out)
         self.held_out = held_out
@@ -172,8 +181,9 @@ class Wordle(Env):
         if split not in SPLITS:
             raise ValueError(f"env wordle: unknown split {split!r}; splits are {list(SPLITS)}")
         held_out = options.get("held_out", "words")
-        length, _, path = _options(options.get("length", 5), options.get("max_guesses", 6),
-                                   options.get("word_list", WORD_LIST), held_out)  # fmt: skip
+        length, _, path = _options(
+            options.get("length", 5), options.get("max_guesses", 6), options.get("word_list", WORD_LIST), held_out
+        )
         start = _SPLIT_START[split]
         words = load_words(path, length, held_out)[split]  # read in both modes: a missing or short list is an error
         return range(start, start + (GAMES[split] if held_out == "games" else len(words)))
@@ -185,8 +195,10 @@ class Wordle(Env):
             if task_id >= start:
                 if self.held_out == "games":
                     if split != "train" and task_id - start >= GAMES[split]:
-                        raise ValueError(f"wordle: task id {task_id} is past the {split} split "
-                                         f"({GAMES[split]} games from id {start})")  # fmt: skip
+                        raise ValueError(
+                            f"wordle: task id {task_id} is past the {split} split "
+                            f"({GAMES[split]} games from id {start})"
+                        )
                     seed = hashlib.sha256(f"wordle game {task_id}".encode()).digest()
                     return self._sorted_all[int.from_bytes(seed[:8], "big") % len(self._sorted_all)]
                 words = self._splits[split]
@@ -217,7 +229,11 @@ class Wordle(Env):
         return " ".join(word) if self.letters else word
 
     def instructions(self) -> str:
-        answer = f"its {self.length} letters separated by spaces, e.g. {self._shown(self._sorted_all[0])!r}" if self.letters else "one word"
+        answer = (
+            f"its {self.length} letters separated by spaces, e.g. {self._shown(self._sorted_all[0])!r}"
+            if self.letters
+            else "one word"
+        )
         return (
             f"Play Wordle: find a hidden English word of {self.length} letters in at most {self.max_guesses} "
             f"guesses. Answer each turn with {answer}. After each guess you learn, letter by letter, "
@@ -235,7 +251,9 @@ class Wordle(Env):
             shown = action.strip()[:40]
             why = f"{shown!r} is not a {self.length}-letter word of the word list" if shown else "Empty answer"
             left = self.max_guesses - len(self._guesses)
-            form = f"its {self.length} letters separated by spaces" if self.letters else f"one {self.length}-letter word"
+            form = (
+                f"its {self.length} letters separated by spaces" if self.letters else f"one {self.length}-letter word"
+            )
             text = f"{why}. Answer with {form}. {_left(left)}"
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False, "guesses": len(self._guesses)})
         marks = feedback(guess, self._answer)
@@ -252,13 +270,19 @@ class Wordle(Env):
         info: dict[str, str | int | float | bool] = {"turns": self._turns, "guesses": len(self._guesses)}
         if guess == self._answer:
             self._done = True
-            return StepResult(f"{self._shown(guess)}: correct! You found the word.", 1.0 + gain, True, {**info, "success": True})
+            return StepResult(
+                f"{self._shown(guess)}: correct! You found the word.", 1.0 + gain, True, {**info, "success": True}
+            )
         text = self._marks_text(guess, marks)
         left = self.max_guesses - len(self._guesses)
         if left == 0:
             self._done = True
-            return StepResult(f"{text} No guesses left; the word was {self._shown(self._answer)}.", 0.0, True,
-                              {**info, "success": False})  # fmt: skip
+            return StepResult(
+                f"{text} No guesses left; the word was {self._shown(self._answer)}.",
+                0.0,
+                True,
+                {**info, "success": False},
+            )
         return StepResult(f"{text} {_left(left)}", gain, False, info)
 
     def _marks_text(self, guess: str, marks: tuple[str, ...]) -> str:
@@ -270,6 +294,7 @@ class Wordle(Env):
         if not self._done or not self._guesses or self._guesses[-1][0] == self._answer:
             return None
         guess, marks = self._guesses[-1]
+        assert self._answer is not None  # a game was played
         return f"{self._marks_text(guess, marks)} No guesses left. What was the word?", self._shown(self._answer)
 
     def _consistent(self) -> list[str]:

@@ -16,9 +16,15 @@ from pathlib import Path
 # The background-networking flags matter on a closed network: without them Chromium keeps trying
 # to reach Google's services (updates, sync, QUIC probes) and floods it with failing requests.
 CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-)  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 LAUNCH_TIMEOUT_S = 60.0
 """Deadline for Chromium to start (a few seconds on an idle machine, more on a loaded one)."""
 TMP_PREFIX = "agentgym-webshop-"

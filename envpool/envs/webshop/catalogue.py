@@ -31,10 +31,35 @@ VARIANTS = 8
 
 SPLITS = ("train", "dev", "test")
 
-COLOURS = ("black", "white", "grey", "navy", "blue", "red", "green", "yellow", "orange", "pink", "purple",
-           "brown", "beige")  # fmt: skip
-BRANDS = ("Alder", "Brightline", "Cobalt", "Driftwood", "Elmhurst", "Fable", "Granite", "Harbor", "Juniper",
-          "Kestrel", "Lumen", "Northwind")  # fmt: skip
+COLOURS = (
+    "black",
+    "white",
+    "grey",
+    "navy",
+    "blue",
+    "red",
+    "green",
+    "yellow",
+    "orange",
+    "pink",
+    "purple",
+    "brown",
+    "beige",
+)
+BRANDS = (
+    "Alder",
+    "Brightline",
+    "Cobalt",
+    "Driftwood",
+    "Elmhurst",
+    "Fable",
+    "Granite",
+    "Harbor",
+    "Juniper",
+    "Kestrel",
+    "Lumen",
+    "Northwind",
+)
 
 _CLOTHES = ("XS", "S", "M", "L", "XL", "XXL")
 _PAIRS = ("jeans", "sneakers", "socks")  # plural nouns: "a pair of"
@@ -50,6 +75,7 @@ class Category:
     features: tuple[str, ...]
 
 
+# Kept packed by hand (not formatted): a category to two lines, not a field a line.
 CATEGORIES = (
     Category("t-shirt", "t-shirts", _CLOTHES, (9, 39), ("cotton", "linen", "polyester", "bamboo"),
              ("slim fit", "crew neck", "v-neck", "long sleeve", "oversized")),
@@ -128,7 +154,7 @@ def words(text: str) -> list[str]:
 
 
 def _one(category: str, words_before: str) -> str:
-    """"a red cotton t-shirt", "an orange cap", "a pair of blue jeans"."""
+    """ "a red cotton t-shirt", "an orange cap", "a pair of blue jeans"."""
     if category in _PAIRS:
         return f"a pair of {words_before} {category}"
     return f"{'an' if words_before[0] in 'aeiou' else 'a'} {words_before} {category}"
@@ -148,10 +174,24 @@ class Catalogue:
         self.products = self._make(num_products, random.Random(seed))
         self._name_words = [set(words(p.name)) for p in self.products]
         self._all_words = [
-            set(words(" ".join((p.name, p.category, CATEGORY[p.category].plural, p.brand, p.material,
-                                *p.features, *p.colours, p.description))))
+            set(
+                words(
+                    " ".join(
+                        (
+                            p.name,
+                            p.category,
+                            CATEGORY[p.category].plural,
+                            p.brand,
+                            p.material,
+                            *p.features,
+                            *p.colours,
+                            p.description,
+                        )
+                    )
+                )
+            )
             for p in self.products
-        ]  # fmt: skip
+        ]
 
     @staticmethod
     def _make(n: int, rng: random.Random) -> tuple[Product, ...]:
@@ -177,9 +217,20 @@ class Catalogue:
                 f"Available in {len(colours)} colours and sizes {cat.sizes[lo]} to {cat.sizes[hi - 1]}."
             )
             products.append(
-                Product(len(products), name, cat.name, brand, material, tuple(features), colours,
-                        cat.sizes[lo:hi], cents, rng.randint(2, 5), description)
-            )  # fmt: skip
+                Product(
+                    len(products),
+                    name,
+                    cat.name,
+                    brand,
+                    material,
+                    tuple(features),
+                    colours,
+                    cat.sizes[lo:hi],
+                    cents,
+                    rng.randint(2, 5),
+                    description,
+                )
+            )
         return tuple(products)
 
     # ------------------------------------------------------------ tasks

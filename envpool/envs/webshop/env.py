@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from agentgym.envpool.base import Env, StepResult
+from agentgym.envpool.base import Env, InfoValue, StepResult
 from agentgym.envpool.envs.webshop.browser import (
     CHROMIUM_FLAGS,
     LAUNCH_TIMEOUT_S,
@@ -108,14 +108,19 @@ class WebShop(Env):
     ) -> None:
         super().__init__(**kwargs)
         self.catalogue = catalogue(num_products, seed)  # checks num_products and seed
-        for key, value, lo, hi in (("page_size", page_size, 1, 100), ("viewport_width", viewport_width, 320, 4096),
-                                   ("viewport_height", viewport_height, 240, 4096)):  # fmt: skip
+        for key, value, lo, hi in (
+            ("page_size", page_size, 1, 100),
+            ("viewport_width", viewport_width, 320, 4096),
+            ("viewport_height", viewport_height, 240, 4096),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"webshop: option {key} must be an integer in {lo}..{hi}, got {value!r}")
         if not isinstance(action_timeout_s, (int, float)) or not action_timeout_s > 0:
             raise ValueError(f"webshop: option action_timeout_s must be a number > 0, got {action_timeout_s!r}")
         if not isinstance(new_context_per_episode, bool):
-            raise TypeError(f"webshop: option new_context_per_episode must be true or false, got {new_context_per_episode!r}")
+            raise TypeError(
+                f"webshop: option new_context_per_episode must be true or false, got {new_context_per_episode!r}"
+            )
         self.new_context_per_episode = new_context_per_episode
         self.chromium = find_chromium(chromium)
         self.viewport = {"width": viewport_width, "height": viewport_height}
@@ -148,11 +153,17 @@ class WebShop(Env):
         if split not in SPLITS:
             raise ValueError(f"env WebShop: unknown split {split!r}; splits are {list(SPLITS)}")
         n, seed = options.pop("num_products", 300), options.pop("seed", 0)
-        unknown = set(options) - {"page_size", "viewport_width", "viewport_height", "chromium", "action_timeout_s",
-                                  "new_context_per_episode"}
+        unknown = set(options) - {
+            "page_size",
+            "viewport_width",
+            "viewport_height",
+            "chromium",
+            "action_timeout_s",
+            "new_context_per_episode",
+        }
         if unknown:
             raise TypeError(f"env WebShop: unknown option(s) {sorted(unknown)}")
-        return catalogue(n, seed).task_ids(split)  # type: ignore[arg-type]
+        return catalogue(n, seed).task_ids(split)
 
     # ------------------------------------------------------------ browser
 
@@ -290,8 +301,9 @@ class WebShop(Env):
         if self._goal is None or self._view is None:
             return StepResult("no episode is running: reset first", 0.0, False, {"turns": self._turns})
         if self._done:
-            return StepResult("the episode is over: the order is placed", 0.0, True,
-                              {"turns": self._turns, "success": False})  # fmt: skip
+            return StepResult(
+                "the episode is over: the order is placed", 0.0, True, {"turns": self._turns, "success": False}
+            )
         self._turns += 1
         command = parse_action(action)
         if isinstance(command, (Click, Type)):
@@ -336,7 +348,7 @@ class WebShop(Env):
             return StepResult(note + view.text, 0.0, False, {"turns": self._turns, "valid": True})
         self._done = True
         reward = self.catalogue.reward(self._goal, *order)
-        info = {"turns": self._turns, "valid": True, "success": reward == 1.0, "bought": order[0]}
+        info: dict[str, InfoValue] = {"turns": self._turns, "valid": True, "success": reward == 1.0, "bought": order[0]}
         return StepResult(view.text, reward, True, info)
 
     # ------------------------------------------------------------ expert
@@ -349,6 +361,7 @@ class WebShop(Env):
         pick = rng.randrange(len(ids) + 3)
         if pick >= len(ids):
             return ("scroll down", "scroll up", "go back")[pick - len(ids)]
+        assert view is not None  # there are elements to pick from
         el = view.elements[ids[pick]]
         if el.role != "textbox":
             return f"click [{ids[pick]}]"
@@ -364,8 +377,9 @@ class WebShop(Env):
         goal, view = self._goal, self._view
         if goal is None or view is None or self._done:
             return "scroll down"
-        return expert_move(goal, view, self.catalogue.products[goal.pid].name, self._page.url,
-                           self._server.session(self._token).cart)  # fmt: skip
+        return expert_move(
+            goal, view, self.catalogue.products[goal.pid].name, self._page.url, self._server.session(self._token).cart
+        )
 
     def close(self) -> None:
         try:

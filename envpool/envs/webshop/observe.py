@@ -127,8 +127,9 @@ def page_from_js(result: dict) -> Page:
     lines += result["lines"]
     if result["below"]:
         lines.append("(more below: scroll down)")
-    elements = {int(k): Element(v["role"], v["name"], bool(v["selected"]), v["kind"])
-                for k, v in result["elements"].items()}  # fmt: skip
+    elements = {
+        int(k): Element(v["role"], v["name"], bool(v["selected"]), v["kind"]) for k, v in result["elements"].items()
+    }
     return Page("\n".join(lines), elements, bool(result["above"]), bool(result["below"]))
 
 

@@ -95,9 +95,13 @@ class ShopServer:
                 f'<li><a href="/{token}/search?{urlencode({"q": c.name})}">{html.escape(c.plural)}</a></li>'
                 for c in CATEGORIES
             )
-            return 200, "Home", (
-                f"<h1>Welcome to {SHOP}</h1><p>Search our {len(cat.products)} products, or browse a category:</p>"
-                f"<ul>{links}</ul>"
+            return (
+                200,
+                "Home",
+                (
+                    f"<h1>Welcome to {SHOP}</h1><p>Search our {len(cat.products)} products, or browse a category:</p>"
+                    f"<ul>{links}</ul>"
+                ),
             )
         if route == "search":
             return self._results(token, q)
@@ -112,9 +116,13 @@ class ShopServer:
             return 200, "Checkout", self._checkout(token, s)
         if route == "done" and s.order is not None:
             p = cat.products[s.order[0]]
-            return 200, "Order placed", (
-                f"<h1>Order placed</h1><p>Thank you! You bought the {html.escape(p.name)} "
-                f"(colour {s.order[1]}, size {html.escape(s.order[2])}) for {p.price}.</p>"
+            return (
+                200,
+                "Order placed",
+                (
+                    f"<h1>Order placed</h1><p>Thank you! You bought the {html.escape(p.name)} "
+                    f"(colour {s.order[1]}, size {html.escape(s.order[2])}) for {p.price}.</p>"
+                ),
             )
         return 404, "Not found", "<h1>Not found</h1><p>This page does not exist.</p>"
 
@@ -137,21 +145,27 @@ class ShopServer:
             nav.append(f'<a href="/{token}/search?{urlencode({"q": query, "page": page - 1})}">Previous page</a>')
         if page < pages:
             nav.append(f'<a href="/{token}/search?{urlencode({"q": query, "page": page + 1})}">Next page</a>')
-        return 200, "Results", (
-            f"<h1>{title}</h1><p>Page {page} of {pages} ({len(found)} products)</p>"
-            f'<ul class="results">{items}</ul><p>{" ".join(nav)}</p>'
+        return (
+            200,
+            "Results",
+            (
+                f"<h1>{title}</h1><p>Page {page} of {pages} ({len(found)} products)</p>"
+                f'<ul class="results">{items}</ul><p>{" ".join(nav)}</p>'
+            ),
         )
 
     def _product(self, token: str, p: Product, q: dict[str, str]) -> tuple[int, str, str]:
-        colour = q.get("colour") if q.get("colour") in p.colours else ""
-        size = q.get("size") if q.get("size") in p.sizes else ""
-        back = {k: q[k] for k in ("q", "page") if k in q}
+        colour = q.get("colour", "") if q.get("colour") in p.colours else ""
+        size = q.get("size", "") if q.get("size") in p.sizes else ""
+        back: dict[str, str] = {k: q[k] for k in ("q", "page") if k in q}
 
         def option(kind: str, value: str, chosen: str) -> str:
             params = {**back, "colour": colour, "size": size, kind: value}
             href = f"/{token}/product/{p.pid}?{urlencode(params)}"
             pressed = "true" if value == chosen else "false"
-            return f'<a role="button" data-kind="{kind}" aria-pressed="{pressed}" href="{href}">{html.escape(value)}</a>'
+            return (
+                f'<a role="button" data-kind="{kind}" aria-pressed="{pressed}" href="{href}">{html.escape(value)}</a>'
+            )
 
         error = f'<p class="error">{html.escape(q["error"])}</p>' if q.get("error") in _ERRORS else ""
         back_link = f'<p><a href="/{token}/search?{urlencode(back)}">Back to results</a></p>' if "q" in back else ""
@@ -159,14 +173,18 @@ class ShopServer:
             f'<input type="hidden" name="{k}" value="{html.escape(v)}">'
             for k, v in {"pid": str(p.pid), "colour": colour, "size": size, **back}.items()
         )
-        return 200, p.name, (
-            f"{back_link}<h1>{html.escape(p.name)}</h1>{error}"
-            f"<p>Price: {p.price}</p><p>Rating: {p.rating} of 5 stars</p>"
-            f"<p>Material: {p.material}</p><p>Features: {html.escape(', '.join(p.features))}</p>"
-            f'<div class="options">Colour: {"".join(option("colour", c, colour) for c in p.colours)}</div>'
-            f'<div class="options">Size: {"".join(option("size", z, size) for z in p.sizes)}</div>'
-            f'<form method="post" action="/{token}/cart/add">{hidden}<button>Add to cart</button></form>'
-            f"<h2>Description</h2><p>{html.escape(p.description)}</p>"
+        return (
+            200,
+            p.name,
+            (
+                f"{back_link}<h1>{html.escape(p.name)}</h1>{error}"
+                f"<p>Price: {p.price}</p><p>Rating: {p.rating} of 5 stars</p>"
+                f"<p>Material: {p.material}</p><p>Features: {html.escape(', '.join(p.features))}</p>"
+                f'<div class="options">Colour: {"".join(option("colour", c, colour) for c in p.colours)}</div>'
+                f'<div class="options">Size: {"".join(option("size", z, size) for z in p.sizes)}</div>'
+                f'<form method="post" action="/{token}/cart/add">{hidden}<button>Add to cart</button></form>'
+                f"<h2>Description</h2><p>{html.escape(p.description)}</p>"
+            ),
         )
 
     def _cart(self, token: str, s: Session) -> str:
@@ -189,9 +207,11 @@ class ShopServer:
 
     def _checkout(self, token: str, s: Session) -> str:
         if len(s.cart) != 1:
-            why = "Your cart is empty." if not s.cart else (
-                f"An order holds exactly one item; your cart has {len(s.cart)}. Remove the others first."
-            )  # fmt: skip
+            why = (
+                "Your cart is empty."
+                if not s.cart
+                else (f"An order holds exactly one item; your cart has {len(s.cart)}. Remove the others first.")
+            )
             return f'<h1>Checkout</h1><p>{why}</p><p><a href="/{token}/cart">Back to cart</a></p>'
         pid, colour, size = s.cart[0]
         p = self.catalogue.products[pid]
@@ -212,10 +232,13 @@ class ShopServer:
                 return "cart"
             p = self.catalogue.products[pid]
             colour, size = form.get("colour", ""), form.get("size", "")
-            missing = [name for name, v, allowed in (("colour", colour, p.colours), ("size", size, p.sizes))
-                       if v not in allowed]  # fmt: skip
+            missing = [
+                name
+                for name, v, allowed in (("colour", colour, p.colours), ("size", size, p.sizes))
+                if v not in allowed
+            ]
             if missing:
-                back = {k: form[k] for k in ("q", "page") if k in form}
+                back: dict[str, str] = {k: form[k] for k in ("q", "page") if k in form}
                 params = {**back, "colour": colour, "size": size, "error": _ERROR_FOR[tuple(missing)]}
                 return f"product/{pid}?{urlencode(params)}"
             s.cart.append((pid, colour, size))
@@ -233,8 +256,11 @@ class ShopServer:
         return "missing"
 
 
-_ERROR_FOR = {("colour",): "Please choose a colour.", ("size",): "Please choose a size.",
-              ("colour", "size"): "Please choose a colour and a size."}  # fmt: skip
+_ERROR_FOR = {
+    ("colour",): "Please choose a colour.",
+    ("size",): "Please choose a size.",
+    ("colour", "size"): "Please choose a colour and a size.",
+}
 _ERRORS = set(_ERROR_FOR.values())
 
 
@@ -273,8 +299,11 @@ class _Handler(BaseHTTPRequestHandler):
                 f'<button>Search</button></form><a href="/{token}/cart">Cart ({cart})</a></header>'
             )
             body = f"{header}<main>{body}</main>"
-        self._send(status, f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)} - {SHOP}</title>"
-                           f"<style>{_STYLE}</style></head><body>{body}</body></html>")  # fmt: skip
+        self._send(
+            status,
+            f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)} - {SHOP}</title>"
+            f"<style>{_STYLE}</style></head><body>{body}</body></html>",
+        )
 
     def do_POST(self) -> None:  # noqa: N802
         token, s, route, _ = self._route()

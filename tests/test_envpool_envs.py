@@ -96,6 +96,38 @@ def test_guess_number_show_range_says_what_the_hints_allow() -> None:
         GuessNumber(show_range="yes")
 
 
+def test_guess_number_held_out_targets_are_never_training_targets() -> None:
+    # held_out "targets": the test split's games ask for numbers no training game asks for, so a
+    # held-out game is never a training game (the overlap replay of bench/task_overlap.py finds 0).
+    env = GuessNumber(held_out="targets")
+    drawn = {}
+    for split in ("train", "dev", "test"):
+        ids = list(GuessNumber.tasks(split))[:300]
+        drawn[split] = set()
+        for i in ids:
+            env.reset(i)
+            drawn[split].add(env._target)
+    assert drawn == {"train": {1, 4, 5, 8}, "dev": {3, 7}, "test": {2, 6}}
+    # The game itself is unchanged: the expert still finds a held-out number.
+    env.reset(next(iter(GuessNumber.tasks("test"))))
+    for _ in range(4):
+        result = env.step(env.expert_action())
+        if result.done:
+            break
+    assert result.info.get("success") is True
+    # The default draws any number in every split: test games repeat training games.
+    plain = GuessNumber()
+    test_targets = set()
+    for i in list(GuessNumber.tasks("test"))[:300]:
+        plain.reset(i)
+        test_targets.add(plain._target)
+    assert test_targets == set(range(1, 9))
+    with pytest.raises(ValueError, match="held_out must be one of"):
+        GuessNumber(held_out="words")
+    with pytest.raises(ValueError, match="at least 4 numbers"):
+        GuessNumber(low=1, high=3, held_out="targets")
+
+
 def test_guess_number_shaping_rewards_narrowing_and_telescopes() -> None:
     # Target 5 (task 5), shaping 0.3 over N = 8 (3 bits): a guess halving the interval earns
     # 0.3 / 3; one outside it, an invalid reply and a repeat earn 0; the last bit comes with the win.

@@ -12,10 +12,20 @@ number, and a good policy (binary search) needs only a few turns.
                                                     "higher, 5 to 8" instead of "higher"
               shaping: float = 0                    weight of a potential-based reward for narrowing
                                                     the interval the hints allow (below)
-    target:   random.Random(task_id).randint(low, high)
+              held_out: str = "none"                "targets": the splits draw from disjoint sets of
+                                                    numbers (below); "none": every split draws any
+    target:   random.Random(task_id).randint(low, high); with held_out "targets", a choice from
+              the split's own numbers (``split_targets``)
     reset ->  "guess a number from 1 to 8"
     step  ->  "correct" (reward 1, done, success) | "higher" | "lower"
               | "invalid, say a number from 1 to 8" (no integer, or out of range; still a turn)
+
+A game is fully determined by its target, so with the default ``held_out = "none"`` every test
+game of a range of 8 is also a training game (bench/task_overlap.py reports 16 of 16).
+``held_out = "targets"`` holds numbers out instead: by the number's place in the range, counted
+from ``low`` modulo 4, places 1 go to test, places 2 to dev and places 0 and 3 to training (1 to 8:
+test 2 and 6, dev 3 and 7, training 1, 4, 5 and 8), so a held-out game asks for a number the
+policy was never rewarded for finding. A task id outside the procedural ranges counts as training.
 
 ``show_range`` makes the game Markov: the observation carries the interval, so the policy need
 not reconstruct it from the whole history of guesses and hints. Its words and digits are already
@@ -52,7 +62,7 @@ import random
 import re
 import time
 
-from agentgym.envpool.base import Env, StepResult
+from agentgym.envpool.base import Env, StepResult, split_of
 
 _INT = re.compile(r"[-+]?\d+")
 _MAX_DIGITS = 18  # a longer run of digits is out of range anyway; int() of huge strings is slow
@@ -83,6 +93,18 @@ CORPUS: list[str] = corpus()
 """The texts of the default range (1 to 8); ``corpus(low, high)`` for others."""
 
 
+HELD_OUT = ("none", "targets")
+
+
+def split_targets(low: int, high: int) -> dict[str, list[int]]:
+    """held_out "targets": the numbers each split draws from (by place in the range, modulo 4)."""
+    place = {0: "train", 1: "test", 2: "dev", 3: "train"}
+    out: dict[str, list[int]] = {"train": [], "dev": [], "test": []}
+    for n in range(low, high + 1):
+        out[place[(n - low) % 4]].append(n)
+    return out
+
+
 def parse_number(action: str) -> int | None:
     """The first integer in ``action`` (None: none, or too many digits to be in any range)."""
     m = _INT.search(action)
@@ -102,6 +124,7 @@ class GuessNumber(Env):
         latency_sigma: float = 0.0,
         show_range: bool = False,
         shaping: float = 0.0,
+        held_out: str = "none",
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)
@@ -119,6 +142,13 @@ class GuessNumber(Env):
         for key, seconds in (("step_latency_s", step_latency_s), ("latency_sigma", latency_sigma)):
             if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds < math.inf:
                 raise ValueError(f"guess_number: option {key} must be a number >= 0, got {seconds!r}")
+        if held_out not in HELD_OUT:
+            raise ValueError(f"guess_number: option held_out must be one of {list(HELD_OUT)}, got {held_out!r}")
+        self.targets = split_targets(low, high) if held_out == "targets" else None
+        if self.targets is not None and not all(self.targets.values()):
+            raise ValueError(
+                f"guess_number: held_out 'targets' needs a range of at least 4 numbers, got {low} to {high}"
+            )
         self.low, self.high = low, high
         self.step_latency_s, self.latency_sigma = float(step_latency_s), float(latency_sigma)
         self._task_id = 0
@@ -129,7 +159,11 @@ class GuessNumber(Env):
 
     def reset(self, task_id: int) -> str:
         self._task_id = task_id
-        self._target = random.Random(task_id).randint(self.low, self.high)
+        draw = random.Random(task_id)
+        if self.targets is None:
+            self._target = draw.randint(self.low, self.high)
+        else:
+            self._target = draw.choice(self.targets[split_of(task_id) or "train"])
         self._lo, self._hi = self.low, self.high
         self._turns = 0
         self._done = False

@@ -235,7 +235,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("/tmp/real_scale"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from agentgym.cli.make_model import make_model
+    from agentgym.models.make import make_model
 
     from agentgym.host.allocator import keep_freed_memory
     from agentgym.config.learner import LearnerConfig

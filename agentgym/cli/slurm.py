@@ -268,7 +268,7 @@ class Job:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from agentgym.config.args import add_config_args
+    from agentgym.cli.args import add_config_args
 
     s = sub.add_parser("slurm", help="run a learner, relays and actors as steps of the Slurm job it runs in",
                        description=__doc__.split("\n\n")[2])  # fmt: skip
@@ -325,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = ["--config", str(args.config)] if args.config else []
     common = [*config, *[a for o in args.override for a in ("-o", o)]]
-    from agentgym.config.args import resolve_config
+    from agentgym.cli.args import resolve_config
     from agentgym.models.base import ensure_model
 
     cfg = resolve_config(args, [])  # a bad key or value exits 2 here, before any step

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ import structlog
 from agentgym.actors.conversation import Conversation
 from agentgym.actors.critic import Critic, CritiqueLoop
 from agentgym.actors.engine import InferenceEngine, SamplingSpec
+from agentgym.envpool.base import StepResult
 from agentgym.envpool.pool import EnvFailure, EnvPool
 from agentgym.envpool.pool import Episode as PoolEpisode
 from agentgym.protocol import Episode, PartialEpisode, RolloutSpec, Ticket
@@ -53,15 +54,7 @@ async def play_episode(
     episode another actor stopped (actors/handover.py): its actions are replayed on a fresh env
     and, if that reaches the same observation, play goes on from its next turn; else the episode
     is played from the start."""
-    eos = getattr(tokenizer, "eos_token_id", None)
-    sampling = SamplingSpec(
-        max_tokens=spec.max_tokens_per_turn,
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        stop_token_ids=(eos,) if eos is not None else (),
-        seed=seed,
-        banned_token_ids=() if spec.allow_special_tokens else banned_action_ids(tokenizer),
-    )
+    sampling = _sampling(tokenizer, spec, seed)
     # The episode's token budget is also bounded by the engine's context: a prompt never reaches
     # the engine's limit, so no observation can make generate() raise.
     budget = min(spec.max_episode_tokens, getattr(engine, "max_model_len", None) or spec.max_episode_tokens)
@@ -80,7 +73,10 @@ async def play_episode(
     handable = loop is None and attempts == 1 and pool.replayable
     if resume is not None and not handable:
         resume = None
-    critique = pending = None
+    pending = None
+    player = _Player(
+        engine, tokenizer, f"{ticket.group_id}/{index}", spec, sampling, seed, budget, loop, stop if handable else None
+    )
     try:
         task_id = ticket.task_id if ticket.split == "train" else _eval_task(pool, ticket)
         # One more pass when resuming: a replay that diverges plays the episode again on a fresh env.
@@ -103,111 +99,26 @@ async def play_episode(
                     if len(conv) > budget - conv.closing_tokens - 1:  # no room for even one sampled token
                         conv.truncate(budget)  # the loop below ends it at once as token_limit
                 else:  # a retry after a failed attempt: the critique, then the task again, in one message
-                    critique = await loop.ask("retry", loop.last_action, ep) if loop else None
-                    mark = len(conv)
-                    text = "\n\n".join(t for t in (pending, critique, obs[: MAX_CHARS_PER_TOKEN * budget]) if t)
+                    fits = await _retry_prompt(conv, loop, ep, pending, obs, budget)
                     pending = None
-                    if not conv.add_observation(text, budget - 1 - conv.closing_tokens):
+                    if not fits:
                         finish = "token_limit"
                         break
-                    if critique and loop:
-                        loop.mark(mark, len(conv))
-                assert conv is not None  # set above: restored, started, or from the attempt before
                 if loop:
                     loop.transcript.append(("env", obs))
-                finish = "turn_limit"
-                # Token budgets: a turn samples at most max_tokens_per_turn, and no more than leaves
-                # room for its end-of-turn tokens within max_episode_tokens; an observation that
-                # does not fit ends the episode. The episode never exceeds its budget.
-                for turn in range(first_turn, turn_limit):
-                    room = budget - len(conv) - conv.closing_tokens
-                    if room < 1:
-                        finish = "token_limit"
-                        break
-                    if handable and stop is not None and stop.is_set():
-                        raise Interrupted(
-                            _partial(conv, turn_rewards, actions, last_obs, turn_limit), resumed_at=resumed_at
-                        )
-                    rid = f"{ticket.group_id}/{index}/{turn}"
-                    gen = await _generate(
-                        engine,
-                        rid,
-                        conv.prompt_ids,
-                        # Each turn its own seed: the same seed every turn would correlate the turns.
-                        replace(
-                            sampling,
-                            max_tokens=min(spec.max_tokens_per_turn, room),
-                            seed=None if seed is None else seed + turn,
-                        ),
-                        stop if handable else None,
-                    )
-                    if isinstance(
-                        gen, int
-                    ):  # asked to leave while sampling: that turn is dropped, the rest handed over
-                        raise Interrupted(
-                            _partial(conv, turn_rewards, actions, last_obs, turn_limit),
-                            dropped=gen,
-                            resumed_at=resumed_at,
-                        )
-                    conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
-                    action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                    for rnd in range(cs.max_revisions if cs and loop and loop.wants("draft") else 0):
-                        # The critic reviews the proposal before it runs; on an objection the agent
-                        # sees the critique (a masked observation) and proposes again. The draft
-                        # stays a sampled turn with reward 0; only the last proposal is executed.
-                        assert loop is not None  # no rounds without one
-                        critique = await loop.ask("draft", action, ep)
-                        mark = len(conv)
-                        if critique is None or not conv.add_observation(critique, budget - 1 - conv.closing_tokens):
-                            break
-                        loop.mark(mark, len(conv))
-                        turn_rewards.append(0.0)
-                        gen = await engine.generate(
-                            f"{ticket.group_id}/{index}/{turn}/r{rnd}",
-                            conv.prompt_ids,
-                            replace(
-                                sampling,
-                                max_tokens=max(
-                                    1, min(spec.max_tokens_per_turn, budget - len(conv) - conv.closing_tokens)
-                                ),
-                            ),
-                        )
-                        conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
-                        action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                    result = await ep.step(action)
-                    turn_rewards.append(float(result.reward))
-                    actions.append(action)
-                    last_obs = result.observation
-                    if loop:
-                        loop.last_action = action
-                        loop.transcript += [("agent", action), ("env", result.observation)]
-                    if result.done:
-                        finish = "done"
-                        success = bool(result.info.get("success", result.reward > 0))
-                        break
-                    if len(result.observation) > MAX_CHARS_PER_TOKEN * budget:  # cannot fit: not even tokenized
-                        finish = "token_limit"
-                        break
-                    critique = None
-                    if loop and loop.wants("after_step") and result.reward <= 0:
-                        critique = await loop.ask("after_step", action, ep)
-                        if critique:
-                            result = replace(result, observation=f"{result.observation}\n\n{critique}")
-                    mark = len(conv)
-                    if turn + 1 < turn_limit:
-                        # Room for the observation and at least one sampled token plus its closing.
-                        if not conv.add_observation(result.observation, budget - 1 - conv.closing_tokens):
-                            finish = "token_limit"
-                            break
-                    elif _attempt + 1 < attempts:  # a retry follows: this observation opens its message
-                        pending = result.observation
-                    elif not conv.add_observation(result.observation, budget):
-                        # At the turn limit the episode ends in the state the agent would act in next
-                        # (the last observation and the generation prompt, masked): PPO reads its
-                        # bootstrap value V(s_end) there. No room for it: the token budget ended it.
-                        finish = "token_limit"
-                    if critique and loop and len(conv) > mark:
-                        loop.mark(mark, len(conv))
+                assert conv is not None  # set above: restored, started, or from the attempt before
+                finish, success, pending = await _play_turns(
+                    player,
+                    ep,
+                    conv,
+                    first_turn,
+                    turn_limit,
+                    turn_rewards,
+                    actions,
+                    last_obs,
+                    resumed_at,
+                    retry_follows=_attempt + 1 < attempts,
+                )
             if success or finish == "token_limit" or resumed_at:
                 break
     except EnvFailure as exc:
@@ -218,6 +129,188 @@ async def play_episode(
     if loop and loop.spans:
         episode.critiques = pack([x for span in loop.spans for x in span], I32)
     return episode
+
+
+@dataclass(frozen=True)
+class _Player:
+    """What every turn of one episode uses."""
+
+    engine: InferenceEngine
+    tokenizer: Any  # a transformers tokenizer (encode, decode, apply_chat_template)
+    rid: str
+    """The episode's request ids' prefix, GROUP/INDEX: turn t samples GROUP/INDEX/t."""
+    spec: RolloutSpec
+    sampling: SamplingSpec
+    seed: int | None
+    budget: int
+    loop: CritiqueLoop | None
+    stop: asyncio.Event | None
+    """Set: end the episode at the next turn boundary (only when it can be handed over)."""
+
+
+async def _play_turns(
+    p: _Player,
+    ep: PoolEpisode,
+    conv: Conversation,
+    first_turn: int,
+    turn_limit: int,
+    turn_rewards: list[float],
+    actions: list[str],
+    last_obs: str,
+    resumed_at: int,
+    *,
+    retry_follows: bool,
+) -> tuple[EpisodeFinish, bool, str | None]:
+    """Turns ``first_turn`` .. ``turn_limit`` - 1 of one attempt, each appended to ``conv``,
+    ``turn_rewards`` and ``actions``. Returns (finish, success, the last observation held for a
+    retry's opening message when ``retry_follows``); raises ``Interrupted`` when ``p.stop`` is set."""
+    engine, tokenizer, spec, budget, loop = p.engine, p.tokenizer, p.spec, p.budget, p.loop
+    pending = None
+    # Token budgets: a turn samples at most max_tokens_per_turn, and no more than leaves
+    # room for its end-of-turn tokens within max_episode_tokens; an observation that
+    # does not fit ends the episode. The episode never exceeds its budget.
+    for turn in range(first_turn, turn_limit):
+        room = budget - len(conv) - conv.closing_tokens
+        if room < 1:
+            return "token_limit", False, pending
+        if p.stop is not None and p.stop.is_set():
+            raise Interrupted(_partial(conv, turn_rewards, actions, last_obs, turn_limit), resumed_at=resumed_at)
+        # Each turn its own seed: the same seed every turn would correlate the turns.
+        turn_sampling = replace(
+            p.sampling, max_tokens=min(spec.max_tokens_per_turn, room), seed=None if p.seed is None else p.seed + turn
+        )
+        gen = await _generate(engine, f"{p.rid}/{turn}", conv.prompt_ids, turn_sampling, p.stop)
+        if isinstance(gen, int):  # asked to leave while sampling: that turn is dropped, the rest handed over
+            raise Interrupted(
+                _partial(conv, turn_rewards, actions, last_obs, turn_limit), dropped=gen, resumed_at=resumed_at
+            )
+        conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
+        action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        if loop and loop.wants("draft"):
+            action = await _revise_draft(
+                engine, tokenizer, conv, loop, ep, action, p.sampling, spec, budget, f"{p.rid}/{turn}", turn_rewards
+            )
+        result = await ep.step(action)
+        turn_rewards.append(float(result.reward))
+        actions.append(action)
+        last_obs = result.observation
+        if loop:
+            loop.last_action = action
+            loop.transcript += [("agent", action), ("env", result.observation)]
+        if result.done:
+            return "done", bool(result.info.get("success", result.reward > 0)), pending
+        if len(result.observation) > MAX_CHARS_PER_TOKEN * budget:  # cannot fit: not even tokenized
+            return "token_limit", False, pending
+        # The last turn's observation opens the next attempt's message when a retry follows.
+        fits, held = await _add_observation(
+            conv, loop, ep, action, result, budget, last=turn + 1 >= turn_limit, retry_follows=retry_follows
+        )
+        if held is not None:
+            pending = held
+        if not fits:
+            return "token_limit", False, pending
+    return "turn_limit", False, pending
+
+
+def _sampling(tokenizer: Any, spec: RolloutSpec, seed: int | None) -> SamplingSpec:
+    """The episode's sampling: the spec's, stopping at the tokenizer's end of sequence."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return SamplingSpec(
+        max_tokens=spec.max_tokens_per_turn,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        stop_token_ids=(eos,) if eos is not None else (),
+        seed=seed,
+        banned_token_ids=() if spec.allow_special_tokens else banned_action_ids(tokenizer),
+    )
+
+
+async def _retry_prompt(
+    conv: Conversation, loop: CritiqueLoop | None, ep: PoolEpisode, pending: str | None, obs: str, budget: int
+) -> bool:
+    """A retry's opening message: the last attempt's final observation, the critique and the task
+    again, in one message; False when it does not fit the budget."""
+    critique = await loop.ask("retry", loop.last_action, ep) if loop else None
+    mark = len(conv)
+    text = "\n\n".join(t for t in (pending, critique, obs[: MAX_CHARS_PER_TOKEN * budget]) if t)
+    if not conv.add_observation(text, budget - 1 - conv.closing_tokens):
+        return False
+    if critique and loop:
+        loop.mark(mark, len(conv))
+    return True
+
+
+async def _revise_draft(
+    engine: InferenceEngine,
+    tokenizer: Any,  # a transformers tokenizer (encode, decode, apply_chat_template)
+    conv: Conversation,
+    loop: CritiqueLoop,
+    ep: PoolEpisode,
+    action: str,
+    sampling: SamplingSpec,
+    spec: RolloutSpec,
+    budget: int,
+    rid: str,
+    turn_rewards: list[float],
+) -> str:
+    """The action to run after the critic's review of the draft ``action``; returns it."""
+    assert spec.critic is not None  # a draft is revised only with a critic
+    for rnd in range(spec.critic.max_revisions):
+        # The critic reviews the proposal before it runs; on an objection the agent
+        # sees the critique (a masked observation) and proposes again. The draft
+        # stays a sampled turn with reward 0; only the last proposal is executed.
+        critique = await loop.ask("draft", action, ep)
+        mark = len(conv)
+        if critique is None or not conv.add_observation(critique, budget - 1 - conv.closing_tokens):
+            break
+        loop.mark(mark, len(conv))
+        turn_rewards.append(0.0)
+        gen = await engine.generate(
+            f"{rid}/r{rnd}",
+            conv.prompt_ids,
+            replace(
+                sampling, max_tokens=max(1, min(spec.max_tokens_per_turn, budget - len(conv) - conv.closing_tokens))
+            ),
+        )
+        conv.add_agent_turn(gen.token_ids, gen.logprobs, gen.versions)
+        action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    return action
+
+
+async def _add_observation(
+    conv: Conversation,
+    loop: CritiqueLoop | None,
+    ep: PoolEpisode,
+    action: str,
+    result: StepResult,
+    budget: int,
+    *,
+    last: bool,
+    retry_follows: bool,
+) -> tuple[bool, str | None]:
+    """After a step: the env's observation (with the critic's word on a failed step) added for the
+    next turn. Returns (whether it fit, the observation held for a retry's opening message)."""
+    critique = None
+    if loop and loop.wants("after_step") and result.reward <= 0:
+        critique = await loop.ask("after_step", action, ep)
+        if critique:
+            result = replace(result, observation=f"{result.observation}\n\n{critique}")
+    mark = len(conv)
+    fits, held = True, None
+    if not last:
+        # Room for the observation and at least one sampled token plus its closing.
+        if not conv.add_observation(result.observation, budget - 1 - conv.closing_tokens):
+            return False, None
+    elif retry_follows:  # a retry follows: this observation opens its message
+        held = result.observation
+    elif not conv.add_observation(result.observation, budget):
+        # At the turn limit the episode ends in the state the agent would act in next
+        # (the last observation and the generation prompt, masked): PPO reads its
+        # bootstrap value V(s_end) there. No room for it: the token budget ended it.
+        fits = False
+    if critique and loop and len(conv) > mark:
+        loop.mark(mark, len(conv))
+    return fits, held
 
 
 TURN_GRACE_S = 5.0
@@ -321,9 +414,9 @@ def _to_episode(
     success: bool,
     turn_limit: int,
 ) -> Episode:
-    turn_ends: list[int] | np.ndarray
     if conv is None:  # failed before the first observation
-        ids = logps = vers = turn_ends = np.zeros(0)
+        ids = logps = vers = np.zeros(0)
+        turn_ends: list[int] = []
         mask = np.zeros(0, dtype=np.uint8)
     else:
         ids, logps, mask, vers = conv.token_ids, conv.logprobs, conv.loss_mask, conv.versions

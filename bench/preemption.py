@@ -5,7 +5,7 @@ and SIGTERM to exit.
     python bench/preemption.py --modes on                                   # one mode only
 
 For each mode (``actor.handover = false``, then ``true``; back to back, each a fresh run): a real
-learner and two actors (``hf`` engine, the tiny model; agentgym.cli.chaos.Scenario on loopback)
+learner and two actors (``hf`` engine, the tiny model; agentgym.cluster.scenario.Scenario on loopback)
 play long episodes: guess_number over 1..1000 (rarely guessed), ``--turns`` turns of up to
 ``--tokens`` sampled tokens each. ``--preemptions`` times, one actor (started with that mode) gets
 SIGTERM (Slurm's scancel and preemption send it) ``--play-s`` seconds after it joined, while the
@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentgym.cli.chaos import FAST, Scenario
 from agentgym.cluster.netns import Loopback
+from agentgym.cluster.scenario import FAST, Scenario
 from agentgym.models.tiny import make_default_tiny_model
 from agentgym.observe.logs import read_events
 

@@ -276,9 +276,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("/tmp/real_scale"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from agentgym.cli.make_model import make_model
     from agentgym.config.learner import LearnerConfig
     from agentgym.host.allocator import keep_freed_memory
+    from agentgym.models.make import make_model
 
     keep_freed_memory()  # as the actor process (and agentgym's own) does: the bound gets the same allocator
     frame = LearnerConfig().weight_chunk_mib << 20  # the chunks' size: the bound moves the same frames

@@ -65,7 +65,7 @@ def main() -> int:
     import psutil
 
     t0 = time.monotonic()
-    from agentgym.cli.make_model import make_model
+    from agentgym.models.make import make_model
 
     model = args.model_dir if (args.model_dir / "config.json").exists() else make_model(args.arch, args.model_dir)
     print(f"model ready in {time.monotonic() - t0:.0f} s: {model}", flush=True)

@@ -1,6 +1,6 @@
 """Serve a registered env over the AgentGym env-server HTTP API, each env in its own subprocess.
 
-    python -m agentgym.envpool.server guess_number --kwargs '{"high": 8}' --size 4 --port 8000
+    agentgym serve-env guess_number --kwargs '{"high": 8}' --size 4 --port 8000
 
     with EnvServer("sciworld", {}, size=2) as server:     # port 0: a free port on 127.0.0.1
         server.url                                          # "http://127.0.0.1:PORT"
@@ -29,7 +29,6 @@ its handler threads hand each request to the pool's asyncio loop, which runs in 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -354,27 +353,12 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("env_server_request", line=format % args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agentgym.envpool.server", description=__doc__.split("\n")[0])
-    p.add_argument("env", help="registered env name (see `agentgym envs`)")
-    p.add_argument("--kwargs", default="{}", help="the env's options as a JSON object")
-    p.add_argument("--size", type=int, default=4, help="env worker subprocesses (episodes at once)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0 = any free port")
-    p.add_argument("--step-timeout", type=float, default=30, help="seconds an env may take per step")
-    args = p.parse_args(argv)
-    try:
-        kwargs = json.loads(args.kwargs)
-    except ValueError as exc:
-        p.error(f"--kwargs is not JSON: {exc}")
-    if not isinstance(kwargs, dict):
-        p.error(f"--kwargs must be a JSON object, got {args.kwargs}")
-    from agentgym.observe.logs import setup_logging
-
-    setup_logging("env-server")
-    server = EnvServer(args.env, kwargs, args.size, host=args.host, port=args.port, step_timeout_s=args.step_timeout)
+def serve_until_stopped(server: EnvServer) -> int:
+    """Start ``server``, print where it serves, and serve until Ctrl-C or SIGTERM; returns the exit
+    code. The command (``agentgym serve-env``, agentgym/cli/serve_env.py) builds the server and
+    calls this."""
     server.start()
-    print(f"serving {args.env} on {server.url}", flush=True)
+    print(f"serving {server.env_name} on {server.url}", flush=True)
     # Ctrl-C and SIGTERM stop the server, even when started with SIGINT ignored (a background
     # job of a non-interactive shell inherits SIG_IGN and Python then installs no handler).
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -390,4 +374,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # ``python -m agentgym.envpool.server ENV ...`` is ``agentgym serve-env ENV ...``: run as that
+    # command (same process, same flags) rather than import the CLI into envpool.
+    import os
+    import sys
+
+    os.execv(sys.executable, [sys.executable, "-m", "agentgym.cli", "serve-env", *sys.argv[1:]])

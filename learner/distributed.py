@@ -410,7 +410,7 @@ def start_ranks(cfg: Config, build: BuildTrainer) -> DataParallel:
 def run_worker(cfg: Config, build: BuildTrainer, signals: RankSignals | None = None) -> int:
     """A rank > 0 started the torchrun way (``agentgym-learner`` with RANK > 0): join the group,
     make the trainer with ``build`` and run rank 0's commands until it stops; 0 when stopped by rank 0.
-    ``signals``: its stop signals, taken over as it started (learner/main.py)."""
+    ``signals``: its stop signals, taken over as it started (agentgym/cli/learner.py)."""
     le = launch_env()
     if le is None or le.rank == 0:
         raise RuntimeError("run_worker: RANK > 0 and WORLD_SIZE must be set (a learner worker rank)")

@@ -97,6 +97,27 @@ def truncated_weights(ratio: Tensor, cap: float | None, reject_above: float | No
     return w if reject_above is None else torch.where(ratio > reject_above, 0.0, w)
 
 
+def _check_ppo_bounds(
+    clip_low: float,
+    clip_high: float,
+    behav_weight_cap: float | None,
+    behav_reject_above: float | None,
+    dual_clip: float | None,
+) -> None:
+    """``ValueError`` naming the first of ``decoupled_ppo_loss``'s bounds that is out of range."""
+    if not 0 <= clip_low < 1 or not clip_high >= 0:
+        raise ValueError(
+            f"clip range must satisfy 0 <= clip_low < 1 and clip_high >= 0, got "
+            f"clip_low={clip_low} clip_high={clip_high}"
+        )
+    if behav_weight_cap is not None and not behav_weight_cap > 0:
+        raise ValueError(f"behav_weight_cap must be > 0 or None, got {behav_weight_cap}")
+    if behav_reject_above is not None and not behav_reject_above > 0:
+        raise ValueError(f"behav_reject_above must be > 0 or None, got {behav_reject_above}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip}")
+
+
 def decoupled_ppo_loss(
     logp: Tensor,
     prox_logp: Tensor,
@@ -160,17 +181,7 @@ def decoupled_ppo_loss(
         advantages=advantages,
         loss_mask=loss_mask,
     )
-    if not 0 <= clip_low < 1 or not clip_high >= 0:
-        raise ValueError(
-            f"clip range must satisfy 0 <= clip_low < 1 and clip_high >= 0, got "
-            f"clip_low={clip_low} clip_high={clip_high}"
-        )
-    if behav_weight_cap is not None and not behav_weight_cap > 0:
-        raise ValueError(f"behav_weight_cap must be > 0 or None, got {behav_weight_cap}")
-    if behav_reject_above is not None and not behav_reject_above > 0:
-        raise ValueError(f"behav_reject_above must be > 0 or None, got {behav_reject_above}")
-    if dual_clip is not None and not dual_clip > 1:
-        raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip}")
+    _check_ppo_bounds(clip_low, clip_high, behav_weight_cap, behav_reject_above, dual_clip)
     keep = loss_mask != 0
     # Select before any arithmetic so that garbage in padding can't become NaN in value or gradient.
     logp = torch.where(keep, logp, 0.0)

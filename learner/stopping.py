@@ -15,7 +15,7 @@ the ``interrupted`` checkpoint and writes summary.json (learner/service.py). Lat
 and change nothing. With several data-parallel ranks, a rank > 0 that gets a signal asks rank 0
 to stop (learner/distributed.py, ``RankSignals``): rank 0 acts on it as on its own signal
 (``request``), so a signal to any rank ends the run the same way. The receiver stays open until the learner's work is done, and
-learner/main.py holds both signals (agentgym/host/early_signals.py) before it opens and after it
+agentgym/cli/learner.py holds both signals (agentgym/host/early_signals.py) before it opens and after it
 closes, so no signal reaches Python's default action (which would kill the process mid-checkpoint).
 """
 

@@ -356,35 +356,7 @@ class Trainer(TrainerState):
 
         # Advantages on the whole batch: identical on every rank.
         agent = b.loss_mask != 0
-        bootstrap = None
-        if self.value_head is not None:
-            cut = b.truncated if lc.truncation == "bootstrap" else torch.zeros_like(b.truncated)
-            bootstrap = bootstrap_values(pre["last_value"], cut)
-        kl_prox = kl_penalty(pre["prox"], pre["ref"], lc.kl_estimator) if kl_reward else None
-        adv, returns = compute_advantages(
-            lc.algorithm,
-            b,
-            kl=kl_prox,
-            kl_coef=lc.kl_coef,
-            std_normalize=lc.std_normalize,
-            gamma=lc.gamma,
-            lam=lc.gae_lambda,
-            values=pre.get("values"),
-            bootstrap=bootstrap,
-            whiten=lc.whiten_advantages,
-            baseline=lc.baseline,
-            turn_discount=lc.turn_discount,
-            step_weight=lc.step_advantage_weight,
-        )
-        weights = b.loss_mask * self.staleness_rule.token_weights(b.versions, self.version).to(b.loss_mask.dtype)
-        keep = weights != 0
-        if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
-            ratio = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)
-            adv = importance_recentred(
-                adv, weights * truncated_weights(ratio, lc.tis_cap, lc.tis_reject_above), b.group_index
-            )
-        if lc.negative_advantage_scale != 1.0:  # last: on the advantages the loss reads, baselines and all
-            adv = torch.where(adv < 0, adv * lc.negative_advantage_scale, adv)
+        adv, returns, weights, keep = self._advantages(b, pre, kl_reward=kl_reward, recentre=recentre)
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
 
         sums = {
@@ -482,19 +454,7 @@ class Trainer(TrainerState):
                 sums["padded"] += rows.numel() * L
                 sums["forward"] += packed.packed_tokens if packed is not None else int(b.lengths[rows].sum())
                 sums["micro"] += 1
-            if not self.fsdp:  # fsdp has summed them (reduce-scatter) in each backward
-                self.dp.all_reduce_grads(self.params)
-            gns = [torch.nn.utils.clip_grad_norm_(ps, lc.max_grad_norm) for ps in self.clip_sets]
-            grad_norms.append([float(gn.full_tensor() if isinstance(gn, DTensor) else gn) for gn in gns])
-            # An exactly zero gradient (every advantage 0 and no other term) must not move the
-            # weights, which AdamW's momentum would: the step runs at lr 0 (its moments and count
-            # advance as in any step, so a run whose first batches carry nothing keeps its course).
-            # The one place the optimizer's lr is set (the schedule's, times a group's lr_scale).
-            moved = any(grad_norms[-1])
-            for g in self.optimizer.param_groups:
-                g["lr"] = lr * g.get("lr_scale", 1.0) if moved else 0.0
-            self.optimizer.step()
-            stepped += moved
+            stepped += self._optimizer_step(lr, grad_norms)
             first_epoch.discard(int(mb[0]))
         self.optimizer.zero_grad(set_to_none=True)
         keys = list(sums)
@@ -504,14 +464,92 @@ class Trainer(TrainerState):
 
         staleness = (self.version - b.versions[agent]).float()
         self.step += 1
+        return self._step_metrics(
+            b, tot, w_max_all, grad_norms, stepped, lr, adv, returns, weights, agent, staleness, pre, row_kl, t0
+        )
+
+    def _advantages(
+        self, b: Batch, pre: dict[str, torch.Tensor], *, kl_reward: bool, recentre: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """The batch's advantages (and returns, with a critic), each token's staleness weight and
+        whether it trains at all: (adv, returns, weights, keep)."""
+        lc = self.cfg.learner
+        bootstrap = None
+        if self.value_head is not None:
+            cut = b.truncated if lc.truncation == "bootstrap" else torch.zeros_like(b.truncated)
+            bootstrap = bootstrap_values(pre["last_value"], cut)
+        kl_prox = kl_penalty(pre["prox"], pre["ref"], lc.kl_estimator) if kl_reward else None
+        adv, returns = compute_advantages(
+            lc.algorithm,
+            b,
+            kl=kl_prox,
+            kl_coef=lc.kl_coef,
+            std_normalize=lc.std_normalize,
+            gamma=lc.gamma,
+            lam=lc.gae_lambda,
+            values=pre.get("values"),
+            bootstrap=bootstrap,
+            whiten=lc.whiten_advantages,
+            baseline=lc.baseline,
+            turn_discount=lc.turn_discount,
+            step_weight=lc.step_advantage_weight,
+        )
+        weights = b.loss_mask * self.staleness_rule.token_weights(b.versions, self.version).to(b.loss_mask.dtype)
+        keep = weights != 0
+        if recentre:  # stale rows: the group baseline under pi_prox (learner/advantages.py)
+            ratio = torch.where(keep, torch.exp(pre["prox"] - b.behav_logp), 0.0)
+            adv = importance_recentred(
+                adv, weights * truncated_weights(ratio, lc.tis_cap, lc.tis_reject_above), b.group_index
+            )
+        if lc.negative_advantage_scale != 1.0:  # last: on the advantages the loss reads, baselines and all
+            adv = torch.where(adv < 0, adv * lc.negative_advantage_scale, adv)
+        return adv, returns, weights, keep
+
+    def _optimizer_step(self, lr: float, grad_norms: list[list[float]]) -> bool:
+        """One optimizer step on the summed gradients, its gradient norms appended to ``grad_norms``;
+        whether the weights moved."""
+        lc = self.cfg.learner
+        if not self.fsdp:  # fsdp has summed them (reduce-scatter) in each backward
+            self.dp.all_reduce_grads(self.params)
+        gns = [torch.nn.utils.clip_grad_norm_(ps, lc.max_grad_norm) for ps in self.clip_sets]
+        grad_norms.append([float(gn.full_tensor() if isinstance(gn, DTensor) else gn) for gn in gns])
+        # An exactly zero gradient (every advantage 0 and no other term) must not move the
+        # weights, which AdamW's momentum would: the step runs at lr 0 (its moments and count
+        # advance as in any step, so a run whose first batches carry nothing keeps its course).
+        # The one place the optimizer's lr is set (the schedule's, times a group's lr_scale).
+        moved = any(grad_norms[-1])
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr * g.get("lr_scale", 1.0) if moved else 0.0
+        self.optimizer.step()
+        return moved
+
+    def _step_metrics(
+        self,
+        b: Batch,
+        tot: dict[str, float],
+        w_max: float,
+        grad_norms: list[list[float]],
+        stepped: int,
+        lr: float,
+        adv: torch.Tensor,
+        returns: torch.Tensor | None,
+        weights: torch.Tensor,
+        agent: torch.Tensor,
+        staleness: torch.Tensor,
+        pre: dict[str, torch.Tensor],
+        row_kl: torch.Tensor,
+        t0: float,
+    ) -> dict[str, float]:
+        """The step's metrics record (the row KL reduced across ranks here, as every rank adds its rows)."""
+        lc, B = self.cfg.learner, b.size
         n_tok = max(tot["tokens"], 1.0)
         steps = max(len(grad_norms), 1)
-        out = {k: tot[k] / n_tok for k in _TOKEN_METRICS}
+        out: dict[str, Any] = {k: tot[k] / n_tok for k in _TOKEN_METRICS}  # floats, and one list per group
         out.update(
             loss=tot["loss"] / steps,
             pg_loss=tot["pg_loss"] / steps,
             entropy=tot["entropy"] / n_tok,
-            is_weight_max=w_max_all,
+            is_weight_max=w_max,
             grad_norm=float(np.mean([g[0] for g in grad_norms])) if grad_norms else 0.0,
             optimizer_steps=float(stepped),
             lr=lr,

@@ -7,7 +7,8 @@ import-linter reads a package from its directory, and agentgym's roles live in t
 folders that are installed under the ``agentgym`` namespace (``[tool.setuptools.package-dir]``;
 docs/adr/0001-import-names.md). So the script lays the installed tree out in a temporary
 directory, the ``.py`` files of each folder where the package-dir mapping puts them, and checks
-that tree: the graph is the one the installed package has.
+that tree: the graph is the one the installed package has, plus bench/ and scripts/ as
+packages of their own.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ def lay_out(dest: Path) -> None:
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     for package, folder in sorted(tool["package-dir"].items(), key=lambda kv: kv[0].count(".")):
         shutil.copytree(REPO / folder, dest / package.replace(".", "/"), ignore=skip, dirs_exist_ok=True)
+    # bench/ and scripts/ are folders of scripts, not packages: laid out as packages ``bench`` and
+    # ``scripts`` so the contracts can name them as importers (their imports of each other's
+    # files by bare name show as outside packages, which no contract names).
+    for folder in ("bench", "scripts"):
+        shutil.copytree(
+            REPO / folder,
+            dest / folder,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.sh", "*.txt", "slurm"),
+        )
+        (dest / folder / "__init__.py").touch()
 
 
 def main() -> int:

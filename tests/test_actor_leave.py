@@ -1,5 +1,5 @@
 """Asking an actor to leave from the learner's side, and leaving without hand-over: real learner
-and actor processes on loopback (agentgym.cli.chaos.Scenario), real sockets, the real CLI.
+and actor processes on loopback (agentgym.cluster.scenario.Scenario), real sockets, the real CLI.
 
   - ``agentgym actors leave ID --run RUN_DIR`` for an id the learner does not know exits 1 and
     names the registered actors;
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from netns import Loopback
 
-from agentgym.cli.chaos import FAST, Scenario
+from agentgym.cluster.scenario import FAST, Scenario
 from agentgym.models.tiny import make_default_tiny_model
 
 LONG = [

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.cli.chaos import trained_on
+from agentgym.cluster.scenario import trained_on
 from agentgym.host.netutil import free_port_pair
 from agentgym.models.tiny import FALLBACK_CORPUS, default_corpus, make_default_tiny_model, make_tiny_model
 

@@ -25,9 +25,9 @@ torch = pytest.importorskip("torch")
 from engine_fixtures import RecordingEngine  # noqa: E402
 
 from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
+from agentgym.cli.args import preflight  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
-from agentgym.config.args import preflight  # noqa: E402
 from agentgym.envpool.envs.verifiers_env import PROGRAM  # noqa: E402
 from agentgym.envpool.registry import EnvOptionsError, check_env, known_envs, resolve_env  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402

@@ -1,4 +1,4 @@
-"""Hand-over across processes: a real learner and actors (agentgym.cli.chaos.Scenario on loopback),
+"""Hand-over across processes: a real learner and actors (agentgym.cluster.scenario.Scenario on loopback),
 episodes of 12 turns (guess_number over 1..1000), the first actor SIGTERMed mid-run.
 
 Asserted: the actor exits 0 after sending its live episodes in its Leave; a second actor takes
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from netns import Loopback
 
-from agentgym.cli.chaos import FAST, Scenario
+from agentgym.cluster.scenario import FAST, Scenario
 from agentgym.models.tiny import make_default_tiny_model
 
 LONG = [

@@ -1,7 +1,7 @@
 """Across hosts, for real: a learner and actors in separate network namespaces (tests/netns.py),
 real ``agentgym-learner``/``agentgym-actor`` processes, the quickstart tiny model.
 
-One run, driven by ``agentgym.cli.chaos.Scenario``:
+One run, driven by ``agentgym.cluster.scenario.Scenario``:
   - actors start from another working directory with only ``--learner tcp://10.231.x.1:5555``
     (no --model, no config): they take the learner's model path from its Welcome;
   - one actor's link is cut for longer than ``learner.actor_timeout_s``, then restored: the
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from netns import Cluster, Loopback, netns_unavailable
 
-from agentgym.cli.chaos import FAST, Scenario
+from agentgym.cluster.scenario import FAST, Scenario
 from agentgym.models.tiny import make_default_tiny_model
 
 AFTER_RESUME = 30

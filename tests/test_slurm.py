@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from slurm_cluster import SlurmCluster, SlurmUnavailable, slurm_unavailable
 
-from agentgym.cli.chaos import FAST
+from agentgym.cluster.scenario import FAST
 from agentgym.models.tiny import make_default_tiny_model
 from agentgym.observe.logs import read_events
 

@@ -274,7 +274,7 @@ def test_a_stop_signal_to_any_learner_rank_stops_every_rank_cleanly(fallback_mod
     _check_stopped(run_dir, "learner rank 1 got SIGTERM")
 
 
-def _launcher_events(run_dir: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+def _launcher_events(run_dir: Path, name: str) -> list[dict]:
     path = run_dir / "logs" / "launcher.jsonl"
     return read_events(path, name) if path.exists() else []
 

@@ -187,7 +187,7 @@ def test_any_mutated_rollout_is_refused_or_judged_never_an_exception(
     except ProtocolError:
         return  # refused by the protocol layer: it never reaches the learner
     before = sum(ln.control.guard.invalid.values())
-    ln.control.on_rollout(b"a", r)  # type: ignore[arg-type]
+    ln.control.on_rollout(b"a", r)
     status = ln.hub.last_status()
     if status == "invalid":
         assert sum(ln.control.guard.invalid.values()) == before + 1  # counted under a reason

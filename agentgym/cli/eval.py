@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from agentgym.config.args import add_config_args, resolve_config
+from agentgym.cli.args import add_config_args, resolve_config
 from agentgym.observe.eval_metrics import episode_seed, summarize
 
 

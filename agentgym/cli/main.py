@@ -11,6 +11,7 @@ agentgym chaos [--minutes M] [--seed S]                       train under random
 agentgym make-model --arch ARCH DIR                           a random model of a real shape
 agentgym slurm --run-dir DIR [--config F] [-o ...]            a run as the steps of a Slurm job (slurm.py)
 agentgym actors leave ACTOR_ID --run RUN_DIR                  ask one actor to leave; it hands its episodes over
+agentgym serve-env ENV [--kwargs JSON] [--port P]             an env over the AgentGym env-server HTTP API
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from agentgym.cli import bench as cmd_bench
 from agentgym.cli import keys as cmd_keys
-from agentgym.config.args import add_config_args, preflight, resolve_config
+from agentgym.cli.args import add_config_args, preflight, resolve_config
 
 
 def _version() -> str:
@@ -41,7 +43,7 @@ class _VersionAction(argparse.Action):
     """``--version``, with the versions looked up only when asked (the protocol import is not free)."""
 
     def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kw.get("help"))  # type: ignore[arg-type]  # argparse passes help as a str
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kw.get("help"))
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
         print(_version())
@@ -60,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _main(argv: list[str] | None = None) -> int:
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+    """The ``agentgym`` parser, and the subcommands that live in a module of their own (each adds
+    its parser and runs its args)."""
     p = argparse.ArgumentParser(prog="agentgym", description="Asynchronous actor-learner RL for LLM agents.")
     p.add_argument("--version", action=_VersionAction, help="print the package and wire protocol versions and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -114,10 +118,11 @@ def _main(argv: list[str] | None = None) -> int:
     from agentgym.cli import chaos as cmd_chaos
     from agentgym.cli import eval as cmd_eval
     from agentgym.cli import make_model as cmd_make_model
+    from agentgym.cli import serve_env as cmd_serve_env
     from agentgym.cli import slurm
 
     # Subcommands that live in a module of their own: each adds its parser and runs its args.
-    modules = {
+    modules: dict[str, ModuleType] = {
         "bench": cmd_bench,
         "keys": cmd_keys,
         "chaos": cmd_chaos,
@@ -125,44 +130,65 @@ def _main(argv: list[str] | None = None) -> int:
         "eval": cmd_eval,
         "slurm": slurm,
         "actors": cmd_actors,
+        "serve-env": cmd_serve_env,
     }
     for module in modules.values():
         module.add_parser(sub)
+    return p, modules
+
+
+def _main(argv: list[str] | None = None) -> int:
+    p, modules = _parser()
     args = p.parse_args(argv)
     if args.cmd in modules:
         return modules[args.cmd].run(args)
     if args.cmd == "view":
-        from agentgym.observe.viewer import write_page
-
-        try:
-            out = write_page(args.run_dir, args.out, args.limit)
-        except (FileNotFoundError, ValueError) as exc:
-            print(exc, file=sys.stderr)
-            return 2
-        print(out)
-        return 0
-
+        return _view(args)
     if args.cmd == "envs":
-        from agentgym.envpool.registry import describe_envs
-
-        rows = describe_envs()
-        width = max(len(n) for n, *_ in rows)
-        for name, what, needs, test_only in rows:
-            tag = " [test-only]" if test_only else ""
-            print(f"{name:<{width}}  {what}{tag}" + (f"; needs {needs}" if needs != "-" else ""))
-        return 0
+        return _envs()
     if args.cmd == "config":
-        from agentgym.config import to_toml
+        return _config(args)
+    return _train(args)
 
-        if args.explain:
-            from agentgym.cli.explain import explain
-            from agentgym.config import Config
 
-            print(explain(Config))
-            return 0
-        print(to_toml(resolve_config(args, []), unset=True))
+def _view(args: argparse.Namespace) -> int:
+    from agentgym.observe.viewer import write_page
+
+    try:
+        out = write_page(args.run_dir, args.out, args.limit)
+    except (FileNotFoundError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+def _envs() -> int:
+    from agentgym.envpool.registry import describe_envs
+
+    rows = describe_envs()
+    width = max(len(n) for n, *_ in rows)
+    for name, what, needs, test_only in rows:
+        tag = " [test-only]" if test_only else ""
+        print(f"{name:<{width}}  {what}{tag}" + (f"; needs {needs}" if needs != "-" else ""))
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from agentgym.config import to_toml
+
+    if args.explain:
+        from agentgym.cli.explain import explain
+        from agentgym.config import Config
+
+        print(explain(Config))
         return 0
+    print(to_toml(resolve_config(args, []), unset=True))
+    return 0
 
+
+def _train(args: argparse.Namespace) -> int:
+    """``agentgym train``: the resolved, checked config, then the launcher."""
     flags = []
     if args.max_steps is not None:
         flags.append(f"run.max_steps={args.max_steps}")

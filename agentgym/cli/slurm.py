@@ -124,7 +124,7 @@ def layout_from_env(env: dict[str, str] | os._Environ[str], port: int | None = N
 def step_gpus(cfg: object) -> tuple[int, int]:
     """(GPUs for the learner's step, GPUs per actor task) from the config (``launch.slurm_*_gpus``,
     else from the devices): none for a CPU run."""
-    la, lc, ac = cfg.launch, cfg.learner, cfg.actor  # type: ignore[attr-defined]  # cfg: a Config, typed object here
+    la, lc, ac = cfg.launch, cfg.learner, cfg.actor
     learner = la.slurm_learner_gpus if la.slurm_learner_gpus is not None else (lc.dp_size if lc.device == "cuda" else 0)
     actor = la.slurm_actor_gpus if la.slurm_actor_gpus is not None else (1 if ac.device == "cuda" else 0)
     return learner, actor
@@ -331,7 +331,7 @@ class Job:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from agentgym.config.args import add_config_args
+    from agentgym.cli.args import add_config_args
 
     s = sub.add_parser(
         "slurm",
@@ -391,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = ["--config", str(args.config)] if args.config else []
     common = [*config, *[a for o in args.override for a in ("-o", o)]]
-    from agentgym.config.args import resolve_config
+    from agentgym.cli.args import resolve_config
     from agentgym.models.base import ensure_model
 
     cfg = resolve_config(args, [])  # a bad key or value exits 2 here, before any step

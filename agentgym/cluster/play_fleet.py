@@ -25,8 +25,45 @@ import signal
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from agentgym.actors.engine import Generation
+    from agentgym.protocol import Episode
+
+
+def _sim_episode(gen: Generation, prompt_len: int, vocab: int, rng: random.Random, turn_limit: int) -> Episode:
+    """One simulated episode: ``prompt_len`` random prompt tokens (loss mask 0), then the engine's
+    turn ``gen`` with its logprobs and weight versions, and a random 0/1 reward."""
+    from agentgym.protocol import Episode
+
+    prompt = np.array([rng.randrange(vocab) for _ in range(prompt_len)], np.int32)
+    ids = np.concatenate([prompt, np.array(gen.token_ids, np.int32)])
+    n, p = ids.size, prompt_len
+    reward = float(rng.random() < 0.5)
+    return Episode(
+        token_ids=ids.tobytes(),
+        logprobs=np.r_[np.zeros(p), gen.logprobs].astype(np.float32).tobytes(),
+        loss_mask=np.r_[np.zeros(p), np.ones(n - p)].astype(np.uint8).tobytes(),
+        versions=np.r_[np.full(p, -1), gen.versions].astype(np.int32).tobytes(),
+        turn_ends=np.array([n], np.int32).tobytes(),
+        turn_rewards=np.array([reward], np.float32).tobytes(),
+        reward=reward,
+        success=reward > 0,
+        finish="done",
+        turn_limit=turn_limit,
+    )
+
+
+async def _write_counts(counts: Counter, out: Path) -> None:
+    """``counts`` to ``out`` every second, so a bench can take rates over a window."""
+    while True:
+        await asyncio.sleep(1.0)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(counts)))
+        tmp.replace(out)
 
 
 async def run_fleet(args: argparse.Namespace) -> Counter:
@@ -36,7 +73,7 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
     from agentgym.actors.sim_engine import SimEngine
     from agentgym.actors.transport import ControlLink
     from agentgym.config import model_fingerprint
-    from agentgym.protocol import Ack, Episode, Grant, Heartbeat, Hello, Leave, Rollout, Shutdown, WeightsReady
+    from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Leave, Rollout, Shutdown, WeightsReady
 
     fingerprint = model_fingerprint(Path(args.model))
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
@@ -69,22 +106,7 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
             gen = await engine.generate(
                 f"{ticket.group_id}/{k}/{next(serial)}", [1] * args.prompt, SamplingSpec(max_tokens=max(1, spec_max))
             )
-            prompt = np.array([rng.randrange(vocab) for _ in range(args.prompt)], np.int32)
-            ids = np.concatenate([prompt, np.array(gen.token_ids, np.int32)])
-            n, p = ids.size, args.prompt
-            reward = float(rng.random() < 0.5)
-            return Episode(
-                token_ids=ids.tobytes(),
-                logprobs=np.r_[np.zeros(p), gen.logprobs].astype(np.float32).tobytes(),
-                loss_mask=np.r_[np.zeros(p), np.ones(n - p)].astype(np.uint8).tobytes(),
-                versions=np.r_[np.full(p, -1), gen.versions].astype(np.int32).tobytes(),
-                turn_ends=np.array([n], np.int32).tobytes(),
-                turn_rewards=np.array([reward], np.float32).tobytes(),
-                reward=reward,
-                success=reward > 0,
-                finish="done",
-                turn_limit=turn_limit,
-            )
+            return _sim_episode(gen, args.prompt, vocab, rng, turn_limit)
 
         async def play(ticket) -> None:
             eps = await asyncio.gather(*(episode(ticket, k) for k in range(welcome.rollout.group_size)))
@@ -145,15 +167,8 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
             await engine.close()
             link.close()
 
-    async def write_counts() -> None:  # every second, so a bench can take rates over a window
-        while True:
-            await asyncio.sleep(1.0)
-            tmp = args.out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(dict(counts)))
-            tmp.replace(args.out)
-
     loop = asyncio.get_running_loop()
-    writer = asyncio.create_task(write_counts())
+    writer = asyncio.create_task(_write_counts(counts, args.out))
     main = asyncio.gather(*(one(i) for i in range(args.count)))
     loop.add_signal_handler(signal.SIGTERM, main.cancel)
     try:

@@ -36,20 +36,18 @@ keys a non-loopback bind is refused unless ``--insecure``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from agentgym.auth.keys import ClientKeys, KeyFileError, apply_client, load_keypair, load_public
+from agentgym.auth.keys import ClientKeys, apply_client
 from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode
 from agentgym.protocol.limits import DEFAULT_CHUNK_MIB, REQUEST_FRAME, chunk_frame
 from agentgym.protocol.weights import verify_chunk
@@ -90,8 +88,8 @@ class Relay:
         if server_keys is not None:
             from agentgym.auth.server import make_server, start_authenticator
 
-            self.auth, self.allow = start_authenticator(self.ctx, server_keys)  # type: ignore[arg-type]  # a ServerKeys, typed object here
-            make_server(self.down, server_keys)  # type: ignore[arg-type]  # a ServerKeys, typed object here
+            self.auth, self.allow = start_authenticator(self.ctx, server_keys)
+            make_server(self.down, server_keys)
         self.down_events = self.down.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.down.bind(bind)
         self.at = 0
@@ -155,7 +153,7 @@ class Relay:
             if len(waiters) == 1:  # the first to want it: ask upstream once for all of them
                 self.backlog.append(key)
 
-    def _send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
+    def _send(self, peer: bytes, frames: list[bytes]) -> None:
         try:
             self.down.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -330,91 +328,16 @@ class Relay:
         self.ctx.term()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="agentgym-relay", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
-    p.add_argument("--bind", default="tcp://127.0.0.1:5560", help="where actors (or child relays) connect")
-    p.add_argument(
-        "--upstream",
-        action="append",
-        required=True,
-        help="the learner's weights address tcp://HOST:PORT+1, or another relay's; repeat for fallbacks, in order",
-    )
-    p.add_argument(
-        "--upstream-key",
-        action="append",
-        type=Path,
-        default=[],
-        help="CURVE: each upstream's public key file, in the order of --upstream",
-    )
-    p.add_argument(
-        "--secret-key", type=Path, help="CURVE: this relay's key pair file (an actor pair: see `agentgym keys`)"
-    )
-    p.add_argument("--authorized-keys", type=Path, help="CURVE: directory of the public keys this relay serves")
-    p.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without CURVE keys")
-    p.add_argument("--stall", type=float, default=5.0, help="seconds of upstream silence before the next upstream")
-    p.add_argument("--keep", type=int, default=2, help="versions kept in the cache")
-    p.add_argument(
-        "--chunk-mib",
-        type=int,
-        default=DEFAULT_CHUNK_MIB,
-        help="the learner's learner.weight_chunk_mib: frames from upstream are refused past it (plus 1 MiB)",
-    )
-    p.add_argument(
-        "--stats", type=Path, help="write the relay's counters here (JSON) every --stats-every s and on exit"
-    )
-    p.add_argument("--stats-every", type=float, default=10.0, help="seconds between counter writes (and debug logs)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-json", type=Path, help="JSON log file")
-    args = p.parse_args(argv)
-    from agentgym.config.sections import check_tcp
-
-    try:  # one line naming the flag, not zmq's "Invalid argument" from bind or connect
-        check_tcp(args.bind, "--bind")
-        for up in args.upstream:
-            check_tcp(up, "--upstream")
-    except ValueError as exc:
-        print(f"agentgym-relay: {exc}", file=sys.stderr)
-        return 2
-
-    from agentgym.auth.server import InsecureBind, ServerKeys, check_bind
-    from agentgym.host.allocator import keep_freed_memory
-    from agentgym.observe.logs import setup_logging
-
-    keep_freed_memory()  # weight frames of one version freed are reused for the next's, as in actors
-    setup_logging("relay", args.log_json, args.log_level)
-    try:
-        up_keys: list[ClientKeys | None] = [None] * len(args.upstream)
-        if args.upstream_key:
-            if args.secret_key is None or len(args.upstream_key) != len(args.upstream):
-                raise KeyFileError("relay: --upstream-key needs --secret-key and one key per --upstream")
-            public, secret = load_keypair(args.secret_key)
-            up_keys = [ClientKeys(public, secret, load_public(k)) for k in args.upstream_key]
-        server = ServerKeys.load(args.secret_key, args.authorized_keys) if args.authorized_keys else None
-        try:
-            check_bind(args.bind, server, args.insecure)
-        except InsecureBind:
-            raise InsecureBind(
-                f"--bind {args.bind} is reachable from other hosts but the relay has no CURVE keys: anyone who "
-                "reaches it could download the weights. Give it --secret-key and --authorized-keys, or accept the "
-                "risk with --insecure"
-            ) from None
-        relay = Relay(
-            args.bind,
-            args.upstream,
-            upstream_keys=up_keys,
-            server_keys=server,
-            stall_s=args.stall,
-            keep=args.keep,
-            chunk_mib=args.chunk_mib,
-        )
-    except (KeyFileError, InsecureBind, ValueError, zmq.ZMQError) as exc:
-        print(f"agentgym-relay: {exc}", file=sys.stderr)
-        return 2
+def run_relay(relay: Relay, stats_path: Path | None = None, stats_every_s: float = 10.0) -> int:
+    """Serve until SIGINT or SIGTERM; returns the exit code. The command (``agentgym-relay``,
+    agentgym/cli/relay.py) parses its flags, builds the ``Relay`` and calls this."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: setattr(relay, "running", False))
-    relay.run(args.stats, args.stats_every)
+    relay.run(stats_path, stats_every_s)
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # ``python -m agentgym.cluster.relay``: the same command, kept for its many users
+    from agentgym.cli.relay import main
+
     sys.exit(main())

@@ -61,6 +61,11 @@ class Config(Section):
             raise ValueError(f"schedule.envs: {unknown} not among the run's environments {names}")
         return self
 
+    def to_toml(self, unset: bool = False) -> str:
+        """This config as TOML (``to_toml`` below); the metric sinks record it through this method,
+        so agentgym/observe needs no import of the config package."""
+        return to_toml(self, unset)
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key and the source."""

@@ -3,7 +3,7 @@
     from agentgym.models.tiny import make_tiny_model
     make_tiny_model(Path("models/tiny"), corpus=texts, seed=0)
 
-    python scripts/make_tiny_model.py --out models/tiny --seed 0     # or: python -m agentgym.models.tiny
+    python scripts/make_tiny_model.py --out models/tiny --seed 0     # or: agentgym make-model --arch tiny DIR
 
 The result is an ordinary Hugging Face model directory (``config.json``, ``model.safetensors``,
 ``generation_config.json``, tokenizer files with a ChatML chat template) that
@@ -22,7 +22,6 @@ ASCII, newline and tab; text in that alphabet round-trips exactly, other bytes a
 
 from __future__ import annotations
 
-import argparse
 import string
 from pathlib import Path
 
@@ -168,35 +167,3 @@ def default_corpus() -> list[str]:
 def make_default_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     """The quickstart's model: the default sizes, a tokenizer trained on ``default_corpus()``."""
     return make_tiny_model(out_dir, corpus=default_corpus() + FALLBACK_CORPUS, seed=seed)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Write a tiny random Qwen2-style HF model directory.")
-    p.add_argument("--out", type=Path, default=Path("models/tiny"), help="output directory")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--kv-heads", type=int, default=1)
-    p.add_argument("--intermediate-size", type=int, default=192)
-    p.add_argument("--vocab-size", type=int, default=192, help="upper bound on the vocabulary")
-    p.add_argument("--max-position", type=int, default=2048)
-    args = p.parse_args(argv)
-    out = make_tiny_model(
-        args.out,
-        corpus=default_corpus() + FALLBACK_CORPUS,
-        seed=args.seed,
-        hidden_size=args.hidden_size,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        num_kv_heads=args.kv_heads,
-        intermediate_size=args.intermediate_size,
-        vocab_size=args.vocab_size,
-        max_position=args.max_position,
-    )
-    print(out)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

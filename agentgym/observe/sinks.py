@@ -80,10 +80,8 @@ class _TensorBoard:
             ) from exc
         self.w = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         if cfg is not None:
-            from agentgym.config import to_toml
-
             # TensorBoard's text tab renders markdown: indented lines show as a code block.
-            self.w.add_text("config", "\n".join("    " + line for line in to_toml(cfg).splitlines()), 0)
+            self.w.add_text("config", "\n".join("    " + line for line in cfg.to_toml().splitlines()), 0)
 
     def write(self, prefix: str, step: int, values: dict[str, float]) -> None:
         for k, v in values.items():

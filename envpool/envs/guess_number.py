@@ -147,7 +147,7 @@ class GuessNumber(Env):
         self.targets = split_targets(low, high) if held_out == "targets" else None
         if self.targets is not None and not all(self.targets.values()):
             raise ValueError(
-                f"guess_number: held_out 'targets' needs a range of at least 4 numbers, got {low} to {high}"
+                f"guess_number: held_out 'targets' needs a range of at least 3 numbers, got {low} to {high}"
             )
         self.low, self.high = low, high
         self.step_latency_s, self.latency_sigma = float(step_latency_s), float(latency_sigma)

@@ -56,6 +56,46 @@ async def _add_checked(asm: Assembler, msg: WeightChunk, data: memoryview) -> No
         await crc
 
 
+class _Sources:
+    """The sources of one ``fetch_weights``, best first, and the dealer socket open to the current one."""
+
+    def __init__(
+        self, ctx: zmq.asyncio.Context, addrs: list[str], keys: list[ClientKeys | None], max_frame: int | None
+    ) -> None:
+        self.ctx, self.addrs, self.keys, self.max_frame = ctx, addrs, keys, max_frame
+        self.at = 0
+        self.sock = _dealer(ctx, addrs[0], keys[0], max_frame)
+
+    @property
+    def last(self) -> bool:
+        return self.at == len(self.addrs) - 1
+
+    def reconnect(self, skip: int) -> None:
+        """Closes the socket and opens a fresh one to the source ``skip`` places further on."""
+        self.sock.close(linger=0)
+        self.at += skip
+        self.sock = _dealer(self.ctx, self.addrs[self.at], self.keys[self.at], self.max_frame)
+
+    def leave_stalled(self, version: int, done: int, total: int, *, timeout_s: float, stall_s: float) -> None:
+        """The current source sent nothing in time: on the last one, TimeoutError; else the next one."""
+        if self.last:
+            raise TimeoutError(
+                f"weights v{version}: {done}/{total} chunks from {self.addrs[self.at]} after {timeout_s:.0f} s"
+                + (f" (frames over {self.max_frame} bytes are refused unread)" if self.max_frame else "")
+            ) from None
+        log.warning(
+            "weights_source_stalled",
+            source=self.addrs[self.at],
+            next=self.addrs[self.at + 1],
+            version=version,
+            chunks_done=done,
+            chunks=total,
+            stall_s=stall_s,
+            frame_cap_bytes=self.max_frame,
+        )
+        self.reconnect(1)
+
+
 async def fetch_weights(
     ctx: zmq.asyncio.Context,
     addr: str | list[str],
@@ -96,8 +136,7 @@ async def fetch_weights(
     source_keys = keys if isinstance(keys, list) else [keys] * len(sources)
     if not sources or len(source_keys) != len(sources):
         raise ValueError(f"fetch_weights: {len(sources)} sources but {len(source_keys)} keys")
-    at = 0
-    sock = _dealer(ctx, sources[at], source_keys[at], max_frame)
+    src = _Sources(ctx, sources, source_keys, max_frame)
     try:
         version, num_chunks = ready.version, ready.num_chunks
         wanted = list(range(num_chunks))
@@ -109,36 +148,18 @@ async def fetch_weights(
             deadline = time.monotonic() + timeout_s
             restart = None
             while len(got) < len(wanted) and restart is None:
-                last = at == len(sources) - 1
-                left = deadline - time.monotonic() if last else stall_s
+                left = deadline - time.monotonic() if src.last else stall_s
                 try:
                     if left <= 0:
                         raise TimeoutError
                     async with asyncio.timeout(left):  # sends too: no peer (refused by CURVE) blocks them
                         while todo and len(in_flight) < window:
                             chunk = todo.pop()
-                            await sock.send_multipart(encode(WeightRequest(version=version, chunk=chunk)))
+                            await src.sock.send_multipart(encode(WeightRequest(version=version, chunk=chunk)))
                             in_flight.append(chunk)
-                        frames = await sock.recv_multipart(copy=False)  # no copy: the assembler copies once
+                        frames = await src.sock.recv_multipart(copy=False)  # no copy: the assembler copies once
                 except TimeoutError:
-                    if last:
-                        raise TimeoutError(
-                            f"weights v{version}: {len(got)}/{len(wanted)} chunks from {sources[at]} after {timeout_s:.0f} s"
-                            + (f" (frames over {max_frame} bytes are refused unread)" if max_frame else "")
-                        ) from None
-                    log.warning(
-                        "weights_source_stalled",
-                        source=sources[at],
-                        next=sources[at + 1],
-                        version=version,
-                        chunks_done=len(got),
-                        chunks=len(wanted),
-                        stall_s=stall_s,
-                        frame_cap_bytes=max_frame,
-                    )
-                    sock.close(linger=0)
-                    at += 1
-                    sock = _dealer(ctx, sources[at], source_keys[at], max_frame)
+                    src.leave_stalled(version, len(got), len(wanted), timeout_s=timeout_s, stall_s=stall_s)
                     todo += sorted(in_flight, reverse=True)  # asked again of the next source, first
                     in_flight = []
                     deadline = time.monotonic() + timeout_s
@@ -160,11 +181,10 @@ async def fetch_weights(
                 return version, asm.finish()
             log.info("weights_superseded", wanted=version, latest=restart)
             # Drain replies of the abandoned version, then ask for the new one's first chunk to learn its size.
-            sock.close(linger=0)
-            sock = _dealer(ctx, sources[at], source_keys[at], max_frame)  # same model, same size
+            src.reconnect(0)  # same model, same size
             version, num_chunks, wanted = restart, 1, [0]
     finally:
-        sock.close(linger=0)
+        src.sock.close(linger=0)
 
 
 def to_torch(raw: list[RawTensor]) -> dict:

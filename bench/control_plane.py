@@ -55,9 +55,8 @@ def steps(metrics: Path, t0: float, t1: float) -> int:
     return sum(1 for r in recs if "tickets_in_flight" in r and t0 <= r.get("time", 0) <= t1)  # step records
 
 
-def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path, port: int) -> dict:
-    work.mkdir(parents=True, exist_ok=True)
-    batch = 8 if mode == "train" else 1_000_000
+def _start_learner(model: Path, work: Path, port: int, batch: int) -> subprocess.Popen:
+    """The learner on quickstart's config over ``model``, bound to ``port``, its log in ``work``."""
     learner = subprocess.Popen(
         [
             sys.executable,
@@ -95,6 +94,13 @@ def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path
         stdout=open(work / "learner.log", "w"),
         stderr=subprocess.STDOUT,
     )
+    return learner
+
+
+def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path, port: int) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    batch = 8 if mode == "train" else 1_000_000
+    learner = _start_learner(model, work, port, batch)
     fleets, files = [], []
     try:
         for i, start in enumerate(range(0, n, 64)):

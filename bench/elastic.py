@@ -55,18 +55,8 @@ def spawn_fleet(model: Path, port: int, prefix: str, count: int, work: Path) -> 
     )
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--actors", type=int, default=32)
-    p.add_argument("--phase", type=float, default=30.0)
-    p.add_argument("--out", type=Path, default=Path("/tmp/elastic"))
-    args = p.parse_args()
-    from agentgym.models.tiny import make_default_tiny_model
-
-    work = args.out
-    work.mkdir(parents=True, exist_ok=True)
-    model = make_default_tiny_model(work / "tiny", seed=0).resolve()
-    port, q = 17700, args.actors // 4
+def _start_learner(model: Path, port: int, work: Path) -> subprocess.Popen:
+    """The learner on quickstart's config over ``model``, bound to ``port``, its log in ``work``."""
     learner = subprocess.Popen(
         [
             sys.executable,
@@ -104,6 +94,22 @@ def main() -> int:
         stdout=open(work / "learner.log", "w"),
         stderr=subprocess.STDOUT,
     )
+    return learner
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--actors", type=int, default=32)
+    p.add_argument("--phase", type=float, default=30.0)
+    p.add_argument("--out", type=Path, default=Path("/tmp/elastic"))
+    args = p.parse_args()
+    from agentgym.models.tiny import make_default_tiny_model
+
+    work = args.out
+    work.mkdir(parents=True, exist_ok=True)
+    model = make_default_tiny_model(work / "tiny", seed=0).resolve()
+    port, q = 17700, args.actors // 4
+    learner = _start_learner(model, port, work)
     fleets = {f"f{i}": spawn_fleet(model, port, f"f{i}", q, work) for i in range(4)}
     marks: list[tuple[str, float]] = []
     try:

@@ -101,6 +101,40 @@ def step_times(metrics: Path) -> list[tuple[float, dict]]:
     return [(r["time"], r) for r in recs if "tickets_in_flight" in r and "time" in r]
 
 
+def _start_actor(
+    addr: str, model: Path, work: Path, overrides: list[str], args: argparse.Namespace
+) -> subprocess.Popen:
+    """The honest actor (a real one on ``args.engine``, or a scripted one), its log in ``work``."""
+    if args.scripted is None:
+        actor = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentgym.actors.main",
+                "--config",
+                str(ROOT / "configs/quickstart.toml"),
+                "--learner",
+                addr,
+                "--model",
+                str(model),
+                "--run-dir",
+                str(work / "actor"),
+                *[a for o in [*overrides, f'actor.engine="{args.engine}"'] for a in ("-o", o)],
+            ],
+            cwd=ROOT,
+            stdout=open(work / "actor.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
+    else:  # a scripted honest actor in a process of its own: the engine's CPU out of the measure
+        actor = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted)],
+            cwd=ROOT,
+            stdout=open(work / "actor.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
+    return actor
+
+
 def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Namespace) -> dict:
     from agentgym.config import model_fingerprint
 
@@ -144,33 +178,7 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
         peer.start()
         peer_t = time.time()
         time.sleep(3)
-    if args.scripted is None:
-        actor = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agentgym.actors.main",
-                "--config",
-                str(ROOT / "configs/quickstart.toml"),
-                "--learner",
-                addr,
-                "--model",
-                str(model),
-                "--run-dir",
-                str(work / "actor"),
-                *[a for o in [*overrides, f'actor.engine="{args.engine}"'] for a in ("-o", o)],
-            ],
-            cwd=ROOT,
-            stdout=open(work / "actor.log", "w"),
-            stderr=subprocess.STDOUT,
-        )
-    else:  # a scripted honest actor in a process of its own: the engine's CPU out of the measure
-        actor = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted)],
-            cwd=ROOT,
-            stdout=open(work / "actor.log", "w"),
-            stderr=subprocess.STDOUT,
-        )
+    actor = _start_actor(addr, model, work, overrides, args)
     metrics = work / "run" / "metrics.jsonl"
     try:
         wait_steps(metrics, max(1, args.peer_after), args.start_timeout, [actor, learner])

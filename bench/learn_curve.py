@@ -30,6 +30,7 @@ import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -109,6 +110,14 @@ async def play_groups(
     return list(await asyncio.gather(*(group(t) for t in tickets)))
 
 
+def _first_episodes_played(tokenizer: Any, groups: list[Rollout]) -> list[str]:
+    """What the policy plays: the agent's tokens (the guesses) of each group's first episode, decoded."""
+    return [
+        tokenizer.decode(np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0])
+        for e in (g.episodes[0] for g in groups)
+    ]
+
+
 async def train_curve(
     cfg: Config,
     eval_every: int,
@@ -155,16 +164,7 @@ async def train_curve(
         groups = await play_groups(engine, tokenizer, pool, spec, held_out, EVAL_EPISODES, limit)
         eps = [e for g in groups for e in g.episodes]
         curve.append((step, sum(e.success for e in eps) / len(eps)))
-        # What the policy plays: the guesses of each held-out task's first episode.
-        plays.append(
-            (
-                step,
-                [
-                    tokenizer.decode(np.frombuffer(e.token_ids, np.int32)[np.frombuffer(e.loss_mask, np.uint8) != 0])
-                    for e in (g.episodes[0] for g in groups)
-                ],
-            )
-        )
+        plays.append((step, _first_episodes_played(tokenizer, groups)))
         if partial is not None:
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps({"curve": curve, "metrics": metrics, "plays": plays, "partial": True}))

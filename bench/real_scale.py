@@ -156,6 +156,25 @@ def _answer(conn, child, what: str, timeout_s: float = 1800):
     return conn.recv()
 
 
+def _config_overrides(shape: str, model_dir: Path, args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The model's dtype for ``shape`` and the config overrides the learner and the actor share."""
+    dtype = "float32" if shape == "tiny" else "bfloat16"
+    overrides = [
+        f'model.path="{model_dir}"',
+        f'model.dtype="{dtype}"',
+        f'actor.engine="{args.engine}"',
+        "actor.kv_cache_gib=0.25",
+        f"rollout.max_episode_tokens={max(args.tokens, 256)}",
+        "learner.lr=1e-6",
+        f"learner.batch_groups={args.groups}",
+        f"rollout.group_size={args.group_size}",
+        f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
+        "learner.micro_batch_tokens=16384",  # as configs/real_model_gpu.toml: bounds the logits' memory
+        "actor.gpu_memory_utilization=0.3",  # vLLM on the learner's GPU: leave it room to train
+    ]
+    return dtype, overrides
+
+
 def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: int) -> dict:
     import sys
 
@@ -173,20 +192,7 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
     from agentgym.observe.memstats import peak_memory
     from agentgym.protocol import WeightsReady
 
-    dtype = "float32" if shape == "tiny" else "bfloat16"
-    overrides = [
-        f'model.path="{model_dir}"',
-        f'model.dtype="{dtype}"',
-        f'actor.engine="{args.engine}"',
-        "actor.kv_cache_gib=0.25",
-        f"rollout.max_episode_tokens={max(args.tokens, 256)}",
-        "learner.lr=1e-6",
-        f"learner.batch_groups={args.groups}",
-        f"rollout.group_size={args.group_size}",
-        f"learner.gradient_checkpointing={str(args.checkpointing).lower()}",
-        "learner.micro_batch_tokens=16384",  # as configs/real_model_gpu.toml: bounds the logits' memory
-        "actor.gpu_memory_utilization=0.3",  # vLLM on the learner's GPU: leave it room to train
-    ]
+    dtype, overrides = _config_overrides(shape, model_dir, args)
     cfg = load_config(None, overrides)
     row: dict = {"shape": shape, "dtype": dtype, "engine": args.engine}
     trainer = Trainer.build(cfg, DataParallel(device=pick_device(cfg, 0)))  # learner.device: auto

@@ -53,33 +53,8 @@ def _events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--arch", default="qwen2.5-1.5b", help="a shape of agentgym make-model (default: qwen2.5-1.5b)")
-    ap.add_argument("--rank", type=int, default=8, help="LoRA rank; 0 = full fine-tuning (default: 8)")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/agentgym_real_train"))
-    ap.add_argument("--model-dir", type=Path, default=None, help="default: models/ARCH-shape")
-    ap.add_argument("--steps", type=int, default=3)
-    args = ap.parse_args()
-    args.model_dir = args.model_dir or REPO / "models" / f"{args.arch}-shape"
-    import psutil
-
-    t0 = time.monotonic()
-    from agentgym.models.make import make_model
-
-    model = args.model_dir if (args.model_dir / "config.json").exists() else make_model(args.arch, args.model_dir)
-    print(f"model ready in {time.monotonic() - t0:.0f} s: {model}", flush=True)
-    from safetensors import safe_open
-
-    with safe_open(str(model / "model.safetensors"), "pt") as f:  # tied embeddings are stored once
-        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-
-    run_dir = args.out / "run"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    from agentgym.host.netutil import free_port_pair
-
-    port = free_port_pair()
+def _train_cmd(run_dir: Path, port: int, model: Path, args: argparse.Namespace) -> list[str]:
+    """``agentgym train`` with one actor on quickstart's config, small enough for ``model`` on one GPU."""
     cmd = [
         sys.executable,
         "-m",
@@ -126,6 +101,37 @@ def main() -> int:
         "-o",
         "learner.threads=2",
     ]
+    return cmd
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default="qwen2.5-1.5b", help="a shape of agentgym make-model (default: qwen2.5-1.5b)")
+    ap.add_argument("--rank", type=int, default=8, help="LoRA rank; 0 = full fine-tuning (default: 8)")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/agentgym_real_train"))
+    ap.add_argument("--model-dir", type=Path, default=None, help="default: models/ARCH-shape")
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    args.model_dir = args.model_dir or REPO / "models" / f"{args.arch}-shape"
+    import psutil
+
+    t0 = time.monotonic()
+    from agentgym.models.make import make_model
+
+    model = args.model_dir if (args.model_dir / "config.json").exists() else make_model(args.arch, args.model_dir)
+    print(f"model ready in {time.monotonic() - t0:.0f} s: {model}", flush=True)
+    from safetensors import safe_open
+
+    with safe_open(str(model / "model.safetensors"), "pt") as f:  # tied embeddings are stored once
+        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+    run_dir = args.out / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from agentgym.host.netutil import free_port_pair
+
+    port = free_port_pair()
+    cmd = _train_cmd(run_dir, port, model, args)
     t_run = time.monotonic()
     console = open(args.out / "launcher.log", "w")  # noqa: SIM115 - closed when the run ends
     launcher = subprocess.Popen(

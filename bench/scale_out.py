@@ -33,8 +33,39 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentgym.cluster.netns import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _limit_links(net: Cluster, names: list[str], mbit: float) -> None:
+    """Caps what each named host's NIC sends at ``mbit`` Mbit/s (a token bucket on eth0)."""
+    for h in names:
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                net.ns(h),
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "eth0",
+                "root",
+                "tbf",
+                "rate",
+                f"{mbit}mbit",
+                "burst",
+                "256kb",
+                "latency",
+                "2s",
+            ],
+            check=True,
+        )
 
 
 def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
@@ -47,29 +78,7 @@ def run_one(n: int, mode: str, args: argparse.Namespace, work: Path) -> dict:
     with Cluster(["learner", *hosts]) as net:
         L = net.addr("learner")
         if args.link_mbit:  # every host's NIC sends at most this fast: the network, not the CPU, is the limit
-            for h in ["learner", *hosts]:
-                subprocess.run(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        net.ns(h),
-                        "tc",
-                        "qdisc",
-                        "add",
-                        "dev",
-                        "eth0",
-                        "root",
-                        "tbf",
-                        "rate",
-                        f"{args.link_mbit}mbit",
-                        "burst",
-                        "256kb",
-                        "latency",
-                        "2s",
-                    ],
-                    check=True,
-                )
+            _limit_links(net, ["learner", *hosts], args.link_mbit)
         source = net.spawn(
             "learner",
             [

@@ -46,7 +46,7 @@ def _time(e: dict) -> float:
     return datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=REPO / "configs" / "quickstart.toml")
     p.add_argument("--model", help="model.path (default: the config's, made by `agentgym train` if it is the tiny one)")
@@ -58,6 +58,11 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=3600, help="seconds to wait for each phase")
     p.add_argument("--out", type=Path, required=True, help="work directory (the run directory is OUT/run)")
     args = p.parse_args()
+    return args
+
+
+def main() -> int:
+    args = _parse_args()
 
     run_dir, log = args.out / "run", args.out / "train.log"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -204,14 +204,32 @@ def decoupled_ppo_loss(
     if behav_clip:
         w = torch.where(moved, 0.0, w)
     loss = _aggregate(w * pg, loss_mask, agg, norm_const)
+    metrics = _ppo_metrics(
+        logp, prox, keep, behav_ratio, surr, surr_clipped, dual, moved, behav_weight_cap, behav_reject_above
+    )
+    return loss, metrics
 
+
+def _ppo_metrics(
+    logp: Tensor,
+    prox: Tensor,
+    keep: Tensor,
+    behav_ratio: Tensor,
+    surr: Tensor,
+    surr_clipped: Tensor,
+    dual: Tensor,
+    moved: Tensor,
+    behav_weight_cap: float | None,
+    behav_reject_above: float | None,
+) -> dict[str, Tensor]:
+    """decoupled_ppo_loss's metrics (see its docstring), detached, from its masked intermediates."""
     with torch.no_grad():
         agent = keep.to(logp.dtype)
         n = keep.sum()
         cap = float("inf") if behav_weight_cap is None else behav_weight_cap
         reject = float("inf") if behav_reject_above is None else behav_reject_above
         log_r = logp - prox
-        metrics = {
+        return {
             "is_weight_mean": masked_mean(behav_ratio, agent),
             "is_weight_max": behav_ratio[keep].max() if n > 0 else behav_ratio.new_zeros(()),
             "is_truncated_frac": masked_mean((behav_ratio > cap).to(agent.dtype), agent),
@@ -222,7 +240,6 @@ def decoupled_ppo_loss(
             "approx_kl": masked_mean(torch.expm1(log_r) - log_r, agent),
             "num_tokens": n.to(agent.dtype),
         }
-    return loss, metrics
 
 
 def policy_gradient_loss(

@@ -35,6 +35,7 @@ import contextlib
 import copy
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,44 @@ _TOKEN_METRICS = (
     "behav_clip_frac",
     "approx_kl",
 )
+
+
+@dataclass
+class _StepBatch:
+    """What every micro-batch of one ``Trainer.train_batch`` reads: the batch on the device, the
+    no-grad pass's tensors, the advantages and weights, and the step's loss switches."""
+
+    b: Batch
+    pre: dict[str, torch.Tensor]
+    adv: torch.Tensor
+    returns: torch.Tensor | None
+    weights: torch.Tensor
+    keep: torch.Tensor
+    agent: torch.Tensor
+    lengths: torch.Tensor  # on the CPU
+    norm_const: float
+    several: bool  # several optimizer steps: π_prox is the batch start's, from the no-grad pass
+    kl_loss: bool
+
+
+@dataclass
+class _StepSums:
+    """What the micro-batches of one step add up, on the device: the metric sums (float64), the
+    largest importance weight and, per row, the flight recorder's KL sum and token count."""
+
+    sums: dict[str, torch.Tensor]
+    w_max: torch.Tensor
+    row_kl: torch.Tensor
+
+    @classmethod
+    def zeros(cls, rows: int, device: torch.device) -> _StepSums:
+        keys = (*_TOKEN_METRICS, "tokens", "loss", "pg_loss", "entropy", "kl_ref", "value_loss", "padded", "forward")
+        sums = {k: torch.zeros((), dtype=torch.float64, device=device) for k in (*keys, "micro")}
+        w_max = torch.zeros((), device=device)
+        # Flight recorder: per row, k3 KL between the behaviour logprobs the actor reported and
+        # the learner's own at the batch start (first epoch): the agreement per actor.
+        row_kl = torch.zeros((2, rows), dtype=torch.float64, device=device)
+        return cls(sums, w_max, row_kl)
 
 
 class Trainer(TrainerState):
@@ -330,7 +369,6 @@ class Trainer(TrainerState):
         """The learner step on a collated batch that every rank holds (see the module docstring)."""
         t0 = time.perf_counter()
         cfg, lc = self.cfg, self.cfg.learner
-        temp = cfg.rollout.temperature
         b = b.to(self.device)
         B = b.size
         lr = lc.lr * lr_factor(
@@ -358,26 +396,8 @@ class Trainer(TrainerState):
         agent = b.loss_mask != 0
         adv, returns, weights, keep = self._advantages(b, pre, kl_reward=kl_reward, recentre=recentre)
         norm_const = lc.loss_norm_const if lc.loss_norm_const is not None else float(cfg.rollout.max_episode_tokens)
-
-        sums = {
-            k: torch.zeros((), dtype=torch.float64, device=self.device)
-            for k in (
-                *_TOKEN_METRICS,
-                "tokens",
-                "loss",
-                "pg_loss",
-                "entropy",
-                "kl_ref",
-                "value_loss",
-                "padded",
-                "forward",
-                "micro",
-            )
-        }
-        w_max = torch.zeros((), device=self.device)
-        # Flight recorder: per row, k3 KL between the behaviour logprobs the actor reported and
-        # the learner's own at the batch start (first epoch): the agreement per actor.
-        row_kl = torch.zeros((2, B), dtype=torch.float64, device=self.device)
+        batch = _StepBatch(b, pre, adv, returns, weights, keep, agent, lengths, norm_const, several, kl_loss)
+        acc = _StepSums.zeros(B, self.device)
         first_epoch = {int(m[0]) for m in minibatches}
         grad_norms: list[list[float]] = []
         stepped = 0
@@ -392,81 +412,97 @@ class Trainer(TrainerState):
                 if rows is None:
                     self._idle_forward(policy=True, ref=False).backward()
                     continue
-                L = int(lengths[rows].max())
-                ids, attn, w = b.input_ids[rows, :L], b.attention_mask[rows, :L], weights[rows, :L]
-                loc_tok = keep[rows, :L].sum()
-                tok_scale = loc_tok / tok_total
-                scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
-                packed = self._pack(b, rows, L)
-                with self._autocast():
-                    f = forward_tokens(
-                        self.model,
-                        ids,
-                        attn,
-                        temp,
-                        value_head=self.value_head,
-                        banned=self.banned,
-                        needed=agent[rows, :L],
-                        packed=packed,
-                    )
-                prox = pre["prox"][rows, :L] if several else f.logp.detach()
-                if int(mb[0]) in first_epoch:
-                    d = (prox - b.behav_logp[rows, :L]).double()
-                    row_kl[0, rows] += ((torch.expm1(d) - d) * keep[rows, :L]).sum(-1)
-                    row_kl[1, rows] += keep[rows, :L].sum(-1)
-                pg, m = decoupled_ppo_loss(
-                    f.logp,
-                    prox,
-                    b.behav_logp[rows, :L],
-                    adv[rows, :L],
-                    w,
-                    clip_low=lc.clip_low,
-                    clip_high=lc.clip_high,
-                    behav_weight_cap=lc.tis_cap,
-                    behav_reject_above=lc.tis_reject_above,
-                    agg=lc.loss_agg,
-                    norm_const=norm_const,
-                    dual_clip=lc.dual_clip,
-                    behav_clip=lc.behav_clip,
-                )
-                loss = pg
-                if lc.entropy_coef > 0:
-                    loss = loss - lc.entropy_coef * aggregate(f.entropy, w, lc.loss_agg, norm_const)
-                if self.ref_model is not None:
-                    kl_tok = kl_penalty(f.logp, pre["ref"][rows, :L], lc.kl_estimator)
-                    if kl_loss:
-                        loss = loss + lc.kl_coef * aggregate(kl_tok, w, lc.loss_agg, norm_const)
-                    sums["kl_ref"] += (kl_tok.detach() * keep[rows, :L]).sum()
-                loss = loss * scale
-                if self.value_head is not None and f.values is not None and returns is not None:
-                    vl = value_loss(f.values, pre["values"][rows, :L], returns[rows, :L], w, lc.value_clip)
-                    loss = loss + lc.value_coef * vl * tok_scale
-                    sums["value_loss"] += vl.detach() * loc_tok
-                loss.backward()
-                n = m["num_tokens"]
-                for k in _TOKEN_METRICS:
-                    sums[k] += m[k] * n
-                w_max = torch.maximum(w_max, m["is_weight_max"])
-                sums["tokens"] += n
-                sums["loss"] += loss.detach()
-                sums["pg_loss"] += pg.detach() * scale
-                sums["entropy"] += (f.entropy.detach() * keep[rows, :L]).sum()
-                sums["padded"] += rows.numel() * L
-                sums["forward"] += packed.packed_tokens if packed is not None else int(b.lengths[rows].sum())
-                sums["micro"] += 1
+                self._micro_step(batch, acc, rows, tok_total, seq_total, first_epoch=int(mb[0]) in first_epoch)
             stepped += self._optimizer_step(lr, grad_norms)
             first_epoch.discard(int(mb[0]))
         self.optimizer.zero_grad(set_to_none=True)
-        keys = list(sums)
-        vec = self.dp.all_reduce_(torch.stack([sums[k] for k in keys]))
+        keys = list(acc.sums)
+        vec = self.dp.all_reduce_(torch.stack([acc.sums[k] for k in keys]))
         tot = dict(zip(keys, vec.tolist(), strict=True))
-        w_max_all = float(self.dp.all_reduce_(w_max, op="max"))
+        w_max_all = float(self.dp.all_reduce_(acc.w_max, op="max"))
 
         staleness = (self.version - b.versions[agent]).float()
         self.step += 1
         return self._step_metrics(
-            b, tot, w_max_all, grad_norms, stepped, lr, adv, returns, weights, agent, staleness, pre, row_kl, t0
+            b, tot, w_max_all, grad_norms, stepped, lr, adv, returns, weights, agent, staleness, pre, acc.row_kl, t0
         )
+
+    def _micro_step(
+        self,
+        sb: _StepBatch,
+        acc: _StepSums,
+        rows: torch.Tensor,
+        tok_total: torch.Tensor,
+        seq_total: torch.Tensor,
+        *,
+        first_epoch: bool,
+    ) -> None:
+        """One micro-batch of ``train_batch``: forward, loss, backward (the gradient accumulates
+        until the minibatch's optimizer step), and its sums added to ``acc``."""
+        lc, b, keep = self.cfg.learner, sb.b, sb.keep
+        L = int(sb.lengths[rows].max())
+        ids, attn, w = b.input_ids[rows, :L], b.attention_mask[rows, :L], sb.weights[rows, :L]
+        loc_tok = keep[rows, :L].sum()
+        tok_scale = loc_tok / tok_total
+        scale = tok_scale if lc.loss_agg == "token_mean" else keep[rows, :L].any(-1).sum() / seq_total
+        packed = self._pack(b, rows, L)
+        with self._autocast():
+            f = forward_tokens(
+                self.model,
+                ids,
+                attn,
+                self.cfg.rollout.temperature,
+                value_head=self.value_head,
+                banned=self.banned,
+                needed=sb.agent[rows, :L],
+                packed=packed,
+            )
+        prox = sb.pre["prox"][rows, :L] if sb.several else f.logp.detach()
+        if first_epoch:
+            d = (prox - b.behav_logp[rows, :L]).double()
+            acc.row_kl[0, rows] += ((torch.expm1(d) - d) * keep[rows, :L]).sum(-1)
+            acc.row_kl[1, rows] += keep[rows, :L].sum(-1)
+        pg, m = decoupled_ppo_loss(
+            f.logp,
+            prox,
+            b.behav_logp[rows, :L],
+            sb.adv[rows, :L],
+            w,
+            clip_low=lc.clip_low,
+            clip_high=lc.clip_high,
+            behav_weight_cap=lc.tis_cap,
+            behav_reject_above=lc.tis_reject_above,
+            agg=lc.loss_agg,
+            norm_const=sb.norm_const,
+            dual_clip=lc.dual_clip,
+            behav_clip=lc.behav_clip,
+        )
+        loss = pg
+        if lc.entropy_coef > 0:
+            loss = loss - lc.entropy_coef * aggregate(f.entropy, w, lc.loss_agg, sb.norm_const)
+        sums = acc.sums
+        if self.ref_model is not None:
+            kl_tok = kl_penalty(f.logp, sb.pre["ref"][rows, :L], lc.kl_estimator)
+            if sb.kl_loss:
+                loss = loss + lc.kl_coef * aggregate(kl_tok, w, lc.loss_agg, sb.norm_const)
+            sums["kl_ref"] += (kl_tok.detach() * keep[rows, :L]).sum()
+        loss = loss * scale
+        if self.value_head is not None and f.values is not None and sb.returns is not None:
+            vl = value_loss(f.values, sb.pre["values"][rows, :L], sb.returns[rows, :L], w, lc.value_clip)
+            loss = loss + lc.value_coef * vl * tok_scale
+            sums["value_loss"] += vl.detach() * loc_tok
+        loss.backward()
+        n = m["num_tokens"]
+        for k in _TOKEN_METRICS:
+            sums[k] += m[k] * n
+        acc.w_max = torch.maximum(acc.w_max, m["is_weight_max"])
+        sums["tokens"] += n
+        sums["loss"] += loss.detach()
+        sums["pg_loss"] += pg.detach() * scale
+        sums["entropy"] += (f.entropy.detach() * keep[rows, :L]).sum()
+        sums["padded"] += rows.numel() * L
+        sums["forward"] += packed.packed_tokens if packed is not None else int(b.lengths[rows].sum())
+        sums["micro"] += 1
 
     def _advantages(
         self, b: Batch, pre: dict[str, torch.Tensor], *, kl_reward: bool, recentre: bool

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs ruff (the lint rules and the formatter's check, pyproject.toml [tool.ruff]), mypy over protocol,
 # envpool, actors and learner (scripts/typecheck.py), the import rules (import-linter:
-# scripts/lint_imports.py) and the test suite, installing first if needed. Extra arguments go to pytest.
+# scripts/lint_imports.py), the 100-line limit on a function (scripts/long_functions.py) and the test
+# suite, installing first if needed. Extra arguments go to pytest.
 # The suite runs on AGENTGYM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in this
 # process): each module stays on one worker (tests/conftest.py).
 set -euo pipefail
@@ -12,6 +13,7 @@ bash scripts/install.sh
 # mypy keeps its cache in .mypy_cache: a run after a small change takes seconds.
 types=$(.venv/bin/python scripts/typecheck.py 2>&1) || { echo "$types"; echo "mypy: fix the errors above (pyproject.toml [tool.mypy])" >&2; exit 1; }
 imports=$(.venv/bin/python scripts/lint_imports.py 2>&1) || { echo "$imports"; echo "import-linter: an import breaks a rule of docs/architecture.md (pyproject.toml [tool.importlinter])" >&2; exit 1; }
+long=$(.venv/bin/python scripts/long_functions.py 2>&1) || { echo "$long"; echo "long functions: split each function above into parts of at most 100 lines (scripts/long_functions.py)" >&2; exit 1; }
 set +e
 workers=${AGENTGYM_TEST_WORKERS:-2}
 if [ "$workers" -gt 0 ]; then

@@ -81,27 +81,17 @@ def _tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
-def launch(
+def _spawn_actors(
     cfg: Config,
-    config_path: Path | None,
-    overrides: list[str],
+    common: list[str],
     run_dir: Path,
-    actors: int,
-    actor_log_level: str = "warning",
-    resume: bool = False,
-) -> int:
-    """Start the learner and ``actors`` actors; return the learner's exit code. ``resume``: the
-    learner continues ``run_dir`` from its newest checkpoint (``agentgym train --resume``)."""
-    ensure_model(cfg)  # model.create_tiny (and model.pretrain_steps): the demo's model, made once
-    common = [*(["--config", str(config_path)] if config_path else []), *[a for o in overrides for a in ("-o", o)]]
-    if resume and not any(run_dir.glob("checkpoints/step_*/trainer/state.pt")):
-        log.error("nothing_to_resume", run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"))
-        return 2
-    learner = _spawn("agentgym.learner.main", [*common, "--resume" if resume else "--run-dir", str(run_dir)])
-    procs = [learner]
-    # An actor's console (its warnings, and what vLLM prints) goes to a file in the run directory,
-    # so the learner's progress lines stay readable; an actor that fails has its tail shown here.
-    consoles = [run_dir / "logs" / f"actor-local-{i}.console.log" for i in range(actors)]
+    consoles: list[Path],
+    actor_log_level: str,
+    procs: list[subprocess.Popen],
+) -> list[str]:
+    """Start one local actor per console, each appended to ``procs``; returns the cores each one
+    is bound to (empty when they are left to vLLM)."""
+    actors = len(consoles)
     # Local actors connect to the address the learner binds (a wildcard host means this host).
     learner_addr = re.sub(r"//(\*|0\.0\.0\.0)(?=:)", "//127.0.0.1", cfg.learner.bind)
     # launch.actor_cores = "split": each actor's vLLM engine on cores of its own; left to vLLM,
@@ -128,6 +118,31 @@ def launch(
                 env={BIND: binds[i]} if binds else None,
             )
         )
+    return binds
+
+
+def launch(
+    cfg: Config,
+    config_path: Path | None,
+    overrides: list[str],
+    run_dir: Path,
+    actors: int,
+    actor_log_level: str = "warning",
+    resume: bool = False,
+) -> int:
+    """Start the learner and ``actors`` actors; return the learner's exit code. ``resume``: the
+    learner continues ``run_dir`` from its newest checkpoint (``agentgym train --resume``)."""
+    ensure_model(cfg)  # model.create_tiny (and model.pretrain_steps): the demo's model, made once
+    common = [*(["--config", str(config_path)] if config_path else []), *[a for o in overrides for a in ("-o", o)]]
+    if resume and not any(run_dir.glob("checkpoints/step_*/trainer/state.pt")):
+        log.error("nothing_to_resume", run_dir=str(run_dir), checkpoints=str(run_dir / "checkpoints"))
+        return 2
+    learner = _spawn("agentgym.learner.main", [*common, "--resume" if resume else "--run-dir", str(run_dir)])
+    procs = [learner]
+    # An actor's console (its warnings, and what vLLM prints) goes to a file in the run directory,
+    # so the learner's progress lines stay readable; an actor that fails has its tail shown here.
+    consoles = [run_dir / "logs" / f"actor-local-{i}.console.log" for i in range(actors)]
+    binds = _spawn_actors(cfg, common, run_dir, consoles, actor_log_level, procs)
     log.info(
         "launched",
         learner_pid=learner.pid,

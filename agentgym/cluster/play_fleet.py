@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    import zmq.asyncio
+
     from agentgym.actors.engine import Generation
     from agentgym.protocol import Episode
 
@@ -66,14 +68,110 @@ async def _write_counts(counts: Counter, out: Path) -> None:
         tmp.replace(out)
 
 
-async def run_fleet(args: argparse.Namespace) -> Counter:
-    import zmq.asyncio
-
+async def _sim_actor(
+    i: int,
+    args: argparse.Namespace,
+    ctx: zmq.asyncio.Context,
+    vocab: int,
+    fingerprint: str,
+    counts: Counter,
+    stop: asyncio.Event,
+) -> None:
+    """Simulated actor ``i`` of the fleet: joins the learner, plays what it is granted on a SimEngine
+    and counts what it sends and receives in ``counts``, until a Shutdown (or ``stop``) or a cancel."""
     from agentgym.actors.engine import SamplingSpec
     from agentgym.actors.sim_engine import SimEngine
     from agentgym.actors.transport import ControlLink
-    from agentgym.config import model_fingerprint
     from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Leave, Rollout, Shutdown, WeightsReady
+
+    actor_id = f"{args.prefix}-{i}"
+    link = ControlLink(ctx, args.learner, actor_id)
+    engine = SimEngine(vocab_size=vocab, tokens_per_s=args.tokens_per_s, latency_s=args.latency, seed=i)
+    await engine.start()
+    rng = random.Random(i)
+    turn_limit = 1
+    hello = Hello(
+        actor_id=actor_id,
+        hostname=args.prefix,
+        pid=i,
+        model_fingerprint=fingerprint,
+        engine="sim",
+        max_groups=args.max_groups,
+    )
+    welcome = await link.handshake(hello, args.connect_timeout)
+    spec_max = min(welcome.rollout.max_tokens_per_turn, welcome.rollout.max_episode_tokens - args.prompt)
+    tasks: set[asyncio.Task] = set()
+    known: set[str] = set()  # tickets playing or unacknowledged: a re-sent Grant repeats them
+    serial = iter(range(1 << 62))
+
+    async def episode(ticket, k: int) -> Episode:
+        gen = await engine.generate(
+            f"{ticket.group_id}/{k}/{next(serial)}", [1] * args.prompt, SamplingSpec(max_tokens=max(1, spec_max))
+        )
+        return _sim_episode(gen, args.prompt, vocab, rng, turn_limit)
+
+    async def play(ticket) -> None:
+        eps = await asyncio.gather(*(episode(ticket, k) for k in range(welcome.rollout.group_size)))
+        await link.send(
+            Rollout(
+                group_id=ticket.group_id,
+                actor_id=actor_id,
+                env=ticket.env,
+                task_id=ticket.task_id,
+                episodes=list(eps),
+            )
+        )
+        counts["rollouts_sent"] += 1
+
+    async def heartbeats() -> None:
+        while True:
+            await asyncio.sleep(welcome.heartbeat_interval_s)
+            await link.send(
+                Heartbeat(actor_id=actor_id, weight_version=engine.version, stats={"capacity": float(args.max_groups)})
+            )
+            counts["heartbeats_sent"] += 1
+
+    beat = asyncio.create_task(heartbeats())
+    try:
+        while not stop.is_set():
+            msg = await link.recv()
+            counts[f"recv_{type(msg).__name__}"] += 1
+            if isinstance(msg, Grant):
+                counts["tickets"] += len(msg.tickets)
+                for t in msg.tickets:
+                    if t.group_id in known:
+                        continue
+                    known.add(t.group_id)
+                    task = asyncio.create_task(play(t))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            elif isinstance(msg, Ack):
+                counts.update(f"ack_{s}" for s in msg.statuses)
+                known.difference_update(msg.group_ids)
+            elif isinstance(msg, WeightsReady):
+                turn_limit = msg.turn_limit
+                if msg.version > engine.version:
+                    await engine.update_weights({}, msg.version)  # the gate and version, no bytes
+            elif isinstance(msg, Shutdown):
+                stop.set()
+    except asyncio.CancelledError:  # SIGTERM: leave as an actor does, so the learner re-issues at once
+        try:
+            await asyncio.wait_for(link.send(Leave(actor_id=actor_id, reason="SIGTERM")), 1.0)
+        except (TimeoutError, OSError):
+            pass
+        raise
+    finally:
+        beat.cancel()
+        for t in tasks:
+            t.cancel()
+        await engine.close()
+        link.close()
+
+
+async def run_fleet(args: argparse.Namespace) -> Counter:
+    import zmq.asyncio
+
+    from agentgym.config import model_fingerprint
 
     fingerprint = model_fingerprint(Path(args.model))
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
@@ -81,95 +179,9 @@ async def run_fleet(args: argparse.Namespace) -> Counter:
     counts: Counter = Counter()
     stop = asyncio.Event()
 
-    async def one(i: int) -> None:
-        actor_id = f"{args.prefix}-{i}"
-        link = ControlLink(ctx, args.learner, actor_id)
-        engine = SimEngine(vocab_size=vocab, tokens_per_s=args.tokens_per_s, latency_s=args.latency, seed=i)
-        await engine.start()
-        rng = random.Random(i)
-        turn_limit = 1
-        hello = Hello(
-            actor_id=actor_id,
-            hostname=args.prefix,
-            pid=i,
-            model_fingerprint=fingerprint,
-            engine="sim",
-            max_groups=args.max_groups,
-        )
-        welcome = await link.handshake(hello, args.connect_timeout)
-        spec_max = min(welcome.rollout.max_tokens_per_turn, welcome.rollout.max_episode_tokens - args.prompt)
-        tasks: set[asyncio.Task] = set()
-        known: set[str] = set()  # tickets playing or unacknowledged: a re-sent Grant repeats them
-        serial = iter(range(1 << 62))
-
-        async def episode(ticket, k: int) -> Episode:
-            gen = await engine.generate(
-                f"{ticket.group_id}/{k}/{next(serial)}", [1] * args.prompt, SamplingSpec(max_tokens=max(1, spec_max))
-            )
-            return _sim_episode(gen, args.prompt, vocab, rng, turn_limit)
-
-        async def play(ticket) -> None:
-            eps = await asyncio.gather(*(episode(ticket, k) for k in range(welcome.rollout.group_size)))
-            await link.send(
-                Rollout(
-                    group_id=ticket.group_id,
-                    actor_id=actor_id,
-                    env=ticket.env,
-                    task_id=ticket.task_id,
-                    episodes=list(eps),
-                )
-            )
-            counts["rollouts_sent"] += 1
-
-        async def heartbeats() -> None:
-            while True:
-                await asyncio.sleep(welcome.heartbeat_interval_s)
-                await link.send(
-                    Heartbeat(
-                        actor_id=actor_id, weight_version=engine.version, stats={"capacity": float(args.max_groups)}
-                    )
-                )
-                counts["heartbeats_sent"] += 1
-
-        beat = asyncio.create_task(heartbeats())
-        try:
-            while not stop.is_set():
-                msg = await link.recv()
-                counts[f"recv_{type(msg).__name__}"] += 1
-                if isinstance(msg, Grant):
-                    counts["tickets"] += len(msg.tickets)
-                    for t in msg.tickets:
-                        if t.group_id in known:
-                            continue
-                        known.add(t.group_id)
-                        task = asyncio.create_task(play(t))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                elif isinstance(msg, Ack):
-                    counts.update(f"ack_{s}" for s in msg.statuses)
-                    known.difference_update(msg.group_ids)
-                elif isinstance(msg, WeightsReady):
-                    turn_limit = msg.turn_limit
-                    if msg.version > engine.version:
-                        await engine.update_weights({}, msg.version)  # the gate and version, no bytes
-                elif isinstance(msg, Shutdown):
-                    stop.set()
-        except asyncio.CancelledError:  # SIGTERM: leave as an actor does, so the learner re-issues at once
-            try:
-                await asyncio.wait_for(link.send(Leave(actor_id=actor_id, reason="SIGTERM")), 1.0)
-            except (TimeoutError, OSError):
-                pass
-            raise
-        finally:
-            beat.cancel()
-            for t in tasks:
-                t.cancel()
-            await engine.close()
-            link.close()
-
     loop = asyncio.get_running_loop()
     writer = asyncio.create_task(_write_counts(counts, args.out))
-    main = asyncio.gather(*(one(i) for i in range(args.count)))
+    main = asyncio.gather(*(_sim_actor(i, args, ctx, vocab, fingerprint, counts, stop) for i in range(args.count)))
     loop.add_signal_handler(signal.SIGTERM, main.cancel)
     try:
         await main

@@ -6,8 +6,8 @@ Components (built in ``Actor.__init__``, one comment per collaborator):
   Actor        the learner connection (control link, Welcome, Hello/re-Hello, heartbeats), the
                engine's start, the process's life (signals, Leave, close)
   WeightSync   (actors/weight_sync.py) WeightsReady -> chunks -> engine.update_weights
-  Players      (actors/playing.py) tickets -> episodes -> Rollouts; env pools; hand-over on leave
-  Concurrency  (actors/concurrency.py) how many groups to play at once
+  Players      (actors/play/players.py) tickets -> episodes -> Rollouts; env pools; hand-over on leave
+  Concurrency  (actors/play/concurrency.py) how many groups to play at once
 The engine, its tokenizer and the agent runner exist once the actor is registered and the engine
 is up: ``Actor.run`` then passes them (a ``Serving``) to the players and the engine to the weight loop.
 
@@ -18,7 +18,7 @@ Links (made in ``Actor.run``):
   receive_loop --WeightsReady--> weights.run --pull chunks (this host's relay if any, else or on its
                  silence the learner)--> engine.update_weights (version bump)
   heartbeat_loop --Heartbeat--> learner; a learner silent past actor_timeout_s gets a new Hello;
-                 each tick re-sizes the players (actors/concurrency.py) and reports the capacity
+                 each tick re-sizes the players (actors/play/concurrency.py) and reports the capacity
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 import structlog
 import zmq.asyncio
 
-from agentgym.actors.concurrency import Concurrency, Signals
-from agentgym.actors.engines import load_tokenizer, make_engine
-from agentgym.actors.playing import Players, Serving
+from agentgym.actors.engines.builders import load_tokenizer, make_engine
+from agentgym.actors.play.concurrency import Concurrency, Signals
+from agentgym.actors.play.players import Players, Serving
 from agentgym.actors.transport import RECONNECT_AFTER_S, ControlLink
 from agentgym.actors.weight_sync import WeightSync
 from agentgym.auth.keys import ClientKeys, KeyFileError, load_public
@@ -63,8 +63,8 @@ from agentgym.protocol.messages import LoraSpec
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from agentgym.actors.agent_runner import AgentRunner
-    from agentgym.actors.engine import GatedEngine
+    from agentgym.actors.engines.engine import GatedEngine
+    from agentgym.actors.play.agent_runner import AgentRunner
 
 log = structlog.get_logger(__name__)
 
@@ -113,7 +113,7 @@ class Actor:
         self.engine: GatedEngine | None = None
         """The policy's engine once started (``close`` stops it)."""
         self.agents: AgentRunner | None = None
-        """Plays tickets with the user's agent program through the agent endpoint (actors/agent_runner.py); None: off."""
+        """Plays tickets with the user's agent program through the agent endpoint (actors/play/agent_runner.py); None: off."""
         self.serving: Serving | None = None
         """The engine, tokenizer and agent runner the players use, once all are up (``run``)."""
         self.stats = {"groups_sent": 0, "episodes_sent": 0, "acked": 0, "resent": 0, "weight_updates": 0}
@@ -133,7 +133,7 @@ class Actor:
             self.weights,  # a ticket waits for its min_version; episodes take the latest turn limit
             self.stats,  # groups_sent, episodes_sent, hand-over and sampled-token counts
         )
-        """Tickets -> episodes -> Rollouts; hand-over when leaving (actors/playing.py)."""
+        """Tickets -> episodes -> Rollouts; hand-over when leaving (actors/play/players.py)."""
         self.ack_statuses: dict[str, int] = {}
         self.learner_hint: dict[str, float] = {}
         """The learner's last heartbeat stats: staleness headroom and its stale-group count."""
@@ -233,7 +233,7 @@ class Actor:
             started = await self.start_engine(self._model_dir(welcome), welcome.lora)
         engine, tokenizer = started
         if self.cfg.actor.agent_endpoint.enabled:  # the user's agent through an OpenAI-compatible endpoint
-            from agentgym.actors.agent_runner import AgentRunner
+            from agentgym.actors.play.agent_runner import AgentRunner
 
             self.agents = AgentRunner(
                 self.cfg.actor.agent_endpoint,
@@ -413,7 +413,7 @@ class Actor:
 
     async def watch_leave(self, leave_asked: asyncio.Future[Stop]) -> None:
         """Once asked to leave: hand the live episodes over (when configured), then stop the actor."""
-        from agentgym.actors.handover import leave
+        from agentgym.actors.play.handover import leave
 
         stop = await leave_asked
         log.info(

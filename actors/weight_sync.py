@@ -29,7 +29,7 @@ from agentgym.protocol.limits import weights_frame
 from agentgym.protocol.weights import WeightBuffers, tensor_nbytes
 
 if TYPE_CHECKING:
-    from agentgym.actors.engine import GatedEngine
+    from agentgym.actors.engines.engine import GatedEngine
     from agentgym.config import ActorConfig
 
 log = structlog.get_logger(__name__)

@@ -5,8 +5,8 @@
 Both paths play guess_number (1 to 8, 6 turns, the tiny model, one token per turn as the
 quickstart) with one shared engine, ``--groups`` tickets of ``--group-size`` episodes at once,
 round after round:
-- native: ``play_episode`` (actors/rollout.py) with an env pool of worker subprocesses;
-- endpoint: ``AgentRunner`` (actors/agent_runner.py) running examples/guess_number_agent.py, an
+- native: ``play_episode`` (actors/play/rollout.py) with an env pool of worker subprocesses;
+- endpoint: ``AgentRunner`` (actors/play/agent_runner.py) running examples/guess_number_agent.py, an
   ``openai.OpenAI`` loop in a thread per episode, over HTTP on loopback.
 The rounds alternate (native, endpoint, native, ...) so drift in the machine's load hits both.
 Printed: episodes/s of each path, their ratio (endpoint / native), calls per episode and the
@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 async def main(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    from agentgym.actors.agent_runner import AgentRunner
-    from agentgym.actors.rollout import play_episode
+    from agentgym.actors.play.agent_runner import AgentRunner
+    from agentgym.actors.play.rollout import play_episode
     from agentgym.config.actor import AgentEndpointConfig
     from agentgym.envpool.pool import EnvPool
     from agentgym.models.tiny import make_default_tiny_model
@@ -38,11 +38,11 @@ async def main(args: argparse.Namespace) -> None:
     model_dir = make_default_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(model_dir)
     if args.engine == "hf":
-        from agentgym.actors.hf_engine import HfEngine
+        from agentgym.actors.engines.hf_engine import HfEngine
 
         engine = HfEngine(model_dir, seed=0)
     else:
-        from agentgym.actors.sim_engine import SimEngine
+        from agentgym.actors.engines.sim_engine import SimEngine
 
         engine = SimEngine(vocab_size=len(tok), tokens_per_s=200, latency_s=0.02, seed=0)
     spec = RolloutSpec(

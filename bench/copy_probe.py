@@ -32,7 +32,7 @@ def probe(model_dir: Path, tasks: int, depth: int, distractors: int) -> dict[str
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentgym.actors.conversation import Conversation
+    from agentgym.actors.play.conversation import Conversation
     from agentgym.envpool.envs.textcraft import TextCraft
 
     tok = AutoTokenizer.from_pretrained(model_dir)

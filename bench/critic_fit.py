@@ -13,7 +13,7 @@ then, per agent token, the Monte Carlo return G (γ = 1: the episode's 0/1 rewar
 - critics fitted by Adam on the train half (squared error, all agent tokens of a minibatch),
   explained variance on the test half after each ``--report`` epochs: a linear head on the
   frozen trained policy's last hidden state, a linear head on the initial model's, and a
-  separate value model (learner/value_model.py) started from the initial weights, from a fresh
+  separate value model (learner/model/value_model.py) started from the initial weights, from a fresh
   random initialisation, and from the trained policy.
 
 Explained variance is the learner's: 1 − Var(G − V) / Var(G) over agent tokens.
@@ -34,17 +34,17 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.actors.rollout import play_episode  # noqa: E402
+from agentgym.actors.engines.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.play.rollout import play_episode  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.envs.guess_number import GuessNumber, parse_number  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
-from agentgym.learner.advantages import gae  # noqa: E402
-from agentgym.learner.algorithms import explained_variance  # noqa: E402
-from agentgym.learner.batch import Batch, collate, trainable_episodes  # noqa: E402
-from agentgym.learner.control import rollout_spec  # noqa: E402
-from agentgym.learner.policy import load_causal_lm  # noqa: E402
-from agentgym.learner.value_model import ValueHead, align_values, build_value_model  # noqa: E402
+from agentgym.learner.algorithms.advantages import gae  # noqa: E402
+from agentgym.learner.algorithms.estimators import explained_variance  # noqa: E402
+from agentgym.learner.control.actor_control import rollout_spec  # noqa: E402
+from agentgym.learner.model.policy import load_causal_lm  # noqa: E402
+from agentgym.learner.model.value_model import ValueHead, align_values, build_value_model  # noqa: E402
+from agentgym.learner.training.batch import Batch, collate, trainable_episodes  # noqa: E402
 from agentgym.protocol import Rollout, Ticket  # noqa: E402
 
 

@@ -41,9 +41,9 @@ async def _play(
     max_tokens: int = 4,
     split: str = "train",
 ) -> dict:
-    from agentgym.actors.critic import shared_critic
-    from agentgym.actors.hf_engine import HfEngine
-    from agentgym.actors.rollout import play_episode
+    from agentgym.actors.engines.hf_engine import HfEngine
+    from agentgym.actors.play.critic import shared_critic
+    from agentgym.actors.play.rollout import play_episode
     from agentgym.envpool.pool import EnvPool
     from agentgym.protocol import RolloutSpec, Ticket
     from agentgym.protocol.arrays import I32, U8, unpack

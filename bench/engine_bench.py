@@ -36,7 +36,7 @@ MODELS = {
 
 
 def prompts(tokenizer, n: int) -> list[list[int]]:
-    from agentgym.actors.conversation import Conversation
+    from agentgym.actors.play.conversation import Conversation
 
     return [
         Conversation.start(tokenizer, "You play a guessing game.", f"guess a number from 1 to {8 + i % 50}").prompt_ids
@@ -70,7 +70,7 @@ def naive(model_dir: Path, ps: list[list[int]], tokens: int) -> tuple[int, float
 
 
 async def through_engine(engine, ps: list[list[int]], tokens: int, tag: str) -> tuple[int, float]:
-    from agentgym.actors.engine import SamplingSpec
+    from agentgym.actors.engines.engine import SamplingSpec
 
     t0 = time.perf_counter()
     gens = await asyncio.gather(
@@ -85,14 +85,14 @@ async def through_engine(engine, ps: list[list[int]], tokens: int, tag: str) -> 
 async def run_engine(
     kind: str, model_dir: Path, all_prompts: dict[int, list[list[int]]], tokens: int
 ) -> dict[int, tuple[int, float]]:
-    from agentgym.actors.engine import SamplingSpec
+    from agentgym.actors.engines.engine import SamplingSpec
 
     if kind == "vllm":
-        from agentgym.actors.vllm_engine import VllmEngine
+        from agentgym.actors.engines.vllm_engine import VllmEngine
 
         engine = VllmEngine(model_dir, seed=0, kv_cache_gib=0.5, max_model_len=1024)
     else:
-        from agentgym.actors.hf_engine import HfEngine
+        from agentgym.actors.engines.hf_engine import HfEngine
 
         engine = HfEngine(model_dir, seed=0, max_model_len=1024)
     await engine.start()

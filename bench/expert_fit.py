@@ -4,7 +4,7 @@
 
 The question behind a plateau in RL: is the policy class able to play well at all? This fits the
 model by cross-entropy to the env's ``expert_action`` on the exact token sequences the actors
-build (``actors/conversation.Conversation``, the env's instructions as system message, one token
+build (``actors/play/conversation.Conversation``, the env's instructions as system message, one token
 per turn), then plays every target with the fitted model at temperature 1 and greedily.
 
 States: with ``--dagger p`` each turn of a training episode plays a uniformly random valid
@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agentgym.actors.conversation import Conversation  # noqa: E402
+from agentgym.actors.play.conversation import Conversation  # noqa: E402
 from agentgym.envpool.envs.guess_number import GuessNumber  # noqa: E402
 
 

@@ -143,7 +143,7 @@ def _hub_server(addr: str, n: int, ready, cpu) -> None:
                 if got == 0:
                     c0 = time.process_time()
                 got += 1
-                hub.ack(peer, msg.group_id, "accepted")  # as learner/control.py does
+                hub.ack(peer, msg.group_id, "accepted")  # as learner/control/actor_control.py does
                 if got == n:
                     hub.flush_acks()  # the inbox sends coalesced acks when asked for the next message
                     await trio.sleep(0.5)  # let ZeroMQ send the last ack

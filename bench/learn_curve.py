@@ -4,7 +4,7 @@
         --eval-every 25 --tag base [-o learner.lr=1e-3 ...] [--out runs/curves] [--plot]
 
 The loop is tests/test_algorithms_learn.py's, without sockets: the transformers reference engine
-(actors/hf_engine.py, one sampling seed per request) plays groups with the actor's rollout code
+(actors/engines/hf_engine.py, one sampling seed per request) plays groups with the actor's rollout code
 on a real EnvPool, the learner's ``Trainer.train_step`` trains on each batch, and the new weights
 go into the engine before the next batch. It is synchronous (staleness 0, and the engine is the
 learner's own float32 model, so π_prox/μ = 1): what it measures is the optimisation itself
@@ -39,13 +39,13 @@ sys.path.insert(0, str(REPO))
 
 from task_overlap import train_task_ids  # noqa: E402
 
-from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.actors.rollout import play_episode  # noqa: E402
+from agentgym.actors.engines.engine import Generation, SamplingSpec  # noqa: E402
+from agentgym.actors.engines.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.play.rollout import play_episode  # noqa: E402
 from agentgym.config import Config, load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
-from agentgym.learner.control import rollout_spec  # noqa: E402
-from agentgym.learner.trainer import Trainer  # noqa: E402
+from agentgym.learner.control.actor_control import rollout_spec  # noqa: E402
+from agentgym.learner.training.trainer import Trainer  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 
 EVAL_EPISODES = 4
@@ -74,7 +74,7 @@ class RequestSeeded:
 
 
 def RequestSeededEngine(model_dir: Path | str, seed: int) -> RequestSeeded:  # noqa: N802 (reads as the class it was)
-    """The reference engine (actors/hf_engine.py), seeded per request."""
+    """The reference engine (actors/engines/hf_engine.py), seeded per request."""
     return RequestSeeded(HfEngine(Path(model_dir), seed=seed), seed)
 
 
@@ -83,7 +83,7 @@ def make_bench_engine(cfg: Config, kind: str) -> object:
     ``vllm``: the actors' vLLM engine (batched; its logprobs differ from the learner's by float noise)."""
     if kind == "hf":
         return RequestSeededEngine(cfg.model.path, seed=cfg.run.seed)
-    from agentgym.actors.engines import make_engine
+    from agentgym.actors.engines.builders import make_engine
 
     if cfg.actor.engine != kind:
         raise ValueError(f"--engine {kind} needs actor.engine = {kind!r} in the config (main() sets it)")

@@ -120,7 +120,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "tests"))
     from learner_fixtures import make_cfg
 
-    from agentgym.learner.trainer import Trainer
+    from agentgym.learner.training.trainer import Trainer
 
     limit = matmul_limit(args.threads)
     batch = rollouts(args.model, args.shape)

@@ -5,7 +5,7 @@
 
 Each cell is one ``agentgym bench --modes async`` run (a real learner and real actor processes
 over loopback) on the env that waits (guess_number, every step sleeping a log-normal time, median
-0.3 s), with simulated engines in the actors (``actor.engine = "sim"``, actors/sim_engine.py):
+0.3 s), with simulated engines in the actors (``actor.engine = "sim"``, actors/engines/sim_engine.py):
 everything of an actor is real (tickets, env pool, rollouts, weight fetches) except the model, so
 the actors take almost no CPU from the learner, as actors on their own machines or GPUs would not.
 The learner trains a real model: the quickstart's tiny one (``--hidden 0``) or a random Qwen2-style

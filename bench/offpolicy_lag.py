@@ -38,8 +38,8 @@ from learn_curve import EVAL_EPISODES, RequestSeededEngine, play_groups  # noqa:
 
 from agentgym.config import Config, load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
-from agentgym.learner.control import rollout_spec  # noqa: E402
-from agentgym.learner.trainer import Trainer  # noqa: E402
+from agentgym.learner.control.actor_control import rollout_spec  # noqa: E402
+from agentgym.learner.training.trainer import Trainer  # noqa: E402
 from agentgym.protocol import Ticket  # noqa: E402
 
 COLLAPSE_SUCCESS, COLLAPSE_STEPS = 0.05, 10

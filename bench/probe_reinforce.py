@@ -23,7 +23,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agentgym.actors.conversation import Conversation  # noqa: E402
+from agentgym.actors.play.conversation import Conversation  # noqa: E402
 
 
 def main() -> int:

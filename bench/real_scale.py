@@ -101,7 +101,7 @@ def _actor_process(conn, overrides: list[str], model_dir: str, engine_name: str,
     import uvloop
     import zmq.asyncio
 
-    from agentgym.actors.engines import make_engine
+    from agentgym.actors.engines.builders import make_engine
     from agentgym.actors.weight_fetch import fetch_weights, to_torch
     from agentgym.config import load_config
     from agentgym.host.allocator import keep_freed_memory
@@ -185,10 +185,10 @@ def measure(shape: str, model_dir: Path, args: argparse.Namespace, bound_frame: 
 
     from agentgym.config import load_config
     from agentgym.host.netutil import free_port_pair
-    from agentgym.learner.distributed import DataParallel, pick_device
-    from agentgym.learner.trainer import Trainer
+    from agentgym.learner.training.distributed import DataParallel, pick_device
+    from agentgym.learner.training.trainer import Trainer
+    from agentgym.learner.training.weight_export import WeightExporter
     from agentgym.learner.transport import WeightSnapshot
-    from agentgym.learner.weight_export import WeightExporter
     from agentgym.observe.memstats import peak_memory
     from agentgym.protocol import WeightsReady
 

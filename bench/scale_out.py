@@ -6,7 +6,7 @@
 Every run is real processes in network namespaces (agentgym/cluster/netns.py): a ``learner`` host with
 the learner's weight side (``agentgym.cluster.fleet source``: the learner's own Hub, no training) and up
 to ``--hosts`` actor hosts, each running its share of the N simulated actor identities
-(``agentgym.cluster.fleet actors``, ``--per-process`` identities per process, actors/sim_engine.py). The
+(``agentgym.cluster.fleet actors``, ``--per-process`` identities per process, actors/engines/sim_engine.py). The
 source publishes ``--versions`` versions of ``--mib`` MiB; for each it measures:
 - time to all: from announcing the version (WeightsReady to every actor) to the last actor
   reporting, by heartbeat, that it serves the version with the learner's bytes (crc32 digest);

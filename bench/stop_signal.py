@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from agentgym.host.netutil import free_port_pair
-from agentgym.learner.checkpoint import latest_checkpoint
+from agentgym.learner.training.checkpoint import latest_checkpoint
 from agentgym.observe.logs import read_events
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ with ``train_task_ids``: ``learner.batch_groups`` ids a step, uniform over the c
 ``env.task_start`` .. ``+ env.task_count``, from ``random.Random(run.seed)``; so a run's draws
 follow from its config, seed and number of steps, and are replayed here, with the same function,
 instead of being stored. Its held-out tasks are the first ``eval.tasks`` of the env's test split.
-An ``agentgym train`` run draws per ticket instead (learner/scheduler.py ``ticket_task``: ticket n's
+An ``agentgym train`` run draws per ticket instead (learner/control/scheduler.py ``ticket_task``: ticket n's
 env and task from (run.seed, n)), so its draws are those of the tickets it issued (``--tickets``).
 
 Two tasks are **identical** when an agent cannot tell them apart and the env would score the same
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.config import Config, EnvSpec, load_config
-from agentgym.learner.scheduler import ticket_task
+from agentgym.learner.control.scheduler import ticket_task
 
 
 def train_task_ids(spec: EnvSpec, batch_groups: int, draw: random.Random) -> list[int]:

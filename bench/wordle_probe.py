@@ -54,7 +54,7 @@ def _play_random(env, tok, task: int, rng: random.Random, guesses: int | None = 
     """A game of ``task`` played at random, as an actor builds it: ``guesses`` random guesses or, with
     None, to the end. Returns the conversation (no reply after the game's last guess) and the last
     step's result."""
-    from agentgym.actors.conversation import Conversation
+    from agentgym.actors.play.conversation import Conversation
 
     conv = Conversation.start(tok, env.instructions() or None, env.reset(task))
     n = 0
@@ -73,7 +73,7 @@ def _play_random(env, tok, task: int, rng: random.Random, guesses: int | None = 
 def probe(model_dir: Path, config: Path, tasks: int, before: int, samples: int, seed: int = 0) -> dict[str, object]:
     import torch
 
-    from agentgym.actors.conversation import Conversation
+    from agentgym.actors.play.conversation import Conversation
     from agentgym.envpool.envs.wordle import Wordle
 
     tok, model, env, kwargs = _load(model_dir, config)

@@ -47,8 +47,8 @@ def run_learner_process(
     role = "learner" if worker is None else f"learner-rank{worker}"
     setup_logging(role, run_dir / "logs" / f"{role}.jsonl", log_level)
     if worker is not None:  # RANK > 0 (torchrun or by hand): a data-parallel worker of rank 0
-        from agentgym.learner.distributed import run_worker
-        from agentgym.learner.trainer import Trainer
+        from agentgym.learner.training.distributed import run_worker
+        from agentgym.learner.training.trainer import Trainer
 
         return run_worker(cfg, Trainer.build, rank_signals)
     # Held from here to the process's exit, outside the signal receiver that run_learner keeps

@@ -2,11 +2,11 @@
 
     trio.run(run_learner, cfg, run_dir)
 
-Two components: ``Learner`` (here) trains, ``ActorControl`` (learner/control.py) faces the actors.
+Two components: ``Learner`` (here) trains, ``ActorControl`` (learner/control/actor_control.py) faces the actors.
 ``Learner.__init__`` builds the parts they share and hands them to ``ActorControl`` (one comment
 per part); ``_run_learner`` starts the tasks (one comment per link):
   hub.inbox        -> control_loop   actors' Hello/Heartbeat/Rollout/Leave, read and decoded on the trio thread
-                                     (control_loop, reaper and grants: learner/control.py)
+                                     (control_loop, reaper and grants: learner/control/actor_control.py)
   control_loop     -> buffer         accepted rollouts (after dedupe, validation and staleness checks)
   buffer           -> train_loop     batch_groups groups per optimizer step (torch runs in a thread)
   train_loop       -> hub            new weight snapshot (pull-served) + WeightsReady to every actor
@@ -30,22 +30,22 @@ import trio
 
 from agentgym.auth.server import ServerKeys
 from agentgym.config import Config, to_toml
-from agentgym.learner.accounting import TicketLedger
-from agentgym.learner.batch import trainable_episodes
-from agentgym.learner.bounds import SocketBounds
-from agentgym.learner.control import ActorControl, version_span
-from agentgym.learner.curriculum import Curriculum, success_counts
-from agentgym.learner.episode_log import EpisodeLog
-from agentgym.learner.evaluation import EvalRound, Evaluations, env_stats
-from agentgym.learner.flight_recorder import FlightRecorder, LogprobAgreement
-from agentgym.learner.flowstats import EpisodeMix, LearnerClock
-from agentgym.learner.health import RunHealth
-from agentgym.learner.run_stats import Counters
-from agentgym.learner.scheduler import Scheduler
-from agentgym.learner.staleness import StalenessRule, StalenessTally, TrainBuffer
+from agentgym.learner.control.actor_control import ActorControl, version_span
+from agentgym.learner.control.bounds import SocketBounds
+from agentgym.learner.control.curriculum import Curriculum, success_counts
+from agentgym.learner.control.evaluation import EvalRound, Evaluations, env_stats
+from agentgym.learner.control.scheduler import Scheduler
+from agentgym.learner.control.staleness import StalenessRule, StalenessTally, TrainBuffer
+from agentgym.learner.records.accounting import TicketLedger
+from agentgym.learner.records.episode_log import EpisodeLog
+from agentgym.learner.records.flight_recorder import FlightRecorder, LogprobAgreement
+from agentgym.learner.records.flowstats import EpisodeMix, LearnerClock
+from agentgym.learner.records.health import RunHealth
+from agentgym.learner.records.run_stats import Counters
 from agentgym.learner.stopping import StepAbandoned, StopSignals
+from agentgym.learner.training.batch import trainable_episodes
+from agentgym.learner.training.weight_export import WeightExporter
 from agentgym.learner.transport import Hub, WeightSnapshot, open_hub
-from agentgym.learner.weight_export import WeightExporter
 from agentgym.observe.logs import MetricsWriter
 from agentgym.observe.memstats import peak_memory
 from agentgym.observe.progress import StepClock
@@ -54,14 +54,14 @@ from agentgym.protocol import WeightsReady
 from agentgym.protocol.weights import chunks_digest
 
 if TYPE_CHECKING:
-    from agentgym.learner.trainer import Trainer  # torch: imported when the learner starts, not here
+    from agentgym.learner.training.trainer import Trainer  # torch: imported when the learner starts, not here
 
 log = structlog.get_logger(__name__)
 
 
 class Learner:
     """The learner's training side: it owns the step, the trainer and what a step writes (metrics,
-    checkpoints, the curriculum, run health); ``control`` (learner/control.py) faces the actors.
+    checkpoints, the curriculum, run health); ``control`` (learner/control/actor_control.py) faces the actors.
     Built by ``_run_learner``; the constructor wires the two, one comment per shared part."""
 
     def __init__(self, cfg: Config, run_dir: Path, trainer: Trainer, hub: Hub) -> None:
@@ -86,7 +86,7 @@ class Learner:
         )
         self.buffer = TrainBuffer(self.rule)
         self.curriculum = Curriculum(cfg.schedule, [e.name for e in cfg.env.specs])
-        """Each env's turn limit (learner/curriculum.py); checkpointed with the service state."""
+        """Each env's turn limit (learner/control/curriculum.py); checkpointed with the service state."""
         self.clock = LearnerClock()
         self.mix = EpisodeMix()
         self.counters = Counters()
@@ -98,17 +98,17 @@ class Learner:
         self.eval_metrics = with_sinks(MetricsWriter(run_dir / "eval.jsonl"), sinks, run_dir, "eval", cfg=cfg)
         self.episode_log = EpisodeLog(run_dir / "episodes.jsonl", Path(cfg.model.path), cfg.learner.log_episodes)
         self.evals = Evaluations(cfg, self.sched, self.eval_metrics, self.episode_log)
-        """Held-out rounds: tickets through the scheduler, records to eval.jsonl (learner/evaluation.py)."""
+        """Held-out rounds: tickets through the scheduler, records to eval.jsonl (learner/control/evaluation.py)."""
         self.flight = FlightRecorder(refuse=lc.refuse_digest_mismatch)
-        """Weight digests the actors report against the exports' (learner/flight_recorder.py)."""
+        """Weight digests the actors report against the exports' (learner/records/flight_recorder.py)."""
         self.agreement = LogprobAgreement(lc.logprob_outlier_kl)
-        """Per actor: its behaviour logprobs against the learner's (learner/flight_recorder.py)."""
+        """Per actor: its behaviour logprobs against the learner's (learner/records/flight_recorder.py)."""
         self.ledger = TicketLedger(run_dir / "tickets.jsonl")
-        """Every training ticket's fate, journaled (learner/accounting.py)."""
+        """Every training ticket's fate, journaled (learner/records/accounting.py)."""
         self.control = ActorControl(
             cfg,
             hub,  # actors' messages in, Welcome/Grant/Ack/WeightsReady/Heartbeat out
-            run_dir=run_dir,  # `agentgym actors leave` requests (learner/requests.py)
+            run_dir=run_dir,  # `agentgym actors leave` requests (learner/control/requests.py)
             run_id=self.run_id,  # Welcome names the run; the dedupe set numbers this life's tickets
             version=lambda: self.version,  # the version rollouts are judged, and tickets granted, against
             sched=self.sched,  # control registers actors and claims tickets; train_loop moves the version on
@@ -120,13 +120,13 @@ class Learner:
             evals=self.evals,  # control records eval rollouts; here rounds start and are awaited
             flight=self.flight,  # actors' reported digests there, the exports' here
         )
-        """The actor-facing side: registration, grants, judging rollouts, liveness (learner/control.py)."""
+        """The actor-facing side: registration, grants, judging rollouts, liveness (learner/control/actor_control.py)."""
         self.last_checkpoint = (self.step, time.monotonic())
         self.mid_step = False
         """True while a training step runs: its state is not consistent enough to checkpoint."""
         self.progress = StepClock(cfg.run.max_steps)  # console: step N/total and time left
         self.health = RunHealth(cfg.run.health_window, decode=self.episode_log.decode)
-        """No reward signal / collapse warnings (learner/health.py); ``collapsed`` ends a run."""
+        """No reward signal / collapse warnings (learner/records/health.py); ``collapsed`` ends a run."""
         self.collapsed: str | None = None
         self.staleness = StalenessTally(lc.max_staleness)
         """Trained tokens by staleness over the run (summary.json: is the bound honoured?)."""
@@ -229,7 +229,7 @@ class Learner:
                 self.step = self.trainer.step
                 self.ledger.trained([r.group_id for r in batch], self.step)
                 # Before publish (version `step` carries the new limits) and before the step's
-                # checkpoint (which then holds the state after this step): see learner/curriculum.py.
+                # checkpoint (which then holds the state after this step): see learner/control/curriculum.py.
                 played = self.curriculum.limits()
                 for adv in self.curriculum.observe(self.step, success_counts(per_env)):
                     extra = {} if adv.success is None else {"success": adv.success}
@@ -448,8 +448,8 @@ async def run_learner(cfg: Config, run_dir: Path, resume: bool = False) -> int:
 
 
 async def _run_learner(cfg: Config, run_dir: Path, resume: bool, stop: StopSignals) -> int:
-    from agentgym.learner.checkpoint import latest_checkpoint
-    from agentgym.learner.trainer import Trainer
+    from agentgym.learner.training.checkpoint import latest_checkpoint
+    from agentgym.learner.training.trainer import Trainer
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(to_toml(cfg))
@@ -457,7 +457,7 @@ async def _run_learner(cfg: Config, run_dir: Path, resume: bool, stop: StopSigna
     trainer = await trio.to_thread.run_sync(Trainer.load, cfg)
     token = trio.lowlevel.current_trio_token()
 
-    def rank_stop(reason: str) -> None:  # a rank > 0 got a stop signal (learner/distributed.py)
+    def rank_stop(reason: str) -> None:  # a rank > 0 got a stop signal (learner/training/distributed.py)
         m = re.fullmatch(r"learner rank (\d+) got (\w+)", reason)
         fields = {"rank": int(m[1]), "signal": m[2]} if m else {"request": reason}
         try:

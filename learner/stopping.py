@@ -13,7 +13,7 @@ the train nursery is cancelled, and a training step in progress is abandoned bef
 optimizer step (``Trainer.abandon``, ``StepAbandoned``) or else finishes; the learner then saves
 the ``interrupted`` checkpoint and writes summary.json (learner/service.py). Later ones are logged
 and change nothing. With several data-parallel ranks, a rank > 0 that gets a signal asks rank 0
-to stop (learner/distributed.py, ``RankSignals``): rank 0 acts on it as on its own signal
+to stop (learner/training/distributed.py, ``RankSignals``): rank 0 acts on it as on its own signal
 (``request``), so a signal to any rank ends the run the same way. The receiver stays open until the learner's work is done, and
 agentgym/cli/learner.py holds both signals (agentgym/host/early_signals.py) before it opens and after it
 closes, so no signal reaches Python's default action (which would kill the process mid-checkpoint).
@@ -83,7 +83,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class RankSignals:
     """SIGINT and SIGTERM of a learner rank > 0: never fatal, passed on to rank 0 as a request to
-    stop the run (learner/distributed.py sends it through the ranks' rendezvous store).
+    stop the run (learner/training/distributed.py sends it through the ranks' rendezvous store).
 
     A rank > 0 spends its time inside collectives that rank 0 leads. Killed by a signal there, it
     would make rank 0's step (or its checkpoint, which every fsdp rank writes a part of) fail
@@ -153,7 +153,7 @@ def rank_process(rank: int, payload: bytes) -> None:
     job would otherwise kill it and leave rank 0 waiting at the rendezvous); then ``payload``
     (the pickled arguments of ``distributed._rank_main``, whose unpickling imports torch) runs."""
     signals = RankSignals(rank)
-    from agentgym.learner.distributed import _rank_main
+    from agentgym.learner.training.distributed import _rank_main
 
     cfg, build, world, init_method = pickle.loads(payload)
     _rank_main(cfg, build, rank, world, init_method, signals=signals)

@@ -82,7 +82,7 @@ class Inbox:
         self._user_ids = user_ids
         self.user_id = ""
         """The ZAP user id (the CURVE public key, z85) of the connection the message handed out
-        last came from ('' without keys): read it right after each message (learner/control.py)."""
+        last came from ('' without keys): read it right after each message (learner/control/actor_control.py)."""
         self._fd: int = cast(int, sock.getsockopt(zmq.FD))
         self._sleeping: trio.CancelScope | None = None  # set while the reader waits on the FD
         self._since_checkpoint = 0
@@ -254,7 +254,7 @@ class Hub:
         self.inbox_size = inbox_size
         self.max_msg_bytes = max_msg_bytes or max_frame_bytes()
         self.weights_max_bytes = weights_max_bytes or self.max_msg_bytes
-        """The weights port's frame cap (learner/bounds.py: only WeightRequests come in there)."""
+        """The weights port's frame cap (learner/control/bounds.py: only WeightRequests come in there)."""
         self._ctx = zmq.Context()
         self._control: zmq.Socket | None = None
         self.inbox: Inbox  # set by open() once the control socket is bound

@@ -6,7 +6,7 @@
 
 ZeroMQ refuses a frame over a socket's ``MAXMSGSIZE`` before reading it (the connection is
 dropped and made again), so a peer cannot make the receiver allocate more than the cap. The
-learner's caps are learner/bounds.py (built on these figures); the actor's are here:
+learner's caps are learner/control/bounds.py (built on these figures); the actor's are here:
 
 - control (from the learner): the largest message is a Grant; every ticket in it may carry a
   hand-over (at most a group: the finished and partial episodes of a leaving actor), and an

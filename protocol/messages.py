@@ -186,7 +186,7 @@ class Ticket(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Task split. "train": ``task_id`` is the task id itself. "dev"/"test" (evaluation, never
     trained on): ``task_id`` is an index into the env's ``tasks(split)``, resolved by the actor."""
     handover: Handover | None = None
-    """Set on a ticket whose first actor left mid-play: continue its episodes (actors/handover.py)."""
+    """Set on a ticket whose first actor left mid-play: continue its episodes (actors/play/handover.py)."""
 
 
 class Grant(Message):
@@ -222,13 +222,13 @@ class Episode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     segment_ends: bytes = b""
     """int32 exclusive ends of the episode's segments (empty: one segment, the whole episode).
     An agent conversation whose prompt stopped extending the previous call's tokens (a prefix
-    break, actors/agent_trace.py) is laid out as segments end to end; each is trained as a
+    break, actors/play/agent_trace.py) is laid out as segments end to end; each is trained as a
     sequence of its own, never attending to the one before."""
     prefix_breaks: NonNeg = 0
     """Calls of an agent conversation that did not extend the previous call's tokens."""
     resumed_at: NonNeg = 0
     """Tokens played by an actor that left before this one continued the episode from them
-    (a hand-over, actors/handover.py); 0: one actor played it all."""
+    (a hand-over, actors/play/handover.py); 0: one actor played it all."""
 
     def __post_init__(self) -> None:
         # Fast path: every rule below as one expression of lengths (the learner decodes every

@@ -9,7 +9,7 @@ gives no advantage to push it down, and the run settles there (measured: an asyn
 echo probe answered ``<|im_start|>`` to 88 of 102 tasks). So the policy is defined as the
 model's softmax with these ids at probability 0, on both sides of the importance weight: the
 engine never samples them (actors) and the learner evaluates the same masked distribution
-(``learner/logprobs.py``), so π/μ stays exact. The end-of-sequence token stays allowed: it ends
+(``learner/model/logprobs.py``), so π/μ stays exact. The end-of-sequence token stays allowed: it ends
 the turn. ``rollout.allow_special_tokens = true`` turns this off (an env whose actions are
 special tokens).
 

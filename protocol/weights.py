@@ -341,7 +341,7 @@ def tensor_digest(name: str, data: bytes | bytearray | memoryview, value: int | 
 def weights_digest(terms: Iterable[int]) -> int:
     """A set of tensors' digest: their ``tensor_digest`` terms summed mod 2**32 (order-free: an
     engine sums what it serves in any order). The learner's export and the weights an actor's
-    engine serves after an update must give the same number (learner/flight_recorder.py)."""
+    engine serves after an update must give the same number (learner/records/flight_recorder.py)."""
     return sum(terms) % 2**32
 
 

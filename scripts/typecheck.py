@@ -7,7 +7,7 @@ mypy finds a module by its path, and agentgym's roles live in top-level folders 
 under the ``agentgym`` namespace (``[tool.setuptools.package-dir]``; docs/adr/0001-import-names.md),
 which the editable install's import hook maps and mypy cannot see. So the script links each role's
 folder where its package name puts it, under ``.mypy_cache/src/agentgym/``, points mypy there, and
-prints its findings with the repository's own paths (``learner/trainer.py``, not the link's).
+prints its findings with the repository's own paths (``learner/training/trainer.py``, not the link's).
 """
 
 from __future__ import annotations

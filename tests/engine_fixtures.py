@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agentgym.actors.engine import Generation, SamplingSpec
-from agentgym.actors.hf_engine import HfEngine
+from agentgym.actors.engines.engine import Generation, SamplingSpec
+from agentgym.actors.engines.hf_engine import HfEngine
 
 
 class RecordingEngine(HfEngine):

@@ -1,7 +1,7 @@
 """The synchronous learning loop of the learning tests, in this process and without sockets.
 
-The transformers reference engine (actors/hf_engine.py) plays groups of episodes with the actor's
-rollout code (actors/rollout.py) on a real EnvPool; the learner's Trainer takes one step on each
+The transformers reference engine (actors/engines/hf_engine.py) plays groups of episodes with the actor's
+rollout code (actors/play/rollout.py) on a real EnvPool; the learner's Trainer takes one step on each
 batch of groups (``Trainer.train_step``: the algorithm's advantages, the shared loss, AdamW); the
 new weights go into the engine (``update_weights``) before the next batch is played. Held-out
 success is measured on the same test tasks with the same sampling seeds before the first step and
@@ -18,13 +18,13 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from agentgym.actors.engine import Generation, SamplingSpec
-from agentgym.actors.hf_engine import HfEngine
-from agentgym.actors.rollout import play_episode
+from agentgym.actors.engines.engine import Generation, SamplingSpec
+from agentgym.actors.engines.hf_engine import HfEngine
+from agentgym.actors.play.rollout import play_episode
 from agentgym.config import Config
 from agentgym.envpool.pool import EnvPool
-from agentgym.learner.control import rollout_spec
-from agentgym.learner.trainer import Trainer
+from agentgym.learner.control.actor_control import rollout_spec
+from agentgym.learner.training.trainer import Trainer
 from agentgym.protocol import Episode, Rollout, Ticket
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from agentgym.config import Config, load_config
-from agentgym.learner.logprobs import sequence_logprobs
+from agentgym.learner.model.logprobs import sequence_logprobs
 from agentgym.protocol import Episode, Rollout
 from agentgym.protocol.arrays import F32, I32, U8, pack
 

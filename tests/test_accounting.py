@@ -1,11 +1,11 @@
-"""The ticket journal (learner/accounting.py) on its own: the identity over fates, and what a
+"""The ticket journal (learner/records/accounting.py) on its own: the identity over fates, and what a
 resume re-opens, replayed from the file a killed learner left behind."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agentgym.learner.accounting import TicketLedger, format_table
+from agentgym.learner.records.accounting import TicketLedger, format_table
 from agentgym.protocol import Ticket
 
 

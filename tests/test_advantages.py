@@ -1,4 +1,4 @@
-"""learner/advantages.py: hand-computed values, group normalisation, multi-turn masking semantics."""
+"""learner/algorithms/advantages.py: hand-computed values, group normalisation, multi-turn masking semantics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentgym.learner.advantages import (
+from agentgym.learner.algorithms.advantages import (
     agent_turn_index,
     broadcast_sequence_advantages,
     episode_rewards_to_tokens,

@@ -23,13 +23,13 @@ openai = pytest.importorskip("openai")
 
 from engine_fixtures import RecordingEngine  # noqa: E402
 
-from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
-from agentgym.actors.engine import SamplingSpec  # noqa: E402
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.engines.engine import SamplingSpec  # noqa: E402
+from agentgym.actors.engines.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.play.agent_runner import AgentRunner  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
-from agentgym.learner.batch import collate, segments  # noqa: E402
-from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
-from agentgym.learner.validate import Guard  # noqa: E402
+from agentgym.learner.control.validate import Guard  # noqa: E402
+from agentgym.learner.model.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.learner.training.batch import collate, segments  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import Rollout, RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
@@ -284,8 +284,8 @@ def test_a_streamed_call_routed_by_a_body_field_is_recorded_like_any_other(setup
     """``stream=true`` (verifiers' harness programs only stream) and the conversation named by the
     body's ``agentgym_conversation`` (one base URL for every episode): the SDK reassembles the
     completion, and the call is kept as the engine made it."""
-    from agentgym.actors.agent_endpoint import AgentEndpoint
-    from agentgym.actors.agent_trace import AgentTrace
+    from agentgym.actors.play.agent_endpoint import AgentEndpoint
+    from agentgym.actors.play.agent_trace import AgentTrace
 
     model_dir, tok, _ = setup
 

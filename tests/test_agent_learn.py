@@ -27,12 +27,12 @@ from learn_loop import RequestSeededEngine, learn
 
 pytest.importorskip("openai")
 
-from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
+from agentgym.actors.play.agent_runner import AgentRunner  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
 from agentgym.host.netutil import free_port_pair  # noqa: E402
-from agentgym.learner.control import rollout_spec  # noqa: E402
-from agentgym.learner.trainer import Trainer  # noqa: E402
+from agentgym.learner.control.actor_control import rollout_spec  # noqa: E402
+from agentgym.learner.training.trainer import Trainer  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

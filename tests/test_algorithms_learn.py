@@ -27,7 +27,7 @@ import pytest
 from learn_loop import train_and_evaluate
 
 from agentgym.config import Config, LearnerConfig, load_config
-from agentgym.learner.algorithms import ALGORITHMS
+from agentgym.learner.algorithms.estimators import ALGORITHMS
 from agentgym.models.tiny import make_default_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.actors.conversation import Conversation  # noqa: E402
+from agentgym.actors.play.conversation import Conversation  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.envs.guess_number import GuessNumber  # noqa: E402
 from agentgym.envpool.envs.maze import Maze  # noqa: E402

@@ -13,7 +13,7 @@ import zmq
 
 from agentgym.config import load_config
 from agentgym.host.netutil import free_port_pair
-from agentgym.learner.bounds import MiB, SocketBounds
+from agentgym.learner.control.bounds import MiB, SocketBounds
 from agentgym.learner.transport import open_hub
 from agentgym.protocol import Episode, Heartbeat, Rollout, WeightGone, WeightRequest, decode, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from agentgym.actors.conversation import Conversation
+from agentgym.actors.play.conversation import Conversation
 from agentgym.models.tiny import train_tokenizer
 
 CORPUS = [

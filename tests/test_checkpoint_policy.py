@@ -23,7 +23,7 @@ from test_learner_resume import BATCH, GROUP_SIZE, REPO, ScriptedActor, _learner
 
 from agentgym.config import to_toml
 from agentgym.host.netutil import free_port_pair
-from agentgym.learner.checkpoint import latest_checkpoint
+from agentgym.learner.training.checkpoint import latest_checkpoint
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.observe.logs import read_events
 

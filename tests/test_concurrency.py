@@ -1,5 +1,5 @@
-"""Actors size their own in-flight work (actors/concurrency.py), the learner grants by it, and
-env pools grow with it; the staleness rule (learner/staleness.py) says how much room there is."""
+"""Actors size their own in-flight work (actors/play/concurrency.py), the learner grants by it, and
+env pools grow with it; the staleness rule (learner/control/staleness.py) says how much room there is."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from agentgym.actors.concurrency import Concurrency, Signals
+from agentgym.actors.play.concurrency import Concurrency, Signals
 from agentgym.config import EnvSpec
 from agentgym.envpool.pool import EnvPool
-from agentgym.learner.scheduler import Scheduler
-from agentgym.learner.staleness import StalenessRule
+from agentgym.learner.control.scheduler import Scheduler
+from agentgym.learner.control.staleness import StalenessRule
 
 
 def signals(busy: int, kv: float, *, headroom: float = 10, stale: float = 0, waiting: int = 0) -> Signals:
@@ -135,7 +135,7 @@ def test_an_env_pool_grows_with_the_actor_and_runs_the_new_workers() -> None:
 
 
 def test_the_staleness_tally_counts_trained_tokens_per_bucket_over_the_run() -> None:
-    from agentgym.learner.staleness import StalenessTally
+    from agentgym.learner.control.staleness import StalenessTally
 
     t = StalenessTally(max_staleness=2)
     t.add(

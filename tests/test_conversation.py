@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentgym.actors.conversation import Conversation
+from agentgym.actors.play.conversation import Conversation
 from agentgym.models.tiny import CHATML_TEMPLATE, IM_END, make_tiny_model
 
 CORPUS = ["guess a number from 1 to 8", "higher", "lower", "correct", "invalid", *map(str, range(1, 9))]

@@ -20,12 +20,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.actors.critic import LmCritic, OracleCritic, shared_critic  # noqa: E402
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.actors.rollout import play_episode  # noqa: E402
+from agentgym.actors.engines.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.play.critic import LmCritic, OracleCritic, shared_critic  # noqa: E402
+from agentgym.actors.play.rollout import play_episode  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
-from agentgym.learner.episode_log import segments  # noqa: E402
-from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.learner.model.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.learner.records.episode_log import segments  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import CriticSpec, Episode, Rollout, RolloutSpec, Ticket, decode, encode  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
@@ -227,7 +227,7 @@ def test_train_with_the_oracle_critic_end_to_end(tmp_path: Path, setup) -> None:
 
 def test_critic_config_travels_in_the_rollout_spec_and_typos_are_named() -> None:
     from agentgym.config import ConfigError, load_config
-    from agentgym.learner.control import rollout_spec
+    from agentgym.learner.control.actor_control import rollout_spec
 
     assert rollout_spec(load_config(None)).critic is None  # off by default
     cfg = load_config(None, ["critic.enabled=true", 'critic.when="episode_end"', "critic.max_revisions=3"])

@@ -1,4 +1,4 @@
-"""The turn-limit curriculum (learner/curriculum.py, ``[schedule]``): per-env stages by step,
+"""The turn-limit curriculum (learner/control/curriculum.py, ``[schedule]``): per-env stages by step,
 stages advanced by training success (threshold, plateau), the config's checks, and resume: the
 state goes through a real learner checkpoint (Trainer.save / load_checkpoint, Learner.restore) and
 the resumed curriculum advances exactly as the uninterrupted one, never twice, never reset."""
@@ -13,8 +13,8 @@ import pytest
 from learner_fixtures import bandit_rollouts, make_cfg
 
 from agentgym.config import Config, ConfigError, load_config, to_toml
-from agentgym.learner.curriculum import Advance, Curriculum, success_counts
-from agentgym.learner.evaluation import env_stats
+from agentgym.learner.control.curriculum import Advance, Curriculum, success_counts
+from agentgym.learner.control.evaluation import env_stats
 from agentgym.learner.service import Learner
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
@@ -148,7 +148,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_resume_from_a_learner_checkpoint_neither_repeats_nor_resets_a_stage(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    from agentgym.learner.trainer import Trainer
+    from agentgym.learner.training.trainer import Trainer
 
     overrides = (
         "learner.batch_groups=2",

@@ -8,8 +8,8 @@ import json
 import random
 from pathlib import Path
 
-from agentgym.learner.accounting import TicketLedger
-from agentgym.learner.dedupe import SeenSet
+from agentgym.learner.control.dedupe import SeenSet
+from agentgym.learner.records.accounting import TicketLedger
 from agentgym.protocol import Ticket
 
 

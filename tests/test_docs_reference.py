@@ -42,3 +42,15 @@ def test_no_wording_for_insiders_nor_machine_paths() -> None:
     )
     found = [f"{p.relative_to(REPO)}: {m.group(0)!r}" for p in PAGES for m in bad.finditer(p.read_text())]
     assert not found, found
+
+
+def test_architecture_names_every_module_of_the_training_path() -> None:
+    """docs/architecture.md's module tables name every module of the two roles (subfolders
+    included) and of envpool/ and protocol/ (their top level; the envs are docs/environments.md's)."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    modules = [p for role in ("actors", "learner") for p in (REPO / role).rglob("*.py")]
+    modules += [p for folder in ("envpool", "protocol") for p in (REPO / folder).glob("*.py")]
+    paths = sorted(str(p.relative_to(REPO)) for p in modules if p.name != "__init__.py")
+    assert len(paths) > 70, paths  # the folders were found
+    missing = [p for p in paths if f"`{p}`" not in text]
+    assert not missing, f"docs/architecture.md does not name {missing}: add a row to its module tables"

@@ -1,4 +1,4 @@
-"""The engine-agnostic parts of actors/engine.py: the version gate and the data types."""
+"""The engine-agnostic parts of actors/engines/engine.py: the version gate and the data types."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentgym.actors.engine import GateAbandoned, Generation, SamplingSpec, VersionGate
+from agentgym.actors.engines.engine import GateAbandoned, Generation, SamplingSpec, VersionGate
 
 
 def run(coro):

@@ -1,7 +1,7 @@
 """One test suite, every engine: ``hf`` (transformers), ``vllm`` (AsyncLLM), ``remote`` (a real vLLM
 OpenAI-compatible server in a subprocess). One engine alive at a time (module-scoped, parametrized).
 
-The reference for every logprob is the learner's own recomputation (learner/logprobs.py) with
+The reference for every logprob is the learner's own recomputation (learner/model/logprobs.py) with
 ``transformers`` on the same float32 weights: what the importance weights divide by. Checked:
 shapes and finish reasons, seeds, stop tokens, logprob parity at T = 1, 0.7, 0 (max and mean
 abs diff printed), weight updates from tensors and directories, in-flight updates in both modes
@@ -28,9 +28,9 @@ psutil = pytest.importorskip("psutil")
 torch = pytest.importorskip("torch")
 uvloop = pytest.importorskip("uvloop")
 
-from agentgym.actors.engine import InferenceEngine, SamplingSpec  # noqa: E402
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.actors.engines.engine import InferenceEngine, SamplingSpec  # noqa: E402
+from agentgym.actors.engines.hf_engine import HfEngine  # noqa: E402
+from agentgym.learner.model.logprobs import sequence_logprobs  # noqa: E402
 from agentgym.models.tiny import make_tiny_model  # noqa: E402
 
 CORPUS = ["guess a number from 1 to 8", "higher", "lower", "correct", *map(str, range(1, 9))]
@@ -169,11 +169,11 @@ def h(request: pytest.FixtureRequest, weights) -> Iterator[Harness]:
     if kind == "hf":
         engine: Any = HfEngine(dirs["w0"], seed=0, max_model_len=MAX_MODEL_LEN)
     elif kind == "vllm":
-        from agentgym.actors.vllm_engine import VllmEngine
+        from agentgym.actors.engines.vllm_engine import VllmEngine
 
         engine = VllmEngine(dirs["w0"], seed=0, kv_cache_gib=0.25, max_model_len=MAX_MODEL_LEN, enforce_eager=True)
     else:
-        from agentgym.actors.remote_engine import RemoteEngine
+        from agentgym.actors.engines.remote_engine import RemoteEngine
 
         engine = RemoteEngine(request.getfixturevalue("vllm_server"), start_timeout_s=900, metrics_interval_s=0.2)
     harness = Harness(kind, engine, dirs, models)
@@ -557,8 +557,8 @@ def test_close_releases_everything(h: Harness) -> None:
 
 
 def test_config_chooses_the_engine(weights) -> None:
-    from agentgym.actors.engines import make_engine
-    from agentgym.actors.remote_engine import RemoteEngine
+    from agentgym.actors.engines.builders import make_engine
+    from agentgym.actors.engines.remote_engine import RemoteEngine
     from agentgym.config import Config
 
     dirs, _ = weights
@@ -588,7 +588,7 @@ def test_config_chooses_the_engine(weights) -> None:
             dirs["w0"],
         )
     if HAVE_VLLM:
-        from agentgym.actors.vllm_engine import VllmEngine
+        from agentgym.actors.engines.vllm_engine import VllmEngine
 
         assert isinstance(make_engine(Config(), dirs["w0"]), VllmEngine)
 
@@ -599,7 +599,7 @@ def test_a_stop_while_vllm_starts_ends_the_engine_processes_at_once(weights) -> 
     # An actor stopped (SIGTERM, Ctrl-C) while its engine starts: the start is cancelled while
     # vLLM's constructor waits on its engine core process. That process and its workers are
     # gone when the cancellation returns, not after the unwanted start would have finished.
-    from agentgym.actors.vllm_engine import VllmEngine
+    from agentgym.actors.engines.vllm_engine import VllmEngine
 
     dirs, _ = weights
     me = psutil.Process()

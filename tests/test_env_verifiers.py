@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 from engine_fixtures import RecordingEngine  # noqa: E402
 
-from agentgym.actors.agent_runner import AgentRunner  # noqa: E402
+from agentgym.actors.play.agent_runner import AgentRunner  # noqa: E402
 from agentgym.cli.args import preflight  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.config.actor import AgentEndpointConfig  # noqa: E402

@@ -14,8 +14,8 @@ import pytest
 import torch
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
-from agentgym.actors.hf_engine import HfEngine
-from agentgym.learner.flight_recorder import FlightRecorder
+from agentgym.actors.engines.hf_engine import HfEngine
+from agentgym.learner.records.flight_recorder import FlightRecorder
 from agentgym.learner.service import Learner
 from agentgym.protocol import Ack, Heartbeat, Rollout, Ticket
 from agentgym.protocol.weights import RawTensor, chunks_digest, make_chunks
@@ -98,8 +98,8 @@ def test_an_actor_reporting_forged_logprobs_is_flagged_and_honest_ones_are_not(m
     import msgspec
     from learner_fixtures import bandit_rollouts
 
-    from agentgym.learner.flight_recorder import LogprobAgreement
-    from agentgym.learner.trainer import Trainer
+    from agentgym.learner.records.flight_recorder import LogprobAgreement
+    from agentgym.learner.training.trainer import Trainer
 
     tr = Trainer.load(make_cfg(model_dir))
     honest = [
@@ -128,7 +128,7 @@ def test_logprob_agreement_compares_actors_at_equal_lag() -> None:
     quickstart, groups 1-2 versions old): a group is compared only with others of its lag, and an
     actor with the other actors' median, itself left out (with two actors, a median that includes
     the forger could never be exceeded 4 times over)."""
-    from agentgym.learner.flight_recorder import LogprobAgreement
+    from agentgym.learner.records.flight_recorder import LogprobAgreement
 
     agree = LogprobAgreement(threshold=0.05)
     # a healthy step: drift at lag 2 for one actor, fresh groups for the other; one lone actor's drift

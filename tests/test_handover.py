@@ -1,4 +1,4 @@
-"""Episode hand-over (actors/handover.py): an episode stopped at a turn boundary by one actor and
+"""Episode hand-over (actors/play/handover.py): an episode stopped at a turn boundary by one actor and
 finished by another, with real engines (the reference engine on the tiny model), a real env pool
 per actor (worker subprocesses) and the real conversation code.
 
@@ -21,9 +21,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.actors.rollout import Interrupted, play_episode  # noqa: E402
+from agentgym.actors.engines.engine import Generation, SamplingSpec  # noqa: E402
+from agentgym.actors.engines.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.play.rollout import Interrupted, play_episode  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.envpool.registry import known_envs, resolve_env  # noqa: E402

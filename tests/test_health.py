@@ -1,4 +1,4 @@
-"""learner/health.py: a run with no reward signal warns once; a collapsed run is named and can stop."""
+"""learner/records/health.py: a run with no reward signal warns once; a collapsed run is named and can stop."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import structlog
 from learner_fixtures import BAD, GOOD, PROMPTS, episode
 
-from agentgym.learner.health import COLLAPSE_SHARE, RunHealth, episode_actions
+from agentgym.learner.records.health import COLLAPSE_SHARE, RunHealth, episode_actions
 from agentgym.protocol import Rollout
 
 

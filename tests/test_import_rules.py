@@ -39,4 +39,4 @@ def test_a_broken_rule_is_reported(tmp_path: Path) -> None:
         timeout=300,
     )
     assert proc.returncode != 0
-    assert "agentgym.learner.staleness -> agentgym.models.base" in proc.stdout, proc.stdout[-3000:]
+    assert "agentgym.learner.control.staleness -> agentgym.models.base" in proc.stdout, proc.stdout[-3000:]

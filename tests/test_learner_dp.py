@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from learner_fixtures import bandit_rollouts, make_cfg
 
-from agentgym.learner.trainer import Trainer
+from agentgym.learner.training.trainer import Trainer
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 # Every path that crosses ranks: the no-grad pass (π_prox, values, π_ref summed over ranks),
@@ -128,7 +128,7 @@ def test_fsdp_ranks_hold_shards_train_like_one_rank_and_share_its_checkpoints(mo
         assert all(isinstance(v, DTensor) for st in two.optimizer.state.values() for k, v in st.items() if k != "step")
         after_two = _exported(two)
         # the names the sharded policy trains are the names its export gives (the exporter
-        # takes them as changed without hashing: learner/weight_export.py)
+        # takes them as changed without hashing: learner/training/weight_export.py)
         assert set(after_two) <= two.trained_names() and two.trained_names() == one.trained_names()
         two.save(tmp_path / "two" / "step_000002", {"seen": ["g0"]})
         # a checkpoint of one replicated rank resumes the sharded pair

@@ -21,9 +21,9 @@ from learner_fixtures import bandit_rollouts, make_cfg
 from netns import Cluster, netns_unavailable
 
 from agentgym.config import to_toml
-from agentgym.learner.distributed import free_port, launch_env, rendezvous
-from agentgym.learner.lora import adapter_state
-from agentgym.learner.trainer import Trainer
+from agentgym.learner.model.lora import adapter_state
+from agentgym.learner.training.distributed import free_port, launch_env, rendezvous
+from agentgym.learner.training.trainer import Trainer
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 COMMON = (
@@ -138,7 +138,7 @@ import json, sys
 sys.path.insert(0, sys.argv[3])
 from learner_fixtures import make_cfg, bandit_rollouts
 from agentgym.config import load_config
-from agentgym.learner.trainer import Trainer
+from agentgym.learner.training.trainer import Trainer
 from safetensors.torch import save_file
 tr = Trainer.load(load_config(sys.argv[1], []))
 ms = [tr.train_step(bandit_rollouts(version=tr.version, group_size=3)) for _ in range(2)]

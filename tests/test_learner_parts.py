@@ -1,4 +1,4 @@
-"""learner/batch.py, algorithms.py, policy.py, checkpoint.py: hand-computed values and properties."""
+"""learner/training/batch.py, algorithms.py, policy.py, checkpoint.py: hand-computed values and properties."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from learner_fixtures import BAD, GOOD, episode
 
-from agentgym.learner.algorithms import bootstrap_values, compute_advantages, explained_variance, lr_factor
-from agentgym.learner.batch import collate, credit_rewards, micro_batches, shard_rows
-from agentgym.learner.checkpoint import rng_state, set_rng_state
-from agentgym.learner.losses import aggregate
-from agentgym.learner.policy import ValueHead, forward_tokens
+from agentgym.learner.algorithms.estimators import bootstrap_values, compute_advantages, explained_variance, lr_factor
+from agentgym.learner.algorithms.losses import aggregate
+from agentgym.learner.model.policy import ValueHead, forward_tokens
+from agentgym.learner.training.batch import collate, credit_rewards, micro_batches, shard_rows
+from agentgym.learner.training.checkpoint import rng_state, set_rng_state
 from agentgym.protocol import Rollout
 
 

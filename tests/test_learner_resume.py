@@ -25,8 +25,8 @@ from learner_fixtures import BAD, GOOD, PROMPTS, episode, make_cfg
 
 from agentgym.config import Config, model_fingerprint, to_toml
 from agentgym.host.netutil import free_port_pair
-from agentgym.learner.checkpoint import STATE_FILE, latest_checkpoint, read_model_weights
-from agentgym.learner.trainer import Trainer
+from agentgym.learner.training.checkpoint import STATE_FILE, latest_checkpoint, read_model_weights
+from agentgym.learner.training.trainer import Trainer
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.observe.logs import read_metrics
 from agentgym.protocol import Ack, Grant, Hello, Rollout, WeightsReady, Welcome

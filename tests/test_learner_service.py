@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
-from agentgym.learner.control import version_span
+from agentgym.learner.control.actor_control import version_span
 from agentgym.learner.service import Learner
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.protocol import Rollout, Ticket

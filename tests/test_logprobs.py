@@ -1,4 +1,4 @@
-"""learner/logprobs.py: hand values, chunking, temperature, and a tiny real transformers model."""
+"""learner/model/logprobs.py: hand values, chunking, temperature, and a tiny real transformers model."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from agentgym.learner import logprobs as lp_mod
-from agentgym.learner.logprobs import sequence_logprobs, token_logprobs
+from agentgym.learner.model import logprobs as lp_mod
+from agentgym.learner.model.logprobs import sequence_logprobs, token_logprobs
 
 
 def reference(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -168,7 +168,7 @@ def test_only_the_needed_tokens_get_logits_and_the_same_values_and_gradients(tin
 
 
 def test_banned_ids_get_probability_zero_where_an_action_could_hold_them() -> None:
-    from agentgym.actors.hf_engine import sample
+    from agentgym.actors.engines.hf_engine import sample
 
     # vocabulary of 4, id 3 banned (a special token): at t1 the next token (1) is allowed, so the
     # distribution is renormalised over {0, 1, 2}; at t2 the next token IS 3 (a prompt's own
@@ -203,7 +203,7 @@ class _Fixed(torch.nn.Module):
 
 
 def test_right_padded_rows_run_without_a_mask_and_give_the_same_logprobs(tmp_path) -> None:  # noqa: ANN001
-    """learner/logprobs.right_padded: rows that are real tokens then padding need no attention
+    """learner/model/logprobs.right_padded: rows that are real tokens then padding need no attention
     mask in a causal LM, so sequence_logprobs runs them without one (the fused causal kernel);
     their logprobs and gradients are those of the masked forward. A row padded on the left is
     not right-padded and keeps its mask."""

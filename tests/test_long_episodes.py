@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.actors.engines import context_length, make_engine  # noqa: E402
-from agentgym.actors.rollout import play_episode  # noqa: E402
+from agentgym.actors.engines.builders import context_length, make_engine  # noqa: E402
+from agentgym.actors.play.rollout import play_episode  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402

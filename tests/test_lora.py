@@ -11,10 +11,10 @@ import torch
 from learner_fixtures import GOOD, PROMPTS, bandit_rollouts, good_logprob, make_cfg
 
 from agentgym.config import ConfigError
-from agentgym.learner.logprobs import sequence_logprobs
-from agentgym.learner.lora import BaseModelView, adapter_state
-from agentgym.learner.policy import load_causal_lm
-from agentgym.learner.trainer import Trainer
+from agentgym.learner.model.logprobs import sequence_logprobs
+from agentgym.learner.model.lora import BaseModelView, adapter_state
+from agentgym.learner.model.policy import load_causal_lm
+from agentgym.learner.training.trainer import Trainer
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 LORA = ("learner.lora.rank=4", "learner.lora.alpha=8", "learner.kl_coef=0.05", "learner.lr=2e-2")
@@ -95,8 +95,8 @@ def test_lora_config_is_checked(model_dir: Path) -> None:
 
 
 def test_an_actor_engine_that_cannot_serve_adapters_is_refused(model_dir: Path) -> None:
-    from agentgym.actors.engines import make_engine
-    from agentgym.learner.lora import lora_spec
+    from agentgym.actors.engines.builders import make_engine
+    from agentgym.learner.model.lora import lora_spec
 
     cfg = make_cfg(model_dir, "learner.lora.rank=4", 'actor.engine="remote"', 'actor.remote.url="http://127.0.0.1:1"')
     spec = lora_spec(cfg)

@@ -1,4 +1,4 @@
-"""Engines serving LoRA adapters (actors/lora_engine.py): ``hf`` (merged weights) and ``vllm``
+"""Engines serving LoRA adapters (actors/engines/lora_engine.py): ``hf`` (merged weights) and ``vllm``
 (a LoRARequest per version). The reference for every logprob is the learner's recomputation with
 the peft model holding the same adapter; the adapters here are random and large enough that the
 base model's logprobs are far from them, so a dropped adapter cannot pass."""
@@ -13,11 +13,11 @@ import pytest
 import torch
 import uvloop
 
-from agentgym.actors.engine import SamplingSpec
+from agentgym.actors.engines.engine import SamplingSpec
 from agentgym.config import LoraConfig
-from agentgym.learner.logprobs import sequence_logprobs
-from agentgym.learner.lora import adapter_state, lora_spec, wrap_lora
-from agentgym.learner.policy import load_causal_lm
+from agentgym.learner.model.logprobs import sequence_logprobs
+from agentgym.learner.model.lora import adapter_state, lora_spec, wrap_lora
+from agentgym.learner.model.policy import load_causal_lm
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 try:
@@ -58,7 +58,7 @@ def reference(
 
 @pytest.mark.parametrize("kind", ENGINES)
 def test_engine_logprobs_under_the_adapter_match_the_learner(setup, kind: str) -> None:
-    from agentgym.actors.lora_engine import HfLoraEngine, VllmLoraEngine
+    from agentgym.actors.engines.lora_engine import HfLoraEngine, VllmLoraEngine
     from agentgym.config import load_config
 
     model_dir, peft_model, adapters = setup

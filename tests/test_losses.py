@@ -1,4 +1,4 @@
-"""learner/losses.py: hand-computed values, the on-policy / PPO equalities, gradients, masking."""
+"""learner/algorithms/losses.py: hand-computed values, the on-policy / PPO equalities, gradients, masking."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentgym.learner.losses import (
+from agentgym.learner.algorithms.losses import (
     decoupled_ppo_loss,
     entropy_from_logits,
     kl_penalty,

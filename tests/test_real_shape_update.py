@@ -15,14 +15,14 @@ torch = pytest.importorskip("torch")
 import zmq.asyncio  # noqa: E402
 from test_transport import HubThread  # noqa: E402
 
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.engines.hf_engine import HfEngine  # noqa: E402
 from agentgym.actors.weight_fetch import fetch_weights, to_torch  # noqa: E402
 from agentgym.config import load_config  # noqa: E402
 from agentgym.host.netutil import free_port_pair  # noqa: E402
-from agentgym.learner.distributed import DataParallel  # noqa: E402
-from agentgym.learner.trainer import Trainer  # noqa: E402
+from agentgym.learner.training.distributed import DataParallel  # noqa: E402
+from agentgym.learner.training.trainer import Trainer  # noqa: E402
+from agentgym.learner.training.weight_export import WeightExporter  # noqa: E402
 from agentgym.learner.transport import WeightSnapshot  # noqa: E402
-from agentgym.learner.weight_export import WeightExporter  # noqa: E402
 from agentgym.models.make import make_model  # noqa: E402
 from agentgym.protocol import WeightsReady  # noqa: E402
 

@@ -38,7 +38,7 @@ def test_traits_choose_the_rules_and_every_target_loads() -> None:
 
 def test_a_registry_names_the_known_entries_and_refuses_a_second_registration() -> None:
     reg: Registry[AlgorithmEntry] = Registry("learner.algorithm")
-    reg.register(AlgorithmEntry("mine", "agentgym.learner.algorithms:grpo", group_relative=True))
+    reg.register(AlgorithmEntry("mine", "agentgym.learner.algorithms.estimators:grpo", group_relative=True))
     with pytest.raises(ValueError, match=r"learner.algorithm: 'mine' is registered twice"):
         reg.register(AlgorithmEntry("mine", "x:y"))
     with pytest.raises(ValueError, match=r"learner.algorithm: unknown 'other' \(known: mine\)"):
@@ -46,9 +46,9 @@ def test_a_registry_names_the_known_entries_and_refuses_a_second_registration() 
 
 
 def test_the_policy_and_a_critic_build_engines_through_one_factory(tmp_path: Path) -> None:
-    from agentgym.actors.engines import EngineRequest, build_engine, make_engine
-    from agentgym.actors.hf_engine import HfEngine
-    from agentgym.actors.remote_engine import RemoteEngine
+    from agentgym.actors.engines.builders import EngineRequest, build_engine, make_engine
+    from agentgym.actors.engines.hf_engine import HfEngine
+    from agentgym.actors.engines.remote_engine import RemoteEngine
     from agentgym.protocol.messages import LoraSpec
 
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 64, "vocab_size": 32}')

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentgym.config import load_config
-from agentgym.learner.scheduler import Scheduler
+from agentgym.learner.control.scheduler import Scheduler
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_replayed_draws_find_the_held_out_tasks_a_run_trained_on(results) -> Non
 
 
 def test_an_agentgym_train_runs_draws_are_its_schedulers_tickets(results) -> None:
-    """``ticket_drawn`` replays learner/scheduler.py's tickets (env and task from the seed and the
+    """``ticket_drawn`` replays learner/control/scheduler.py's tickets (env and task from the seed and the
     ticket number), env by env of a mix."""
     import task_overlap
 

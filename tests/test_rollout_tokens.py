@@ -17,11 +17,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.actors.engine import Generation, SamplingSpec  # noqa: E402
-from agentgym.actors.hf_engine import HfEngine  # noqa: E402
-from agentgym.actors.rollout import play_episode  # noqa: E402
+from agentgym.actors.engines.engine import Generation, SamplingSpec  # noqa: E402
+from agentgym.actors.engines.hf_engine import HfEngine  # noqa: E402
+from agentgym.actors.play.rollout import play_episode  # noqa: E402
 from agentgym.envpool.pool import EnvPool  # noqa: E402
-from agentgym.learner.logprobs import sequence_logprobs  # noqa: E402
+from agentgym.learner.model.logprobs import sequence_logprobs  # noqa: E402
 from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
 from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
 from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402

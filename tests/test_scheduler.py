@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from agentgym.config import EnvSpec
-from agentgym.learner.scheduler import Scheduler
+from agentgym.learner.control.scheduler import Scheduler
 from agentgym.protocol import Ticket
 
 
@@ -75,7 +75,7 @@ def test_tickets_of_a_lost_actor_are_reissued_first_and_duplicates_detected_by_i
 
 
 def test_expire_removes_silent_actors(monkeypatch) -> None:
-    import agentgym.learner.scheduler as mod
+    import agentgym.learner.control.scheduler as mod
 
     now = [1000.0]
     monkeypatch.setattr(mod.time, "monotonic", lambda: now[0])

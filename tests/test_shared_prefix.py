@@ -1,4 +1,4 @@
-"""learner/shared_prefix.py: a group's rows packed as a prefix tree give the unpacked logprobs and
+"""learner/model/shared_prefix.py: a group's rows packed as a prefix tree give the unpacked logprobs and
 gradients (tiny real model), the layout is what the docstring says, and packing is declined when
 it would not pay."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym.learner.logprobs import sequence_logprobs
-from agentgym.learner.policy import load_causal_lm
-from agentgym.learner.shared_prefix import attention_cost_ratio, pack_groups
+from agentgym.learner.model.logprobs import sequence_logprobs
+from agentgym.learner.model.policy import load_causal_lm
+from agentgym.learner.model.shared_prefix import attention_cost_ratio, pack_groups
 
 
 def _rows(prompts: list[list[int]], tails: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

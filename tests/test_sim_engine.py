@@ -1,4 +1,4 @@
-"""The simulated engine (actors/sim_engine.py): the real gate around a fake model.
+"""The simulated engine (actors/engines/sim_engine.py): the real gate around a fake model.
 
 Asserted: token ids, logprobs and per-token versions as the engine contract says; a weight
 update in resume mode splits a request's versions at the update and a seeded request samples the
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym.actors.engine import SamplingSpec
-from agentgym.actors.engines import make_engine
-from agentgym.actors.sim_engine import SimEngine
+from agentgym.actors.engines.builders import make_engine
+from agentgym.actors.engines.engine import SamplingSpec
+from agentgym.actors.engines.sim_engine import SimEngine
 from agentgym.config import Config
 
 

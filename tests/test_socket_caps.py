@@ -27,10 +27,10 @@ import structlog
 import zmq
 from transformers import AutoTokenizer
 
-from agentgym.actors.agent_endpoint import AgentEndpoint
-from agentgym.actors.agent_trace import AgentTrace
-from agentgym.actors.engine import SamplingSpec
-from agentgym.actors.sim_engine import SimEngine
+from agentgym.actors.engines.engine import SamplingSpec
+from agentgym.actors.engines.sim_engine import SimEngine
+from agentgym.actors.play.agent_endpoint import AgentEndpoint
+from agentgym.actors.play.agent_trace import AgentTrace
 from agentgym.host.netutil import free_port_pair
 from agentgym.learner.transport import WeightSnapshot
 from agentgym.observe.logs import read_events

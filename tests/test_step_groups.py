@@ -1,4 +1,4 @@
-"""Step-relative advantages from repeated observations (learner/step_groups.py), by hand."""
+"""Step-relative advantages from repeated observations (learner/algorithms/step_groups.py), by hand."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from agentgym.config import load_config
-from agentgym.learner.algorithms import compute_advantages
-from agentgym.learner.batch import Batch
-from agentgym.learner.step_groups import agent_runs, state_step_advantages
+from agentgym.learner.algorithms.estimators import compute_advantages
+from agentgym.learner.algorithms.step_groups import agent_runs, state_step_advantages
+from agentgym.learner.training.batch import Batch
 
 # Token ids: 1 = the prompt, 5/6 = two different observations, 8/9 = actions. Each row is
 # prompt, action, observation, action, ... and the reward sits on the last agent token.

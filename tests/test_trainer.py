@@ -12,11 +12,11 @@ import pytest
 import torch
 from learner_fixtures import BAD, GOOD, PROMPTS, bandit_rollouts, episode, good_logprob, make_cfg, params_equal
 
-from agentgym.learner.advantages import broadcast_sequence_advantages, grpo_advantages
-from agentgym.learner.batch import collate
-from agentgym.learner.checkpoint import latest_checkpoint
-from agentgym.learner.logprobs import sequence_logprobs
-from agentgym.learner.trainer import Trainer
+from agentgym.learner.algorithms.advantages import broadcast_sequence_advantages, grpo_advantages
+from agentgym.learner.model.logprobs import sequence_logprobs
+from agentgym.learner.training.batch import collate
+from agentgym.learner.training.checkpoint import latest_checkpoint
+from agentgym.learner.training.trainer import Trainer
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.protocol import Rollout
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack

@@ -1,4 +1,4 @@
-"""A learner no peer can crash or fool, without sockets (learner/validate.py, Learner.on_rollout):
+"""A learner no peer can crash or fool, without sockets (learner/control/validate.py, Learner.on_rollout):
 
 - hypothesis: ``protocol.decode`` raises nothing but ProtocolError on arbitrary frames;
 - hypothesis: any mutation of a valid rollout, sent as bytes, is refused by decoding or judged
@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from learner_fixtures import GOOD, PROMPTS, episode, make_cfg
 
-from agentgym.learner.batch import collate
+from agentgym.learner.control.validate import vocab_size
 from agentgym.learner.service import Learner
-from agentgym.learner.validate import vocab_size
+from agentgym.learner.training.batch import collate
 from agentgym.protocol import Ack, ProtocolError, Rollout, Ticket, decode, encode
 from agentgym.protocol.arrays import F32, I32, U8, pack, unpack
 from agentgym.protocol.wire import MAGIC, PROTOCOL_VERSION
@@ -333,7 +333,7 @@ def filtering_learner(model: Path, run_dir: Path, mode: str, batch_groups: int):
 def test_filter_groups_plays_but_never_trains_an_all_equal_group_and_frees_its_place(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    from agentgym.learner.group_filter import STREAK_LIMIT
+    from agentgym.learner.control.group_filter import STREAK_LIMIT
 
     B = 2
     ln, send = filtering_learner(tiny_model, tmp_path, "equal", B)

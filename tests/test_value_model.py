@@ -10,10 +10,10 @@ import torch
 from learner_fixtures import BAD, GOOD, PROMPTS, bandit_rollouts, episode, make_cfg, params_equal
 
 from agentgym.config import ConfigError, load_config
-from agentgym.learner.batch import collate
-from agentgym.learner.policy import forward_tokens
-from agentgym.learner.trainer import Trainer
-from agentgym.learner.value_model import SeparateValueModel, ValueHead
+from agentgym.learner.model.policy import forward_tokens
+from agentgym.learner.model.value_model import SeparateValueModel, ValueHead
+from agentgym.learner.training.batch import collate
+from agentgym.learner.training.trainer import Trainer
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.protocol import Rollout
 

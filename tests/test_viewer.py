@@ -1,4 +1,4 @@
-"""What the agent did: the learner's episode log (learner/episode_log.py) cuts real episodes into
+"""What the agent did: the learner's episode log (learner/records/episode_log.py) cuts real episodes into
 the segments it trains on and decodes them with the model's tokenizer; ``agentgym view`` turns a
 run directory into a page that a real headless Chromium renders (episodes, filters, curves)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from learner_fixtures import episode
 
-from agentgym.learner.episode_log import EpisodeLog, pick_episodes
+from agentgym.learner.records.episode_log import EpisodeLog, pick_episodes
 from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 from agentgym.observe.logs import MetricsWriter, read_metrics
 from agentgym.observe.viewer import write_page
@@ -196,7 +196,7 @@ def _overlap(a: dict, b: dict) -> bool:
 
 
 def test_charts_have_legible_axes_fitted_ranges_smoothing_and_hover(tmp_path: Path) -> None:
-    """A run's real metric names (learner/trainer.py, learner/evaluation.py) drawn as TensorBoard
+    """A run's real metric names (learner/training/trainer.py, learner/control/evaluation.py) drawn as TensorBoard
     would: every label inside its chart and clear of every other, ranges fitted to the data."""
     run = tmp_path / "run"
     metrics, evals = MetricsWriter(run / "metrics.jsonl"), MetricsWriter(run / "eval.jsonl")

@@ -16,8 +16,8 @@ from test_transport import HubThread
 
 from agentgym.actors.weight_fetch import fetch_weights
 from agentgym.host.netutil import free_port_pair
+from agentgym.learner.training.weight_export import WeightExporter
 from agentgym.learner.transport import WeightSnapshot
-from agentgym.learner.weight_export import WeightExporter
 from agentgym.protocol import ProtocolError, WeightsReady, decode, encode
 from agentgym.protocol.weights import Assembler, RawTensor, make_chunks, verify_chunk
 from agentgym.protocol.wire import MAX_WEIGHT_DATA
@@ -167,8 +167,8 @@ def test_trained_tensors_count_as_changed_and_frozen_ones_are_compared() -> None
 def test_the_trainer_names_what_it_trains_as_its_export_names_it(tmp_path: Path) -> None:
     from learner_fixtures import make_cfg
 
-    from agentgym.learner.distributed import DataParallel
-    from agentgym.learner.trainer import Trainer
+    from agentgym.learner.training.distributed import DataParallel
+    from agentgym.learner.training.trainer import Trainer
     from agentgym.models.tiny import make_default_tiny_model
 
     trainer = Trainer.build(make_cfg(make_default_tiny_model(tmp_path / "m")), DataParallel())
@@ -213,9 +213,9 @@ def test_tensors_written_into_their_chunks_by_the_trainer_make_the_same_chunks(t
     # the tied embedding sent once and bfloat16 included.
     from learner_fixtures import make_cfg
 
-    from agentgym.learner.distributed import DataParallel
-    from agentgym.learner.trainer import Trainer
-    from agentgym.learner.trainer_state import TorchSource
+    from agentgym.learner.training.distributed import DataParallel
+    from agentgym.learner.training.trainer import Trainer
+    from agentgym.learner.training.trainer_state import TorchSource
     from agentgym.models.tiny import make_default_tiny_model
 
     trainer = Trainer.build(make_cfg(make_default_tiny_model(tmp_path / "m")), DataParallel())

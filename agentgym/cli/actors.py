@@ -1,6 +1,6 @@
 """``agentgym actors leave ACTOR_ID --run RUN_DIR``: ask one actor of a running learner to leave.
 
-The learner (it reads RUN_DIR/requests/ once a heartbeat; learner/requests.py) sends that actor
+The learner (it reads RUN_DIR/requests/ once a heartbeat; learner/control/requests.py) sends that actor
 a leave request; the actor leaves as on SIGTERM: its live episodes stop at a turn boundary and
 are handed over in its Leave, its tickets go back to the pool, and it exits 0. The command waits
 for the learner's answer, then for the actor's ``actor_left`` in RUN_DIR/logs/learner.jsonl.
@@ -45,7 +45,7 @@ def _departures(run_dir: Path, actor_id: str) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentgym.learner.requests import ask_leave
+    from agentgym.learner.control.requests import ask_leave
 
     run_dir: Path = args.run
     if not (run_dir / "config.toml").is_file():

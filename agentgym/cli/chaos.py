@@ -8,7 +8,7 @@ played by freezing the host's processes. Every ``--every`` seconds (randomised) 
 happens: an actor's link is cut for longer than ``learner.actor_timeout_s`` and restored; an
 actor is SIGKILLed and a new one started; the learner is SIGKILLed and restarted with
 ``--resume``. At the end the learner gets SIGTERM (it checkpoints and writes summary.json) and
-the ticket accounting is printed (learner/accounting.py): every issued ticket is trained,
+the ticket accounting is printed (learner/records/accounting.py): every issued ticket is trained,
 expired, stale, invalid, failed, untrained or in flight at the end; ``unaccounted`` must be 0.
 Exit code 0 when the accounting holds, 1 when it does not.
 
@@ -85,7 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentgym.learner.accounting import format_table
+    from agentgym.learner.records.accounting import format_table
     from agentgym.models.tiny import make_default_tiny_model
 
     work = args.work or Path(tempfile.mkdtemp(prefix="agentgym-chaos-"))

@@ -12,7 +12,7 @@ training (a model trained to answer in one token scores nothing when given eight
 
 No learner is started: the command loads one engine, starts one env pool per env and plays
 ``tasks`` tasks of ``split`` ``k`` times each with the rollout code actors use
-(actors/rollout.py). It prints a table (avg@k, pass@k per env; agentgym/observe/eval_metrics.py defines them)
+(actors/play/rollout.py). It prints a table (avg@k, pass@k per env; agentgym/observe/eval_metrics.py defines them)
 and writes the report as JSON (``--out``, default stdout's table only). Every request is seeded
 from (seed, env, task, sample, turn), so the same command gives the same numbers.
 """
@@ -87,7 +87,7 @@ def resolve_model(path: Path) -> Path:
     if (path / "config.json").is_file():
         return path
     from agentgym.config.model_path import ModelNotFound, find_model
-    from agentgym.learner.checkpoint import latest_checkpoint
+    from agentgym.learner.training.checkpoint import latest_checkpoint
 
     for root in (path, path / "checkpoints"):
         if root.is_dir():
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
 async def _run(
     cfg, model: Path, envs: list[str], args: argparse.Namespace, tasks: int, k: int, temperature: float, turn_limit: int
 ) -> dict:
-    from agentgym.actors.engines import load_tokenizer, make_engine
+    from agentgym.actors.engines.builders import load_tokenizer, make_engine
 
     seed = args.seed if args.seed is not None else cfg.run.seed
     print(f"eval: starting the {cfg.actor.engine} engine on {model}", file=sys.stderr, flush=True)
@@ -261,10 +261,10 @@ async def evaluate(
     prints. ``cfg`` supplies the env options and the rollout's token budgets. ``critic``: play
     with the config's ``[critic]`` (kind, when, rounds) on every episode, held-out ones included;
     without it the agent plays alone, whatever ``critic.enabled`` says."""
-    from agentgym.actors.critic import shared_critic
-    from agentgym.actors.rollout import play_episode
+    from agentgym.actors.play.critic import shared_critic
+    from agentgym.actors.play.rollout import play_episode
     from agentgym.envpool.pool import EnvPool
-    from agentgym.learner.control import critic_spec, rollout_spec
+    from agentgym.learner.control.actor_control import critic_spec, rollout_spec
     from agentgym.protocol import Ticket
     from agentgym.protocol.arrays import I32, unpack
 

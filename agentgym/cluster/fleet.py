@@ -13,7 +13,7 @@ learner's weights port sent meanwhile (its egress per update), and writes them t
 
 A fleet process runs ``--count`` actor identities, each with its own control connection, its
 own weight fetches (actors/weight_fetch.py, the relay first and the learner as fallback when
-``--relay`` is given) and its own simulated engine (actors/sim_engine.py), so hundreds of
+``--relay`` is given) and its own simulated engine (actors/engines/sim_engine.py), so hundreds of
 actors fit on a few cores: what is simulated is the model, not the distribution.
 Used by bench/scale_out.py and tests/test_relay.py.
 """
@@ -152,7 +152,7 @@ async def run_fleet(
 
     import zmq.asyncio
 
-    from agentgym.actors.sim_engine import SimEngine
+    from agentgym.actors.engines.sim_engine import SimEngine
     from agentgym.actors.transport import ControlLink
     from agentgym.actors.weight_fetch import fetch_weights, weights_addr
     from agentgym.protocol import Heartbeat, Hello, Shutdown, WeightsReady

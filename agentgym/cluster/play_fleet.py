@@ -6,7 +6,7 @@ Each of ``--count`` identities in this process is an actor as the learner sees i
 the model's fingerprint, heartbeats at the Welcome's interval (with its capacity), tickets from
 Grants played into Rollouts, Acks, WeightsReady. What is simulated is the play: an episode is
 ``--prompt`` random prompt tokens (loss mask 0) and one agent turn sampled by a simulated engine
-(actors/sim_engine.py, ``--tokens-per-s``, ``--latency``), so its tokens carry the engine's weight
+(actors/engines/sim_engine.py, ``--tokens-per-s``, ``--latency``), so its tokens carry the engine's weight
 version and valid logprobs, and a random 0/1 reward. Weight versions move through the engine's
 real update path with an empty changed-only update (no weight bytes are fetched: the fan-out
 of bytes is measured by bench/scale_out.py, this measures the control messages).
@@ -32,7 +32,7 @@ import numpy as np
 if TYPE_CHECKING:
     import zmq.asyncio
 
-    from agentgym.actors.engine import Generation
+    from agentgym.actors.engines.engine import Generation
     from agentgym.protocol import Episode
 
 
@@ -79,8 +79,8 @@ async def _sim_actor(
 ) -> None:
     """Simulated actor ``i`` of the fleet: joins the learner, plays what it is granted on a SimEngine
     and counts what it sends and receives in ``counts``, until a Shutdown (or ``stop``) or a cancel."""
-    from agentgym.actors.engine import SamplingSpec
-    from agentgym.actors.sim_engine import SimEngine
+    from agentgym.actors.engines.engine import SamplingSpec
+    from agentgym.actors.engines.sim_engine import SimEngine
     from agentgym.actors.transport import ControlLink
     from agentgym.protocol import Ack, Grant, Heartbeat, Hello, Leave, Rollout, Shutdown, WeightsReady
 

@@ -45,7 +45,7 @@ FAST = [
 
 def trained_on(run_dir: Path, actor_id: str) -> bool:
     """Whether the learner of ``run_dir`` has taken a step on a group of ``actor_id``'s: its
-    per-step ``logprob_agreement`` (learner/flight_recorder.py) names the actors it trained on."""
+    per-step ``logprob_agreement`` (learner/records/flight_recorder.py) names the actors it trained on."""
     return any(actor_id in e["means"] for e in read_events(run_dir / "logs" / "learner.jsonl", "logprob_agreement"))
 
 

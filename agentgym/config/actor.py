@@ -36,7 +36,7 @@ class RemoteEngineConfig(Section):
 
 
 class SimEngineConfig(Section):
-    """The simulated engine (``actor.engine = "sim"``, actors/sim_engine.py): no model, tokens at
+    """The simulated engine (``actor.engine = "sim"``, actors/engines/sim_engine.py): no model, tokens at
     a rate, weight updates, pauses and versions as a real engine; for many actors on few cores."""
 
     tokens_per_s: Annotated[float, Field(gt=0, le=1e6)] = 200.0
@@ -114,7 +114,7 @@ class ActorConfig(Section):
     verified are kept)."""
     max_groups: Annotated[int, Field(ge=1, le=1024)] = 16
     """Cap on the groups played at once (concurrent episodes = groups x group_size). The actor
-    sizes itself below it (actors/concurrency.py): it plays more at once while its engine has
+    sizes itself below it (actors/play/concurrency.py): it plays more at once while its engine has
     KV-cache room and the learner's staleness bound has room, fewer under memory pressure or when
     groups go stale. Lower it to bound the env worker processes (one per concurrent episode)."""
     env_workers: Annotated[int, Field(ge=0)] = 0
@@ -145,7 +145,7 @@ class ActorConfig(Section):
     """Train an existing agent through an OpenAI-compatible endpoint (off by default)."""
     handover: bool = True
     """Asked to leave (SIGTERM, SIGINT, ``agentgym actors leave``), stop live episodes at a turn
-    boundary and hand them over to the learner for another actor to continue (actors/handover.py).
+    boundary and hand them over to the learner for another actor to continue (actors/play/handover.py).
     False: leave at once; the groups in flight are played again from the start elsewhere."""
 
     @field_validator("learner", "weights_relay")

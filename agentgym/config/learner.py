@@ -85,7 +85,7 @@ class LearnerConfig(Section):
     """GRPO: divide group-centred rewards by the group's std (False: Dr. GRPO)."""
     baseline: Literal["episode", "turn"] = "turn"
     """What grpo and rloo subtract from an episode's reward: "turn", for the tokens of turn k, the
-    mean of the group's episodes that reached turn k (learner/advantages.py:
+    mean of the group's episodes that reached turn k (learner/algorithms/advantages.py:
     turn_baseline_advantages); "episode", the mean of its whole group (every token of the episode
     gets one advantage, as in GRPO on single-turn tasks, where the two are the same). Late turns are
     mostly played by episodes that go on to fail: under "episode" their tokens are all pushed down,
@@ -100,7 +100,7 @@ class LearnerConfig(Section):
     """A ticket's deadline is this many times the p95 of its actor's recent grant-to-answer times
     (the fleet's while it has answered none); past it the ticket, and every other one its
     actor holds, is issued again to another actor and the first answer is trained
-    (docs/operations.md, "Stragglers"; learner/deadlines.py)."""
+    (docs/operations.md, "Stragglers"; learner/control/deadlines.py)."""
     ticket_deadline_min_s: Annotated[float, Field(gt=0)] = 2.0
     """Floor of a ticket's deadline, in seconds."""
     ticket_deadline_max_s: Annotated[float, Field(gt=0)] = 900.0
@@ -119,7 +119,7 @@ class LearnerConfig(Section):
     step's actors, is flagged (logprob_outlier)."""
     inbox_mib: Annotated[int, Field(ge=1)] = 256
     """Bytes of unread messages ZeroMQ may hold per actor on the control port: its receive queue
-    holds as many messages as groups of the largest size fit in this (learner/bounds.py)."""
+    holds as many messages as groups of the largest size fit in this (learner/control/bounds.py)."""
     weight_chunk_mib: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_CHUNK_MIB
     """Size of a weight chunk (one ZeroMQ frame). Below glibc's mmap threshold (32 MiB as
     agentgym's processes set it, agentgym/host/allocator.py), an actor's received frames reuse freed
@@ -144,7 +144,7 @@ class LearnerConfig(Section):
     baseline; reinforce_pp: return-to-go whitened over the batch (REINFORCE++); ppo: GAE with a
     learned critic (value_model)."""
     filter_groups: Literal["off", "equal", "solved"] = "off"
-    """Dynamic sampling (DAPO, arXiv 2503.14476; learner/group_filter.py): under grpo and rloo a
+    """Dynamic sampling (DAPO, arXiv 2503.14476; learner/control/group_filter.py): under grpo and rloo a
     group whose episodes all got the same reward has advantage 0, so it can be played but not
     trained (ack and fate ``filtered``; its place under the staleness bound goes to another
     ticket), leaving every batch to groups that carry a signal. "equal": every such group (DAPO);
@@ -174,7 +174,7 @@ class LearnerConfig(Section):
     with ``step_advantage_weight``, the step term's returns are discounted by it per turn too."""
     step_advantage_weight: Annotated[float, Field(ge=0)] = 0.0
     """grpo, rloo and reinforce_pp: add this times the step-relative advantage of the turns that
-    acted on the same observation within a group (GiGPO's anchor states, learner/step_groups.py),
+    acted on the same observation within a group (GiGPO's anchor states, learner/algorithms/step_groups.py),
     their returns discounted by ``turn_discount`` per turn. 0: off. Multi-turn envs whose episodes revisit
     states (maze, BabyAI, TextCraft): a move's credit then comes from what followed it from that
     state, not from the whole episode's outcome alone. GiGPO used 1 with a discount of 0.95."""
@@ -205,7 +205,7 @@ class LearnerConfig(Section):
     loss also trains the policy's body). separate: a copy of the policy's transformer body from
     model.path with its own value head, trained only by the value loss at value_lr, its gradient
     clipped on its own, never sent to actors, saved in checkpoints; one more forward and backward
-    per micro-batch and a second model's memory (learner/value_model.py, docs/off_policy.md)."""
+    per micro-batch and a second model's memory (learner/model/value_model.py, docs/off_policy.md)."""
     value_clip: Annotated[float, Field(gt=0)] | None = 0.2
     """ppo: clip range of the value loss around the values at the start of the step (None: off)."""
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
@@ -229,7 +229,7 @@ class LearnerConfig(Section):
     shared_prefix: bool = True
     """Run a group's shared prompt once: the rows of a group in a micro-batch are packed into one
     row (their common prefix, then each row's own tokens) under a prefix-tree attention mask,
-    when the model's cost estimate says that is cheaper (learner/shared_prefix.py). The same
+    when the model's cost estimate says that is cheaper (learner/model/shared_prefix.py). The same
     logprobs and gradients up to float rounding. Not with PPO (its critic reads every position)."""
 
     # --- devices and data parallelism (docs/adr/0007-learner-algorithms.md) ---
@@ -264,7 +264,7 @@ class LearnerConfig(Section):
     importance_baseline: bool = True
     """grpo/rloo on stale rows: each group's advantages are re-centred on the baseline estimated
     under pi_prox (self-normalised importance weights), so the weights add no net push up or down
-    the group's sampled tokens (learner/advantages.py: importance_recentred). No effect on fresh data."""
+    the group's sampled tokens (learner/algorithms/advantages.py: importance_recentred). No effect on fresh data."""
     behav_clip: bool = False
     """A stale token whose pi_prox/mu has already left [1 - clip_low, 1 + clip_high] in the direction
     its advantage asks for gets no gradient: the steps taken since it was sampled already did what it

@@ -3,8 +3,8 @@ accepts for ``learner.algorithm`` and ``actor.engine``, what each one is, and wh
 
     ALGORITHMS.names()                  # ("grpo", "ppo", "reinforce_pp", "rloo"): the config's choices
     ALGORITHMS.get("rloo").group_relative
-    estimate = ALGORITHMS.load("rloo")  # agentgym.learner.algorithms.rloo, imported now
-    build = ENGINES.load("hf")          # agentgym.actors.engines.build_hf
+    estimate = ALGORITHMS.load("rloo")  # agentgym.learner.algorithms.estimators.rloo, imported now
+    build = ENGINES.load("hf")          # agentgym.actors.engines.builders.build_hf
 
 A new algorithm or engine is one module (its estimator or engine builder) and one ``register``
 line below. The config builds its ``Literal`` from the names here, so validation, the error that
@@ -26,7 +26,7 @@ E = TypeVar("E")
 
 @dataclass(frozen=True)
 class AlgorithmEntry:
-    """An advantage estimator (learner/algorithms.py calls ``target`` with the batch's rewards)."""
+    """An advantage estimator (learner/algorithms/estimators.py calls ``target`` with the batch's rewards)."""
 
     name: str
     target: str
@@ -43,7 +43,7 @@ class AlgorithmEntry:
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """An inference engine (actors/engines.py calls ``target`` to build it)."""
+    """An inference engine (actors/engines/builders.py calls ``target`` to build it)."""
 
     name: str
     target: str
@@ -85,13 +85,19 @@ class Registry(Generic[E]):
 
 
 ALGORITHMS: Registry[AlgorithmEntry] = Registry("learner.algorithm")
-ALGORITHMS.register(AlgorithmEntry("grpo", "agentgym.learner.algorithms:grpo", group_relative=True, step_term=True))
-ALGORITHMS.register(AlgorithmEntry("ppo", "agentgym.learner.algorithms:ppo", critic=True))
-ALGORITHMS.register(AlgorithmEntry("reinforce_pp", "agentgym.learner.algorithms:reinforce_pp", step_term=True))
-ALGORITHMS.register(AlgorithmEntry("rloo", "agentgym.learner.algorithms:rloo", group_relative=True, step_term=True))
+ALGORITHMS.register(
+    AlgorithmEntry("grpo", "agentgym.learner.algorithms.estimators:grpo", group_relative=True, step_term=True)
+)
+ALGORITHMS.register(AlgorithmEntry("ppo", "agentgym.learner.algorithms.estimators:ppo", critic=True))
+ALGORITHMS.register(
+    AlgorithmEntry("reinforce_pp", "agentgym.learner.algorithms.estimators:reinforce_pp", step_term=True)
+)
+ALGORITHMS.register(
+    AlgorithmEntry("rloo", "agentgym.learner.algorithms.estimators:rloo", group_relative=True, step_term=True)
+)
 
 ENGINES: Registry[EngineEntry] = Registry("actor.engine")
-ENGINES.register(EngineEntry("vllm", "agentgym.actors.engines:build_vllm", lora=True))
-ENGINES.register(EngineEntry("remote", "agentgym.actors.engines:build_remote"))
-ENGINES.register(EngineEntry("hf", "agentgym.actors.engines:build_hf", lora=True))
-ENGINES.register(EngineEntry("sim", "agentgym.actors.engines:build_sim"))
+ENGINES.register(EngineEntry("vllm", "agentgym.actors.engines.builders:build_vllm", lora=True))
+ENGINES.register(EngineEntry("remote", "agentgym.actors.engines.builders:build_remote"))
+ENGINES.register(EngineEntry("hf", "agentgym.actors.engines.builders:build_hf", lora=True))
+ENGINES.register(EngineEntry("sim", "agentgym.actors.engines.builders:build_sim"))

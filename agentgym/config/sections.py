@@ -45,7 +45,7 @@ class RunConfig(Section):
     health_window: Annotated[int, Field(ge=1)] = 10
     """Steps in a row with every group's rewards equal (no gradient) before the learner warns
     ``no_reward_signal``, and ``run_collapsed`` when one action also holds >= 90% of the plays
-    (learner/health.py)."""
+    (learner/records/health.py)."""
     stop_on_collapse: bool = False
     """End the run (exit code 3, a one-line reason) when it collapses, instead of training on."""
 
@@ -230,11 +230,11 @@ class TurnSchedule(Section):
         return self.stages[-1] if self.stages else self.turn_limits[-1][1]
 
     def turn_limit(self, step: int) -> int:
-        """The step-driven limit at ``step`` (success-driven stages: learner/curriculum.py)."""
+        """The step-driven limit at ``step`` (success-driven stages: learner/control/curriculum.py)."""
         if self.stages:
             raise ValueError(
                 "this schedule advances by training success, not by step: the learner's "
-                "curriculum (learner/curriculum.py) knows its stage"
+                "curriculum (learner/control/curriculum.py) knows its stage"
             )
         return [t for s, t in self.turn_limits if s <= step][-1]
 

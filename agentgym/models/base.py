@@ -14,7 +14,7 @@ of envs, each episode drawing its env by weight) with uniformly random actions
 (``Env.random_action``: no good move is ever shown; an action is as many tokens as the
 tokenizer makes of it) and trains the
 model by next-token cross-entropy on every token of those transcripts, built exactly as actors
-build them (``actors/conversation.Conversation``, the env's instructions as system message). To
+build them (``actors/play/conversation.Conversation``, the env's instructions as system message). To
 predict the env's replies the model has to read the history (which hint follows a guess depends
 on the hints before it); the actions it learns are the uniform ones. It is a tool for the demo
 and the benchmarks; nothing in the actors or the learner depends on it.
@@ -62,7 +62,7 @@ def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.
     env's reply to the last action (an actor has no use for it: nothing is generated after it).
     With ``quiz``, a lost episode ends instead with the env's question about it and an agent turn
     that answers it (``Env.quiz``: Wordle's "What was the word?" and the word)."""
-    from agentgym.actors.conversation import Conversation
+    from agentgym.actors.play.conversation import Conversation
 
     first = env.reset(task_id)  # before instructions(): some envs' instructions name the task
     conv = Conversation.start(tokenizer, env.instructions() or None, first)
@@ -94,7 +94,7 @@ def lm_loss(model: Any, episodes: list[list[int]], pad_id: int) -> Any:
     real = torch.tensor([[True] * len(e) + [False] * (width - len(e)) for e in episodes])
     # The output head only at real positions: padding is most of a mixed batch's width, and the
     # head (vocabulary x hidden) is the largest matrix of the small models. The rows are
-    # right-padded, so no attention mask is needed (learner/logprobs.right_padded says why): the
+    # right-padded, so no attention mask is needed (learner/model/logprobs.right_padded says why): the
     # attention runs on PyTorch's fused causal kernel.
     hidden = model.model(ids).last_hidden_state[:, :-1]
     keep = real[:, 1:]

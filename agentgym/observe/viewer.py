@@ -3,7 +3,7 @@
     html = build_page(run_dir, limit=2000)     # the page as a string
     path = write_page(run_dir)                 # RUN_DIR/view.html
 
-Reads ``episodes.jsonl`` (learner/episode_log.py), ``metrics.jsonl``, ``eval.jsonl`` and
+Reads ``episodes.jsonl`` (learner/records/episode_log.py), ``metrics.jsonl``, ``eval.jsonl`` and
 ``config.toml`` of a run (finished or still running) and writes a page with no outside
 resources: charts of the training and held-out curves (success, reward, per-env success,
 avg@k/pass@k, throughput, turn limit, loss, gradient norm, learning rate, clip fraction, approx KL,

@@ -1,0 +1,1 @@
+"""What the learner computes from rewards: the algorithms' advantages and their losses, pure torch."""

@@ -1,0 +1,1 @@
+"""The learner's models: the policy's forward pass, logprobs, the critic, prompt packing and LoRA."""

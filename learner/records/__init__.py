@@ -1,0 +1,1 @@
+"""What a run records: the ticket journal, episodes, counts, time use, health, the flight recorder."""

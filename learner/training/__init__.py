@@ -1,0 +1,1 @@
+"""The learner's torch step: batches, the trainer, data-parallel ranks, checkpoints and weight export."""

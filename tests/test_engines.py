@@ -395,16 +395,17 @@ def test_in_flight_update_resumes_with_the_new_weights(h: Harness, endless) -> N
 
     async def scenario(delay: float):
         task = asyncio.create_task(e.generate(f"resume-me-{delay}", prompt, spec))
-        while e.load().running == 0:
-            await asyncio.sleep(0.002)
         await asyncio.sleep(delay)
         await e.update_weights(h.dirs["w1"], old + 1)
         return await task
 
     # The update must land after the first token and before the last. When that is depends on
     # the machine and its load (a remote server streams its first token after its prefill; an
-    # idle one can stream all 300 before a 50 ms wait is over), so the wait is searched: longer
-    # after an update that came before the first token, shorter after one that came after the last.
+    # idle one can stream all 300 before a 50 ms wait is over), so the wait, counted from the
+    # request's submission, is searched: longer after an update that came before the first token,
+    # shorter after one that came after the last. (Counted from the engine's first running
+    # request instead, a loaded machine could show it only once a remote server had streamed all
+    # 300 tokens, and no wait was short enough.)
     lo, hi, delay = 0.0, None, 0.0
     for _ in range(12):
         h.use("w0")

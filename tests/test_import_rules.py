@@ -27,7 +27,7 @@ def test_a_broken_rule_is_reported(tmp_path: Path) -> None:
     finally:
         sys.path.pop(0)
     lint_imports.lay_out(tmp_path)
-    with (tmp_path / "agentgym" / "learner" / "staleness.py").open("a") as f:
+    with (tmp_path / "agentgym" / "learner" / "control" / "staleness.py").open("a") as f:
         f.write("\nfrom agentgym.models.base import ensure_model  # noqa\n")
     lint = Path(sys.executable).with_name("lint-imports")
     proc = subprocess.run(

@@ -165,6 +165,8 @@ class Job:
         self.stopping = False
         self.signalled: int | None = None
         """The signal the batch step got (the main loop acts on it: a handler must not block)."""
+        self.signalled_at: float | None = None
+        """When the first signal came (``time.monotonic``): it shortens the wait of ``stop_rest``."""
 
     @staticmethod
     def srun_argv(
@@ -313,21 +315,33 @@ class Job:
         return code
 
     def stop_rest(self) -> None:
-        """The learner is gone: actors stop on its Shutdown (else on a signal); then the relays."""
-        deadline = time.monotonic() + 60
-        for p in self.actors.values():
+        """The learner is gone: actors stop on its Shutdown (within ``ACTORS_EXIT_S``); then the
+        relays. After a stop signal (Slurm's SIGTERM, whose KillWait is 30 s by default) the wait
+        is ``SIGNAL_GRACE_S`` from the learner's exit or the signal, whichever came later, as for
+        ``agentgym train``: an actor whose learner is gone has nothing left to hand over."""
+        from agentgym.cli.launch import ACTORS_EXIT_S, SIGNAL_GRACE_S
+
+        exited = time.monotonic()
+
+        def deadline() -> float:
+            if self.signalled_at is None:
+                return exited + ACTORS_EXIT_S
+            return min(exited + ACTORS_EXIT_S, max(exited, self.signalled_at) + SIGNAL_GRACE_S)
+
+        # A polling wait, not Popen.wait: a signal handled meanwhile must be able to shorten it.
+        while any(p.poll() is None for p in self.actors.values()) and time.monotonic() < deadline():
+            time.sleep(0.1)
+        rest = [p for p in [*self.actors.values(), self.relays] if p is not None and p.poll() is None]
+        for p in rest:
+            p.send_signal(signal.SIGTERM)
+        end = time.monotonic() + (SIGNAL_GRACE_S if self.signalled_at is not None else 30.0)
+        for p in rest:
             try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                p.wait(timeout=max(0.1, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.send_signal(signal.SIGTERM)
-        for p in [*self.actors.values(), self.relays]:
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+                log.warning("step_killed", pid=p.pid, reason="signal" if self.signalled_at is not None else "timeout")
+                p.kill()
+                p.wait()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -413,6 +427,8 @@ def run(args: argparse.Namespace) -> int:
     def on_signal(sig: int, _frame: object) -> None:
         log.warning("slurm_job_signalled", signal=signal.Signals(sig).name)
         job.signalled = sig
+        if job.signalled_at is None:
+            job.signalled_at = time.monotonic()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, on_signal)

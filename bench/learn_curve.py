@@ -220,6 +220,39 @@ async def train_curve(
     return {"curve": curve, "metrics": metrics, "plays": plays, "wall_s": time.time() - t0, "steps": len(metrics)}
 
 
+async def zero_shot(cfg: Config, eval_tasks: int, turn_limit: int, engine_kind: str = "hf") -> dict:
+    """Held-out success of ``cfg.model.path`` as it is (no training), the way ``train_curve``
+    measures its step 0: the first ``eval_tasks`` test tasks, ``EVAL_EPISODES`` each, at
+    ``turn_limit``, sampled at the config's temperature. No trainer is loaded."""
+    from transformers import AutoTokenizer
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    env = cfg.env.specs[0]
+    spec = rollout_spec(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    engine = make_bench_engine(cfg, engine_kind)
+    pool = EnvPool(env.name, dict(env.kwargs), 8)
+    held_out = [Ticket(group_id=f"eval:{i}", env=env.name, task_id=i, split="test") for i in range(eval_tasks)]
+    t0 = time.time()
+    await engine.start()
+    await pool.start()
+    try:
+        groups = await play_groups(engine, tokenizer, pool, spec, held_out, EVAL_EPISODES, turn_limit)
+    finally:
+        await pool.close()
+        await engine.close()
+    eps = [e for g in groups for e in g.episodes]
+    return {
+        "success": sum(e.success for e in eps) / len(eps),
+        "episodes": len(eps),
+        "mean_turns": sum(len(e.turn_ends) // 4 for e in eps) / len(eps),  # int32 turn ends
+        "turn_limit": turn_limit,
+        "wall_s": round(time.time() - t0, 1),
+        "engine": engine_kind,
+        "plays": _first_episodes_played(tokenizer, groups),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=REPO / "configs" / "quickstart.toml")

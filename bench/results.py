@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_curve import EVAL_EPISODES, LOOP_OVERRIDES, REPO, train_curve  # noqa: E402
+from learn_curve import EVAL_EPISODES, LOOP_OVERRIDES, REPO, train_curve, zero_shot  # noqa: E402
 from task_overlap import row_overlap  # noqa: E402
 
 from agentgym.config import Config, load_config  # noqa: E402
@@ -193,8 +193,16 @@ def run_row(row: str, seeds: list[int], args: argparse.Namespace) -> None:
     for policy in ("random", "expert"):
         arms[policy] = scripted(cfg, policy, n_eval, EVAL_EPISODES)
         print(f"[{row}] {policy}: held-out success {arms[policy]['success']:.3f}", flush=True)
+    if args.zero_shot:  # the model as it is, no RL: what a row's step-0 evaluation measures
+        limit = cfg.schedule.for_env(cfg.env.specs[0].name).final_limit
+        arms["zero_shot"] = asyncio.run(zero_shot(cfg, n_eval, limit, args.engine))
+        print(f"[{row}] zero-shot: held-out success {arms['zero_shot']['success']:.3f}", flush=True)
+    elif (out / "arms.json").exists():  # keep a zero-shot arm measured earlier
+        earlier = json.loads((out / "arms.json").read_text()).get("zero_shot")
+        if earlier is not None:
+            arms["zero_shot"] = earlier
     (out / "arms.json").write_text(json.dumps(arms, indent=1))
-    for seed in [] if args.arms_only else seeds:
+    for seed in [] if args.arms_only or args.zero_shot else seeds:
         cfg = config(
             row,
             seed,
@@ -264,6 +272,8 @@ def summarise(folder: Path) -> dict | None:
     runs = [json.loads(f.read_text()) for f in sorted(folder.glob("seed*.json"))]
     done = [r for r in runs if not r.get("partial")]
     base = [r["curve"][0][1] for r in runs if r["curve"]]
+    if not base and arms.get("zero_shot"):  # no RL run yet: the zero-shot arm is the base
+        base = [arms["zero_shot"]["success"]]
     final = [r["curve"][-1][1] for r in done]
     tasks = arms.get("eval_tasks") or next((r["eval_tasks"] for r in runs if r.get("eval_tasks")), None)
     return {
@@ -276,6 +286,7 @@ def summarise(folder: Path) -> dict | None:
         "wall_s": [r["wall_s"] for r in done],
         "entropy": [r["metrics"][-1].get("entropy") for r in done if r["metrics"]],
         "partial": len(runs) - len(done),
+        "base_alone": not runs and bool(base),  # the zero-shot arm, measured without an RL run
     }
 
 
@@ -371,8 +382,9 @@ def table(
         wall = "/".join(f"{w:.0f}" for w in s["wall_s"]) or "-"
         name = f"{row}: base = SFT on expert, + RL = SFT + RL" if row in SFT_ROWS else row
         name = f"{name}: {ROW_NOTES[row]}" if row in ROW_NOTES else name
+        base_cell = f"{s['base'][0]:.2f} (zero-shot arm, no RL run)" if s.get("base_alone") else _ms(s["base"])
         lines.append(
-            f"| {name} | {s['random']['success']:.2f} | {_ms(s['base'])} | {_ms(s['final'])} | "
+            f"| {name} | {s['random']['success']:.2f} | {base_cell} | {_ms(s['final'])} | "
             f"{s['expert']['success']:.2f} | {steps} | {wall} | {s['random']['turn_limit']} | "
             f"{overlap_cell(row, folder)} | {verdict(s, row, suite)} |"
         )
@@ -557,6 +569,11 @@ def main() -> int:
     )
     p.add_argument("--table-only", action="store_true", help="run nothing: rebuild the table and plot from --out")
     p.add_argument("--arms-only", action="store_true", help="only the random and expert arms (no model, no RL)")
+    p.add_argument(
+        "--zero-shot",
+        action="store_true",
+        help="the random and expert arms and the model as it is (no RL): the base of a row not trained yet",
+    )
     p.add_argument(
         "--mix-curves",
         type=Path,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs ruff (the lint rules and the formatter's check, pyproject.toml [tool.ruff]), mypy over protocol,
-# envpool, actors and learner (scripts/typecheck.py), the import rules (import-linter:
+# Runs ruff (the lint rules and the formatter's check, pyproject.toml [tool.ruff]), mypy over the
+# whole agentgym package (scripts/typecheck.py), the import rules (import-linter:
 # scripts/lint_imports.py), the 100-line limit on a function (scripts/long_functions.py) and the test
 # suite, installing first if needed. Extra arguments go to pytest.
 # The suite runs on AGENTGYM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in this

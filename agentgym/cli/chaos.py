@@ -24,10 +24,16 @@ import random
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agentgym.cluster.netns import Cluster, Loopback, netns_unavailable
 from agentgym.cluster.scenario import FAST, Scenario
+
+
+def _past(sc: Scenario, step: int) -> Callable[[], bool]:
+    """A condition for ``sc.wait``: the run has trained past ``step``."""
+    return lambda: sc.step() > step
 
 
 def _chaos(sc: Scenario, minutes: float, seed: int, every: float, timeout_s: float) -> list[str]:
@@ -61,7 +67,7 @@ def _chaos(sc: Scenario, minutes: float, seed: int, every: float, timeout_s: flo
             sc.start_learner(resume=True)
             done.append(f"step {at}: SIGKILL learner, resumed from step {sc.checkpoints()[-1]}")
         print(done[-1], flush=True)
-        sc.wait(lambda a=at: sc.step() > a, 300, "a step after the event")  # the run goes on
+        sc.wait(_past(sc, at), 300, "a step after the event")  # the run goes on
     assert sc.learner is not None
     sc.learner.send_signal(signal.SIGTERM)
     sc.learner.wait(timeout=120)

@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -247,7 +247,7 @@ async def evaluate(
     cfg: Any,
     envs: Sequence[str],
     *,
-    split: str,
+    split: Literal["test", "dev"],
     tasks: int,
     k: int,
     temperature: float,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -42,8 +43,8 @@ def _version() -> str:
 class _VersionAction(argparse.Action):
     """``--version``, with the versions looked up only when asked (the protocol import is not free)."""
 
-    def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kw.get("help"))
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None, **_: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
         print(_version())

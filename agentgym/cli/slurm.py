@@ -40,8 +40,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
+
+if TYPE_CHECKING:
+    from agentgym.config import Config
 
 log = structlog.get_logger(__name__)
 
@@ -121,7 +125,7 @@ def layout_from_env(env: dict[str, str] | os._Environ[str], port: int | None = N
     )
 
 
-def step_gpus(cfg: object) -> tuple[int, int]:
+def step_gpus(cfg: Config) -> tuple[int, int]:
     """(GPUs for the learner's step, GPUs per actor task) from the config (``launch.slurm_*_gpus``,
     else from the devices): none for a CPU run."""
     la, lc, ac = cfg.launch, cfg.learner, cfg.actor

@@ -176,7 +176,8 @@ async def run_fleet(
                 if not isinstance(msg, WeightsReady) or msg.version <= engine.version:
                     continue
                 version, raw = await fetch_weights(ctx, sources, msg, keys=[None] * len(sources), stall_s=stall_s)
-                await engine.update_weights({t.name: t.data for t in raw}, version)
+                # The fetched bytes as they are: a SimEngine digests bytes-like values, so torch stays out.
+                await engine.update_weights({t.name: t.data for t in raw}, version)  # type: ignore[misc]  # bytes, not tensors
                 stats["updates"] += 1
                 await link.send(
                     Heartbeat(

@@ -162,8 +162,8 @@ async def _sim_actor(
         raise
     finally:
         beat.cancel()
-        for t in tasks:
-            t.cancel()
+        for playing in tasks:
+            playing.cancel()
         await engine.close()
         link.close()
 

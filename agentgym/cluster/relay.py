@@ -41,7 +41,9 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import zmq
@@ -51,6 +53,9 @@ from agentgym.auth.keys import ClientKeys, apply_client
 from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode
 from agentgym.protocol.limits import DEFAULT_CHUNK_MIB, REQUEST_FRAME, chunk_frame
 from agentgym.protocol.weights import verify_chunk
+
+if TYPE_CHECKING:
+    from agentgym.auth.server import ServerKeys
 
 log = structlog.get_logger(__name__)
 Key = tuple[int, int]  # (version, chunk)
@@ -65,7 +70,7 @@ class Relay:
         upstreams: list[str],
         *,
         upstream_keys: list[ClientKeys | None] | None = None,
-        server_keys: object | None = None,
+        server_keys: ServerKeys | None = None,
         stall_s: float = 5.0,
         keep: int = 2,
         max_in_flight: int = 64,
@@ -153,7 +158,7 @@ class Relay:
             if len(waiters) == 1:  # the first to want it: ask upstream once for all of them
                 self.backlog.append(key)
 
-    def _send(self, peer: bytes, frames: list[bytes]) -> None:
+    def _send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
         try:
             self.down.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
         except zmq.Again:

@@ -20,7 +20,25 @@ Parameter counts (tests/test_make_model.py checks them without allocating): 494,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+
+class _CommonConfig(TypedDict):
+    """The keyword arguments that ``Qwen2Config`` and ``LlamaConfig`` take alike here."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    rope_parameters: dict[str, Any]
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_id: int
+    pad_token_id: int
 
 
 @dataclass(frozen=True)
@@ -44,18 +62,21 @@ class ArchShape:
         """The transformers config of this shape, with the project tokenizer's special ids."""
         from transformers import LlamaConfig, Qwen2Config
 
-        common = dict(
+        # transformers 5 takes rope_theta and the published rope_scaling as one rope_parameters.
+        rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+        common = _CommonConfig(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads, max_position_embeddings=self.max_position_embeddings,
-            rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps,
+            rope_parameters=rope, rms_norm_eps=self.rms_norm_eps,
             tie_word_embeddings=self.tie_word_embeddings, bos_token_id=None, eos_token_id=eos, pad_token_id=pad,
         )
+        cfg: Qwen2Config | LlamaConfig
         if self.model_type == "qwen2":
             cfg = Qwen2Config(**common, use_sliding_window=False, max_window_layers=self.num_layers)
             cfg.architectures = ["Qwen2ForCausalLM"]
         elif self.model_type == "llama":
-            cfg = LlamaConfig(**common, head_dim=self.hidden_size // self.num_heads, rope_scaling=self.rope_scaling)
+            cfg = LlamaConfig(**common, head_dim=self.hidden_size // self.num_heads)
             cfg.architectures = ["LlamaForCausalLM"]
         else:
             raise ValueError(f"ArchShape {self.name}: unknown model_type {self.model_type!r}")

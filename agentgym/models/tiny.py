@@ -149,7 +149,7 @@ def make_tiny_model(
     config.architectures = ["Qwen2ForCausalLM"]
     with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's RNG
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers' wrapper on .to hides torch's signature
     model.save_pretrained(out_dir, safe_serialization=True)
     GenerationConfig(eos_token_id=[eos_id], pad_token_id=pad_id, do_sample=True).save_pretrained(out_dir)
     return out_dir

@@ -17,7 +17,7 @@ on how requests interleave.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from math import comb
 
 
@@ -30,7 +30,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def summarize(results: dict[str, Sequence[Sequence[bool]]], k: int) -> dict[str, dict[str, float]]:
+def summarize(results: Mapping[str, Sequence[Sequence[bool]]], k: int) -> dict[str, dict[str, float]]:
     """Per env: tasks, samples, avg@k and pass@k (k <= samples per task) from success per sample,
     ``results[env][task][sample]``. Tasks with fewer than ``k`` samples are an error, not skipped."""
     out: dict[str, dict[str, float]] = {}

@@ -97,16 +97,41 @@ def agent_corpus() -> list[str]:
     texts += _play_texts(BabyAI(levels=BABYAI_LEVELS), 30, 10, seed=0)
     # SciWorld and WebShop are not played here (a JVM, a browser): their action forms, filled with
     # things they show, stand in for play, repeated as often as a played env's actions appear.
-    things = ("thermometer", "door to kitchen", "door to hallway", "stove", "sink", "pot", "water",
-              "ice", "seed jar", "flower pot", "orange", "table", "agent", "kitchen", "hallway", "outside")
-    sci = [f.replace("OBJ to OBJ", f"{a} to {b}").replace("OBJ into OBJ", f"{a} into {b}").replace("[on OBJ]", f"on {b}")
-           .replace("OBJ", a).replace("LOC", b) for f in sciworld.ACTION_FORMS for a, b in zip(things, things[1:] + things[:1])]
+    things = (
+        "thermometer",
+        "door to kitchen",
+        "door to hallway",
+        "stove",
+        "sink",
+        "pot",
+        "water",
+        "ice",
+        "seed jar",
+        "flower pot",
+        "orange",
+        "table",
+        "agent",
+        "kitchen",
+        "hallway",
+        "outside",
+    )
+    sci = [
+        f.replace("OBJ to OBJ", f"{a} to {b}")
+        .replace("OBJ into OBJ", f"{a} into {b}")
+        .replace("[on OBJ]", f"on {b}")
+        .replace("OBJ", a)
+        .replace("LOC", b)
+        for f in sciworld.ACTION_FORMS
+        for a, b in zip(things, things[1:] + things[:1])
+    ]
     texts += [*sciworld.SPLITS, "No known action matches that input.", "Action: look around", *(sci * 3)]
     cat = catalogue.catalogue(300, seed=0)
     texts += [shop_instructions(cat.goal(t)) for t in range(0, 2400, 37)]
     texts += [observe.ACTIONS_HELP, *(f"{p.name} {p.description}" for p in cat.products[:100])]
     texts += [f"click [{i}]" for i in range(60)] * 5 + ["scroll down", "scroll up", "go back"] * 40
-    texts += [f"type [{i % 5}] {cat.goal(t).instruction.split(',')[0][:40]} [enter]" for i, t in enumerate(range(0, 2400, 11))]
+    texts += [
+        f"type [{i % 5}] {cat.goal(t).instruction.split(',')[0][:40]} [enter]" for i, t in enumerate(range(0, 2400, 11))
+    ]
     qs = factbook.questions()
     texts += [INVALID, *(f"Question: {q.text}" for q in qs[::10]), *(q.answer for q in qs[::10])]
     texts += _play_texts(DeepSearch(top_k=2, passage_chars=200), 40, 4, seed=0)
@@ -114,9 +139,16 @@ def agent_corpus() -> list[str]:
     return [t for t in texts if t]
 
 
-def make_agent_model(out_dir: Path, arch: str = "agent-tiny", *, seed: int = 0, corpus: list[str] | None = None) -> Path:
+def make_agent_model(
+    out_dir: Path, arch: str = "agent-tiny", *, seed: int = 0, corpus: list[str] | None = None
+) -> Path:
     """Write the family's ``arch`` model (random weights, the all-env tokenizer) to ``out_dir``."""
     if arch not in SIZES:
         raise ValueError(f"make_agent_model: unknown arch {arch!r}; the family has {', '.join(SIZES)}")
-    return make_tiny_model(out_dir, corpus=corpus if corpus is not None else agent_corpus(), seed=seed,
-                           vocab_size=VOCAB_SIZE, **SIZES[arch])
+    return make_tiny_model(
+        out_dir,
+        corpus=corpus if corpus is not None else agent_corpus(),
+        seed=seed,
+        vocab_size=VOCAB_SIZE,
+        **SIZES[arch],
+    )

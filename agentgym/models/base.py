@@ -31,8 +31,9 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import structlog
 
@@ -55,8 +56,16 @@ never a good move) or ``expert`` (``Env.expert_action``: supervised fine-tuning 
 scripted expert, the results table's labelled "SFT on expert" rows, never the base of an RL row)."""
 
 
-def random_play(tokenizer: Any, env: Any, task_id: int, turns: int, rng: random.Random, policy: str = "random",
-                endings: bool = False, quiz: bool = False) -> list[int]:
+def random_play(
+    tokenizer: Any,
+    env: Any,
+    task_id: int,
+    turns: int,
+    rng: random.Random,
+    policy: str = "random",
+    endings: bool = False,
+    quiz: bool = False,
+) -> list[int]:
     """Token ids of one episode of ``env`` played with ``env.random_action`` (or, with ``policy``
     "expert", ``env.expert_action``), as an actor builds them; with ``endings``, followed by the
     env's reply to the last action (an actor has no use for it: nothing is generated after it).
@@ -126,9 +135,20 @@ def _build_envs(mix: EnvMix, rng: random.Random, policy: str) -> list[Any]:
     return envs
 
 
-def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None = None,
-                     *, steps: int = 300, lr: float = 3e-3, seed: int = 0, turns: int = PRETRAIN_TURNS,
-                     policy: str = "random", endings: bool = False, quiz: bool = False) -> dict[str, Any]:
+def pretrain_on_play(
+    model_dir: Path,
+    out_dir: Path,
+    env_name: str | EnvMix,
+    env_kwargs: dict[str, Any] | None = None,
+    *,
+    steps: int = 300,
+    lr: float = 3e-3,
+    seed: int = 0,
+    turns: int = PRETRAIN_TURNS,
+    policy: str = "random",
+    endings: bool = False,
+    quiz: bool = False,
+) -> dict[str, Any]:
     """Train the model at ``model_dir`` on random play of ``env_name`` (an env's name, ``MIX``, or
     an ``EnvMix``), or on its expert's play with ``policy`` "expert" (``POLICIES``); write it to
     ``out_dir``. ``endings``: each transcript keeps the env's reply to its last action (how the
@@ -175,15 +195,32 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             if step % 25 == 0 or step == steps:  # a 300-step pretraining takes 8-20 minutes here
-                log.info("pretrain_progress", step=step, steps=steps, loss=round(loss.item(), 4),
-                         seconds=round(time.monotonic() - t0, 1))
+                log.info(
+                    "pretrain_progress",
+                    step=step,
+                    steps=steps,
+                    loss=round(loss.item(), 4),
+                    seconds=round(time.monotonic() - t0, 1),
+                )
         with torch.no_grad():
             after = float(lm_loss(model, probe, pad_id))
     name = env_name if isinstance(env_name, str) else "+".join(n for n, _, _ in mix)
-    record = {"env": name, "env_kwargs": dict(env_kwargs or {}), "mix": [[n, k, w] for n, k, w in mix],
-              "steps": steps, "lr": lr, "seed": seed, "turns": turns, "policy": policy, "endings": endings, "quiz": quiz,
-              "batch": PRETRAIN_BATCH, "heldout_loss_before": round(before, 4),
-              "heldout_loss_after": round(after, 4), "seconds": round(time.monotonic() - t0, 1)}
+    record = {
+        "env": name,
+        "env_kwargs": dict(env_kwargs or {}),
+        "mix": [[n, k, w] for n, k, w in mix],
+        "steps": steps,
+        "lr": lr,
+        "seed": seed,
+        "turns": turns,
+        "policy": policy,
+        "endings": endings,
+        "quiz": quiz,
+        "batch": PRETRAIN_BATCH,
+        "heldout_loss_before": round(before, 4),
+        "heldout_loss_after": round(after, 4),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -199,9 +236,20 @@ def pretrain_on_play(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env
     return record
 
 
-def pretrain_in_stages(model_dir: Path, out_dir: Path, env_name: str | EnvMix, env_kwargs: dict[str, Any] | None, *,
-                       steps: int, policy: str, sft_steps: int, seed: int, turns: int,
-                       endings: bool = False, quiz: bool = False) -> dict[str, Any]:
+def pretrain_in_stages(
+    model_dir: Path,
+    out_dir: Path,
+    env_name: str | EnvMix,
+    env_kwargs: dict[str, Any] | None,
+    *,
+    steps: int,
+    policy: str,
+    sft_steps: int,
+    seed: int,
+    turns: int,
+    endings: bool = False,
+    quiz: bool = False,
+) -> dict[str, Any]:
     """``pretrain_on_play``: ``steps`` of ``policy``'s play, then ``sft_steps`` of the expert's
     (``model.sft_steps``), each stage only if it has steps (at least one must). The model appears
     at ``out_dir`` after the last stage; its ``pretrain.json`` lists every stage under ``stages``
@@ -212,8 +260,20 @@ def pretrain_in_stages(model_dir: Path, out_dir: Path, env_name: str | EnvMix, e
     records = []
     for i, (n, p) in enumerate(stages):
         last = i == len(stages) - 1
-        records.append(pretrain_on_play(model_dir, out_dir if last else model_dir, env_name, env_kwargs, steps=n,
-                                        seed=seed, turns=turns, policy=p, endings=endings, quiz=quiz))
+        records.append(
+            pretrain_on_play(
+                model_dir,
+                out_dir if last else model_dir,
+                env_name,
+                env_kwargs,
+                steps=n,
+                seed=seed,
+                turns=turns,
+                policy=p,
+                endings=endings,
+                quiz=quiz,
+            )
+        )
     if len(records) > 1:
         (out_dir / "pretrain.json").write_text(json.dumps({**records[-1], "stages": records}, indent=1))
     return records[-1]
@@ -252,8 +312,13 @@ def ensure_model(cfg: Any) -> None:
         else:
             make_agent_model(where, arch, seed=cfg.run.seed)
 
-    log.info("creating_tiny_model", path=str(path), arch=arch, pretrain_steps=cfg.model.pretrain_steps,
-             sft_steps=cfg.model.sft_steps)
+    log.info(
+        "creating_tiny_model",
+        path=str(path),
+        arch=arch,
+        pretrain_steps=cfg.model.pretrain_steps,
+        sft_steps=cfg.model.sft_steps,
+    )
     if not (cfg.model.pretrain_steps or cfg.model.sft_steps):
         make(path)
         return
@@ -261,13 +326,32 @@ def ensure_model(cfg: Any) -> None:
     make(raw)
     # The simulated latency of the benchmarks' waiting env would only slow the transcripts down;
     # model.pretrain_env_kwargs replaces the options the base is to be pretrained with otherwise.
-    mix = [(s.name, {k: v for k, v in {**s.kwargs, **cfg.model.pretrain_env_kwargs}.items()
-                     if k not in ("step_latency_s", "latency_sigma")}, s.weight) for s in cfg.env.specs]
+    mix = [
+        (
+            s.name,
+            {
+                k: v
+                for k, v in {**s.kwargs, **cfg.model.pretrain_env_kwargs}.items()
+                if k not in ("step_latency_s", "latency_sigma")
+            },
+            s.weight,
+        )
+        for s in cfg.env.specs
+    ]
     target: str | EnvMix = mix[0][0] if len(mix) == 1 else mix
     try:
-        pretrain_in_stages(raw, path, target, mix[0][1] if len(mix) == 1 else None, steps=cfg.model.pretrain_steps,
-                           policy=cfg.model.pretrain_policy, sft_steps=cfg.model.sft_steps, seed=cfg.run.seed,
-                           turns=cfg.model.pretrain_turns, endings=cfg.model.pretrain_endings,
-                           quiz=cfg.model.pretrain_quiz)
+        pretrain_in_stages(
+            raw,
+            path,
+            target,
+            mix[0][1] if len(mix) == 1 else None,
+            steps=cfg.model.pretrain_steps,
+            policy=cfg.model.pretrain_policy,
+            sft_steps=cfg.model.sft_steps,
+            seed=cfg.run.seed,
+            turns=cfg.model.pretrain_turns,
+            endings=cfg.model.pretrain_endings,
+            quiz=cfg.model.pretrain_quiz,
+        )
     finally:
         shutil.rmtree(raw, ignore_errors=True)

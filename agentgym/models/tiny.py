@@ -32,9 +32,7 @@ _HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # Printable ASCII, newline and tab: what the environments write and the template needs.
 _ALPHABET = "".join(sorted(set(string.printable) - set("\r\x0b\x0c")))
 # The split that transformers' Qwen2Tokenizer applies before byte-level encoding (digits alone).
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 # Used when the built-in environment's corpus cannot be imported (a checkout without envpool).
 FALLBACK_CORPUS: list[str] = [
@@ -64,10 +62,12 @@ def train_tokenizer(corpus: list[str], vocab_size: int):
         raise ValueError(f"make_tiny_model: vocab_size={vocab_size} is below the alphabet + special tokens ({floor})")
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        byte_level,
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            byte_level,
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

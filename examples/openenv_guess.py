@@ -45,7 +45,7 @@ class GuessEnvironment(Environment):
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
         return GuessObservation(message=f"I am thinking of a number from 1 to {self.high}. Guess it.")
 
-    def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:  # type: ignore[override]
+    def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:  # type: ignore[override]  # OpenEnv types step with its base Action
         self._state.step_count += 1
         if action.guess == self._secret:
             return GuessObservation(message="Correct!", done=True, reward=1.0)

@@ -1,11 +1,13 @@
 """A hoarding peer against a training run: the learner's step rate with the peer, over its rate
-without it (the same run, one honest actor).
+without it (the same run, one or more honest actors).
 
-    python bench/hoarder.py [--warmup 60] [--window 90] [--engine hf] [--peer-after STEPS] [--out /tmp/hoarder]
+    python bench/hoarder.py [--warmup 60] [--window 90] [--engine hf] [--peer-after STEPS] [--honest 1,2] [--out /tmp/hoarder]
 
 Each condition starts a learner on the quickstart config (tiny model, no evaluation, no
-checkpoints, a run too long to end) and one honest actor process (``agentgym.actors.main``, the
-HF engine; ``--engine vllm`` for the quickstart's). With the peer, a scripted actor registers
+checkpoints, one turn limit, ``schedule.turn_limits = [[0, 6]]``, so that the horizon does not
+change mid-measure, a run too long to end) and ``--honest`` honest actor processes
+(``agentgym.actors.main``, the HF engine; ``--engine vllm`` for the quickstart's); ``--honest 1,2``
+measures both counts, each with and without the peer, in one invocation. With the peer, a scripted actor registers
 with the model's fingerprint, asks for ``max_groups=64``, heartbeats every 0.5 s and never
 answers a ticket: a hoarder, or a hung engine behind a live heartbeat. It registers before the
 honest actor starts, or with ``--peer-after STEPS`` once the learner has made STEPS optimizer
@@ -102,9 +104,10 @@ def step_times(metrics: Path) -> list[tuple[float, dict]]:
 
 
 def _start_actor(
-    addr: str, model: Path, work: Path, overrides: list[str], args: argparse.Namespace
+    addr: str, model: Path, work: Path, overrides: list[str], args: argparse.Namespace, index: int = 0
 ) -> subprocess.Popen:
-    """The honest actor (a real one on ``args.engine``, or a scripted one), its log in ``work``."""
+    """Honest actor ``index`` (a real one on ``args.engine``, or a scripted one), its log in ``work``."""
+    name = "actor" if index == 0 else f"actor{index}"
     if args.scripted is None:
         actor = subprocess.Popen(
             [
@@ -118,24 +121,26 @@ def _start_actor(
                 "--model",
                 str(model),
                 "--run-dir",
-                str(work / "actor"),
+                str(work / name),
+                "--actor-id",
+                f"honest-{index}",
                 *[a for o in [*overrides, f'actor.engine="{args.engine}"'] for a in ("-o", o)],
             ],
             cwd=ROOT,
-            stdout=open(work / "actor.log", "w"),
+            stdout=open(work / f"{name}.log", "w"),
             stderr=subprocess.STDOUT,
         )
     else:  # a scripted honest actor in a process of its own: the engine's CPU out of the measure
         actor = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted)],
+            [sys.executable, str(Path(__file__).resolve()), "--play", addr, str(model), str(args.scripted), str(index)],
             cwd=ROOT,
-            stdout=open(work / "actor.log", "w"),
+            stdout=open(work / f"{name}.log", "w"),
             stderr=subprocess.STDOUT,
         )
     return actor
 
 
-def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Namespace) -> dict:
+def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Namespace, honest: int = 1) -> dict:
     from agentgym.config import model_fingerprint
 
     work.mkdir(parents=True, exist_ok=True)
@@ -150,6 +155,7 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
         "learner.checkpoint_every=0",
         "learner.checkpoint_minutes=0",
         "run.max_steps=100000",
+        "schedule.turn_limits=[[0, 6]]",
     ]
     learner = subprocess.Popen(
         [
@@ -178,10 +184,10 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
         peer.start()
         peer_t = time.time()
         time.sleep(3)
-    actor = _start_actor(addr, model, work, overrides, args)
+    actors = [_start_actor(addr, model, work, overrides, args, i) for i in range(honest)]
     metrics = work / "run" / "metrics.jsonl"
     try:
-        wait_steps(metrics, max(1, args.peer_after), args.start_timeout, [actor, learner])
+        wait_steps(metrics, max(1, args.peer_after), args.start_timeout, [*actors, learner])
         if peer is not None and args.peer_after:  # the honest actor has answered: deadlines are its own
             peer.start()
             peer_t = time.time()
@@ -191,9 +197,9 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
         t1 = time.time()
     finally:
         stop.set()
-        for p in (actor, learner):
+        for p in (*actors, learner):
             p.terminate()
-        for p in (actor, learner):
+        for p in (*actors, learner):
             try:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -206,6 +212,7 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
     overdue = overdue_events(work / "run" / "logs" / "learner.jsonl", "hoarder")
     return {
         "peer": with_peer,
+        "honest": honest,
         "steps_in_window": len(window),
         "steps_per_s": len(window) / (t1 - t0),
         "peer_tickets": got[0],
@@ -217,8 +224,8 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
     }
 
 
-def play(addr: str, model: str, delay_s: float) -> int:
-    """The scripted honest actor (tests/scripted_actor.py): 8 groups at once, each after delay_s."""
+def play(addr: str, model: str, delay_s: float, index: int = 0) -> int:
+    """Scripted honest actor ``index`` (tests/scripted_actor.py): 8 groups at once, each after delay_s."""
     sys.path.insert(0, str(ROOT / "tests"))
     import zmq
     from scripted_actor import ScriptedActor
@@ -227,15 +234,21 @@ def play(addr: str, model: str, delay_s: float) -> int:
 
     ctx = zmq.Context()
     a = ScriptedActor(
-        ctx, addr, "honest", delay_s=delay_s, fingerprint=model_fingerprint(Path(model)), group_size=8, max_groups=8
+        ctx,
+        addr,
+        f"honest-{index}",
+        delay_s=delay_s,
+        fingerprint=model_fingerprint(Path(model)),
+        group_size=8,
+        max_groups=8,
     )
     while True:
         a.step(10)
 
 
 def main() -> int:
-    if len(sys.argv) == 5 and sys.argv[1] == "--play":
-        return play(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--play":
+        return play(sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--warmup", type=float, default=60.0)
     p.add_argument("--window", type=float, default=90.0)
@@ -260,20 +273,26 @@ def main() -> int:
         default=600.0,
         help="seconds to wait for the first steps (an engine's start on a loaded machine)",
     )
+    p.add_argument("--honest", default="1", help="honest actor counts to measure, comma-separated (e.g. 1,2)")
     p.add_argument("--out", type=Path, default=Path("/tmp/hoarder"))
     args = p.parse_args()
+    counts = [int(n) for n in args.honest.split(",") if n.strip()]
+    if not counts or min(counts) < 1:
+        p.error(f"--honest: counts of at least 1 actor, comma-separated; got {args.honest!r}")
     from agentgym.host.netutil import free_port_pair
     from agentgym.models.tiny import make_default_tiny_model
 
     model = make_default_tiny_model(args.out / "tiny", seed=0).resolve()
     rows = [
-        run(peer, model, free_port_pair(), args.out / ("with_peer" if peer else "alone"), args)
+        run(peer, model, free_port_pair(), args.out / f"honest{n}" / ("with_peer" if peer else "alone"), args, n)
+        for n in counts
         for peer in (False, True)
     ]
-    ratio = rows[1]["steps_per_s"] / max(rows[0]["steps_per_s"], 1e-9)
+    ratios = {n: rows[2 * i + 1]["steps_per_s"] / max(rows[2 * i]["steps_per_s"], 1e-9) for i, n in enumerate(counts)}
     out = {
         "rows": rows,
-        "ratio": ratio,
+        "ratio": ratios[counts[0]],
+        "ratios": {str(n): r for n, r in ratios.items()},
         "load": os.getloadavg(),
         "warmup_s": args.warmup,
         "window_s": args.window,
@@ -282,11 +301,13 @@ def main() -> int:
     }
     for r in rows:
         print(
-            f"peer={r['peer']!s:5}  steps/s={r['steps_per_s']:.3f}  ({r['steps_in_window']} steps)  "
+            f"honest={r['honest']}  peer={r['peer']!s:5}  steps/s={r['steps_per_s']:.3f}  ({r['steps_in_window']} steps)  "
             f"peer tickets={r['peer_tickets']}  reissued past deadline={r['deadline_reissued']}  "
             f"peer's first deadline after {r['peer_first_deadline_s']} s"
         )
-    print(f"ratio (with / without) = {ratio:.2f}")
+    for n, ratio in ratios.items():
+        print(f"{n} honest actor(s): ratio (with / without) = {ratio:.2f}")
+    print(f"load average {os.getloadavg()}")
     (args.out / "hoarder.json").write_text(json.dumps(out, indent=2))
     return 0
 

@@ -4,6 +4,7 @@ trainer (TRL's ``GRPOTrainer``) on the same model, task, batch and optimizer, si
     pip install trl          # the bench extra: pip install -e '.[bench]'
     python bench/step_cost.py --model models/tiny-gn-base --steps 40 [--engines hf,vllm] [--out runs/step_cost]
     python bench/step_cost.py --model models/smollm2-135m --real --steps 8 --engines vllm
+    python bench/step_cost.py --tiny-model models/tiny --real-model models/smollm2-135m --engines vllm   # both, one invocation
 
 ``--real`` is the preset for an instruct model: at most 8 new tokens a turn, AdamW at a constant lr
 1e-6, and agentgym in mixed precision (``model.dtype = "bfloat16"``: bfloat16 engines and wire,
@@ -187,42 +188,75 @@ def trl_run(model: Path, steps: int, out: Path, *, max_tokens: int = 1, lr: floa
     }
 
 
+def measure(model: Path, real: bool, steps: int, args: argparse.Namespace, port: int) -> list[dict]:
+    """TRL (unless ``--skip-trl``) and agentgym's runs on ``model``, each result labelled with it."""
+    out = args.out / model.name
+    out.mkdir(parents=True, exist_ok=True)
+    trl = {"max_tokens": 8, "lr": 1e-6} if real else {}
+    results = [] if args.skip_trl else [trl_run(model, steps, out, bf16=args.trl_bf16, **trl)]
+    for engine in args.engines.split(","):
+        for mode in args.modes.split(","):
+            results.append(agentgym_run(model, engine, mode, steps, out, port, REAL if real else []))
+            port += 2
+    for r in results:
+        r.update(model=model.name, preset="real" if real else "tiny", steps=steps)
+    return results
+
+
+def print_table(results: list[dict]) -> None:
+    """One table per model, each system's steps/s against TRL's on that model."""
+    for name in dict.fromkeys(r["model"] for r in results):
+        rows = [r for r in results if r["model"] == name]
+        ref = next((r["steps_per_s"] for r in rows if r["system"].startswith("TRL") and "error" not in r), None)
+        print(f"\n{name} ({rows[0]['preset']} preset, {rows[0]['steps']} steps)")
+        print("| system | steps/s | vs TRL | start-up s | per step: wait / train / export s |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            if "error" in r:
+                print(f"| {r['system']} | error: {r['error'][-200:]!r} | | | |")
+                continue
+            ratio = f"{r['steps_per_s'] / ref:.2f}x" if ref else "-"
+            ps = r.get("per_step_s", {})
+            parts = " / ".join(f"{ps[k]:.3f}" for k in ("wait", "train", "export")) if ps else "-"
+            print(f"| {r['system']} | {r['steps_per_s']:.2f} | {ratio} | {r['startup_s']} | {parts} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--model", type=Path, help="one model (with --real: the instruct-model preset)")
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--tiny-model", type=Path, help="a small model measured with the tiny preset (--tiny-steps)")
+    p.add_argument("--tiny-steps", type=int, default=100)
+    p.add_argument("--real-model", type=Path, help="an instruct model measured with the real preset (--real-steps)")
+    p.add_argument("--real-steps", type=int, default=8)
     p.add_argument("--engines", default="hf,vllm")
     p.add_argument("--modes", default="sync,async")
     p.add_argument("--skip-trl", action="store_true")
-    p.add_argument("--real", action="store_true", help="the instruct-model preset (see the module docstring)")
+    p.add_argument(
+        "--real", action="store_true", help="the instruct-model preset for --model (see the module docstring)"
+    )
     p.add_argument("--trl-bf16", action="store_true", help="TRL with bfloat16 autocast")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "step_cost")
     args = p.parse_args()
-    args.model = args.model.resolve()
+    plan = [
+        (m.resolve(), real, n)
+        for m, real, n in (
+            (args.model, args.real, args.steps),
+            (args.tiny_model, False, args.tiny_steps),
+            (args.real_model, True, args.real_steps),
+        )
+        if m is not None
+    ]
+    if not plan:
+        p.error("no model: give --model, or --tiny-model and/or --real-model")
     args.out.mkdir(parents=True, exist_ok=True)
-    trl = {"max_tokens": 8, "lr": 1e-6} if args.real else {}
-    results = [] if args.skip_trl else [trl_run(args.model, args.steps, args.out, bf16=args.trl_bf16, **trl)]
-    port = 5800
-    for engine in args.engines.split(","):
-        for mode in args.modes.split(","):
-            results.append(
-                agentgym_run(args.model, engine, mode, args.steps, args.out, port, REAL if args.real else [])
-            )
-            port += 2
+    results: list[dict] = []
+    for i, (model, real, steps) in enumerate(plan):
+        results += measure(model, real, steps, args, 5800 + 40 * i)
     load = os.getloadavg()
     (args.out / "step_cost.json").write_text(json.dumps({"load": load, "results": results}, indent=2))
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (compare figures of one invocation only)")
-    ref = next((r["steps_per_s"] for r in results if r["system"].startswith("TRL") and "error" not in r), None)
-    print("\n| system | steps/s | vs TRL | start-up s | per step: wait / train / export s |")
-    print("|---|---|---|---|---|")
-    for r in results:
-        if "error" in r:
-            print(f"| {r['system']} | error: {r['error'][-200:]!r} | | | |")
-            continue
-        ratio = f"{r['steps_per_s'] / ref:.2f}x" if ref else "-"
-        ps = r.get("per_step_s", {})
-        parts = " / ".join(f"{ps[k]:.3f}" for k in ("wait", "train", "export")) if ps else "-"
-        print(f"| {r['system']} | {r['steps_per_s']:.2f} | {ratio} | {r['startup_s']} | {parts} |")
+    print_table(results)
     return 0
 
 

@@ -14,13 +14,12 @@ from agentgym.models.tiny import FALLBACK_CORPUS, make_tiny_model
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """On an xdist worker: a fair share of the host's cores, so that the workers do not all pile
-    onto the same ones. Each worker's in-process torch gets cores // workers threads (two workers
-    with 2 threads each on 2 cores: 24.4 s each for a pretraining that takes 18.2 s each at 1 thread,
-    2026-12-07: OpenMP threads wait at every barrier for a thread that is descheduled). And the
-    vLLM engines that a worker's tests start (their actor processes inherit the environment) are
-    bound to that worker's own cores: left to vLLM, every engine of every worker binds the same
-    core (config ``launch.actor_cores = "engine"``), and the other core runs only the learners."""
+    """On an xdist worker: its in-process torch gets cores // workers threads, so that the workers
+    do not oversubscribe the cores. Two 2-thread pretrainings side by side on 2 cores took 24.4 s
+    each against 18.2 s each at 1 thread (2026-12-07: OpenMP threads wait at every barrier for a
+    thread that is descheduled); in CI the multi-token learning test's pretraining went from 440
+    to 247 s. (Binding each worker's vLLM engines to a core of its own as well did not help: the
+    suite took 1,403 s against 1,352-1,373 s, an actor-leave run 137 s against 71.)"""
     worker = getattr(config, "workerinput", None)
     if worker is None:
         return
@@ -28,14 +27,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     import torch
 
-    from agentgym.cli.launch import BIND, actor_cores
-
-    cores = sorted(os.sched_getaffinity(0))
-    workers = int(worker["workercount"])
-    index = int(worker["workerid"].removeprefix("gw"))
-    torch.set_num_threads(max(1, len(cores) // workers))
-    if BIND not in os.environ and len(cores) > 1:
-        os.environ[BIND] = actor_cores(workers, cores)[index % workers]
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(max(1, cores // int(worker["workercount"])))
 
 
 @pytest.fixture(scope="session")

@@ -49,10 +49,16 @@ def rollout(i: int, tokens: int = 25_000) -> Rollout:
     return Rollout(group_id=str(i), actor_id="a1", env="e", task_id=i, episodes=[ep])
 
 
-def router(addr: str, rcvhwm: int = 1000) -> tuple[zmq.Context, zmq.Socket]:
+def router(addr: str, rcvhwm: int = 1000, rcvbuf: int | None = None) -> tuple[zmq.Context, zmq.Socket]:
+    """The learner's end. ``rcvbuf``: the kernel's receive buffer of its connections, in bytes (set
+    before the bind, so each accepted connection has it): a test that needs a send to find no room
+    sets it small, since TCP's autotuned buffers on loopback hold megabytes, about as many of
+    ``rollout``'s messages as a test sends, and would leave no send waiting."""
     ctx = zmq.Context()
     s = ctx.socket(zmq.ROUTER)
     s.setsockopt(zmq.RCVHWM, rcvhwm)
+    if rcvbuf is not None:
+        s.setsockopt(zmq.RCVBUF, rcvbuf)
     s.bind(addr)
     return ctx, s
 
@@ -84,7 +90,7 @@ def test_sends_that_find_the_queue_full_wait_and_everything_arrives_once_in_orde
     got: list[int] = []
 
     def learner() -> None:
-        ctx, s = router(addr, rcvhwm=4)
+        ctx, s = router(addr, rcvhwm=4, rcvbuf=1 << 16)
         assert start_reading.wait(60), "the actor's sends never waited"
         while len(got) < n and s.poll(15_000):
             peer, *frames = s.recv_multipart()
@@ -184,7 +190,7 @@ def test_a_send_waiting_for_room_whose_signal_a_receive_takes_goes_out(run) -> N
     got: list[int] = []
 
     def learner() -> None:
-        ctx, s = router(addr, rcvhwm=4)
+        ctx, s = router(addr, rcvhwm=4, rcvbuf=1 << 16)
         assert blocked.wait(30) and loop_busy.wait(10)
         peer = None
         while s.poll(500):  # all that is queued, until the actor's queue has room again

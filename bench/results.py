@@ -244,15 +244,18 @@ def where(out: Path, record: Path, row: str) -> Path:
 
 
 def save_record(out: Path, record: Path, row: str) -> None:
-    """Copy ``OUT/<row>`` to ``RECORD/<row>``: arms as they are; each seed without its held-out
-    plays and with only ``RECORD_METRICS`` of every step."""
+    """Copy ``OUT/<row>`` to ``RECORD/<row>``: arms as they are (a zero-shot arm without its
+    plays); each seed without its held-out plays and with only ``RECORD_METRICS`` of every step."""
     src, dst = out / row, record / row
     if not (src / "arms.json").exists():
         return
     dst.mkdir(parents=True, exist_ok=True)
     for old in dst.glob("seed*.json"):
         old.unlink()
-    (dst / "arms.json").write_text((src / "arms.json").read_text())
+    arms = json.loads((src / "arms.json").read_text())
+    if isinstance(arms.get("zero_shot"), dict):
+        arms["zero_shot"].pop("plays", None)
+    (dst / "arms.json").write_text(json.dumps(arms, indent=1))
     for f in sorted(src.glob("seed*.json")):
         run = json.loads(f.read_text())
         run.pop("plays", None)

@@ -19,7 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
     each against 18.2 s each at 1 thread (2026-12-07: OpenMP threads wait at every barrier for a
     thread that is descheduled); in CI the multi-token learning test's pretraining went from 440
     to 247 s. (Binding each worker's vLLM engines to a core of its own as well did not help: the
-    suite took 1,403 s against 1,352-1,373 s, an actor-leave run 137 s against 71.)"""
+    suite took 1,403 s against 1,352-1,373 s; with the thread share alone, 1,387 s.)"""
     worker = getattr(config, "workerinput", None)
     if worker is None:
         return

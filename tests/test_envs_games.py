@@ -453,6 +453,38 @@ def test_a_new_maze_is_solvable_from_what_the_observation_says(monkeypatch: pyte
         policies.read("You reached the goal at row 1, column 1!")
 
 
+@pytest.mark.parametrize("read", ["exact", "first"])
+def test_a_sentence_names_a_move_only_when_the_maze_reads_the_first_action(read: str) -> None:
+    # Task 5 of a 3x3 maze starts at row 3, column 3 with up and left open: a sentence that says
+    # "move up" before "left" moves up with read_actions = "first", and is an invalid turn otherwise.
+    maze = Maze(size=3, read_actions=read)
+    assert "Open: up, left." in maze.reset(5)
+    said = maze.step("The goal is to the upper left, so I Move  Up and then go left.")
+    if read == "first":
+        assert said.observation.startswith("You moved up.") and "row 2, column 3" in said.observation
+    else:
+        assert said.observation.startswith("Invalid action") and said.info["valid"] is False
+    # Words inside other words and a direction without its verb are no move in either mode.
+    for reply in ("I am upset, the goal is left", "moveup"):
+        result = maze.step(reply)
+        assert result.info.get("valid") is False, (reply, result.observation)
+    assert maze.step("left").observation.startswith("You moved left.")  # the plain forms still work
+    with pytest.raises(ValueError, match="maze: option read_actions must be one of 'exact', 'first', got 'some'"):
+        Maze(read_actions="some")
+
+
+def test_babyai_reads_the_earliest_action_of_a_sentence_with_read_actions_first() -> None:
+    first, exact = BabyAI(levels="GoToLocal", read_actions="first"), BabyAI(levels="GoToLocal")
+    first.reset(3), exact.reset(3)
+    # "go forward" comes before "turn left" in the reply: the agent moves ahead, not round.
+    reply = "I should go forward to the key, and maybe turn left later."
+    assert first.step(reply).observation.startswith("You moved forward.")
+    assert exact.step(reply).info["valid"] is False
+    assert first.step("Nothing to do here.").info["valid"] is False
+    with pytest.raises(ValueError, match="babyai: option read_actions must be one of"):
+        BabyAI(levels="GoToLocal", read_actions=True)
+
+
 # ---------------------------------------------------------------- wordle
 
 

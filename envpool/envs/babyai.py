@@ -13,6 +13,9 @@ with the list of actions and counts as a turn.
     options:  levels: str | list[str] | None = None   level names, "GoToLocal" or "BabyAI-GoToLocal-v0",
                                   as a list or comma-separated ("GoToLocal,PickupLoc", for config
                                   files); None = PAPER_LEVELS (the 19 levels of the BabyAI paper)
+              read_actions: str = "exact"   "exact": the reply is the action; "first": the first
+                                  action (or alias) named in the reply counts, for a model that
+                                  answers in a sentence (envpool/actions.py)
               progress_reward: bool = False   also reward each action by the progress it makes:
                                   (d_before - d_after) / d_start, d the fewest actions the
                                   mission still needs (envpool/envs/babyai_progress.py: turns and
@@ -38,6 +41,7 @@ import io
 import random
 from typing import Any
 
+from agentgym.envpool.actions import check_read, first_action
 from agentgym.envpool.base import Env, StepResult
 from agentgym.envpool.envs import babyai_progress
 
@@ -138,9 +142,14 @@ class BabyAI(Env):
     name = "babyai"
 
     def __init__(
-        self, levels: str | list[str] | tuple[str, ...] | None = None, progress_reward: bool = False, **kwargs: object
+        self,
+        levels: str | list[str] | tuple[str, ...] | None = None,
+        progress_reward: bool = False,
+        read_actions: str = "exact",
+        **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)
+        self.read_actions = check_read("babyai", read_actions)
         if not isinstance(progress_reward, bool):
             raise TypeError(f"babyai: option progress_reward must be true or false, got {progress_reward!r}")
         self.progress_reward = progress_reward
@@ -226,6 +235,8 @@ class BabyAI(Env):
             return StepResult("The episode is over.", 0.0, True, {"turns": self._turns, "success": False})
         self._turns += 1
         a = _PARSE.get(" ".join(action.lower().strip().rstrip(".!").split()))
+        if a is None and self.read_actions == "first":
+            a = first_action(action, _PARSE)
         if a is None:
             feedback = f"Invalid action {action[:60]!r}. Choose one of: {', '.join(ACTIONS)}."
             return self._finish(feedback, 0.0, terminated=False, valid=False)

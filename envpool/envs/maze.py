@@ -37,6 +37,9 @@ the four directions are open; with ``show_map`` it also draws the whole maze:
                                           held-out evaluation stays at ``size`` while training
                                           mixes in smaller mazes, where a random walk finds the
                                           goal often enough for RL to learn from
+              read_actions: str = "exact"   "exact": the reply is the action; "first": the first
+                                          "move <dir>" or "go <dir>" in the reply counts, for a
+                                          model that answers in a sentence (envpool/actions.py)
     actions:  move up | move down | move left | move right   ("up" etc. alone is accepted too)
     reward:   1 on reaching the goal (done, success), plus the progress above if asked; a move
               into a wall keeps the agent in place and says so; an unknown command gets the
@@ -52,9 +55,12 @@ from __future__ import annotations
 import collections
 import random
 
+from agentgym.envpool.actions import check_read, first_action
 from agentgym.envpool.base import Env, StepResult, curriculum_option, for_task, int_in
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+_PHRASES = {f"{verb} {d}": d for verb in ("move", "go") for d in MOVES}
+"""The phrases ``read_actions = "first"`` looks for in a reply, and the direction each names."""
 """Direction -> (row, column) change."""
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
 """Direction -> the one that goes straight back."""
@@ -119,9 +125,11 @@ class Maze(Env):
         layout: int | None = None,
         progress_reward: bool | str = False,
         train_sizes: list[int] | None = None,
+        read_actions: str = "exact",
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)
+        self.read_actions = check_read("maze", read_actions)
         if not int_in(size, 2, 30):
             raise ValueError(f"maze: option size must be an integer from 2 to 30, got {size!r}")
         self.train_sizes = curriculum_option("maze", "train_sizes", train_sizes, 2, 30)
@@ -187,13 +195,10 @@ class Maze(Env):
         if not self._opened or self._done:
             return StepResult("The episode is over.", 0.0, True, {"turns": self._turns, "success": False})
         self._turns += 1
-        words = action.lower().strip().rstrip(".").split()
-        if words[:1] == ["move"] or words[:1] == ["go"]:
-            words = words[1:]
-        if len(words) != 1 or words[0] not in MOVES:
+        d = self._read(action)
+        if d is None:
             text = f"Invalid action {action[:60]!r}. Choose one of: move up, move down, move left, move right."
             return StepResult(text, 0.0, False, {"turns": self._turns, "valid": False})
-        d = words[0]
         if d not in self._opened[self._me]:
             return StepResult(f"You hit a wall.\n{self._describe()}", 0.0, False, {"turns": self._turns})
         dr, dc = MOVES[d]
@@ -208,6 +213,15 @@ class Maze(Env):
             text = f"You reached the goal at {self._where(self._goal)}!"
             return StepResult(text, 1.0 + progress, True, {"turns": self._turns, "success": True})
         return StepResult(f"You moved {d}.\n{self._describe()}", progress, False, {"turns": self._turns})
+
+    def _read(self, action: str) -> str | None:
+        """The direction ``action`` names, or None (``read_actions`` says how it is read)."""
+        words = action.lower().strip().rstrip(".").split()
+        if words[:1] == ["move"] or words[:1] == ["go"]:
+            words = words[1:]
+        if len(words) == 1 and words[0] in MOVES:
+            return words[0]
+        return first_action(action, _PHRASES) if self.read_actions == "first" else None
 
     def random_action(self, rng: random.Random) -> str:
         # A move through one of the open sides the observation lists, uniformly: random play that

@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from procs import start_learner  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -57,44 +60,13 @@ def steps(metrics: Path, t0: float, t1: float) -> int:
 
 def _start_learner(model: Path, work: Path, port: int, batch: int) -> subprocess.Popen:
     """The learner on quickstart's config over ``model``, bound to ``port``, its log in ``work``."""
-    learner = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentgym.learner.main",
-            "--config",
-            str(ROOT / "configs/quickstart.toml"),
-            "--run-dir",
-            str(work / "run"),
-            "--bind",
-            f"tcp://127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-            *[
-                a
-                for o in (
-                    f'model.path="{model}"',
-                    "model.create_tiny=false",
-                    "eval.at_start=false",
-                    "eval.at_end=false",
-                    "eval.every=0",
-                    "learner.log_episodes=0",
-                    "learner.checkpoint_every=0",
-                    "learner.checkpoint_minutes=0",
-                    f"learner.batch_groups={batch}",
-                    "rollout.group_size=4",
-                    "run.max_steps=100000",
-                    "learner.actor_timeout_s=120",
-                    "learner.max_staleness=4",
-                )
-                for a in ("-o", o)
-            ],
-        ],
-        cwd=ROOT,
-        stdout=open(work / "learner.log", "w"),
-        stderr=subprocess.STDOUT,
+    extra = (
+        f"learner.batch_groups={batch}",
+        "rollout.group_size=4",
+        "learner.actor_timeout_s=120",
+        "learner.max_staleness=4",
     )
-    return learner
+    return start_learner(model, work, f"tcp://127.0.0.1:{port}", extra)
 
 
 def run_one(n: int, mode: str, model: Path, args: argparse.Namespace, work: Path, port: int) -> dict:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from procs import start_learner  # noqa: E402
 
 
 def spawn_fleet(model: Path, port: int, prefix: str, count: int, work: Path) -> subprocess.Popen:
@@ -57,44 +59,13 @@ def spawn_fleet(model: Path, port: int, prefix: str, count: int, work: Path) -> 
 
 def _start_learner(model: Path, port: int, work: Path) -> subprocess.Popen:
     """The learner on quickstart's config over ``model``, bound to ``port``, its log in ``work``."""
-    learner = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentgym.learner.main",
-            "--config",
-            str(ROOT / "configs/quickstart.toml"),
-            "--run-dir",
-            str(work / "run"),
-            "--bind",
-            f"tcp://127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-            *[
-                a
-                for o in (
-                    f'model.path="{model}"',
-                    "model.create_tiny=false",
-                    "eval.at_start=false",
-                    "eval.at_end=false",
-                    "eval.every=0",
-                    "learner.log_episodes=0",
-                    "learner.checkpoint_every=0",
-                    "learner.checkpoint_minutes=0",
-                    "learner.batch_groups=8",
-                    "rollout.group_size=4",
-                    "run.max_steps=100000",
-                    "learner.actor_timeout_s=6",
-                    "learner.heartbeat_interval_s=1.0",
-                )
-                for a in ("-o", o)
-            ],
-        ],
-        cwd=ROOT,
-        stdout=open(work / "learner.log", "w"),
-        stderr=subprocess.STDOUT,
+    extra = (
+        "learner.batch_groups=8",
+        "rollout.group_size=4",
+        "learner.actor_timeout_s=6",
+        "learner.heartbeat_interval_s=1.0",
     )
-    return learner
+    return start_learner(model, work, f"tcp://127.0.0.1:{port}", extra)
 
 
 def main() -> int:

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from procs import learner_overrides, start_learner  # noqa: E402
 
 
 def hoard(addr: str, fingerprint: str, stop: threading.Event, got: list[int]) -> None:
@@ -145,37 +147,9 @@ def run(with_peer: bool, model: Path, port: int, work: Path, args: argparse.Name
 
     work.mkdir(parents=True, exist_ok=True)
     addr = f"tcp://127.0.0.1:{port}"
-    overrides = [
-        f'model.path="{model}"',
-        "model.create_tiny=false",
-        "eval.at_start=false",
-        "eval.at_end=false",
-        "eval.every=0",
-        "learner.log_episodes=0",
-        "learner.checkpoint_every=0",
-        "learner.checkpoint_minutes=0",
-        "run.max_steps=100000",
-        "schedule.turn_limits=[[0, 6]]",
-    ]
-    learner = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentgym.learner.main",
-            "--config",
-            str(ROOT / "configs/quickstart.toml"),
-            "--run-dir",
-            str(work / "run"),
-            "--bind",
-            addr,
-            "--log-level",
-            "warning",
-            *[a for o in overrides for a in ("-o", o)],
-        ],
-        cwd=ROOT,
-        stdout=open(work / "learner.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
+    turns = ["schedule.turn_limits=[[0, 6]]"]
+    learner = start_learner(model, work, addr, turns)
+    overrides = learner_overrides(model, turns)  # the actors take the learner's, so both agree on the run
     stop, got = threading.Event(), [0]
     peer, peer_t = None, None
     if with_peer:

@@ -28,7 +28,14 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(max(1, cores // int(worker["workercount"])))
+    share = max(1, cores // int(worker["workercount"]))
+    torch.set_num_threads(share)
+    # The processes the tests start (learners, actors with the hf engine, the CLI) take the same
+    # share: torch's default is one thread per core, and a process of 2 OpenMP threads beside a
+    # busy core spins at every barrier. Four groups of guess_number (1..1000, 12 turns) on the hf
+    # engine at 1 thread: 0.75 s of CPU and 3 s; at 2 threads: 44 s of CPU and 307 s (load ~30,
+    # 2026-12-07). vLLM's CPU engines bind their own threads and do not read it.
+    os.environ["OMP_NUM_THREADS"] = str(share)
 
 
 @pytest.fixture(scope="session")
@@ -87,10 +94,10 @@ zmq.Context.__del__ = _leave_unterminated  # type: ignore[method-assign]  # patc
 
 HOSTS_GROUP = "hosts"
 """The modules that make network-namespace hosts or a Slurm cluster: one worker runs them all, one
-at a time (root's network namespaces and the daemons are machine-wide)."""
+at a time (root's network namespaces and the daemons are machine-wide). The Scenario tests on
+``Loopback`` alone (test_actor_leave, test_handover_e2e: free ports on 127.0.0.1, no namespace)
+are not among them, so that either worker can take them beside the group."""
 HOSTS_MODULES = {
-    "test_actor_leave",
-    "test_handover_e2e",
     "test_learner_multinode",
     "test_multihost",
     "test_relay",

@@ -25,7 +25,10 @@ from agentgym.cluster.scenario import FAST, Scenario
 from agentgym.models.tiny import make_default_tiny_model
 
 LONG = [
-    "env.kwargs={low=1, high=1000}",
+    # Each env step waits 0.1 s (no CPU): one actor alone cannot finish the run (9 steps of 8
+    # episodes of 12 turns on its 4 env workers: at least 22 s) while the leave command starts,
+    # however fast its engine is (at 1 torch thread, 12 steps took 16 s beside a loaded machine).
+    "env.kwargs={low=1, high=1000, step_latency_s=0.1}",
     "schedule.turn_limits=[[0, 12]]",
     "rollout.max_episode_tokens=512",
     "learner.batch_groups=2",
@@ -34,7 +37,7 @@ LONG = [
 ]
 
 
-STEPS = 12
+STEPS = 10
 
 
 def leave(run_dir: Path, actor_id: str) -> subprocess.CompletedProcess[str]:
@@ -50,15 +53,16 @@ def leave(run_dir: Path, actor_id: str) -> subprocess.CompletedProcess[str]:
 def test_the_learner_asks_an_actor_to_leave_and_an_actor_without_handover_leaves_at_once(tmp_path: Path) -> None:
     model = make_default_tiny_model(tmp_path / "shared" / "tiny", seed=0)
     with Loopback(["learner", "a1", "a2", "a3"]) as net:
-        # STEPS: one actor alone must not finish the run before the two CLI calls below are answered
+        # STEPS: one actor alone must not finish the run before the CLI call below is answered
         sc = Scenario(net, tmp_path, model.resolve(), [*FAST, *LONG, f"run.max_steps={STEPS}"])
         a1 = sc.start_actor("a1")
         sc.start_learner()
-        sc.wait(lambda: sc.step() >= 1, 400, "a first step")
+        sc.wait(lambda: any(e["actor_id"] == a1 for e in sc.events("actor_joined")), 400, "the first actor")
 
         unknown = leave(sc.run_dir, "nobody")
         assert unknown.returncode == 1 and "no actor 'nobody'" in unknown.stderr and a1 in unknown.stderr, unknown
 
+        sc.wait(lambda: sc.step() >= 1, 400, "a first step")
         asked = leave(sc.run_dir, a1)
         assert asked.returncode == 0, (asked.stdout, asked.stderr, sc.tail("learner"))
         assert f"actor {a1} left" in asked.stdout, asked.stdout

@@ -115,6 +115,8 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
         "eval.at_end=false",
         "-o",
         "eval.every=0",
+        "-o",  # local actors wait for a learner however slowly it starts (the launcher watches it)
+        "actor.connect_timeout_s=1",
     ]
     train = [sys.executable, "-m", "agentgym.cli", "train"]
 

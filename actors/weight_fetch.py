@@ -28,14 +28,19 @@ from agentgym.protocol import (
     decode,
     encode,
 )
+from agentgym.protocol.limits import WEIGHT_CHUNKS_QUEUED
 from agentgym.protocol.weights import Assembler, RawTensor, WeightBuffers, check_crc, check_size
 
 log = structlog.get_logger(__name__)
 
 
+def _queue_cap(s: zmq.Socket) -> None:
+    s.setsockopt(zmq.RCVHWM, WEIGHT_CHUNKS_QUEUED)  # chunks of up to the model's size each
+
+
 def _dealer(ctx: zmq.asyncio.Context, addr: str, keys: ClientKeys | None, max_frame: int | None) -> zmq.asyncio.Socket:
     # An asyncio context's socket: awaitable sends and receives (dealer_socket is typed for both kinds).
-    return cast(zmq.asyncio.Socket, dealer_socket(ctx, addr, keys=keys, max_frame=max_frame))
+    return cast(zmq.asyncio.Socket, dealer_socket(ctx, addr, keys=keys, max_frame=max_frame, before_connect=_queue_cap))
 
 
 def weights_addr(control_addr: str, port: int) -> str:

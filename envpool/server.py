@@ -334,9 +334,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self, method: str) -> dict[str, Any]:
-        n = int(self.headers.get("Content-Length") or 0)
-        if n > MAX_BODY:
+        length = self.headers.get("Content-Length") or "0"
+        try:
+            n = int(length)
+        except ValueError:
+            n = -1
+        if n < 0:  # read(-1) would read until the client closes: no cap at all
             self.close_connection = True
+            raise HttpError(400, f"Content-Length must be a non-negative integer, got {length!r:.40}")
+        if n > MAX_BODY:
+            # Refused unread: the connection closes rather than read a body it would discard.
+            self.close_connection = True
+            log.warning(
+                "env_request_refused",
+                path=urlsplit(self.path).path,
+                content_length=n,
+                frame_cap_bytes=MAX_BODY,
+                client=self.client_address[0],
+            )
             raise HttpError(413, f"request body of {n} bytes; the limit is {MAX_BODY}")
         raw = self.rfile.read(n) if n else b""
         if method == "GET" or not raw:

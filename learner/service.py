@@ -415,6 +415,7 @@ class Learner:
                     "dropped_messages": dict(self.control.guard.dropped),
                     "auth_refused": hub.allow.refused if hub.allow else 0,
                     "weights_served": {"chunks": hub.weight_chunks_served, "bytes": hub.weight_bytes_served},
+                    "sends_dropped": {"control": hub.inbox.sends_dropped, "weights": hub.weight_replies_dropped},
                     "tickets": tickets,
                     "eval": [{k: v for k, v in e.items() if not k.startswith("env/")} for e in self.evals.results],
                     "learner_time": self.clock.summary(),

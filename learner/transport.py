@@ -22,7 +22,13 @@ queue fill and the actor's sends wait. The training step runs in a worker thread
 (learner/service.py), so the inbox keeps being read while it computes.
 
 Weights: a daemon thread owns the weights ROUTER (control port + 1) and serves chunks from the
-latest immutable snapshot, so weight traffic never waits on trio or on training.
+latest immutable snapshot, so weight traffic never waits on trio or on training. It queues at
+most ``WEIGHT_REPLIES_QUEUED`` replies per peer (protocol/limits.py): past that a reply is
+dropped and logged (``weight_reply_dropped``), so a peer that asks and never reads cannot make
+the learner hold more.
+
+Both ROUTERs are mandatory: a send ZeroMQ cannot queue (the peer's queue is full, or the peer is
+gone) raises, and is counted and logged where it was sent, instead of vanishing.
 
 With CURVE keys (agentgym/auth/server.py) ZeroMQ's ZAP handshake admits only allow-listed actors on both
 ports: frames of any other peer never reach this module. A Hello of another protocol version is
@@ -59,9 +65,21 @@ from agentgym.protocol import (
     encode,
     max_frame_bytes,
 )
+from agentgym.protocol.limits import WEIGHT_REPLIES_QUEUED, WEIGHT_REQUESTS_QUEUED
 
 log = structlog.get_logger(__name__)
 _ids = itertools.count()
+
+
+def _log_send_drop(event: str, peer: bytes, exc: zmq.ZMQError, count: int, queued_cap: int) -> None:
+    """One line per dropped send, the first 20 and every 1,000th after (a peer that never reads
+    would otherwise flood the log). A peer that is gone (it left, or its connection was dropped)
+    is routine: that is a debug line; a full queue is a peer that does not read: a warning."""
+    if exc.errno == zmq.EHOSTUNREACH:
+        log.debug(event, peer=peer.hex(), reason="peer_gone", count=count)
+    elif count <= 20 or count % 1000 == 0:
+        reason = "queue_full" if exc.errno == zmq.EAGAIN else exc.strerror
+        log.warning(event, peer=peer.hex(), reason=reason, queued_cap=queued_cap, count=count)
 
 
 class Inbox:
@@ -90,6 +108,9 @@ class Inbox:
         self.closed = False
         self.bad_messages = 0
         self.version_rejects = 0
+        self.sends_dropped = 0
+        """Messages ZeroMQ refused to queue: the actor's queue was full (it does not read) or it is gone."""
+        self._sndhwm = cast(int, sock.getsockopt(zmq.SNDHWM))
 
     def __aiter__(self) -> Inbox:
         return self
@@ -199,8 +220,9 @@ class Inbox:
     def _send_now(self, peer: bytes, frames: list[bytes | memoryview]) -> None:
         try:
             self._sock.send_multipart([peer, *frames], zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("send_dropped_hwm", peer=peer.hex())
+        except zmq.ZMQError as exc:  # the ROUTER is mandatory: a drop raises instead of vanishing
+            self.sends_dropped += 1
+            _log_send_drop("send_dropped", peer, exc, self.sends_dropped, queued_cap=self._sndhwm)
         # The send processed the socket's pending commands and may have taken the FD's signal
         # of a message that arrived meanwhile: if the reader sleeps on the FD, have it look again.
         if self._sleeping is not None and cast(int, self._sock.getsockopt(EVENTS)) & POLLIN:
@@ -265,6 +287,8 @@ class Hub:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.bad_weight_requests = 0
+        self.weight_replies_dropped = 0
+        """Replies the weights port refused to queue (see ``_reply``)."""
         self.weight_chunks_served = 0
         self.weight_bytes_served = 0
         """Weight payload bytes sent (the learner's weight egress, chunk data without headers)."""
@@ -315,7 +339,12 @@ class Hub:
 
     # ---------------------------------------------------------------- both sockets
     def _make_router(
-        self, addr: str, rcvhwm: int = 10_000, max_bytes: int | None = None, peer_timeout_s: float | None = None
+        self,
+        addr: str,
+        rcvhwm: int,
+        sndhwm: int = 10_000,
+        max_bytes: int | None = None,
+        peer_timeout_s: float | None = None,
     ) -> zmq.Socket:
         s = self._ctx.socket(zmq.ROUTER)
         if peer_timeout_s is not None:
@@ -326,8 +355,11 @@ class Hub:
             s.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(peer_timeout_s * 1000))
         s.setsockopt(zmq.MAXMSGSIZE, max_bytes or self.max_msg_bytes)  # refuse oversized frames before reading them
         s.setsockopt(zmq.LINGER, 2000)
-        s.setsockopt(zmq.SNDHWM, 10_000)
+        s.setsockopt(zmq.SNDHWM, sndhwm)
         s.setsockopt(zmq.RCVHWM, rcvhwm)
+        # A send past SNDHWM, or to a peer that is gone, raises instead of vanishing: it is counted
+        # and logged where it is sent (a ROUTER drops such a message silently otherwise).
+        s.setsockopt(zmq.ROUTER_MANDATORY, 1)
         make_server(s, self.keys)  # CURVE: ZAP admits only allow-listed actors, before any frame
         try:
             s.bind(addr)
@@ -339,7 +371,12 @@ class Hub:
     # ---------------------------------------------------------------- weights thread
     def _run(self) -> None:
         try:
-            weights = self._make_router(weights_address(self.bind), max_bytes=self.weights_max_bytes)
+            weights = self._make_router(
+                weights_address(self.bind),
+                rcvhwm=WEIGHT_REQUESTS_QUEUED,
+                sndhwm=WEIGHT_REPLIES_QUEUED,
+                max_bytes=self.weights_max_bytes,
+            )
         except zmq.ZMQError as exc:
             self._error = OSError(f"learner cannot bind its weights port {weights_address(self.bind)}: {exc}")
             self._ready.set()
@@ -381,11 +418,22 @@ class Hub:
             snap = self._snapshot
             if snap is None or req.version != snap.version or req.chunk >= len(snap.frames):
                 latest = snap.version if snap else 0
-                weights.send_multipart([peer, *encode(WeightGone(version=req.version, latest=latest))])
+                self._reply(weights, peer, encode(WeightGone(version=req.version, latest=latest)))
                 continue
-            weights.send_multipart([peer, *snap.frames[req.chunk]], copy=False)
-            self.weight_chunks_served += 1
-            self.weight_bytes_served += len(snap.frames[req.chunk][-1])
+            if self._reply(weights, peer, snap.frames[req.chunk]):
+                self.weight_chunks_served += 1
+                self.weight_bytes_served += len(snap.frames[req.chunk][-1])
+
+    def _reply(self, weights: zmq.Socket, peer: bytes, frames: Sequence[bytes | memoryview]) -> bool:
+        """Queue a reply without waiting; False (counted, logged) when ZeroMQ refuses it: the
+        peer's WEIGHT_REPLIES_QUEUED replies are still unread, or the peer is gone."""
+        try:
+            weights.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            self.weight_replies_dropped += 1
+            _log_send_drop("weight_reply_dropped", peer, exc, self.weight_replies_dropped, WEIGHT_REPLIES_QUEUED)
+            return False
+        return True
 
 
 @asynccontextmanager

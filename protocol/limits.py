@@ -24,6 +24,12 @@ A weight relay's (agentgym/cluster/relay.py):
 - downstream (from actors or child relays): only WeightRequests, ``REQUEST_FRAME``;
 - upstream (from the learner or a parent relay): chunks of at most ``learner.weight_chunk_mib``,
   ``chunk_frame``.
+
+Queues, in messages (ZeroMQ's high-water marks count messages, not bytes): a weights port (the
+learner's, a relay's) holds at most ``WEIGHT_REQUESTS_QUEUED`` unread requests per peer and
+queues at most ``WEIGHT_REPLIES_QUEUED`` replies for it; an actor's weights link holds at most
+``WEIGHT_CHUNKS_QUEUED`` unread chunks, a relay's upstream link ``WEIGHT_REPLIES_QUEUED``. An honest peer has a few dozen
+requests in flight, so only a peer that asks and does not read meets these marks.
 """
 
 from __future__ import annotations
@@ -43,6 +49,18 @@ DEFAULT_CHUNK_MIB = 16
 AGENT_TEXT_BYTES = 6 * 64
 """Per token of an agent's request: 64 bytes of text (as in ``TOKEN_BYTES``), each byte at most
 6 in JSON (``\\u00XX``)."""
+WEIGHTS_IN_FLIGHT = 64
+"""The most requests an honest peer has in flight on a weights port: a relay's ``max_in_flight``
+(an actor's fetch window is 4)."""
+WEIGHT_REPLIES_QUEUED = 4 * WEIGHTS_IN_FLIGHT
+"""Replies a weights port queues for one peer (its ``SNDHWM``); past it, a reply is dropped and
+logged. Each queued reply references a version's chunk (zero-copy): the mark also bounds what a
+peer that never reads can keep alive."""
+WEIGHT_CHUNKS_QUEUED = 16
+"""Unread chunks an actor's weights link holds (its ``RCVHWM``): 4 times its fetch window. A
+source that sends what was not asked for waits in TCP past that, and is left for the next."""
+WEIGHT_REQUESTS_QUEUED = 1024
+"""Unread requests a weights port holds per peer (its ``RCVHWM``): 4 MiB of ``REQUEST_FRAME``s."""
 TENSOR_META = 512
 """Per tensor of a weight chunk's header: its name (up to 256 bytes), dtype, shape, offsets."""
 

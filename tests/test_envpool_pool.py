@@ -152,6 +152,8 @@ def test_unknown_env_and_bad_options_fail_up_front() -> None:
         ({"hang_on_step": 0}, "timeout", "no reply to Reset within 0.5 s; killed"),
         ({"raise_on_step": 2}, "env_error", "RuntimeError: chaos raise_on_step=2 task=1"),
         ({"garbage_on_step": 1}, "protocol", "announces 4294967295 bytes"),
+        # An observation over the pipe's 8 MiB frame cap: refused by the worker, which lives on.
+        ({"huge_on_step": 1, "huge_chars": 9_000_000}, "env_error", "exceeds the 8388608-byte env frame limit"),
         ({"garbage_on_step": 1, "garbage": "body"}, "protocol", "reply is not valid msgpack"),
     ],
 )

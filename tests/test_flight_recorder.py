@@ -140,3 +140,7 @@ def test_logprob_agreement_compares_actors_at_equal_lag() -> None:
     # a lone actor forging fresh groups (lag 0: no drift to excuse it)
     assert agree.observe(5, [("solo", 0, 3.9)]) == ["solo"]
     assert agree.summary()["forger"]["flagged_steps"] == 1 and agree.metrics()["logprob_outliers"] == 2
+    # Two healthy actors' drift at one lag, 4.3 times apart but 0.044 apart (a healthy quickstart's
+    # step 6, seed 0): not an outlier; a forger as far above as that, and more, is.
+    assert agree.observe(6, [("local-1", 2, 0.05699), ("local-0", 2, 0.01335)]) == []
+    assert agree.observe(7, [("forger", 2, 0.0134 + 0.051), ("b", 2, 0.0134)]) == ["forger"]

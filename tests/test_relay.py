@@ -304,6 +304,12 @@ def test_a_curve_relay_admits_only_its_allow_list_and_the_others_fall_back(tmp_p
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )
+    # Serving once it has connected upstream (it binds first): on a loaded machine its start-up
+    # outlasts the fetches' 3 s stall, and actor-0 would go to the learner before it is there.
+    deadline = time.monotonic() + 120
+    while not read_events(tmp_path / "relay.jsonl", "relay_upstream"):
+        assert relay.poll() is None and time.monotonic() < deadline, "the relay did not start"
+        time.sleep(0.1)
     relay_pub = load_public(keys / "authorized" / "relay.key")
     learner_pub = load_public(keys / "learner.key")
 

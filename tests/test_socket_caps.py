@@ -10,12 +10,21 @@ logs why, and serves the next honest request:
 - the actor's agent endpoint (HTTP): a request body over ``agent_request_bytes`` of the run's
   ``max_episode_tokens`` is answered 413 and logged (``agent_request_refused``); the endpoint
   answers the next request.
+- the env server (``agentgym serve-env``, HTTP): a body over ``MAX_BODY`` is answered 413 unread
+  and logged (``env_request_refused``), a negative Content-Length 400; the server serves on.
+
+And the queues of the weights ports, flooded by a peer that asks and never reads: the learner's
+and a relay's queue at most ``WEIGHT_REPLIES_QUEUED`` replies for it, drop the rest with a line
+(``weight_reply_dropped``, ``relay_send_dropped``, reason ``queue_full``), and serve an honest
+peer meanwhile, whole.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -25,23 +34,48 @@ import aiohttp
 import numpy as np
 import structlog
 import zmq
+import zmq.asyncio
 from transformers import AutoTokenizer
 
 from agentgym.actors.engines.engine import SamplingSpec
 from agentgym.actors.engines.sim_engine import SimEngine
 from agentgym.actors.play.agent_endpoint import AgentEndpoint
 from agentgym.actors.play.agent_trace import AgentTrace
+from agentgym.actors.weight_fetch import fetch_weights
+from agentgym.envpool.server import MAX_BODY, EnvServer
 from agentgym.host.netutil import free_port_pair
 from agentgym.learner.transport import WeightSnapshot
 from agentgym.observe.logs import read_events
-from agentgym.protocol import WeightChunk, WeightRequest, decode, encode
-from agentgym.protocol.limits import REQUEST_FRAME, MiB, agent_request_bytes, chunk_frame
+from agentgym.protocol import WeightChunk, WeightRequest, WeightsReady, decode, encode
+from agentgym.protocol.limits import (
+    REQUEST_FRAME,
+    WEIGHT_REPLIES_QUEUED,
+    MiB,
+    agent_request_bytes,
+    chunk_frame,
+    weights_frame,
+)
 from agentgym.protocol.weights import RawTensor, make_chunks
 
 
 def _recv(sock: zmq.Socket, timeout_s: float = 30) -> list[bytes]:
     assert sock.poll(int(timeout_s * 1000)), "nothing arrived"
     return sock.recv_multipart()
+
+
+def _never_reads(ctx: zmq.Context, addr: str) -> zmq.Socket:
+    """A DEALER that asks and never reads: one message in ZeroMQ's queue, 4 KiB in the kernel's."""
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.RCVHWM, 1)
+    s.setsockopt(zmq.RCVBUF, 4096)
+    s.connect(addr)
+    return s
+
+
+FLOOD = 4000
+"""Requests of the flood: their replies (16 KiB and more each) far outgrow the kernel's buffers
+and the queue, so that most are dropped."""
 
 
 def _wait_event(path: Path, name: str, relay: subprocess.Popen, timeout_s: float = 30) -> dict:
@@ -107,6 +141,17 @@ def test_a_relay_refuses_oversized_frames_both_ways_and_serves_on(tmp_path: Path
         upstream.send_multipart([peer, *snap.frames[0]])
         msg, data = decode(_recv(actor))
         assert isinstance(msg, WeightChunk) and np.array_equal(np.frombuffer(bytes(data[0]), np.float32), w)
+
+        # A flood from a peer that never reads: the cached chunk, asked FLOOD times.
+        flooder = _never_reads(ctx, f"tcp://127.0.0.1:{relay_port}")
+        for _ in range(FLOOD):
+            flooder.send_multipart(encode(WeightRequest(version=1, chunk=0)))
+        dropped = _wait_event(log, "relay_send_dropped", relay)
+        assert dropped["reason"] == "queue_full" and dropped["queued_cap"] == WEIGHT_REPLIES_QUEUED, dropped
+        actor.send_multipart(encode(WeightRequest(version=1, chunk=0)))  # the honest actor is served on
+        msg, data = decode(_recv(actor))
+        assert isinstance(msg, WeightChunk) and np.array_equal(np.frombuffer(bytes(data[0]), np.float32), w)
+        flooder.close()
         assert relay.poll() is None, "the relay exited"
     finally:
         relay.terminate()
@@ -116,6 +161,8 @@ def test_a_relay_refuses_oversized_frames_both_ways_and_serves_on(tmp_path: Path
         ctx.term()
     stats = read_events(log, "relay_stopped")[0]
     assert stats["upstream_dropped"] == 1 and stats["peers_dropped"] >= 1, stats
+    # The flood's replies past the queue were dropped, the rest (and the honest actor's) served.
+    assert 0 < stats["sends_dropped"] < stats["hits"] <= FLOOD + 1, stats
 
 
 def test_the_agent_endpoint_refuses_a_body_over_the_rollout_limits(fallback_model: Path) -> None:
@@ -147,3 +194,70 @@ def test_the_agent_endpoint_refuses_a_body_over_the_rollout_limits(fallback_mode
     assert after == 200
     refusals = [e for e in logs if e["event"] == "agent_request_refused"]
     assert refusals and refusals[0]["frame_cap_bytes"] == cap, logs
+
+
+def test_the_learners_weights_port_queues_a_bounded_number_of_replies_for_a_peer_that_never_reads() -> None:
+    from test_transport import HubThread
+
+    w = np.arange(16_384, dtype=np.float32)  # one chunk of 64 KiB
+    snap = WeightSnapshot.build(3, make_chunks(3, [RawTensor("w", "float32", w.shape, w.tobytes())], MiB))
+    ready = WeightsReady(version=3, step=3, turn_limit=2, num_chunks=1, total_bytes=snap.total_bytes, tensors=1)
+    port = free_port_pair()
+    weights = f"tcp://127.0.0.1:{port + 1}"
+    with HubThread(f"tcp://127.0.0.1:{port}") as ht:
+        ht.commands.put(lambda hub: hub.publish_weights(snap))
+        ctx = zmq.Context()
+        try:
+            with structlog.testing.capture_logs() as logs:
+                flooder = _never_reads(ctx, weights)
+                for _ in range(FLOOD):
+                    flooder.send_multipart(encode(WeightRequest(version=3, chunk=0)))
+                deadline = time.monotonic() + 60
+                while ht.hub.weight_chunks_served + ht.hub.weight_replies_dropped < FLOOD:  # all read
+                    assert time.monotonic() < deadline, (ht.hub.weight_chunks_served, ht.hub.weight_replies_dropped)
+                    time.sleep(0.05)
+
+                async def honest() -> tuple[int, list]:
+                    actx = zmq.asyncio.Context()
+                    try:
+                        cap = weights_frame(ready.total_bytes, ready.tensors)
+                        return await fetch_weights(actx, [weights], ready, stall_s=5, timeout_s=30, max_frame=cap)
+                    finally:
+                        actx.term()
+
+                version, raw = asyncio.run(asyncio.wait_for(honest(), 60))
+            flooder.close()
+        finally:
+            ctx.term()
+        served, dropped = ht.hub.weight_chunks_served, ht.hub.weight_replies_dropped
+    assert version == 3 and np.array_equal(np.frombuffer(raw[0].data, np.float32), w)  # the honest fetch, whole
+    # The flooder got what its queue and the kernel's buffers hold; the rest was dropped, with a line.
+    assert served - 1 + dropped == FLOOD and dropped > FLOOD // 2, (served, dropped)
+    lines = [e for e in logs if e["event"] == "weight_reply_dropped"]
+    assert lines and lines[0]["reason"] == "queue_full" and lines[0]["queued_cap"] == WEIGHT_REPLIES_QUEUED, lines[:1]
+    assert len(lines) < 40  # the first 20 and every 1,000th: a flood does not flood the log
+
+
+def _raw_post(url: str, head: str, body: bytes = b"") -> tuple[int, dict]:
+    """A POST whose headers are written as given (a client library would fix them)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(f"POST /create HTTP/1.1\r\nHost: {host}\r\n{head}\r\n\r\n".encode() + body)
+        resp = http.client.HTTPResponse(s)
+        resp.begin()
+        return resp.status, json.loads(resp.read())
+
+
+def test_the_env_server_refuses_a_body_over_its_cap_unread_and_serves_on() -> None:
+    with EnvServer("guess_number", {"high": 8}, size=1) as server, structlog.testing.capture_logs() as logs:
+        # Announced over the cap: refused before a byte of the body is read (none is sent).
+        status, body = _raw_post(server.url, f"Content-Type: application/json\r\nContent-Length: {MAX_BODY + 1}")
+        assert status == 413 and f"the limit is {MAX_BODY}" in body["error"], body
+        # A negative length would read until the client closes: refused.
+        status, body = _raw_post(server.url, "Content-Length: -1")
+        assert status == 400 and "Content-Length" in body["error"], body
+        status, body = _raw_post(server.url, "Content-Type: application/json\r\nContent-Length: 2", b"{}")
+        assert status == 200 and isinstance(body["id"], int), body
+    refused = [e for e in logs if e["event"] == "env_request_refused"]
+    assert len(refused) == 1 and refused[0]["frame_cap_bytes"] == MAX_BODY, logs
+    assert refused[0]["content_length"] == MAX_BODY + 1

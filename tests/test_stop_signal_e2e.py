@@ -6,10 +6,10 @@ simulated engine, the tiny model) stopped mid-step the ways a job is stopped, th
    optimizer step, the ``interrupted`` checkpoint holds the last completed step, summary.json is
    written, the actors leave (their env workers, signalled too, stay up until closed), every
    process exits with its own code (130 for the launcher and learner, 0 for the actors).
-2. ``agentgym train --resume`` under ``timeout``: SIGTERM to the ``timeout`` process, which sends it
-   to the launcher and to their process group (coreutils' own behaviour at its deadline), and a
-   SIGINT to the learner alone on top. The run continues from the checkpoint's step, and stops
-   the same way.
+2. ``agentgym train --resume`` under ``timeout``, whose deadline comes (SIGALRM, what its own
+   timer sends it): it sends SIGTERM to the launcher and to their process group, and exits 124;
+   a SIGINT to the learner alone on top. The run continues from the checkpoint's step, and stops
+   the same way. A last ``--resume`` continues from the step ``timeout`` stopped it at, to the end.
 
 3. A learner with two data-parallel ranks (fsdp, gloo): SIGTERM to rank 1 alone stops the run
    the same way (rank 1 asks rank 0 to stop; both take part in the checkpoint), and the job's
@@ -54,6 +54,13 @@ def _wait(cond: Callable[[], bool], what: str, procs: list[subprocess.Popen], lo
 def _steps(run_dir: Path) -> list[int]:
     m = run_dir / "metrics.jsonl"
     return [json.loads(line)["step"] for line in m.read_text().splitlines()] if m.exists() else []
+
+
+def run_cli(cmd: list[str], *args: str, cwd: Path, env: dict[str, str], log: Path) -> int:
+    with log.open("ab") as out:
+        return subprocess.run(
+            [*cmd, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600
+        ).returncode
 
 
 def _learner_events(run_dir: Path, name: str) -> list[dict]:
@@ -115,6 +122,8 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
         "eval.at_end=false",
         "-o",
         "eval.every=0",
+        "-o",  # local actors wait for a learner however slowly it starts (the launcher watches it)
+        "actor.connect_timeout_s=1",
     ]
     train = [sys.executable, "-m", "agentgym.cli", "train"]
 
@@ -163,8 +172,9 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     for f in (run_dir / "logs").glob("actor-local-*.jsonl"):
         assert '"crash"' not in f.read_text(), f.read_text()[-3000:]  # the pool's failures by reason
 
-    # 2. `timeout` stops the resumed run: SIGTERM to timeout, which signals the launcher and the
-    # process group; a SIGINT to the learner alone on top.
+    # 2. `timeout` stops the resumed run at its deadline: SIGALRM is its timer's signal (a deadline
+    # of N seconds, without waiting them), on which it TERMs the launcher and the process group;
+    # a SIGINT to the learner alone on top.
     assert shutil.which("timeout"), "coreutils' timeout is needed"
     with log.open("ab") as out:
         job = subprocess.Popen(
@@ -179,10 +189,10 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
         _wait(_mid_step(run_dir, after=first + 2), "two steps after the resume", [job], log)
         family = _family(job.pid)
         learner = next(p for p in family if "agentgym.learner.main" in " ".join(p.cmdline()))
-        job.send_signal(signal.SIGTERM)
+        job.send_signal(signal.SIGALRM)
         time.sleep(0.3)
         learner.send_signal(signal.SIGINT)
-        assert job.wait(timeout=120) == 130, log.read_text()[-3000:]  # timeout, signalled, exits with its child's code
+        assert job.wait(timeout=120) == 124, log.read_text()[-3000:]  # timeout's "timed out"
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
@@ -193,6 +203,13 @@ def test_sigterm_to_the_job_or_through_timeout_mid_step_keeps_the_run(fallback_m
     second = _check_stopped(run_dir, "learner got SIGTERM")
     assert second >= first + 2
     assert _steps(run_dir) == list(range(1, second + 1))  # the step count went on from the checkpoint
+
+    # 3. `--resume` after the deadline continues from where `timeout` stopped the run, to its end.
+    done = run_cli(train, "--resume", *args, "--max-steps", str(second + 2), cwd=tmp_path, env=env, log=log)
+    assert done == 0, log.read_text()[-3000:]
+    assert [e["step"] for e in _learner_events(run_dir, "learner_resumed")] == [first, second]
+    assert json.loads((run_dir / "summary.json").read_text())["reason"] == "run finished"
+    assert _steps(run_dir) == list(range(1, second + 3))
 
 
 def test_a_stop_signal_to_any_learner_rank_stops_every_rank_cleanly(fallback_model: Path, tmp_path: Path) -> None:

@@ -37,6 +37,12 @@ SIGTERM) ends the wait for the actors: it is passed on to them, and those still 
 after it are killed. An actor whose learner is gone has nothing left to hand over, and one that
 does not stop within this is stuck (a stopped process, a hung engine)."""
 
+LOCAL_CONNECT_S = 600.0
+"""How long a local actor waits for the learner at least (``actor.connect_timeout_s`` if
+longer). The launcher ends the actors when the learner exits, so a local actor has no learner
+to give up on; it only waits for one that starts slowly: on a loaded machine the learner took
+69 s to listen (load average 14), and both actors, at the default 60 s, gave up 2 s before."""
+
 BIND = "VLLM_CPU_OMP_THREADS_BIND"
 """vLLM's CPU cores for its worker's threads (a GPU engine ignores it)."""
 
@@ -112,6 +118,8 @@ def _spawn_actors(
                     actor_log_level,
                     "--actor-id",
                     f"local-{i}",
+                    "--connect-timeout",
+                    str(max(cfg.actor.connect_timeout_s, LOCAL_CONNECT_S)),
                 ],
                 consoles[i],
                 nice=cfg.launch.actor_nice,

@@ -26,6 +26,9 @@ ZeroMQ drops a connection that sends a larger frame before reading it; the relay
 dropped connection (``relay_peer_dropped``, ``relay_upstream_dropped``, naming the cap) and
 connects upstream again, to the next ``--upstream``, asking again what was outstanding.
 Actors fall back to the learner themselves when their relay goes silent (actors/weight_fetch.py).
+Queues: at most ``WEIGHT_REQUESTS_QUEUED`` unread requests and ``WEIGHT_REPLIES_QUEUED`` queued
+replies per downstream peer (a reply past that is dropped and logged, ``relay_send_dropped``),
+and ``WEIGHT_REPLIES_QUEUED`` unread chunks from upstream.
 
 CURVE (docs/adr/0009-authentication.md): with ``--secret-key`` the relay connects upstream as a
 client with that pair (its public half goes in the upstream's allow-list, like an actor's),
@@ -51,7 +54,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from agentgym.auth.keys import ClientKeys, apply_client
 from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode
-from agentgym.protocol.limits import DEFAULT_CHUNK_MIB, REQUEST_FRAME, chunk_frame
+from agentgym.protocol.limits import (
+    DEFAULT_CHUNK_MIB,
+    REQUEST_FRAME,
+    WEIGHT_REPLIES_QUEUED,
+    WEIGHT_REQUESTS_QUEUED,
+    WEIGHTS_IN_FLIGHT,
+    chunk_frame,
+)
 from agentgym.protocol.weights import verify_chunk
 
 if TYPE_CHECKING:
@@ -73,7 +83,7 @@ class Relay:
         server_keys: ServerKeys | None = None,
         stall_s: float = 5.0,
         keep: int = 2,
-        max_in_flight: int = 64,
+        max_in_flight: int = WEIGHTS_IN_FLIGHT,
         chunk_mib: int = DEFAULT_CHUNK_MIB,
     ) -> None:
         if not upstreams:
@@ -88,7 +98,9 @@ class Relay:
         self.down = self.ctx.socket(zmq.ROUTER)
         self.up_frame = chunk_frame(chunk_mib)
         self.down.setsockopt(zmq.MAXMSGSIZE, REQUEST_FRAME)  # only requests come in
-        self.down.setsockopt(zmq.SNDHWM, 100_000)  # a ROUTER drops past its high-water mark
+        self.down.setsockopt(zmq.RCVHWM, WEIGHT_REQUESTS_QUEUED)
+        self.down.setsockopt(zmq.SNDHWM, WEIGHT_REPLIES_QUEUED)  # per peer; past it a reply is dropped (_send)
+        self.down.setsockopt(zmq.ROUTER_MANDATORY, 1)  # ... with an error to log, not silently
         self.down.setsockopt(zmq.LINGER, 0)
         if server_keys is not None:
             from agentgym.auth.server import make_server, start_authenticator
@@ -119,6 +131,7 @@ class Relay:
             "gone": 0,
             "peers_dropped": 0,
             "upstream_dropped": 0,
+            "sends_dropped": 0,
         }
         self.running = True
 
@@ -127,7 +140,7 @@ class Relay:
         apply_client(s, self.upstream_keys[self.at])  # CURVE: the upstream admits us like an actor
         s.setsockopt(zmq.MAXMSGSIZE, self.up_frame)
         s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.RCVHWM, 100_000)
+        s.setsockopt(zmq.RCVHWM, WEIGHT_REPLIES_QUEUED)  # it asks max_in_flight at a time
         self.up_events = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         s.connect(self.upstreams[self.at])
         log.info("relay_upstream", upstream=self.upstreams[self.at])
@@ -161,8 +174,16 @@ class Relay:
     def _send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
         try:
             self.down.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            log.warning("relay_send_dropped", peer=peer.hex())
+        except zmq.ZMQError as exc:  # mandatory ROUTER: the peer's queue is full, or the peer is gone
+            self.stats["sends_dropped"] += 1
+            n = self.stats["sends_dropped"]
+            if exc.errno == zmq.EHOSTUNREACH:
+                log.debug("relay_send_dropped", peer=peer.hex(), reason="peer_gone", count=n)
+            elif n <= 20 or n % 1000 == 0:
+                reason = "queue_full" if exc.errno == zmq.EAGAIN else exc.strerror
+                log.warning(
+                    "relay_send_dropped", peer=peer.hex(), reason=reason, queued_cap=WEIGHT_REPLIES_QUEUED, count=n
+                )
             return
         if len(frames) > 1:
             self.stats["chunks_out"] += 1

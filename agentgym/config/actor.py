@@ -128,7 +128,8 @@ class ActorConfig(Section):
     """vLLM without torch.compile and graph capture (None: eager on a CPU, where compiling is
     most of the start-up, compiled on a GPU)."""
     connect_timeout_s: Annotated[float, Field(gt=0)] = 60.0
-    """Give up with an error if no learner answers within this time."""
+    """Give up with an error if no learner answers within this time (the local actors of
+    ``agentgym train`` wait at least 600 s: their launcher stops them if the learner exits)."""
     step_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """An environment step slower than this fails its episode (the env worker is restarted)."""
     start_groups: Annotated[int, Field(ge=1, le=1024)] = 4

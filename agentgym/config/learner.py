@@ -115,8 +115,9 @@ class LearnerConfig(Section):
     export. Off: the mismatch is logged, counted and alarmed, and its rollouts are judged as usual."""
     logprob_outlier_kl: Annotated[float, Field(gt=0)] = 0.05
     """Flight recorder: an actor whose behaviour logprobs disagree with the learner's by more than
-    this mean per-token KL (k3) over a step's groups, and by more than 4 times the median of the
-    step's actors, is flagged (logprob_outlier)."""
+    this mean per-token KL (k3) over a step's groups of one lag, and by more than 4 times the
+    median of the other actors' at that lag and more than this above it, is flagged
+    (logprob_outlier)."""
     inbox_mib: Annotated[int, Field(ge=1)] = 256
     """Bytes of unread messages ZeroMQ may hold per actor on the control port: its receive queue
     holds as many messages as groups of the largest size fit in this (learner/control/bounds.py)."""

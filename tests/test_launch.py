@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from agentgym.cli.launch import BIND, _spawn, actor_cores
+from agentgym.cli.launch import BIND, _spawn, actor_cores, actor_env
 from agentgym.config import Config
 
 
@@ -54,6 +56,28 @@ def test_actor_cores_gives_each_actor_a_share_of_its_own():
     assert sorted(flat) == list(range(16)) and len(set(flat)) == 16  # every core once, none shared
     with pytest.raises(ValueError, match="no cores"):
         actor_cores(2, [])
+
+
+def test_hf_actors_take_their_share_of_the_cores_as_threads(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    # Two actors and the learner on 2 cores: one thread each; on 16 cores: 5 each.
+    assert actor_env("hf", 2, None, cores=2) == {"OMP_NUM_THREADS": "1"}
+    assert actor_env("hf", 2, None, cores=16) == {"OMP_NUM_THREADS": "5"}
+    # vLLM sets its worker's threads from its own core set; a bind is passed on as it is.
+    assert actor_env("vllm", 2, "0,1", cores=16) == {BIND: "0,1"}
+    assert actor_env("vllm", 2, None, cores=16) == {}
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting is kept (the child inherits it)
+    assert actor_env("hf", 2, None, cores=16) == {}
+
+
+def test_an_hf_actor_process_runs_torch_with_its_thread_share(tmp_path, monkeypatch):
+    # What the launcher adds reaches torch in the child: 8 cores // (3 actors + the learner) = 2.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    out = tmp_path / "threads.txt"
+    code = f"import torch; open({str(out)!r}, 'w').write(str(torch.get_num_threads()))"
+    env = {**os.environ, **actor_env("hf", 3, None, cores=8)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    assert out.read_text() == "2"
 
 
 def test_actor_cores_setting_is_checked():

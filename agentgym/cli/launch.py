@@ -123,10 +123,23 @@ def _spawn_actors(
                 ],
                 consoles[i],
                 nice=cfg.launch.actor_nice,
-                env={BIND: binds[i]} if binds else None,
+                env=actor_env(cfg.actor.engine, actors, binds[i] if binds else None) or None,
             )
         )
     return binds
+
+
+def actor_env(engine: str, actors: int, bind: str | None, cores: int | None = None) -> dict[str, str]:
+    """What one local actor's environment adds: its vLLM core set (``bind``), and for an ``hf``
+    engine its torch thread count. torch takes every core by default, and the learner and the
+    other actors run on the same cores: an OpenMP team wider than its share spins at every barrier
+    while the others hold the cores. Each hf actor takes ``cores // (actors + 1)`` threads (the
+    learner counts as one more), at least 1, unless OMP_NUM_THREADS is set already."""
+    env = {BIND: bind} if bind else {}
+    if engine == "hf" and "OMP_NUM_THREADS" not in os.environ:
+        n = len(os.sched_getaffinity(0)) if cores is None else cores
+        env["OMP_NUM_THREADS"] = str(max(1, n // (actors + 1)))
+    return env
 
 
 def launch(

@@ -48,11 +48,22 @@ def _stamp(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
+ACTOR_DEFAULTS = {"engine": "vllm", "env_workers": 0, "max_groups": 16}
+"""The actor options a row may override (the engine, and the env workers where a pool of unforked
+workers does not fit in memory), at agentgym's defaults."""
+
+
 def command_of(name: str, cfg: dict[str, Any]) -> str:
-    """The command of a run, from the config it saved."""
+    """The command of a run, from the config it saved: ``COMMAND`` with an ``-o`` for each actor
+    option of ``ACTOR_DEFAULTS`` that differs from the config file's own."""
     command = COMMAND.format(name=name, steps=cfg["run"]["max_steps"])
-    engine = cfg.get("actor", {}).get("engine", "vllm")
-    return command if engine == "vllm" else f"{command} -o 'actor.engine=\"{engine}\"'"
+    path = REPO / "configs" / "ecosystem" / f"{name}.toml"
+    own = {**ACTOR_DEFAULTS, **(tomllib.loads(path.read_text()).get("actor", {}) if path.exists() else {})}
+    for key in ACTOR_DEFAULTS:
+        value = cfg.get("actor", {}).get(key, own[key])
+        if value != own[key]:
+            command += f" -o 'actor.{key}={json.dumps(value)}'"
+    return command
 
 
 def record_of(name: str, run_dir: Path) -> dict[str, Any]:
@@ -124,6 +135,8 @@ def table(records: dict[str, dict[str, Any]]) -> str:
             f"{ev[0][1]:.2f} ({ev[0][2]:.2f}) at step {ev[0][0]} → {ev[-1][1]:.2f} ({ev[-1][2]:.2f}) at step "
             f"{ev[-1][0]}, {r['eval_episodes']} episodes"
             if len(ev) > 1
+            else f"{ev[0][1]:.2f} ({ev[0][2]:.2f}) at step {ev[0][0]} only, {r['eval_episodes']} episodes"
+            if ev
             else "-"
         )
         train_s = f" ({r['train_s']:.0f} s)" if r.get("train_s") else ""

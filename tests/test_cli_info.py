@@ -38,6 +38,15 @@ def test_envs_describes_each_env_its_needs_and_the_test_only_ones() -> None:
         "needs Java 17" in lines["sciworld"] and "needs Chromium" in lines["webshop"] and "wamerican" in lines["wordle"]
     )
     assert "needs" not in lines["maze"] and "higher/lower" in lines["guess_number"]
+    # the adapters for other ecosystems' packages, each naming the pip extra it needs
+    for env, extra in [
+        ("reasoning_gym", "agentgym[reasoning-gym]"),
+        ("textarena", "agentgym[textarena]"),
+        ("skyrl_gym", "agentgym[skyrl-gym]"),
+        ("openenv", "agentgym[openenv]"),
+        ("verifiers", "[verifiers]"),
+    ]:
+        assert extra in lines[env], lines[env]
 
 
 def test_config_shows_unset_keys_and_stays_valid_toml() -> None:

@@ -52,8 +52,15 @@ def test_an_openenv_environment_plays_in_a_pool_as_it_answers_itself() -> None:
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"env": "openenv_guess:NoSuch"}, r"option env: openenv_guess has no 'NoSuch'"),
+        (
+            {"env": "openenv_guess:NoSuch"},
+            r"option env: openenv_guess has no 'NoSuch'; its Environment classes: GuessEnvironment$",
+        ),
         ({"env": "no_such_module:Env"}, r"option env: cannot import 'no_such_module'"),
+        (
+            {"action": "openenv_guess:Guess"},
+            r"option action: openenv_guess has no 'Guess'; its Action classes: GuessAction$",
+        ),
         ({"env": "openenv_guess:GuessAction"}, r"not an OpenEnv Environment subclass"),
         ({"action_field": "guesss"}, r"GuessAction has no field 'guesss'; its fields: \['guess', 'metadata'\]"),
         ({"high": 1}, r"openenv_guess:GuessEnvironment\(high\) failed: ValueError: high must be at least 2"),

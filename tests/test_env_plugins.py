@@ -85,4 +85,5 @@ def test_every_shipped_config_passes_the_check(monkeypatch: pytest.MonkeyPatch) 
         "textarena",
         "skyrl_gym",
         "verifiers",
+        "openenv",
     } <= checked

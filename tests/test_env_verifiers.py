@@ -16,23 +16,23 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
-pytest.importorskip("verifiers.v1")
-torch = pytest.importorskip("torch")
+# No skip where verifiers is missing: scripts/install.sh installs it, and CI must not pass without it.
+import verifiers.v1  # noqa: F401
+from engine_fixtures import RecordingEngine
 
-from engine_fixtures import RecordingEngine  # noqa: E402
-
-from agentgym.actors.play.agent_runner import AgentRunner  # noqa: E402
-from agentgym.cli.args import preflight  # noqa: E402
-from agentgym.config import load_config  # noqa: E402
-from agentgym.config.actor import AgentEndpointConfig  # noqa: E402
-from agentgym.envpool.envs.verifiers_env import PROGRAM  # noqa: E402
-from agentgym.envpool.registry import EnvOptionsError, check_env, known_envs, resolve_env  # noqa: E402
-from agentgym.models.tiny import make_default_tiny_model  # noqa: E402
-from agentgym.protocol import RolloutSpec, Ticket  # noqa: E402
-from agentgym.protocol.arrays import F32, I32, U8, unpack  # noqa: E402
+from agentgym.actors.play.agent_runner import AgentRunner
+from agentgym.cli.args import preflight
+from agentgym.config import load_config
+from agentgym.config.actor import AgentEndpointConfig
+from agentgym.envpool.envs.verifiers_env import PROGRAM
+from agentgym.envpool.registry import EnvOptionsError, check_env, known_envs, resolve_env
+from agentgym.models.tiny import make_default_tiny_model
+from agentgym.protocol import RolloutSpec, Ticket
+from agentgym.protocol.arrays import F32, I32, U8, unpack
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,6 +52,22 @@ LENGTH = textwrap.dedent("""
             for n in range(1, 9):
                 yield LengthTask(vf.TaskData(prompt=f"say {n}"), self.config.task)
 """)
+# A taskset whose rubric raises: the env failing mid-episode, after the model's call.
+RAISING = textwrap.dedent("""
+    import verifiers.v1 as vf
+
+    __all__ = ["RaisingTaskset"]
+
+    class RaisingTask(vf.Task[vf.TaskData, vf.State, vf.TaskConfig]):
+        @vf.reward
+        async def judged(self, task: vf.TaskData, trace: vf.Trace) -> float:
+            raise KeyError("the judge's answer key has no 'say 1'")
+
+    class RaisingTaskset(vf.Taskset[RaisingTask, vf.TasksetConfig]):
+        def load(self):
+            for n in range(1, 5):
+                yield RaisingTask(vf.TaskData(prompt=f"say {n}"), self.config.task)
+""")
 BROKEN = textwrap.dedent("""
     import verifiers.v1 as vf
 
@@ -68,6 +84,7 @@ def tasksets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tasksets")
     (d / "vf_length_taskset.py").write_text(LENGTH)
     (d / "vf_broken_taskset.py").write_text(BROKEN)
+    (d / "vf_raising_taskset.py").write_text(RAISING)
     return d
 
 
@@ -109,13 +126,21 @@ def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(
             )
             # A turn limit of one call: the harness ends the episode itself, whatever the reward.
             said = await runner.play(Ticket(group_id="g2", env="verifiers", task_id=0, split="train"), 0, say_spec, 1)
-            return eps, said, engine.seen, stats
+            seen = list(engine.seen)
+            raising = {"taskset.id": "vf_raising_taskset", "python_path": [str(tasksets)], "test_fraction": 0.25}
+            failed = await runner.play(
+                Ticket(group_id="g3", env="verifiers", task_id=0, split="train"),
+                0,
+                msgspec.structs.replace(say_spec, env_kwargs={"verifiers": raising}),
+                1,
+            )
+            return eps, said, failed, seen, stats
         finally:
             await runner.close()
             await engine.close()
 
-    episodes, said, seen, stats = asyncio.run(asyncio.wait_for(go(), 240))
-    assert stats["agent_episodes"] == 5 and not stats.get("agent_failures") and stats["agent_prefix_breaks"] == 0
+    episodes, said, failed, seen, stats = asyncio.run(asyncio.wait_for(go(), 240))
+    assert stats["agent_episodes"] == 6 and stats["agent_failures"] == 1 and stats["agent_prefix_breaks"] == 0
     for ep in episodes:
         assert ep.finish == "done" and ep.num_turns == 1 and ep.prefix_breaks == 0, ep.failure
         ids, lps, mask = unpack(ep.token_ids, I32), unpack(ep.logprobs, F32), unpack(ep.loss_mask, U8)
@@ -138,6 +163,11 @@ def test_verifiers_episodes_are_the_engines_tokens_and_carry_the_rubrics_reward(
     reply = tok.decode([t for t in seen[-1][1].token_ids if t != tok.eos_token_id])
     expected = 1.0 if (m := re.search(r"\d+", reply.strip())) and int(m.group()) == 1 else 0.0
     assert (said.finish, said.reward, said.failure) == ("done", expected, "")
+    # An env that raises mid-episode (its rubric, after the model's call): that episode is an env
+    # failure, trained on by no one, its error one line naming what raised; the others played on.
+    assert (failed.finish, failed.reward, failed.success) == ("env_failure", 0.0, False)
+    assert failed.failure.startswith("agent_error: RuntimeError: verifiers episode failed: ")
+    assert "the judge's answer key has no 'say 1'" in failed.failure and "\n" not in failed.failure
 
 
 def test_the_adapter_is_registered_and_lists_its_needs() -> None:
@@ -152,7 +182,11 @@ def test_the_adapter_is_registered_and_lists_its_needs() -> None:
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"taskset.id": "no_such_taskset"}, r"taskset 'no_such_taskset'.*not found"),
+        (
+            {"taskset.id": "textarenaa"},
+            r"unknown taskset 'textarenaa' \(did you mean textarena\?\): no module 'textarenaa' on the import path "
+            r".*verifiers' \d+ built-in tasksets: .*openenv, textarena",
+        ),
         (
             {"taskset.id": "vf_broken_taskset"},
             r"cannot load taskset 'vf_broken_taskset': FileNotFoundError: data/rows.jsonl is missing",
@@ -183,8 +217,7 @@ def test_start_up_stops_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
         preflight(cfg, env_options=True)
     err = capsys.readouterr().err
     assert (
-        err.startswith("error: env.kwargs: env verifiers: cannot load taskset 'no_such_taskset'")
-        and err.count("\n") == 1
+        err.startswith("error: env.kwargs: env verifiers: unknown taskset 'no_such_taskset'") and err.count("\n") == 1
     )
     path = str(REPO / "examples")
     cfg = load_config(None, [*base[:3], f"env.kwargs={{'taskset.id'='verifiers_say', python_path=['{path}']}}"])

@@ -193,3 +193,18 @@ def test_the_real_models_table_has_its_own_rows_bar_place_and_record(results, tm
     assert "Rows without 3 finished RL seeds: real/maze3," in text and "--suite real --rows real/maze3," in text
     results.write_table(page, text, real.markers)
     assert page.read_text().startswith(f"toy\n{results.BEGIN}\nold toy\n{results.END}\nreal\n")
+
+
+def test_the_ecosystem_record_rebuilds_the_table_on_the_page(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """docs/results.md's "Environments from other hubs" table is what bench/ecosystem_curves.py
+    makes from the committed record alone (a fresh clone has no runs/), and each run that ended
+    at its own step limit took 30 or more steps (a stopped one is labelled so in the table)."""
+    repo = Path(__file__).parents[1]
+    monkeypatch.syspath_prepend(str(repo / "bench"))
+    eco = importlib.import_module("ecosystem_curves")
+    records = eco.load_records(tmp_path / "no-runs", repo / "docs" / "results-data" / "ecosystem", write=False)
+    assert records and set(records) <= set(eco.ADAPTERS)
+    for r in records.values():
+        assert len(r["train"]) == r["steps"] and (r["steps"] >= 30 or r["steps"] < r["max_steps"]), r["adapter"]
+    page = (repo / "docs" / "results.md").read_text()
+    assert eco.table(records) == page.split(eco.BEGIN, 1)[1].split(eco.END, 1)[0].strip("\n")

@@ -56,7 +56,13 @@ def _load(target: object, key: str) -> Any:
         raise ImportError(f"env {NAME}: option {key}: cannot import {module_name!r}: {one_line(exc)}") from None
     found = getattr(module, attr, None)
     if found is None:
-        raise ValueError(f"env {NAME}: option {key}: {module_name} has no {attr!r}")
+        # what the module does hold of the kind asked for: its Environment or Action classes
+        base = getattr(require("openenv.core.env_server", EXTRA, NAME), "Action" if key == "action" else "Environment")
+        have = sorted(
+            n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, base) and v is not base
+        )
+        listed = f"; its {base.__name__} classes: {', '.join(have)}" if have else f"; it has no {base.__name__} class"
+        raise ValueError(f"env {NAME}: option {key}: {module_name} has no {attr!r}{listed}")
     return found
 
 

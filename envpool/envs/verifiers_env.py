@@ -87,6 +87,33 @@ def env_config(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _missing_taskset(taskset_id: str) -> VerifiersError | None:
+    """A one-line error for a taskset id that names no importable module (as verifiers resolves
+    it: ``verifiers.v1.tasksets.<id>`` first, then ``<id>``), listing verifiers' built-in ones;
+    None where the module is there."""
+    import difflib
+    import importlib.util
+    import pkgutil
+
+    module = str(taskset_id).rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+    for target in (f"verifiers.v1.tasksets.{module}", module):
+        try:
+            if importlib.util.find_spec(target) is not None:
+                return None
+        except (ImportError, ValueError):  # a dotted id whose parent package is not there
+            pass
+    from verifiers.v1 import tasksets
+
+    builtin = sorted(m.name for m in pkgutil.iter_modules(tasksets.__path__))
+    close = difflib.get_close_matches(module, builtin, n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return VerifiersError(
+        f"env verifiers: unknown taskset {taskset_id!r}{hint}: no module {module!r} on the import path "
+        f"(a taskset module of your own: put its directory in python_path); verifiers' {len(builtin)} "
+        f"built-in tasksets: {', '.join(builtin)}"
+    )
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -105,6 +132,9 @@ class Loaded:
             if path not in sys.path:
                 sys.path.insert(0, path)
         taskset_id = config["taskset"]["id"]
+        missing = _missing_taskset(taskset_id)
+        if missing is not None:
+            raise missing
         try:
             self.env = load_environment(resolve_env_config(config))
             taskset = self.env.taskset

@@ -198,28 +198,19 @@ class Actor:
     async def start_engine(self, model_dir: Path, lora: LoraSpec | None = None) -> Started:
         log.info("engine_starting", engine=self.cfg.actor.engine, model=str(model_dir))  # vLLM takes a minute or more
         t0 = time.monotonic()
-
-        def timed_tokenizer() -> tuple[PreTrainedTokenizerBase, float]:
-            tokenizer = load_tokenizer(model_dir)
-            return tokenizer, time.monotonic() - t0
-
-        # Importing torch/transformers and loading a tokenizer take seconds: in a thread, beside
-        # the engine's start (vLLM's engine core is a process of its own), so neither waits for
-        # the other and heartbeats go on meanwhile.
-        tokenizer_load = asyncio.ensure_future(asyncio.to_thread(timed_tokenizer))
-        try:
-            self.engine = engine = make_engine(self.cfg, model_dir, lora=lora)  # actor.engine: vllm | remote | hf | sim
-            await engine.start()
-        except BaseException:
-            # The engine's error is the one to raise; the tokenizer's outcome is read and dropped.
-            tokenizer_load.add_done_callback(lambda f: f.cancelled() or f.exception())
-            raise
-        tokenizer, tokenizer_s = await tokenizer_load
+        # Importing torch/transformers and loading a tokenizer take seconds: off the loop, so
+        # heartbeats go on meanwhile. Not beside the engine's start: the hf engine imports
+        # transformers in a thread of its own, and two threads importing it at once can see it
+        # half made ("cannot import name 'AutoModelForCausalLM'").
+        tokenizer = await asyncio.to_thread(load_tokenizer, model_dir)
+        t1 = time.monotonic()
+        self.engine = engine = make_engine(self.cfg, model_dir, lora=lora)  # actor.engine: vllm | remote | hf | sim
+        await engine.start()
         log.info(
             "engine_started",
             model=str(model_dir),
             seconds=round(time.monotonic() - t0, 1),
-            tokenizer_s=round(tokenizer_s, 1),
+            tokenizer_s=round(t1 - t0, 1),
             lora=lora is not None,
         )
         return engine, tokenizer

@@ -59,9 +59,9 @@ from agentgym.envpool.actions import check_read, first_action
 from agentgym.envpool.base import Env, StepResult, curriculum_option, for_task, int_in
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+"""Direction -> (row, column) change."""
 _PHRASES = {f"{verb} {d}": d for verb in ("move", "go") for d in MOVES}
 """The phrases ``read_actions = "first"`` looks for in a reply, and the direction each names."""
-"""Direction -> (row, column) change."""
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
 """Direction -> the one that goes straight back."""
 

@@ -49,7 +49,7 @@ import trio
 import zmq
 
 from agentgym.auth.server import AllowList, ServerKeys, check_bind, make_server, start_authenticator
-from agentgym.host.netutil import EVENTS, NOBLOCK, POLLIN, RCVMORE
+from agentgym.host.netutil import EVENTS, NOBLOCK, POLLIN, RCVMORE, log_send_drop
 from agentgym.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -69,17 +69,6 @@ from agentgym.protocol.limits import WEIGHT_REPLIES_QUEUED, WEIGHT_REQUESTS_QUEU
 
 log = structlog.get_logger(__name__)
 _ids = itertools.count()
-
-
-def _log_send_drop(event: str, peer: bytes, exc: zmq.ZMQError, count: int, queued_cap: int) -> None:
-    """One line per dropped send, the first 20 and every 1,000th after (a peer that never reads
-    would otherwise flood the log). A peer that is gone (it left, or its connection was dropped)
-    is routine: that is a debug line; a full queue is a peer that does not read: a warning."""
-    if exc.errno == zmq.EHOSTUNREACH:
-        log.debug(event, peer=peer.hex(), reason="peer_gone", count=count)
-    elif count <= 20 or count % 1000 == 0:
-        reason = "queue_full" if exc.errno == zmq.EAGAIN else exc.strerror
-        log.warning(event, peer=peer.hex(), reason=reason, queued_cap=queued_cap, count=count)
 
 
 class Inbox:
@@ -222,7 +211,7 @@ class Inbox:
             self._sock.send_multipart([peer, *frames], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the ROUTER is mandatory: a drop raises instead of vanishing
             self.sends_dropped += 1
-            _log_send_drop("send_dropped", peer, exc, self.sends_dropped, queued_cap=self._sndhwm)
+            log_send_drop(log, "send_dropped", peer, exc, self.sends_dropped, queued_cap=self._sndhwm)
         # The send processed the socket's pending commands and may have taken the FD's signal
         # of a message that arrived meanwhile: if the reader sleeps on the FD, have it look again.
         if self._sleeping is not None and cast(int, self._sock.getsockopt(EVENTS)) & POLLIN:
@@ -431,7 +420,7 @@ class Hub:
             weights.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:
             self.weight_replies_dropped += 1
-            _log_send_drop("weight_reply_dropped", peer, exc, self.weight_replies_dropped, WEIGHT_REPLIES_QUEUED)
+            log_send_drop(log, "weight_reply_dropped", peer, exc, self.weight_replies_dropped, WEIGHT_REPLIES_QUEUED)
             return False
         return True
 

@@ -53,6 +53,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from agentgym.auth.keys import ClientKeys, apply_client
+from agentgym.host.netutil import log_send_drop
 from agentgym.protocol import ProtocolError, WeightChunk, WeightGone, WeightRequest, decode, encode
 from agentgym.protocol.limits import (
     DEFAULT_CHUNK_MIB,
@@ -176,14 +177,7 @@ class Relay:
             self.down.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # mandatory ROUTER: the peer's queue is full, or the peer is gone
             self.stats["sends_dropped"] += 1
-            n = self.stats["sends_dropped"]
-            if exc.errno == zmq.EHOSTUNREACH:
-                log.debug("relay_send_dropped", peer=peer.hex(), reason="peer_gone", count=n)
-            elif n <= 20 or n % 1000 == 0:
-                reason = "queue_full" if exc.errno == zmq.EAGAIN else exc.strerror
-                log.warning(
-                    "relay_send_dropped", peer=peer.hex(), reason=reason, queued_cap=WEIGHT_REPLIES_QUEUED, count=n
-                )
+            log_send_drop(log, "relay_send_dropped", peer, exc, self.stats["sends_dropped"], WEIGHT_REPLIES_QUEUED)
             return
         if len(frames) > 1:
             self.stats["chunks_out"] += 1

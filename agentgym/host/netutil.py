@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import socket
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -14,6 +15,18 @@ EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 NOBLOCK, RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
 MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 """A part of a multipart send with more to follow, without waiting."""
+
+
+def log_send_drop(log: Any, event: str, peer: bytes, exc: zmq.ZMQError, count: int, queued_cap: int) -> None:
+    """Log a send a mandatory ROUTER refused (``count``: the drops so far): the first 20 and every
+    1,000th after, so a peer that never reads does not flood the log. A peer that is gone (it
+    left, or its connection was dropped) is routine: a debug line; a full queue is a peer that
+    does not read: a warning. Used by the learner's ROUTERs and a relay's."""
+    if exc.errno == zmq.EHOSTUNREACH:
+        log.debug(event, peer=peer.hex(), reason="peer_gone", count=count)
+    elif count <= 20 or count % 1000 == 0:
+        reason = "queue_full" if exc.errno == zmq.EAGAIN else exc.strerror
+        log.warning(event, peer=peer.hex(), reason=reason, queued_cap=queued_cap, count=count)
 
 
 def _ephemeral_floor() -> int:
